@@ -1,0 +1,76 @@
+"""hetspec-launch: start an engine and serve it, or run one prompt and exit.
+
+    hetspec-launch                      serve the embedded default; prints the endpoint
+    hetspec-launch gemma3-270m          a shipped config by name, or a path to a TOML file
+    hetspec-launch --prompt "Hi"        run one request, stream its text, print the stats
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+
+from hetspec.client import launch
+from hetspec.errors import HetspecError
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="hetspec-launch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", nargs="?", default=None,
+                        help="TOML config path or shipped config name (default: the embedded SmolLM2 pair)")
+    parser.add_argument("--prompt", help="run this one prompt, print the result and exit")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--mode", default="duodec", help="duodec (default), sequential or target")
+    parser.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    args = parser.parse_args(argv)
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        with launch(args.config) as engine:
+            if args.prompt is None:
+                print(engine.endpoint, flush=True)
+                print(f"hetspec: serving (gamma={engine.info['gamma']}); Ctrl-C stops", file=sys.stderr, flush=True)
+                stop.wait()
+                return 0
+            return _one_shot(engine, args)
+    except HetspecError as exc:
+        print(f"hetspec-launch: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _one_shot(engine, args) -> int:
+    request = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                   seed=args.seed, mode=args.mode)
+    if args.chat:
+        request["messages"] = [{"role": "user", "content": args.prompt}]
+    else:
+        request["prompt"] = args.prompt
+    if args.json:
+        result = engine.generate(**request)
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids,
+                          "finish_reason": result.finish_reason, "stats": result.stats}))
+        return 0
+    for piece in engine.stream(**request):
+        print(piece, end="", flush=True)
+    stats = engine.last_result.stats
+    print()
+    print(f"[{stats['new_tokens']} tokens in {stats['total_s']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
+          f"ttft {stats['ttft_s'] * 1000:.0f} ms, mode {stats['mode']}, gamma {stats['gamma']}, "
+          f"acceptance {stats['acceptance_rate']:.1%}, {stats['mean_accepted_per_round']:.2f} tokens/round]",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

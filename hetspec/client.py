@@ -1,0 +1,183 @@
+"""The Python handle on an engine: launch() one, or connect() to a running one.
+
+Each call opens its own socket, so one Engine may be used from several
+threads, and several clients may submit at once: the scheduler queues them.
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psutil
+import zmq
+
+from hetspec.config import load_config
+from hetspec.errors import EngineDeadError, EngineStartError, HetspecError, error_from_kind
+from hetspec.launcher import Launcher
+from hetspec.request import build_request
+from ipc.channel import Channel
+from ipc.messages import EngineInfo, Finished, InfoRequest, RequestFailed, StopEngine, TokensEvent
+
+POLL_S = 0.5
+_ids = itertools.count(int.from_bytes(os.urandom(3), "big") << 20)
+_ids_lock = threading.Lock()
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: dict = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, endpoint: str, launcher: Launcher | None = None):
+        self.endpoint = endpoint
+        self._launcher = launcher
+        self._context = zmq.Context()
+        self._closed = False
+        self.last_result: Result | None = None
+        self.info: dict = {}
+
+    # ---- requests --------------------------------------------------------------
+
+    def generate(self, prompt=None, *, messages=None, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
+                 seed=None, stop=None, mode="duodec", gamma=None, sequences=None) -> Result:
+        """Generate a completion; returns when it is finished."""
+        for _ in self.stream(prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
+                             top_p=top_p, top_k=top_k, seed=seed, stop=stop, mode=mode, gamma=gamma,
+                             sequences=sequences):
+            pass
+        return self.last_result
+
+    def stream(self, prompt=None, *, messages=None, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
+               seed=None, stop=None, mode="duodec", gamma=None, sequences=None) -> Iterator[str]:
+        """Yield text pieces as tokens are committed; the whole Result is then in self.last_result."""
+        with _ids_lock:
+            request_id = next(_ids)
+        request = build_request(request_id, prompt, messages=messages, max_new_tokens=max_new_tokens,
+                                temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
+                                mode=mode, gamma=gamma, sequences=sequences)
+        channel = self._channel()
+        try:
+            channel.send(request)
+            while True:
+                message = self._receive(channel)
+                if isinstance(message, TokensEvent):
+                    if message.text:
+                        yield message.text
+                elif isinstance(message, Finished):
+                    self.last_result = Result(message.text, message.token_ids, message.finish_reason,
+                                              message.stats)
+                    return
+                elif isinstance(message, RequestFailed):
+                    raise error_from_kind(message.kind, message.message)
+        finally:
+            channel.close()
+
+    def get_info(self) -> dict:
+        """What the engine measured and chose at start-up (gamma, costs, cores...)."""
+        channel = self._channel()
+        try:
+            channel.send(InfoRequest())
+            message = self._receive(channel)
+        finally:
+            channel.close()
+        if isinstance(message, RequestFailed):
+            raise error_from_kind(message.kind, message.message)
+        self.info = message.info
+        return self.info
+
+    # ---- plumbing ----------------------------------------------------------------
+
+    def _channel(self) -> Channel:
+        if self._closed:
+            raise HetspecError("this engine handle is closed")
+        return Channel(self._context, self.endpoint, bind=False)
+
+    def _receive(self, channel: Channel):
+        """Wait for the scheduler's next message, noticing if the engine died."""
+        while True:
+            message = channel.recv(POLL_S)
+            if message is not None:
+                return message
+            self._check_alive()
+
+    def _check_alive(self) -> None:
+        if self._launcher is not None:
+            dead = self._launcher.dead_roles()
+            if dead:
+                detail = "; ".join(f"{r}: {self._launcher.last_log_line(r)}" for r in dead)
+                raise EngineDeadError(f"engine process(es) died: {', '.join(dead)} ({detail})")
+        elif self.info.get("pid") and self.endpoint.startswith("ipc://") and not psutil.pid_exists(self.info["pid"]):
+            raise EngineDeadError(f"the engine at {self.endpoint} (scheduler pid {self.info['pid']}) is gone")
+
+    def close(self) -> None:
+        """Stop what launch() started; a connect()ed handle only lets go."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._launcher is not None:
+                channel = Channel(self._context, self.endpoint, bind=False)
+                channel.send(StopEngine())
+                channel.close()
+        finally:
+            self._context.term()
+            if self._launcher is not None:
+                self._launcher.stop()
+                self._launcher = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def launch(config=None) -> Engine:
+    """Start an engine (None: the embedded default; a shipped name, a TOML path or a dict)."""
+    config = load_config(config)
+    launcher = Launcher(config)
+    engine = Engine(launcher.endpoints["client"], launcher)
+    atexit.register(engine.close)
+    try:
+        launcher.start()
+        engine.endpoint = _wait_ready(engine, launcher, config.server.startup_timeout_s)
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def _wait_ready(engine: Engine, launcher: Launcher, timeout_s: float) -> str:
+    """Ask for the engine's info; it answers once both workers are loaded and measured."""
+    channel = engine._channel()
+    waited = 0.0
+    try:
+        channel.send(InfoRequest())
+        while True:
+            message = channel.recv(POLL_S)
+            if isinstance(message, EngineInfo):
+                engine.info = message.info
+                return message.info["endpoint"]
+            if isinstance(message, RequestFailed):
+                raise EngineStartError(message.message)
+            launcher.check()
+            waited += POLL_S
+            if waited > timeout_s:
+                raise EngineStartError(f"the engine did not start within {timeout_s:.0f} s")
+    finally:
+        channel.close()
+
+
+def connect(endpoint: str) -> Engine:
+    """A handle on an engine started elsewhere (e.g. by hetspec-launch)."""
+    engine = Engine(endpoint)
+    engine.get_info()
+    return engine

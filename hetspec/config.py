@@ -1,0 +1,190 @@
+"""Engine configuration: TOML or dict in, validated frozen dataclasses out.
+
+Every key is checked here, before any process starts, so that a typo or a
+missing file fails in a second with a message naming it rather than minutes
+later inside a worker.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from hetspec.errors import ConfigError
+from hetspec.models import resolve_model
+
+SHIPPED_CONFIGS = {"smollm2": "smollm2.toml", "gemma3-270m": "gemma3-270m.toml"}
+DEFAULT_CONFIG = "smollm2"
+MODES = ("duodec", "sequential", "target")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    backend: str = "llama.cpp"          # "llama.cpp" (a GGUF file) or "torch" (transformers)
+    model: str = "builtin:smollm2"
+    cores: tuple[int, ...] | str = "auto"
+    threads: int = 0                    # 0: one thread per pinned core
+    n_ctx: int = 0                      # 0: [server] max_context + max_gamma + 1
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    model: str = "builtin:smollm2"
+    device: str = "auto"                # "auto", "cpu", "cuda", "cuda:N"
+    dtype: str = "float32"
+    cores: tuple[int, ...] | str = "auto"
+    threads: int = 0
+    tokenizer: str = ""                 # defaults to the target model's own tokenizer
+    prefill_borrows_draft_cores: bool = True
+
+
+@dataclass(frozen=True)
+class DecodingConfig:
+    mode: str = "duodec"
+    gamma: int | str = "auto"
+    sequences: int | str = "dynamic"
+    max_sequences: int = 4
+    max_gamma: int = 32
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    transport: str = "ipc"              # "ipc" (unix socket in a private directory) or "tcp"
+    host: str = "127.0.0.1"
+    port: int = 0                       # 0: pick a free port
+    max_context: int = 4096             # prompt + new tokens
+    startup_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {"draft": DraftConfig, "target": TargetConfig, "decoding": DecodingConfig, "server": ServerConfig}
+
+
+def load_config(source: None | str | os.PathLike | dict = None) -> EngineConfig:
+    """Build a validated EngineConfig from None (the embedded default), a shipped
+    config name, a TOML path, or a dict shaped like the TOML file."""
+    if source is None:
+        source = DEFAULT_CONFIG
+    if isinstance(source, dict):
+        data = source
+    else:
+        text = _read_config_text(str(source))
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config {source}: invalid TOML: {exc}") from None
+    return _build(data)
+
+
+def _read_config_text(source: str) -> str:
+    if source in SHIPPED_CONFIGS:
+        return resources.files("hetspec.configs").joinpath(SHIPPED_CONFIGS[source]).read_text()
+    path = Path(source)
+    if not path.is_file():
+        shipped = ", ".join(SHIPPED_CONFIGS)
+        raise ConfigError(f"config file not found: {source} (shipped configs: {shipped})")
+    return path.read_text()
+
+
+def _build(data: dict) -> EngineConfig:
+    unknown = set(data) - set(_SECTIONS)
+    if unknown:
+        raise ConfigError(f"unknown config section(s): {', '.join(sorted(unknown))}; known: {', '.join(_SECTIONS)}")
+    parts = {}
+    for name, cls in _SECTIONS.items():
+        section = data.get(name, {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"config section [{name}] must be a table")
+        known = {f.name for f in dataclasses.fields(cls)}
+        bad = set(section) - known
+        if bad:
+            raise ConfigError(f"unknown key(s) in [{name}]: {', '.join(sorted(bad))}; known: {', '.join(sorted(known))}")
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in section.items()}
+        parts[name] = cls(**values)
+    config = EngineConfig(**parts)
+    return _validated(config)
+
+
+def _validated(c: EngineConfig) -> EngineConfig:
+    d, t, dec, s = c.draft, c.target, c.decoding, c.server
+    if d.backend not in ("llama.cpp", "torch"):
+        raise ConfigError(f"[draft] backend must be 'llama.cpp' or 'torch', got {d.backend!r}")
+    for section, model in (("draft", d.model), ("target", t.model)):
+        resolve_model(model, section)   # raises ConfigError for a missing file
+    if d.backend == "llama.cpp" and not resolve_model(d.model, "draft").gguf_file:
+        raise ConfigError(f"[draft] backend 'llama.cpp' needs a GGUF file, got model {d.model!r}")
+    if t.dtype not in DTYPES:
+        raise ConfigError(f"[target] dtype must be one of {', '.join(DTYPES)}, got {t.dtype!r}")
+    if not (t.device in ("auto", "cpu", "cuda") or t.device.startswith("cuda:")):
+        raise ConfigError(f"[target] device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {t.device!r}")
+    for name, value in (("[draft] threads", d.threads), ("[target] threads", t.threads)):
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+    if dec.mode not in MODES:
+        raise ConfigError(f"[decoding] mode must be one of {', '.join(MODES)}, got {dec.mode!r}")
+    if not isinstance(dec.max_gamma, int) or dec.max_gamma < 1:
+        raise ConfigError(f"[decoding] max_gamma must be a positive integer, got {dec.max_gamma!r}")
+    if dec.gamma != "auto" and not (isinstance(dec.gamma, int) and 1 <= dec.gamma <= dec.max_gamma):
+        raise ConfigError(f"[decoding] gamma must be 'auto' or an integer in 1..{dec.max_gamma}, got {dec.gamma!r}")
+    if not isinstance(dec.max_sequences, int) or dec.max_sequences < 1:
+        raise ConfigError(f"[decoding] max_sequences must be a positive integer, got {dec.max_sequences!r}")
+    if dec.sequences != "dynamic" and not (isinstance(dec.sequences, int) and 1 <= dec.sequences <= dec.max_sequences):
+        raise ConfigError(f"[decoding] sequences must be 'dynamic' or an integer in 1..max_sequences, got {dec.sequences!r}")
+    if s.transport not in ("ipc", "tcp"):
+        raise ConfigError(f"[server] transport must be 'ipc' or 'tcp', got {s.transport!r}")
+    if not isinstance(s.port, int) or not 0 <= s.port <= 65535:
+        raise ConfigError(f"[server] port must be in 0..65535, got {s.port!r}")
+    if not isinstance(s.max_context, int) or s.max_context < 16:
+        raise ConfigError(f"[server] max_context must be an integer >= 16, got {s.max_context!r}")
+    if d.n_ctx == 0:
+        d = dataclasses.replace(d, n_ctx=s.max_context + dec.max_gamma + 1)
+    if d.n_ctx < s.max_context + dec.max_gamma + 1:
+        raise ConfigError(f"[draft] n_ctx ({d.n_ctx}) must be at least [server] max_context + max_gamma + 1 "
+                          f"({s.max_context + dec.max_gamma + 1})")
+    draft_cores, target_cores = assign_cores(d.cores, t.cores)
+    return dataclasses.replace(
+        c,
+        draft=dataclasses.replace(d, cores=draft_cores, threads=d.threads or len(draft_cores)),
+        target=dataclasses.replace(t, cores=target_cores, threads=t.threads or len(target_cores)),
+    )
+
+
+def available_cores() -> list[int]:
+    return sorted(psutil.Process().cpu_affinity())
+
+
+def assign_cores(draft: tuple[int, ...] | str, target: tuple[int, ...] | str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Resolve "auto": the draft owns the first core, the target the rest
+    (on a 2-core machine: draft on core 0, target on core 1)."""
+    cores = available_cores()
+    for name, value in (("draft", draft), ("target", target)):
+        if value == "auto":
+            continue
+        if not isinstance(value, tuple) or not value or not all(isinstance(x, int) for x in value):
+            raise ConfigError(f"[{name}] cores must be 'auto' or a non-empty list of core numbers, got {value!r}")
+        missing = sorted(set(value) - set(cores))
+        if missing:
+            raise ConfigError(f"[{name}] cores {missing} do not exist on this machine (available: {cores})")
+    if draft == "auto":
+        draft = (cores[0],)
+    if target == "auto":
+        rest = [x for x in cores if x not in draft]
+        target = tuple(rest) if rest else tuple(cores)
+    return tuple(draft), tuple(target)

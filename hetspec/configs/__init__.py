@@ -1,0 +1,1 @@
+"""Configs shipped with hetspec; `hetspec-launch NAME` accepts their names."""

@@ -1,0 +1,180 @@
+"""The decoding loop of one request: DuoDecoding (DESIGN.md section 2), and the
+sequential and target-only baselines through the same workers.
+
+Invariant: the target's KV cache holds every committed token but the last,
+so each verify pass feeds [last committed token] + pending window W and reads
+the target's choice at every position of W and after it.
+
+A DuoDecoding round, with both workers busy at once:
+  target: verify [last] + W                   draft: draft the next window W'
+                                                      after committed + W, as
+                                                      branches for its first token
+  then reconcile: W rejected at i -> commit W[:i] + the target's correction,
+                  drop W'; W accepted -> commit W + the target's next token t,
+                  and the branch of W' that starts with t becomes the new W.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hetspec.acceptance import accept_greedy, accept_sampled, sample
+from hetspec.branches import pick_branch
+from hetspec.output import Output
+from hetspec.worker_links import DraftLink, Sampling, TargetLink, Verification
+
+EMPTY = np.zeros(0, dtype=np.int32)
+
+
+@dataclass
+class Policy:
+    mode: str                  # "duodec", "sequential" or "target"
+    gamma: int
+    sequences: int | str
+    max_sequences: int
+    sampling: Sampling
+    seed: int
+    borrow_cores: bool = True  # the target prefills on the draft's cores too
+
+
+@dataclass
+class Stats:
+    start: float = field(default_factory=time.perf_counter)
+    ttft_s: float = 0.0
+    rounds: int = 0             # verify passes after the prefill
+    spec_rounds: int = 0        # ... of which verified a draft window
+    target_only_rounds: int = 0  # ... decoded by the target alone while the draft prefilled
+    drafted: int = 0            # draft tokens verified
+    accepted: int = 0           # ... and accepted
+    committed_in_spec_rounds: int = 0
+    branch_hits: int = 0        # pipelined windows whose branch the target's token picked
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    round_s: float = 0.0        # wall time of speculative rounds
+    busy_s: float = 0.0         # ... of which a worker computed: the longer side, or both in sequence
+    sequences_hist: Counter = field(default_factory=Counter)
+
+    def spec_round(self, wall: float, draft_s: float, verify_s: float, drafted: int, accepted: int,
+                   committed: int, parallel: bool) -> None:
+        self.rounds += 1
+        self.busy_s += max(draft_s, verify_s) if parallel else draft_s + verify_s
+        self.spec_rounds += 1
+        self.round_s += wall
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        self.drafted += drafted
+        self.accepted += accepted
+        self.committed_in_spec_rounds += committed
+
+
+class Decoder:
+    def __init__(self, request_id: int, policy: Policy, draft: DraftLink, target: TargetLink, output: Output):
+        self.id = request_id
+        self.policy = policy
+        self.sampling = policy.sampling
+        self.draft = draft
+        self.target = target
+        self.out = output
+        self.rng = np.random.default_rng([policy.seed, 0])
+        self.stats = Stats()
+
+    # ---- the loop ------------------------------------------------------------
+
+    def run(self, emit) -> Stats:
+        """Decode until a stop condition; emit(tokens, text) after every round."""
+        self._prefill(emit)
+        self._target_alone_while_draft_prefills(emit)
+        window, window_probs = EMPTY, None
+        while not self.out.done:
+            if self.policy.mode == "sequential":
+                self._sequential_round()
+            else:
+                window, window_probs = self._duodec_round(window, window_probs)
+            emit(*self.out.take_round())
+        return self.stats
+
+    def _prefill(self, emit) -> None:
+        """The prompt through the target; its first token is the time to first token."""
+        borrow = self.policy.borrow_cores
+        self.target.start_verify(self.id, self.out.context, 0, 1, self.sampling, borrow_cores=borrow)
+        if self.policy.mode != "target" and not borrow:
+            self.draft.start_draft(self.id, self.out.context, 0, False, 1, 1, self.sampling, self.policy.seed)
+        self.out.commit([self._choose(self.target.finish_verify(1, self.sampling), 0)])
+        self.stats.ttft_s = time.perf_counter() - self.stats.start
+        emit(*self.out.take_round())
+
+    def _target_alone_while_draft_prefills(self, emit) -> None:
+        """The draft catches up with the prompt while the target decodes alone;
+        speculation starts once the draft is ready. In "target" mode, all of decoding."""
+        if self.policy.mode != "target" and not self.draft.busy and not self.out.done:
+            self.draft.start_draft(self.id, self.out.context, 0, False, 1, 1, self.sampling, self.policy.seed)
+        while not self.out.done and (self.policy.mode == "target" or not self.draft.poll()):
+            context = self.out.context
+            self.target.start_verify(self.id, context[-1:], len(context) - 1, 1, self.sampling)
+            self.out.commit([self._choose(self.target.finish_verify(1, self.sampling), 0)])
+            self.stats.rounds += 1
+            self.stats.target_only_rounds += 1
+            emit(*self.out.take_round())
+        if self.draft.busy:
+            self.draft.finish_draft(self.sampling)
+
+    def _duodec_round(self, window: np.ndarray, window_probs):
+        started = time.perf_counter()
+        context = self.out.context
+        n_draft = self._draft_length(len(window))
+        self.target.start_verify(self.id, np.concatenate([context[-1:], window]), len(context) - 1,
+                                 len(window) + 1, self.sampling)
+        self.draft.start_draft(self.id, np.concatenate([context, window]), n_draft, True, self.policy.sequences,
+                               self.policy.max_sequences, self.sampling, self.policy.seed)
+        verification = self.target.finish_verify(len(window) + 1, self.sampling)
+        draft = self.draft.finish_draft(self.sampling)
+
+        n_accepted, token = self._accept(window, window_probs, verification)
+        self.out.commit([*window[:n_accepted], token])
+        self.stats.spec_round(time.perf_counter() - started, draft.seconds, verification.seconds,
+                              len(window), n_accepted, n_accepted + 1, parallel=True)
+        self.stats.sequences_hist[len(draft.branches)] += 1
+        if n_accepted < len(window):
+            return EMPTY, None                 # rejected: the next window was drafted for nothing
+        chosen = pick_branch(draft.branches, token)
+        if chosen is None:
+            return EMPTY, None
+        self.stats.branch_hits += 1
+        probs = None if draft.probs is None else draft.probs[chosen][1:]
+        return draft.branches[chosen][1:], probs
+
+    def _sequential_round(self) -> None:
+        """Ordinary speculative decoding (SpS): draft, then verify, never both at once."""
+        started = time.perf_counter()
+        context = self.out.context
+        self.draft.start_draft(self.id, context, self._draft_length(0), False, 1, 1, self.sampling,
+                               self.policy.seed)
+        draft = self.draft.finish_draft(self.sampling)
+        window = draft.branches[0]
+        self.target.start_verify(self.id, np.concatenate([context[-1:], window]), len(context) - 1,
+                                 len(window) + 1, self.sampling)
+        verification = self.target.finish_verify(len(window) + 1, self.sampling)
+        n_accepted, token = self._accept(window, None if draft.probs is None else draft.probs[0], verification)
+        self.out.commit([*window[:n_accepted], token])
+        self.stats.spec_round(time.perf_counter() - started, draft.seconds, verification.seconds,
+                              len(window), n_accepted, n_accepted + 1, parallel=False)
+        self.stats.sequences_hist[1] += 1
+
+    # ---- small decisions -------------------------------------------------------
+
+    def _draft_length(self, pending: int) -> int:
+        """gamma, but never more than the tokens still wanted after the pending window."""
+        return max(1, min(self.policy.gamma, self.out.remaining - pending - 1))
+
+    def _accept(self, window, window_probs, verification: Verification) -> tuple[int, int]:
+        if self.sampling.greedy:
+            return accept_greedy(window, verification.choice)
+        return accept_sampled(window, window_probs, verification.probs, self.rng)
+
+    def _choose(self, verification: Verification, row: int) -> int:
+        if self.sampling.greedy:
+            return int(verification.choice[row])
+        return sample(verification.probs[row], self.rng)

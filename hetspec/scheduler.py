@@ -1,0 +1,270 @@
+"""The scheduler process: owns the workers' links and shared memory, measures
+the draft budget, queues requests from any number of clients and runs them
+one at a time through the decoding loop.
+
+python -m hetspec.scheduler RUN_FILE   (written by the launcher)
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from collections import deque
+
+import numpy as np
+import zmq
+
+from hetspec.budget import choose_gamma
+from hetspec.config import load_config
+from hetspec.decoding import Decoder, Policy
+from hetspec.errors import EngineDeadError, EngineStartError, HetspecError, RequestError
+from hetspec.models import ResolvedModel
+from hetspec.output import Output
+from hetspec.request import build_request
+from hetspec.tokenizer import Tokenizer
+from hetspec.worker_links import DraftLink, Sampling, TargetLink, WorkerError
+from ipc.channel import Channel, Router
+from ipc.messages import (
+    CalibrateDraft,
+    CalibrateTarget,
+    EngineInfo,
+    Finished,
+    GenerateRequest,
+    InfoRequest,
+    RequestFailed,
+    StopEngine,
+    TokensEvent,
+    WorkerHello,
+)
+
+CALIBRATION_CONTEXT = 256
+VERIFY_SIZES = [1, 2, 4, 8, 12, 16, 24, 32]
+
+
+class Scheduler:
+    def __init__(self, run: dict):
+        self.run = run
+        self.config = load_config(run["config"])
+        self.models = {k: ResolvedModel(**v) for k, v in run["models"].items()}
+        self.context = zmq.Context()
+        self.draft = DraftLink("draft", Channel(self.context, run["endpoints"]["draft"], bind=True))
+        self.target = TargetLink("target", Channel(self.context, run["endpoints"]["target"], bind=True))
+        self.clients = Router(self.context, run["endpoints"]["client"])
+        self.queue: deque = deque()
+        self.info: dict = {}
+        self.dead: str | None = None       # why the engine can no longer serve
+        self.stopping = False
+
+    # ---- start-up ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the tokenizer while the workers load their models, then wire them up."""
+        self.tokenizer = Tokenizer(self.models["target"])
+        timeout = self.config.server.startup_timeout_s
+        hellos = {}
+        for link in (self.draft, self.target):
+            message = link.wait(timeout)
+            if isinstance(message, WorkerHello):
+                link.hello = hellos[link.role] = message
+        if hellos["draft"].n_vocab != hellos["target"].n_vocab:
+            raise EngineStartError(
+                f"draft and target have different vocabularies: the draft has {hellos['draft'].n_vocab} "
+                f"tokens, the target {hellos['target'].n_vocab}; speculative decoding needs a shared vocabulary")
+        self.n_vocab = hellos["target"].n_vocab
+        self.eos = set(hellos["target"].eos_token_ids) | self.tokenizer.eos_token_ids
+        rows, run_id = self.config.decoding.max_gamma + 2, self.run["run_id"]
+        max_tokens = self.config.server.max_context + rows
+        self.target.attach(run_id, {"input": ((max_tokens,), np.int32), "choice": ((rows,), np.int32),
+                                    "probs": ((rows, self.n_vocab), np.float32)})
+        self.draft.attach(run_id, {"context": ((max_tokens,), np.int32),
+                                   "tokens": ((2, rows + self.config.decoding.max_sequences), np.int32),
+                                   "probs": ((2, rows + self.config.decoding.max_sequences, self.n_vocab),
+                                             np.float32)})
+        self.gamma, budget = self._budget()
+        self.info = {
+            "pid": os.getpid(), "endpoint": self.clients.endpoint, "gamma": self.gamma, "budget": budget,
+            "n_vocab": self.n_vocab, "config": self.config.to_dict(),
+            "draft": _worker_info(hellos["draft"]), "target": _worker_info(hellos["target"]),
+        }
+
+    def _budget(self) -> tuple[int, dict]:
+        """gamma = "auto": time both workers at once (as they will run) and balance them."""
+        decoding = self.config.decoding
+        if decoding.gamma != "auto":
+            return decoding.gamma, {"source": "config"}
+        sizes = [n for n in VERIFY_SIZES if n <= decoding.max_gamma + 1]
+        context = min(CALIBRATION_CONTEXT, self.config.server.max_context // 2)
+        self.draft.send(CalibrateDraft(context, 16))
+        self.target.send(CalibrateTarget(context, sizes))
+        verify_s = dict(zip(sizes, self.target.wait().seconds))
+        draft_s = self.draft.wait().seconds_per_token
+        gamma = choose_gamma(draft_s, verify_s, decoding.max_gamma)
+        return gamma, {"source": "measured", "context": context, "draft_s_per_token": draft_s,
+                       "verify_s": {str(k): v for k, v in verify_s.items()}}
+
+    # ---- serving ---------------------------------------------------------------
+
+    def serve(self) -> None:
+        parent = os.getppid()
+        while not self.stopping and os.getppid() == parent:   # an orphan stops
+            self._read_clients(timeout_ms=100 if not self.queue else 0)
+            if self.queue:
+                identity, request = self.queue.popleft()
+                self._run_request(identity, request)
+
+    def _read_clients(self, timeout_ms: int) -> None:
+        if not self.clients.socket.poll(timeout_ms):
+            return
+        while (item := self.clients.recv_nowait()) is not None:
+            identity, message = item
+            if isinstance(message, ValueError):
+                self.clients.send(identity, RequestFailed(-1, "request", f"malformed message: {message}"))
+            elif isinstance(message, InfoRequest):
+                self.clients.send(identity, EngineInfo(self.info))
+            elif isinstance(message, StopEngine):
+                self.stopping = True
+            elif isinstance(message, GenerateRequest):
+                self.queue.append((identity, message))
+            else:
+                self.clients.send(identity, RequestFailed(-1, "request", f"unexpected {type(message).__name__}"))
+
+    def _run_request(self, identity: bytes, request: GenerateRequest) -> None:
+        rid = request.request_id
+        if self.dead:
+            self.clients.send(identity, RequestFailed(rid, "dead", self.dead))
+            return
+        try:
+            decoder = self._decoder(request)
+            stats = decoder.run(lambda ids, text: self._emit(identity, TokensEvent(rid, ids, text)))
+        except RequestError as exc:
+            self.clients.send(identity, RequestFailed(rid, "request", str(exc)))
+        except EngineDeadError as exc:
+            self.dead = str(exc)
+            self.clients.send(identity, RequestFailed(rid, "dead", self.dead))
+        except WorkerError as exc:
+            self._drain()
+            self.clients.send(identity, RequestFailed(rid, "request", str(exc)))
+        else:
+            out = decoder.out
+            self.clients.send(identity, Finished(rid, out.new_ids, out.text, out.finish_reason,
+                                                 _stats(stats, decoder, out)))
+
+    def _emit(self, identity: bytes, event: TokensEvent) -> None:
+        """Stream a round's tokens, and answer or queue whatever clients sent meanwhile."""
+        self.clients.send(identity, event)
+        self._read_clients(timeout_ms=0)
+
+    def _decoder(self, request: GenerateRequest) -> Decoder:
+        # Re-validate: a client built without hetspec.client may send anything.
+        fields = {k: v for k, v in vars(request).items() if k not in ("request_id", "prompt")}
+        build_request(request.request_id, request.prompt, **fields)
+        decoding, server = self.config.decoding, self.config.server
+        if request.messages is not None:
+            prompt_ids = self.tokenizer.encode_chat(request.messages)
+        elif isinstance(request.prompt, str):
+            prompt_ids = self.tokenizer.encode_prompt(request.prompt)
+        else:
+            prompt_ids = request.prompt
+            if max(prompt_ids) >= self.n_vocab:
+                raise RequestError(f"token id {max(prompt_ids)} is outside the vocabulary (size {self.n_vocab})")
+        if not prompt_ids:
+            raise RequestError("the prompt encodes to no tokens")
+        if len(prompt_ids) >= server.max_context:
+            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the context holds "
+                               f"{server.max_context} (prompt plus new tokens)")
+        gamma = request.gamma or self.gamma
+        if gamma > decoding.max_gamma:
+            raise RequestError(f"gamma {gamma} exceeds [decoding] max_gamma = {decoding.max_gamma}")
+        sequences = request.sequences or decoding.sequences
+        if sequences != "dynamic" and sequences > decoding.max_sequences:
+            raise RequestError(f"sequences {sequences} exceeds [decoding] max_sequences = {decoding.max_sequences}")
+        max_new = min(request.max_new_tokens, server.max_context - len(prompt_ids))
+        seed = request.seed if request.seed is not None else secrets.randbits(63)
+        policy = Policy(request.mode, gamma, sequences, decoding.max_sequences,
+                        Sampling(request.temperature, request.top_p, request.top_k), seed,
+                        borrow_cores=self.config.target.prefill_borrows_draft_cores)
+        output = Output(prompt_ids, max_new, self.eos, request.stop, self.tokenizer)
+        return Decoder(request.request_id, policy, self.draft, self.target, output)
+
+    def _drain(self) -> None:
+        """After a failed command, collect the other worker's outstanding reply."""
+        for link in (self.draft, self.target):
+            while link.busy:
+                try:
+                    link.wait()
+                except WorkerError:
+                    pass
+
+    def close(self) -> None:
+        for link in (self.draft, self.target):
+            try:
+                link.close()
+            except zmq.ZMQError:
+                pass
+        self.draft.channel.close()
+        self.target.channel.close()
+        self.clients.close()
+        self.context.term()
+
+
+def _worker_info(hello: WorkerHello) -> dict:
+    return {"pid": hello.pid, "device": hello.device, "cores": hello.cores, "threads": hello.threads,
+            "load_s": round(hello.load_s, 3)}
+
+
+def _stats(stats, decoder: Decoder, out: Output) -> dict:
+    total = time.perf_counter() - stats.start
+    new = len(out.new_ids)
+    spec = stats.spec_rounds
+    return {
+        "mode": decoder.policy.mode, "prompt_tokens": out.n_prompt, "new_tokens": new,
+        "finish_reason": out.finish_reason, "ttft_s": stats.ttft_s, "total_s": total,
+        "tokens_per_s": new / total if total > 0 else 0.0,
+        "gamma": decoder.policy.gamma if decoder.policy.mode != "target" else 0,
+        "sequences": decoder.policy.sequences, "seed": decoder.policy.seed,
+        "rounds": stats.rounds, "spec_rounds": spec, "target_only_rounds": stats.target_only_rounds,
+        "drafted": stats.drafted, "accepted": stats.accepted,
+        "acceptance_rate": stats.accepted / stats.drafted if stats.drafted else 0.0,
+        "mean_accepted_per_round": stats.committed_in_spec_rounds / spec if spec else 0.0,
+        "branch_hits": stats.branch_hits,
+        "sequences_hist": {str(k): v for k, v in sorted(stats.sequences_hist.items())},
+        "draft_s": stats.draft_s, "verify_s": stats.verify_s, "round_s": stats.round_s,
+        "overhead_s": max(0.0, stats.round_s - stats.busy_s),
+    }
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as f:
+        run = json.load(f)
+    scheduler = Scheduler(run)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(scheduler, "stopping", True))
+    try:
+        try:
+            scheduler.start()
+        except (HetspecError, OSError) as exc:
+            _refuse_clients(scheduler, exc)
+            return 1
+        scheduler.serve()
+        return 0
+    finally:
+        scheduler.close()
+
+
+def _refuse_clients(scheduler: Scheduler, exc: Exception) -> None:
+    """Tell whoever asks (the launcher first) why the engine could not start."""
+    message = str(exc)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if scheduler.clients.socket.poll(200):
+            item = scheduler.clients.recv_nowait()
+            if item:
+                scheduler.clients.send(item[0], RequestFailed(-1, "start", message))
+                return
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The scheduler's handles on its two workers.
+
+Each link writes its inputs into shared memory, sends one command, and later
+collects the reply, reading bulk outputs back from shared memory. Waiting
+never blocks forever: a worker that died is reported by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import psutil
+
+from hetspec.branches import split_branches
+from hetspec.errors import EngineDeadError, HetspecError
+from ipc.channel import Channel
+from ipc.messages import (
+    AttachBuffers,
+    Attached,
+    DraftCommand,
+    Drafted,
+    Shutdown,
+    Verified,
+    VerifyCommand,
+    WorkerFailed,
+    WorkerHello,
+)
+from ipc.shm import SharedArray, segment_name
+
+POLL_S = 0.2
+
+
+class WorkerError(HetspecError, RuntimeError):
+    """A worker could not carry out a command but is still alive."""
+
+
+@dataclass
+class Sampling:
+    temperature: float
+    top_p: float
+    top_k: int
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Verification:
+    choice: np.ndarray            # the target's argmax at each requested position
+    probs: np.ndarray | None      # its distribution there, when sampling (a shared-memory view)
+    seconds: float
+
+
+@dataclass
+class Draft:
+    branches: list[np.ndarray]
+    probs: list[np.ndarray] | None   # per branch: (len, vocab) shared-memory views, when sampling
+    seconds: float
+
+
+class WorkerLink:
+    def __init__(self, role: str, channel: Channel):
+        self.role = role
+        self.channel = channel
+        self.hello: WorkerHello | None = None
+        self.buffers: dict[str, SharedArray] = {}
+        self.busy = False
+
+    def wait(self, timeout_s: float | None = None):
+        """The next reply; raises EngineDeadError if the worker process is gone."""
+        waited = 0.0
+        while True:
+            message = self.channel.recv(POLL_S)
+            if message is not None:
+                if isinstance(message, WorkerFailed):
+                    self.busy = False
+                    if message.fatal:
+                        raise EngineDeadError(message.message)
+                    raise WorkerError(message.message)
+                self.busy = False
+                return message
+            waited += POLL_S
+            if self.hello is not None and not _alive(self.hello.pid):
+                raise EngineDeadError(f"the {self.role} worker (pid {self.hello.pid}) died")
+            if timeout_s is not None and waited >= timeout_s:
+                raise EngineDeadError(f"the {self.role} worker did not answer within {timeout_s:.0f} s")
+
+    def poll(self) -> bool:
+        """True if a reply is waiting (without taking it)."""
+        return bool(self.channel.socket.poll(0))
+
+    def send(self, message) -> None:
+        self.busy = True
+        self.channel.send(message)
+
+    def attach(self, run_id: str, layout: dict[str, tuple]) -> None:
+        """Create this worker's shared buffers and have it map them."""
+        for key, (shape, dtype) in layout.items():
+            self.buffers[key] = SharedArray.create(segment_name(run_id, f"{self.role}-{key}"), shape, dtype)
+        self.send(AttachBuffers({k: b.spec() for k, b in self.buffers.items()}))
+        reply = self.wait(60)
+        assert isinstance(reply, Attached), reply
+
+    def close(self) -> None:
+        try:
+            self.channel.send(Shutdown())
+        finally:
+            for buffer in self.buffers.values():
+                buffer.close()
+            self.buffers = {}
+
+
+class TargetLink(WorkerLink):
+    def start_verify(self, request_id: int, tokens, keep: int, rows: int, sampling: Sampling,
+                     borrow_cores: bool = False) -> None:
+        self.buffers["input"].array[:len(tokens)] = tokens
+        self.send(VerifyCommand(request_id, keep, len(tokens), rows, sampling.temperature, sampling.top_p,
+                                sampling.top_k, borrow_cores))
+
+    def finish_verify(self, rows: int, sampling: Sampling) -> Verification:
+        reply = self.wait()
+        assert isinstance(reply, Verified), reply
+        choice = self.buffers["choice"].array[:rows].copy()
+        probs = None if sampling.greedy else self.buffers["probs"].array[:rows]
+        return Verification(choice, probs, reply.seconds)
+
+
+class DraftLink(WorkerLink):
+    def __init__(self, role: str, channel: Channel):
+        super().__init__(role, channel)
+        self.slot = 0
+
+    def start_draft(self, request_id: int, context, n_tokens: int, speculative: bool, sequences, max_sequences: int,
+                    sampling: Sampling, seed: int) -> None:
+        """n_tokens == 0 only brings the draft's cache up to date with context."""
+        self.buffers["context"].array[:len(context)] = context
+        self.slot ^= 1   # double buffering: the pending window's rows stay readable
+        self.send(DraftCommand(request_id, len(context), n_tokens, speculative, sequences, max_sequences,
+                               sampling.temperature, sampling.top_p, sampling.top_k, seed, self.slot))
+
+    def finish_draft(self, sampling: Sampling) -> Draft:
+        reply = self.wait()
+        assert isinstance(reply, Drafted), reply
+        tokens = self.buffers["tokens"].array[reply.slot]
+        branches = [b.copy() for b in split_branches(tokens, reply.lengths)]
+        probs = None if sampling.greedy else split_branches(self.buffers["probs"].array[reply.slot], reply.lengths)
+        return Draft(branches, probs, reply.seconds)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

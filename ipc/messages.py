@@ -1,0 +1,209 @@
+"""Every message that crosses a process boundary, as a plain dataclass.
+
+A message travels as two zmq frames: a one-byte type tag and a small JSON
+header. Anything large (token windows, draft branches, probability rows)
+travels in shared memory (ipc/shm.py); a message only says where to look.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+# ---- worker lifecycle (scheduler <-> draft and target workers) -------------
+
+@dataclass
+class WorkerHello:
+    """Sent by a worker once its model is loaded."""
+    role: str                 # "draft" or "target"
+    pid: int
+    n_vocab: int
+    device: str
+    cores: list[int]
+    threads: int
+    load_s: float
+    eos_token_ids: list[int] = field(default_factory=list)   # from the target's generation config
+
+
+@dataclass
+class WorkerFailed:
+    """A worker could not load or could not carry out a command."""
+    role: str
+    message: str
+    fatal: bool = True
+
+
+@dataclass
+class AttachBuffers:
+    """Shared-memory segments for a worker: name -> [segment, shape, dtype]."""
+    buffers: dict[str, list]
+
+
+@dataclass
+class Attached:
+    role: str
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+# ---- draft worker ----------------------------------------------------------
+
+@dataclass
+class DraftCommand:
+    """Draft after the `context_len` tokens in the draft's context buffer.
+
+    speculative=True: the next window of the pipeline; its first token is left
+    to the target, so the draft proposes up to `sequences` branches, each
+    starting with a different candidate first token. speculative=False: one
+    ordinary draft sequence (sequential decoding)."""
+    request_id: int
+    context_len: int
+    n_tokens: int
+    speculative: bool
+    sequences: int | str       # an integer, or "dynamic"
+    max_sequences: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    slot: int                  # which half of the double-buffered output to write
+
+
+@dataclass
+class Drafted:
+    """Branch lengths; tokens and probability rows are in the output slot."""
+    request_id: int
+    slot: int
+    lengths: list[int]
+    seconds: float
+    forward_passes: int
+
+
+@dataclass
+class CalibrateDraft:
+    context_len: int
+    n_tokens: int
+
+
+@dataclass
+class DraftCalibration:
+    seconds_per_token: float
+
+
+# ---- target worker ---------------------------------------------------------
+
+@dataclass
+class VerifyCommand:
+    """Crop the KV cache to `keep` tokens, run the `n_tokens` tokens in the
+    target's input buffer and write the next-token choice (and, when sampling,
+    the probability rows) for the last `rows` of them."""
+    request_id: int
+    keep: int
+    n_tokens: int
+    rows: int                    # how many trailing positions need an answer
+    temperature: float
+    top_p: float
+    top_k: int
+    borrow_cores: bool = False   # use the draft's cores too (prompt prefill)
+
+
+@dataclass
+class Verified:
+    request_id: int
+    seconds: float
+
+
+@dataclass
+class CalibrateTarget:
+    context_len: int
+    sizes: list[int]
+
+
+@dataclass
+class TargetCalibration:
+    seconds: list[float]
+
+
+# ---- clients (Engine) <-> scheduler ----------------------------------------
+
+@dataclass
+class GenerateRequest:
+    request_id: int
+    prompt: str | list[int] | None = None
+    messages: list[dict] | None = None
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] | None = None
+    mode: str = "duodec"
+    gamma: int | None = None
+    sequences: int | str | None = None
+
+
+@dataclass
+class TokensEvent:
+    """Tokens committed in one round and the text they complete."""
+    request_id: int
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class Finished:
+    request_id: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str        # "eos", "stop" or "length"
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class RequestFailed:
+    request_id: int
+    kind: str                 # see hetspec.errors.ERROR_KINDS
+    message: str
+
+
+@dataclass
+class InfoRequest:
+    pass
+
+
+@dataclass
+class EngineInfo:
+    info: dict
+
+
+@dataclass
+class StopEngine:
+    """Ask the scheduler to stop its workers and exit."""
+    pass
+
+
+_TYPES = [
+    WorkerHello, WorkerFailed, AttachBuffers, Attached, Shutdown,
+    DraftCommand, Drafted, CalibrateDraft, DraftCalibration,
+    VerifyCommand, Verified, CalibrateTarget, TargetCalibration,
+    GenerateRequest, TokensEvent, Finished, RequestFailed, InfoRequest, EngineInfo, StopEngine,
+]
+_TAG_OF = {cls: bytes([i]) for i, cls in enumerate(_TYPES)}
+_CLASS_OF = {tag: cls for cls, tag in _TAG_OF.items()}
+
+
+def encode(message) -> list[bytes]:
+    return [_TAG_OF[type(message)], json.dumps(asdict(message)).encode()]
+
+
+def decode(frames: list[bytes]):
+    if len(frames) != 2 or frames[0] not in _CLASS_OF:
+        raise ValueError(f"malformed message: {len(frames)} frame(s)")
+    cls = _CLASS_OF[frames[0]]
+    values = json.loads(frames[1])
+    names = {f.name for f in fields(cls)}
+    if set(values) - names:
+        raise ValueError(f"malformed {cls.__name__}: unexpected fields {sorted(set(values) - names)}")
+    return cls(**values)

@@ -1,0 +1,82 @@
+"""The draft worker process: drafts windows (and branches) with the draft model.
+
+python -m workers.draft_worker --endpoint ENDPOINT --spec JSON
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+from ipc.messages import CalibrateDraft, DraftCalibration, DraftCommand, Drafted, WorkerHello
+from workers.drafting import Drafter, DraftParams
+from workers.pinning import pin, set_torch_threads
+from workers.process import parse_args, serve
+
+
+class DraftState:
+    def __init__(self, spec: dict):
+        if spec["backend"] == "llama.cpp":
+            from workers.llama_cpp_model import LlamaCppModel
+
+            model = spec["model"]
+            self.model = LlamaCppModel(os.path.join(model["path"], model["gguf_file"]),
+                                       n_ctx=spec["n_ctx"], n_threads=spec["threads"])
+        else:
+            from workers.torch_draft_model import TorchDraftModel
+
+            set_torch_threads(spec["threads"])
+            self.model = TorchDraftModel(spec["model"])
+        self.drafter = Drafter(self.model, spec["n_ctx"])
+        self.request_id = None
+
+
+def load(spec: dict):
+    pin(spec["cores"])
+    start = time.perf_counter()
+    state = DraftState(spec)
+    hello = WorkerHello(role="draft", pid=os.getpid(), n_vocab=state.model.n_vocab, device="cpu",
+                        cores=spec["cores"], threads=spec["threads"], load_s=time.perf_counter() - start)
+    return hello, state
+
+
+def draft(state: DraftState, cmd: DraftCommand, buffers) -> Drafted:
+    start = time.perf_counter()
+    if cmd.request_id != state.request_id:   # a new request: its own random stream
+        state.request_id = cmd.request_id
+        state.drafter.rng = np.random.default_rng([cmd.seed, 1])
+    context = buffers["context"].array[:cmd.context_len]
+    if cmd.n_tokens == 0:                    # only bring the cache up to date (prefill)
+        state.drafter.sync(context)
+        return Drafted(cmd.request_id, cmd.slot, [], time.perf_counter() - start, 1)
+    params = DraftParams(cmd.n_tokens, cmd.speculative, cmd.sequences, cmd.max_sequences,
+                         cmd.temperature, cmd.top_p, cmd.top_k)
+    out = state.drafter.draft(context, params)
+    flat = [t for branch in out.branches for t in branch]
+    buffers["tokens"].array[cmd.slot, :len(flat)] = flat
+    if out.probs:
+        buffers["probs"].array[cmd.slot, :len(flat)] = np.concatenate([np.stack(rows) for rows in out.probs])
+    return Drafted(cmd.request_id, cmd.slot, [len(b) for b in out.branches],
+                   time.perf_counter() - start, out.forward_passes)
+
+
+def calibrate(state: DraftState, cmd: CalibrateDraft, buffers) -> DraftCalibration:
+    """Time per drafted token after a context of context_len tokens (greedy)."""
+    rng = np.random.default_rng(0)
+    context = rng.integers(0, state.model.n_vocab, cmd.context_len).astype(np.int32)
+    params = DraftParams(cmd.n_tokens, False, 1, 1, 0.0, 1.0, 0)
+    state.drafter.sync(context)
+    start = time.perf_counter()
+    state.drafter.draft(context, params)
+    return DraftCalibration((time.perf_counter() - start) / cmd.n_tokens)
+
+
+def main(argv=None) -> int:
+    spec = parse_args(argv)
+    return serve("draft", spec, load, {DraftCommand: draft, CalibrateDraft: calibrate})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The draft algorithm, over any model with forward(tokens, pos) -> last logits.
+
+The drafter keeps its KV cache in step with the scheduler by longest common
+prefix (as llama.cpp's common/speculative.cpp does): each command carries the
+whole context, the drafter keeps what matches and evaluates the rest. So the
+scheduler never tracks the draft's cache, and tokens the draft has not yet
+seen (the target's bonus token, a correction) are fed automatically.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from workers.multi_sequence import count_sequences, first_tokens, split_budget
+from workers.sampling import probabilities, softmax
+
+
+@dataclass
+class DraftParams:
+    n_tokens: int
+    speculative: bool          # first token left to the target: propose branches
+    sequences: int | str       # "dynamic" or a fixed number of branches
+    max_sequences: int
+    temperature: float
+    top_p: float
+    top_k: int
+
+
+@dataclass
+class DraftOutput:
+    branches: list[list[int]]
+    probs: list[np.ndarray] = field(default_factory=list)   # per branch: (len, vocab) rows, when sampling
+    forward_passes: int = 0
+
+
+class Drafter:
+    def __init__(self, model, n_ctx: int):
+        self.model = model
+        self.cached = np.zeros(n_ctx, dtype=np.int32)   # tokens whose KV entries are in the cache
+        self.n_cached = 0
+        self.passes = 0
+        self.rng = np.random.default_rng()
+
+    # ---- cache bookkeeping -------------------------------------------------
+
+    def _feed(self, tokens, pos: int) -> np.ndarray:
+        logits = self.model.forward(tokens, pos)
+        self.cached[pos:pos + len(tokens)] = tokens
+        self.n_cached = pos + len(tokens)
+        self.passes += 1
+        return logits
+
+    def sync(self, context: np.ndarray) -> np.ndarray:
+        """Make the cache hold `context`; return the logits after its last token."""
+        n = min(self.n_cached, len(context) - 1)   # the last token is always re-run, for its logits
+        mismatch = np.flatnonzero(self.cached[:n] != context[:n])
+        keep = int(mismatch[0]) if len(mismatch) else n
+        return self._feed(context[keep:], keep)
+
+    # ---- drafting ----------------------------------------------------------
+
+    def draft(self, context: np.ndarray, params: DraftParams) -> DraftOutput:
+        self.passes = 0
+        sampling = params.temperature > 0
+        dist = self._distribution_fn(params)
+        first = dist(self.sync(context))
+        start = len(context)
+
+        if not params.speculative:
+            branch, rows = self._extend([self._choose(first, sampling)], [first], params.n_tokens, dist, sampling)
+            return DraftOutput([branch], rows if sampling else [], self.passes)
+
+        # Speculative: the target will pick the first token; branches cover the likely ones.
+        k = 1 if params.sequences == "dynamic" else params.sequences
+        candidates = first_tokens(first, min(params.max_sequences, len(first)))
+        second = None
+        if params.sequences == "dynamic" and params.n_tokens >= 4 and params.max_sequences > 1:
+            second = dist(self._feed([candidates[0]], start))
+            k = count_sequences(first, float(second.max()), params.max_sequences)
+        lengths = split_budget(params.n_tokens, k)
+        branches, rows = [None] * len(lengths), [None] * len(lengths)
+        # Alternatives first, the most likely branch last: its KV entries then stay
+        # in the cache, ready for the next window when the target picks it.
+        for i in range(len(lengths) - 1, -1, -1):
+            reuse = second if (i == 0 and len(lengths) == 1) else None
+            if reuse is None:
+                self.n_cached = start          # rewind: the next forward drops the rest
+            branches[i], rows[i] = self._extend([candidates[i]], [first], lengths[i], dist, sampling, reuse)
+        return DraftOutput(branches, rows if sampling else [], self.passes)
+
+    def _extend(self, branch, rows, length, dist, sampling, fed_dist=None):
+        """Grow `branch` to `length` tokens, one forward pass per token. The cache
+        holds everything before branch[-1]; fed_dist, if given, is the distribution
+        after branch[-1], which was fed already."""
+        while len(branch) < length:
+            d = fed_dist if fed_dist is not None else dist(self._feed([branch[-1]], self.n_cached))
+            fed_dist = None
+            branch.append(self._choose(d, sampling))
+            rows.append(d)
+        return branch, rows
+
+    def _choose(self, dist: np.ndarray, sampling: bool) -> int:
+        if not sampling:
+            return int(np.argmax(dist))
+        cdf = np.cumsum(dist, dtype=np.float64)
+        return int(min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+
+    @staticmethod
+    def _distribution_fn(params: DraftParams):
+        if params.temperature > 0:
+            return lambda logits: probabilities(logits[None, :], params.temperature, params.top_k, params.top_p)[0]
+        return softmax   # greedy: argmax of this; its probabilities drive the branch count

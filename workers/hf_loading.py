@@ -1,0 +1,50 @@
+"""Load a transformers causal LM from a resolved model spec (see hetspec/models.py).
+
+A GGUF file is dequantized by transformers' GGUF loader (needs gguf and
+accelerate); a "random" spec builds a tiny model from a config, for tests.
+"""
+from __future__ import annotations
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_causal_lm(model: dict, dtype: str = "float32", device: str = "cpu"):
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = DTYPES[dtype]
+    kind = model["kind"]
+    if kind == "random":
+        lm = _random_model(model["random"], torch_dtype)
+    elif kind == "gguf":
+        lm = AutoModelForCausalLM.from_pretrained(model["path"], gguf_file=model["gguf_file"], dtype=torch_dtype)
+    else:
+        lm = AutoModelForCausalLM.from_pretrained(model["path"], dtype=torch_dtype)
+    return lm.to(device).eval()
+
+
+def _random_model(spec: dict, torch_dtype):
+    """Weights drawn with a wide init so that logits are peaked: near-uniform
+    logits would make argmax ties, and so exactness tests, meaningless."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
+
+    common = dict(vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
+                  num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
+                  num_key_value_heads=spec["heads"], max_position_embeddings=8192, initializer_range=0.25,
+                  bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    if spec["arch"] == "gemma3":
+        config = Gemma3TextConfig(**common, head_dim=spec["hidden"] // spec["heads"], sliding_window=spec["window"],
+                                  layer_types=["sliding_attention", "full_attention"] * (spec["layers"] // 2)
+                                  + ["sliding_attention"] * (spec["layers"] % 2))
+    else:
+        config = LlamaConfig(**common)
+    torch.manual_seed(spec["seed"])
+    return AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+
+
+def eos_token_ids(lm) -> list[int]:
+    eos = getattr(lm.generation_config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]

@@ -1,0 +1,44 @@
+"""A transformers causal LM behind a position-indexed KV cache.
+
+forward(tokens, pos) drops every cached position >= pos and runs `tokens`
+there, so rolling back after a rejection costs a cache crop, never a re-run
+of the prefix. Gemma 3's sliding-window layers only allow a crop if they keep
+their past, hence activate_past_recording().
+"""
+from __future__ import annotations
+
+import torch
+
+
+class KVModel:
+    def __init__(self, lm, device: str = "cpu"):
+        self.lm = lm
+        self.device = torch.device(device)
+        self.n_vocab = int(lm.config.get_text_config().vocab_size)
+        self.length = 0
+        self.cache = None
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.lm.config)
+        if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+            cache.activate_past_recording()
+        return cache
+
+    @torch.inference_mode()
+    def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
+        """Logits (n, vocab) for every token (or only the last one), float32."""
+        if len(tokens) == 0:
+            raise ValueError("forward needs at least one token")
+        if pos > self.length or pos < 0:
+            raise ValueError(f"position {pos} is beyond the {self.length} cached tokens")
+        if pos == 0 or self.cache is None:
+            self.cache = self._new_cache()
+        else:
+            self.cache.crop(pos - self.length)   # crop(0) only trims a sliding window's surplus
+        ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
+        out = self.lm(input_ids=ids, past_key_values=self.cache, use_cache=True,
+                      logits_to_keep=0 if all_logits else 1)
+        self.length = pos + len(tokens)
+        return out.logits[0].float()

@@ -1,0 +1,133 @@
+"""Draft model backed by llama.cpp's low-level C API (via llama-cpp-python).
+
+The high-level ``llama_cpp.Llama`` keeps an n_ctx x n_vocab scores array when
+asked for per-token logits; speculative drafting only ever needs the logits of
+the last token, so we drive llama_decode directly and read one row.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+
+llama_cpp.llama_backend_init()
+
+# llama.cpp logs every load step to stderr. Keep a module-level reference so the
+# C side never calls a garbage-collected callback.
+_SILENT_LOG = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+
+
+class LlamaCppModel:
+    """A GGUF draft model run by llama.cpp with a position-indexed KV cache."""
+
+    def __init__(self, path: str, n_ctx: int = 4096, n_threads: int = 1, seed: int = 0):
+        """Load `path` and create a single-sequence context of `n_ctx` positions.
+
+        `seed` is accepted for parity with other workers; the forward pass is
+        deterministic (sampling happens outside), so llama.cpp never needs it.
+        """
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"GGUF model file not found: {path}")
+        llama_cpp.llama_log_set(_SILENT_LOG, ctypes.c_void_p(0))
+        self._model = self._ctx = self._batch = None
+
+        self._model = llama_cpp.llama_model_load_from_file(
+            os.fsencode(path), llama_cpp.llama_model_default_params())
+        if not self._model:
+            raise RuntimeError(f"llama.cpp failed to load model from {path}")
+
+        self._n_batch = min(n_ctx, 512)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = self._n_batch
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = n_threads
+        # Keep the whole sliding-window (SWA) cache, e.g. for Gemma 3: a reduced
+        # SWA cache drops old positions, and rolling back then cannot restore them.
+        params.swa_full = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            self.close()
+            raise RuntimeError(f"llama.cpp failed to create a context for {path} (n_ctx={n_ctx})")
+
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx: int = llama_cpp.llama_n_ctx(self._ctx)
+
+        # One reusable batch; every slot belongs to sequence 0. numpy views let
+        # us fill token/pos/output flags without per-token Python loops.
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        for i in range(self._n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(self._n_batch,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(self._n_batch,))
+        self._out = np.ctypeslib.as_array(self._batch.logits, shape=(self._n_batch,))
+
+    def forward(self, tokens: Sequence[int], pos: int) -> np.ndarray:
+        """Drop every cached position >= pos, evaluate `tokens` at positions pos..pos+len-1 and
+        return the logits of the last one as a float32 array of shape (n_vocab,).
+        The array may be a view into llama.cpp's buffer, valid until the next call."""
+        self._check_open()
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        n = ids.size
+        if n == 0:
+            raise ValueError("forward() needs at least one token")
+        if pos < 0 or pos + n > self.n_ctx:
+            raise ValueError(f"positions {pos}..{pos + n - 1} do not fit in n_ctx={self.n_ctx}")
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise ValueError(f"token ids must be in [0, {self.n_vocab}), got min={ids.min()} max={ids.max()}")
+        # The cache must hold every position before `pos`, else attention would see a hole.
+        n_cached = llama_cpp.llama_memory_seq_pos_max(self._mem, 0) + 1
+        if pos > n_cached:
+            raise ValueError(f"pos={pos} but only positions 0..{n_cached - 1} are cached")
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, pos, -1):
+            raise RuntimeError(f"llama.cpp could not drop cached positions >= {pos}")
+
+        for start in range(0, n, self._n_batch):
+            m = min(self._n_batch, n - start)
+            self._tok[:m] = ids[start:start + m]
+            self._pos[:m] = np.arange(pos + start, pos + start + m)
+            self._out[:m] = 0
+            self._out[m - 1] = start + m == n  # only the call's last token needs logits
+            self._batch.n_tokens = m
+            rc = llama_cpp.llama_decode(self._ctx, self._batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed with code {rc} at positions "
+                                   f"{pos + start}..{pos + start + m - 1}")
+        logits = llama_cpp.llama_get_logits_ith(self._ctx, -1)
+        return np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
+
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        """Token ids of `text`; `add_special` adds BOS etc. as the model's GGUF says.
+        Special-token text such as "<|im_start|>" is parsed, like Hugging Face tokenizers."""
+        self._check_open()
+        data = text.encode("utf-8")
+        buf_len = len(data) + 8
+        while True:
+            buf = (llama_cpp.llama_token * buf_len)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, buf_len, add_special, True)
+            if n >= 0:
+                return buf[:n]
+            buf_len = -n  # buffer too small: llama.cpp reports the size it needs
+
+    def _check_open(self) -> None:
+        if not self._ctx:
+            raise RuntimeError("LlamaCppModel is closed")
+
+    def close(self) -> None:
+        """Free batch, context and model; safe to call more than once."""
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None

@@ -1,0 +1,33 @@
+"""Dynamic multi-sequence drafting (DuoDecoding section 3.3): how many branches.
+
+When the draft is unsure of the first token of the next window, part of the
+budget goes to alternative first tokens. The threshold is
+theta = p(1,1) * p(2,1): the probability the draft gives its own top-1 path
+over two positions. Every other first-position candidate more likely than
+that path starts its own branch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def count_sequences(first_probs: np.ndarray, second_top_prob: float, max_sequences: int) -> int:
+    """k = 1 + #{j >= 2 : p(1,j) > p(1,1) * p(2,1)}, at most max_sequences."""
+    top = np.sort(first_probs[np.argpartition(first_probs, -max_sequences)[-max_sequences:]])[::-1]
+    theta = top[0] * second_top_prob
+    return 1 + int(np.count_nonzero(top[1:] > theta))
+
+
+def split_budget(gamma: int, k: int) -> list[int]:
+    """Split gamma draft tokens over k branches so drafting time stays constant;
+    the first (most likely) branch takes any remainder. Each branch needs two
+    tokens to be worth anything: its first is only a guess the target decides."""
+    k = max(1, min(k, gamma // 2))
+    base, extra = divmod(gamma, k)
+    return [base + (1 if i < extra else 0) for i in range(k)]
+
+
+def first_tokens(first_probs: np.ndarray, k: int) -> list[int]:
+    """The k most likely first tokens, most likely first."""
+    top = np.argpartition(first_probs, -k)[-k:]
+    return [int(t) for t in top[np.argsort(-first_probs[top], kind="stable")]]

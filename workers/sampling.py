@@ -1,0 +1,46 @@
+"""Logits to the sampling distribution: temperature, then top-k, then top-p.
+
+The target's distribution defined here is the one hetspec's output follows
+exactly; the draft uses the same function for its own proposal distribution.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_NUCLEUS_GUESS = 1024   # top-p mass usually sits in a few tokens: avoid sorting the vocabulary
+
+
+def probabilities(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """Rows of logits (n, vocab) -> rows of probabilities, float32. temperature > 0."""
+    x = np.asarray(logits, dtype=np.float32) / np.float32(temperature)
+    if top_k and top_k < x.shape[-1]:
+        kth = np.partition(x, -top_k, axis=-1)[:, -top_k][:, None]
+        x = np.where(x < kth, -np.inf, x)
+    x = x - x.max(axis=-1, keepdims=True)
+    probs = np.exp(x)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if top_p < 1.0:
+        for row in probs:
+            _keep_nucleus(row, top_p)
+    return probs
+
+
+def _keep_nucleus(row: np.ndarray, top_p: float) -> None:
+    """Zero all but the smallest set of most likely tokens whose mass reaches top_p."""
+    guess = min(_NUCLEUS_GUESS, len(row))
+    top = np.argpartition(row, -guess)[-guess:]
+    if row[top].sum() < top_p:           # rare: the nucleus is wider than the guess
+        top = np.arange(len(row))
+    order = top[np.argsort(-row[top], kind="stable")]
+    cumulative = np.cumsum(row[order], dtype=np.float64)
+    n_keep = int(np.searchsorted(cumulative, top_p, side="left")) + 1
+    mask = np.zeros(len(row), dtype=bool)
+    mask[order[:n_keep]] = True
+    row[~mask] = 0.0
+    row /= row.sum()
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    x = np.asarray(logits, dtype=np.float32)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)

@@ -1,0 +1,94 @@
+"""The target worker process: verifies windows of draft tokens with the target model.
+
+python -m workers.target_worker --endpoint ENDPOINT --spec JSON
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+from ipc.messages import CalibrateTarget, TargetCalibration, Verified, VerifyCommand, WorkerHello
+from workers.hf_loading import eos_token_ids, load_causal_lm
+from workers.kv_model import KVModel
+from workers.pinning import pin, set_torch_threads
+from workers.process import parse_args, serve
+from workers.sampling import probabilities
+
+
+class TargetState:
+    def __init__(self, spec: dict):
+        self.cores = spec["cores"]
+        self.threads = spec["threads"]
+        self.borrow = sorted(set(spec["cores"]) | set(spec.get("borrow_cores", [])))
+        device = spec["device"]
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(f"device {device!r} was configured but CUDA is not available")
+        self.device = device
+        self.kv = KVModel(load_causal_lm(spec["model"], spec["dtype"], device), device)
+        self.eos = eos_token_ids(self.kv.lm)
+
+    def run(self, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
+        if borrow and self.device == "cpu" and len(self.borrow) > len(self.cores):
+            pin(self.borrow)
+            set_torch_threads(len(self.borrow))
+            try:
+                return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
+            finally:
+                set_torch_threads(self.threads)
+                pin(self.cores)
+        return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
+
+
+def load(spec: dict):
+    pin(spec["cores"])
+    set_torch_threads(spec["threads"])
+    start = time.perf_counter()
+    state = TargetState(spec)
+    hello = WorkerHello(role="target", pid=os.getpid(), n_vocab=state.kv.n_vocab, device=state.device,
+                        cores=spec["cores"], threads=spec["threads"], load_s=time.perf_counter() - start,
+                        eos_token_ids=state.eos)
+    return hello, state
+
+
+def verify(state: TargetState, cmd: VerifyCommand, buffers) -> Verified:
+    start = time.perf_counter()
+    tokens = buffers["input"].array[:cmd.n_tokens]
+    rows = cmd.rows
+    logits = state.run(tokens, cmd.keep, rows, cmd.borrow_cores)
+    if cmd.temperature > 0:
+        probs = probabilities(logits.cpu().numpy(), cmd.temperature, cmd.top_k, cmd.top_p)
+        buffers["probs"].array[:rows] = probs
+    buffers["choice"].array[:rows] = logits.argmax(dim=-1).cpu().numpy()
+    return Verified(cmd.request_id, time.perf_counter() - start)
+
+
+def calibrate(state: TargetState, cmd: CalibrateTarget, buffers) -> TargetCalibration:
+    """Median time of a verify pass of each size, after a context of context_len."""
+    rng = np.random.default_rng(0)
+    context = rng.integers(0, state.kv.n_vocab, cmd.context_len)
+    state.kv.forward(context, 0, all_logits=False)
+    seconds = []
+    for n in cmd.sizes:
+        window = rng.integers(0, state.kv.n_vocab, n)
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            state.kv.forward(window, cmd.context_len)
+            times.append(time.perf_counter() - start)
+        seconds.append(float(np.median(times)))
+    return TargetCalibration(seconds)
+
+
+def main(argv=None) -> int:
+    spec = parse_args(argv)
+    return serve("target", spec, load, {VerifyCommand: verify, CalibrateTarget: calibrate})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
