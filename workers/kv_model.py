@@ -2,8 +2,11 @@
 
 forward(tokens, pos) drops every cached position >= pos and runs `tokens`
 there, so rolling back after a rejection costs a cache crop, never a re-run
-of the prefix. Gemma 3's sliding-window layers only allow a crop if they keep
-their past, hence activate_past_recording().
+of the prefix. The cache is built without the model config, so every layer,
+Gemma 3's sliding-window ones included, keeps its whole past and can be
+cropped to any position; the attention mask still applies the window. (A
+sliding layer of a config-built cache can only roll back what was added since
+its last crop, which the draft's branch rewinds exceed.)
 """
 from __future__ import annotations
 
@@ -18,13 +21,11 @@ class KVModel:
         self.length = 0
         self.cache = None
 
-    def _new_cache(self):
+    @staticmethod
+    def _new_cache():
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.lm.config)
-        if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
-            cache.activate_past_recording()
-        return cache
+        return DynamicCache()
 
     @torch.inference_mode()
     def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
@@ -35,8 +36,8 @@ class KVModel:
             raise ValueError(f"position {pos} is beyond the {self.length} cached tokens")
         if pos == 0 or self.cache is None:
             self.cache = self._new_cache()
-        else:
-            self.cache.crop(pos - self.length)   # crop(0) only trims a sliding window's surplus
+        elif pos < self.length:
+            self.cache.crop(pos - self.length)
         ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
         out = self.lm(input_ids=ids, past_key_values=self.cache, use_cache=True,
                       logits_to_keep=0 if all_logits else 1)

@@ -1,0 +1,75 @@
+"""Rolling a KV cache back after a rejection must equal never having gone forward,
+including Gemma 3's sliding-window layers once the window is full."""
+import numpy as np
+import pytest
+import torch
+
+from helpers import load_reference
+from workers.drafting import Drafter, DraftParams
+from workers.kv_model import KVModel
+from workers.torch_draft_model import TorchDraftModel
+
+
+@pytest.mark.parametrize("spec", ["random:seed=3", "random:arch=gemma3,window=8,layers=4,seed=3"])
+def test_crop_then_continue_equals_fresh_run(spec):
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 320, 40).tolist()
+    other = rng.integers(0, 320, 6).tolist()
+    rolled = KVModel(load_reference(spec))
+    rolled.forward(tokens[:30], 0)
+    rolled.forward(tokens[30:], 30)                 # well past the 8-token window
+    logits = rolled.forward(other, 25)              # reject everything after position 25
+    fresh = KVModel(load_reference(spec))
+    expected = fresh.forward(tokens[:25] + other, 0)[-len(other):]
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+    # and greedy continuations agree step by step
+    a, b = int(logits[-1].argmax()), int(expected[-1].argmax())
+    for step in range(8):
+        assert a == b
+        pos = 31 + step
+        a = int(rolled.forward([a], pos)[-1].argmax())
+        b = int(fresh.forward([b], pos)[-1].argmax())
+
+
+def _greedy_chain(spec, context, n):
+    model = KVModel(load_reference(spec))
+    logits = model.forward(context, 0)[-1]
+    out = []
+    for _ in range(n):
+        out.append(int(logits.argmax()))
+        logits = model.forward([out[-1]], len(context) + len(out) - 1)[-1]
+    return out
+
+
+def test_drafter_syncs_by_longest_common_prefix():
+    spec = "random:seed=4"
+    drafter = Drafter(TorchDraftModel({"kind": "random", "random": _spec(4)}), 256)
+    params = DraftParams(5, False, 1, 1, 0.0, 1.0, 0)
+    context = np.arange(10, 30, dtype=np.int32)
+    first = drafter.draft(context, params).branches[0]
+    assert first == _greedy_chain(spec, context.tolist(), 5)
+    # the scheduler's context diverges from what the draft cached: it must re-run only the tail
+    changed = np.concatenate([context[:12], [7, 8, 9]]).astype(np.int32)
+    out = drafter.draft(changed, params)
+    assert out.branches[0] == _greedy_chain(spec, changed.tolist(), 5)
+    assert out.forward_passes == 5        # one pass re-runs the changed tail, then one per new token
+
+
+def test_speculative_branches_start_with_top_candidates():
+    spec = "random:seed=5"
+    drafter = Drafter(TorchDraftModel({"kind": "random", "random": _spec(5)}), 256)
+    context = np.arange(40, 60, dtype=np.int32)
+    out = drafter.draft(context, DraftParams(9, True, 3, 4, 0.0, 1.0, 0))
+    assert [len(b) for b in out.branches] == [3, 3, 3]
+    first_logits = KVModel(load_reference(spec)).forward(context.tolist(), 0)[-1]
+    top3 = torch.argsort(first_logits, descending=True)[:3].tolist()
+    assert [b[0] for b in out.branches] == top3
+    for branch in out.branches:           # each branch continues greedily from its own first token
+        assert branch[1:] == _greedy_chain(spec, context.tolist() + [branch[0]], 2)
+    # the most likely branch is drafted last, so its KV entries are what stays cached
+    assert drafter.cached[:drafter.n_cached].tolist()[-2:] == out.branches[0][:2]
+
+
+def _spec(seed):
+    from hetspec.models import RANDOM_DEFAULTS
+    return {**RANDOM_DEFAULTS, "seed": seed}

@@ -1,0 +1,75 @@
+"""The budget, the branch count and the branch choice: small pure functions."""
+import numpy as np
+import pytest
+
+from hetspec.branches import pick_branch, split_branches
+from hetspec.budget import choose_gamma, interpolate
+from workers.multi_sequence import count_sequences, first_tokens, split_budget
+from workers.sampling import probabilities
+
+
+def test_gamma_balances_draft_against_verify():
+    verify = {1: 0.040, 8: 0.060, 16: 0.100}
+    # 7.4 ms per draft token: 11 * 7.4 = 81.4 ms >= verify(12) = 80 ms; 10 * 7.4 < verify(11) = 75 ms
+    gamma = choose_gamma(0.0074, verify, 32)
+    assert gamma * 0.0074 >= interpolate(verify, gamma + 1)
+    assert (gamma - 1) * 0.0074 < interpolate(verify, gamma)
+    assert gamma == 11
+
+
+def test_gamma_caps_and_slow_draft():
+    assert choose_gamma(1e-6, {1: 1.0, 2: 1.0}, 12) == 12     # draft never catches up: the cap
+    assert choose_gamma(10.0, {1: 0.01, 2: 0.02}, 12) == 1     # draft slower than any verify
+    with pytest.raises(ValueError):
+        choose_gamma(0.0, {1: 0.1}, 8)
+
+
+def test_interpolate_between_and_beyond():
+    points = {1: 1.0, 3: 3.0}
+    assert interpolate(points, 2) == pytest.approx(2.0)
+    assert interpolate(points, 5) == pytest.approx(5.0)
+    assert interpolate({4: 2.0}, 9) == 2.0
+
+
+def test_dynamic_sequences_follow_threshold():
+    first = np.array([0.5, 0.3, 0.15, 0.05])
+    # theta = 0.5 * 0.9 = 0.45: nobody else qualifies
+    assert count_sequences(first, 0.9, 4) == 1
+    # theta = 0.5 * 0.4 = 0.2: candidate 2 (0.3) qualifies, 0.15 does not
+    assert count_sequences(first, 0.4, 4) == 2
+    # theta = 0.05: 0.3 and 0.15 qualify; the cap limits it
+    assert count_sequences(first, 0.1, 4) == 3
+    assert count_sequences(first, 0.1, 2) == 2
+
+
+def test_budget_split_keeps_total():
+    assert split_budget(10, 1) == [10]
+    assert split_budget(10, 3) == [4, 3, 3]
+    assert sum(split_budget(11, 4)) == 11
+    assert split_budget(3, 4) == [3]          # branches need two tokens each
+
+
+def test_first_tokens_most_likely_first():
+    assert first_tokens(np.array([0.1, 0.6, 0.05, 0.25]), 3) == [1, 3, 0]
+
+
+def test_branch_choice_by_target_token():
+    branches = split_branches(np.array([5, 6, 7, 9, 1, 2]), [3, 3])
+    assert [b.tolist() for b in branches] == [[5, 6, 7], [9, 1, 2]]
+    assert pick_branch(branches, 9) == 1
+    assert pick_branch(branches, 5) == 0
+    assert pick_branch(branches, 4) is None
+
+
+def test_probabilities_top_k_and_top_p():
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], dtype=np.float32))
+    full = probabilities(logits, 1.0)
+    assert np.allclose(full, [[0.5, 0.3, 0.15, 0.05]], atol=1e-6)
+    top2 = probabilities(logits, 1.0, top_k=2)
+    assert np.allclose(top2, [[0.625, 0.375, 0, 0]], atol=1e-6)
+    nucleus = probabilities(logits, 1.0, top_p=0.8)      # 0.5 + 0.3 reaches 0.8
+    assert np.allclose(nucleus, [[0.625, 0.375, 0, 0]], atol=1e-6)
+    nucleus = probabilities(logits, 1.0, top_p=0.81)     # needs the third token too
+    assert np.count_nonzero(nucleus) == 3
+    cold = probabilities(logits, 0.1)
+    assert cold[0, 0] > 0.99
