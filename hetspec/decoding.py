@@ -27,6 +27,7 @@ from hetspec.output import Output
 from hetspec.worker_links import DraftLink, Sampling, TargetLink, Verification
 
 EMPTY = np.zeros(0, dtype=np.int32)
+BORROW_MIN_PROMPT = 64   # shorter prompts prefill fast anyway: both workers prefill at once
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Policy:
     max_sequences: int
     sampling: Sampling
     seed: int
+    seeded: bool = False       # the caller gave the seed: the run must be reproducible
     borrow_cores: bool = True  # the target prefills on the draft's cores too
 
 
@@ -98,7 +100,7 @@ class Decoder:
 
     def _prefill(self, emit) -> None:
         """The prompt through the target; its first token is the time to first token."""
-        borrow = self.policy.borrow_cores
+        borrow = self.policy.borrow_cores and len(self.out.context) >= BORROW_MIN_PROMPT
         self.target.start_verify(self.id, self.out.context, 0, 1, self.sampling, borrow_cores=borrow)
         if self.policy.mode != "target" and not borrow:
             self.draft.start_draft(self.id, self.out.context, 0, False, 1, 1, self.sampling, self.policy.seed)
@@ -108,10 +110,15 @@ class Decoder:
 
     def _target_alone_while_draft_prefills(self, emit) -> None:
         """The draft catches up with the prompt while the target decodes alone;
-        speculation starts once the draft is ready. In "target" mode, all of decoding."""
+        speculation starts once the draft is ready. In "target" mode, all of decoding.
+
+        How many tokens the target decodes alone depends on timing, and with it
+        where windows start; a seeded sampling run must not depend on timing, so
+        it waits for the draft instead (greedy output never depends on windows)."""
         if self.policy.mode != "target" and not self.draft.busy and not self.out.done:
             self.draft.start_draft(self.id, self.out.context, 0, False, 1, 1, self.sampling, self.policy.seed)
-        while not self.out.done and (self.policy.mode == "target" or not self.draft.poll()):
+        overlap = self.sampling.greedy or not self.policy.seeded
+        while not self.out.done and (self.policy.mode == "target" or (overlap and not self.draft.poll())):
             context = self.out.context
             self.target.start_verify(self.id, context[-1:], len(context) - 1, 1, self.sampling)
             self.out.commit([self._choose(self.target.finish_verify(1, self.sampling), 0)])

@@ -61,7 +61,7 @@ class Launcher:
 
     def _spawn(self, role: str, args: list[str], threads: int) -> None:
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-                   TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"),
+                   OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"),
                    PYTHONUNBUFFERED="1")
         log = open(os.path.join(self.runtime_dir, f"{role}.log"), "wb")
         try:

@@ -25,7 +25,7 @@ from hetspec.models import ResolvedModel
 from hetspec.output import Output
 from hetspec.request import build_request
 from hetspec.tokenizer import Tokenizer
-from hetspec.worker_links import DraftLink, Sampling, TargetLink, WorkerError
+from hetspec.worker_links import DraftLink, Sampling, TargetLink, WorkerError, _alive
 from ipc.channel import Channel, Router
 from ipc.messages import (
     CalibrateDraft,
@@ -41,6 +41,7 @@ from ipc.messages import (
 )
 
 CALIBRATION_CONTEXT = 256
+WORKER_SEND_TIMEOUT_MS = 2000   # a DEALER with no peer (a dead worker) would block a send forever
 VERIFY_SIZES = [1, 2, 4, 8, 12, 16, 24, 32]
 
 
@@ -53,6 +54,8 @@ class Scheduler:
         self.draft = DraftLink("draft", Channel(self.context, run["endpoints"]["draft"], bind=True))
         self.target = TargetLink("target", Channel(self.context, run["endpoints"]["target"], bind=True))
         self.clients = Router(self.context, run["endpoints"]["client"])
+        for link in (self.draft, self.target):
+            link.channel.socket.setsockopt(zmq.SNDTIMEO, WORKER_SEND_TIMEOUT_MS)
         self.queue: deque = deque()
         self.info: dict = {}
         self.dead: str | None = None       # why the engine can no longer serve
@@ -114,6 +117,9 @@ class Scheduler:
             if self.queue:
                 identity, request = self.queue.popleft()
                 self._run_request(identity, request)
+        while self.queue:                                       # never leave a client waiting
+            identity, request = self.queue.popleft()
+            self.clients.send(identity, RequestFailed(request.request_id, "dead", "the engine stopped"))
 
     def _read_clients(self, timeout_ms: int) -> None:
         if not self.clients.socket.poll(timeout_ms):
@@ -133,6 +139,8 @@ class Scheduler:
 
     def _run_request(self, identity: bytes, request: GenerateRequest) -> None:
         rid = request.request_id
+        if not self.dead:
+            self.dead = self._dead_worker()
         if self.dead:
             self.clients.send(identity, RequestFailed(rid, "dead", self.dead))
             return
@@ -147,6 +155,9 @@ class Scheduler:
         except WorkerError as exc:
             self._drain()
             self.clients.send(identity, RequestFailed(rid, "request", str(exc)))
+        except zmq.Again:                  # a send to a worker timed out: it has gone
+            self.dead = self._dead_worker() or "a worker stopped accepting commands"
+            self.clients.send(identity, RequestFailed(rid, "dead", self.dead))
         else:
             out = decoder.out
             self.clients.send(identity, Finished(rid, out.new_ids, out.text, out.finish_reason,
@@ -156,6 +167,8 @@ class Scheduler:
         """Stream a round's tokens, and answer or queue whatever clients sent meanwhile."""
         self.clients.send(identity, event)
         self._read_clients(timeout_ms=0)
+        if self.stopping:                   # asked to stop: do not finish a long request first
+            raise EngineDeadError("the engine was stopped while this request was running")
 
     def _decoder(self, request: GenerateRequest) -> Decoder:
         # Re-validate: a client built without hetspec.client may send anything.
@@ -185,9 +198,17 @@ class Scheduler:
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         policy = Policy(request.mode, gamma, sequences, decoding.max_sequences,
                         Sampling(request.temperature, request.top_p, request.top_k), seed,
-                        borrow_cores=self.config.target.prefill_borrows_draft_cores)
+                        seeded=request.seed is not None, borrow_cores=self.config.target.prefill_borrows_draft_cores)
         output = Output(prompt_ids, max_new, self.eos, request.stop, self.tokenizer)
         return Decoder(request.request_id, policy, self.draft, self.target, output)
+
+    def _dead_worker(self) -> str | None:
+        """Why the engine cannot serve, if a worker process has gone (checked before
+        sending it anything: a send to a departed worker would never return)."""
+        for link in (self.draft, self.target):
+            if link.hello is not None and not _alive(link.hello.pid):
+                return f"the {link.role} worker (pid {link.hello.pid}) died"
+        return None
 
     def _drain(self) -> None:
         """After a failed command, collect the other worker's outstanding reply."""
@@ -201,6 +222,7 @@ class Scheduler:
     def close(self) -> None:
         for link in (self.draft, self.target):
             try:
+                link.channel.socket.setsockopt(zmq.SNDTIMEO, 0)   # never wait on a dead worker
                 link.close()
             except zmq.ZMQError:
                 pass

@@ -69,7 +69,7 @@ class Drafter:
 
         if not params.speculative:
             branch, rows = self._extend([self._choose(first, sampling)], [first], params.n_tokens, dist, sampling)
-            return DraftOutput([branch], rows if sampling else [], self.passes)
+            return DraftOutput([branch], [rows] if sampling else [], self.passes)
 
         # Speculative: the target will pick the first token; branches cover the likely ones.
         k = 1 if params.sequences == "dynamic" else params.sequences
