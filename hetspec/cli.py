@@ -14,11 +14,17 @@ import threading
 
 from hetspec.client import launch
 from hetspec.errors import HetspecError
+from hetspec.request import build_request
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """A bad argument is one line on stderr (not argparse's usage block), like every other error."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="hetspec-launch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="hetspec-launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default=None,
                         help="TOML config path or shipped config name (default: the embedded SmolLM2 pair)")
     parser.add_argument("--prompt", help="run this one prompt, print the result and exit")
@@ -35,6 +41,8 @@ def main(argv=None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
+        if args.prompt is not None:
+            build_request(0, **_request(args))     # a bad request fails before the engine starts
         with launch(args.config) as engine:
             if args.prompt is None:
                 print(engine.endpoint, flush=True)
@@ -49,13 +57,18 @@ def main(argv=None) -> int:
         return 130
 
 
-def _one_shot(engine, args) -> int:
+def _request(args) -> dict:
     request = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                    seed=args.seed, mode=args.mode)
     if args.chat:
         request["messages"] = [{"role": "user", "content": args.prompt}]
     else:
         request["prompt"] = args.prompt
+    return request
+
+
+def _one_shot(engine, args) -> int:
+    request = _request(args)
     if args.json:
         result = engine.generate(**request)
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,

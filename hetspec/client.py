@@ -23,6 +23,7 @@ from ipc.channel import Channel
 from ipc.messages import EngineInfo, Finished, InfoRequest, RequestFailed, StopEngine, TokensEvent
 
 POLL_S = 0.5
+CONNECT_TIMEOUT_S = 60.0
 _ids = itertools.count(int.from_bytes(os.urandom(3), "big") << 20)
 _ids_lock = threading.Lock()
 
@@ -49,11 +50,14 @@ class Engine:
     def generate(self, prompt=None, *, messages=None, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
                  seed=None, stop=None, mode="duodec", gamma=None, sequences=None) -> Result:
         """Generate a completion; returns when it is finished."""
-        for _ in self.stream(prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
+        pieces = self.stream(prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, top_k=top_k, seed=seed, stop=stop, mode=mode, gamma=gamma,
-                             sequences=sequences):
-            pass
-        return self.last_result
+                             sequences=sequences)
+        while True:   # this call's own Result (self.last_result may be another thread's by now)
+            try:
+                next(pieces)
+            except StopIteration as done:
+                return done.value
 
     def stream(self, prompt=None, *, messages=None, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
                seed=None, stop=None, mode="duodec", gamma=None, sequences=None) -> Iterator[str]:
@@ -72,20 +76,22 @@ class Engine:
                     if message.text:
                         yield message.text
                 elif isinstance(message, Finished):
-                    self.last_result = Result(message.text, message.token_ids, message.finish_reason,
-                                              message.stats)
-                    return
+                    result = Result(message.text, message.token_ids, message.finish_reason, message.stats)
+                    self.last_result = result
+                    return result
                 elif isinstance(message, RequestFailed):
                     raise error_from_kind(message.kind, message.message)
+        except zmq.ContextTerminated:   # close() was called from another thread
+            raise EngineDeadError("this engine handle was closed while the request was running") from None
         finally:
             channel.close()
 
-    def get_info(self) -> dict:
+    def get_info(self, timeout_s: float | None = None) -> dict:
         """What the engine measured and chose at start-up (gamma, costs, cores...)."""
         channel = self._channel()
         try:
             channel.send(InfoRequest())
-            message = self._receive(channel)
+            message = self._receive(channel, timeout_s)
         finally:
             channel.close()
         if isinstance(message, RequestFailed):
@@ -98,15 +104,22 @@ class Engine:
     def _channel(self) -> Channel:
         if self._closed:
             raise HetspecError("this engine handle is closed")
-        return Channel(self._context, self.endpoint, bind=False)
+        try:
+            return Channel(self._context, self.endpoint, bind=False)
+        except zmq.ZMQError as exc:     # closed from another thread meanwhile, or a malformed endpoint
+            raise HetspecError(f"cannot reach the engine at {self.endpoint}: {exc}") from None
 
-    def _receive(self, channel: Channel):
+    def _receive(self, channel: Channel, timeout_s: float | None = None):
         """Wait for the scheduler's next message, noticing if the engine died."""
+        waited = 0.0
         while True:
             message = channel.recv(POLL_S)
             if message is not None:
                 return message
             self._check_alive()
+            waited += POLL_S
+            if timeout_s is not None and waited >= timeout_s:
+                raise EngineDeadError(f"no engine answered at {self.endpoint} within {timeout_s:g} s")
 
     def _check_alive(self) -> None:
         if self._launcher is not None:
@@ -176,8 +189,15 @@ def _wait_ready(engine: Engine, launcher: Launcher, timeout_s: float) -> str:
         channel.close()
 
 
-def connect(endpoint: str) -> Engine:
-    """A handle on an engine started elsewhere (e.g. by hetspec-launch)."""
+def connect(endpoint: str, timeout_s: float = CONNECT_TIMEOUT_S) -> Engine:
+    """A handle on an engine started elsewhere (e.g. by hetspec-launch); raises
+    EngineDeadError if no engine answers there within timeout_s."""
+    if endpoint.startswith("ipc://") and not os.path.exists(endpoint[len("ipc://"):]):
+        raise EngineDeadError(f"no engine at {endpoint}: the socket does not exist")
     engine = Engine(endpoint)
-    engine.get_info()
+    try:
+        engine.get_info(timeout_s)
+    except BaseException:
+        engine.close()
+        raise
     return engine

@@ -41,7 +41,6 @@ class TargetConfig:
     dtype: str = "float32"
     cores: tuple[int, ...] | str = "auto"
     threads: int = 0
-    tokenizer: str = ""                 # defaults to the target model's own tokenizer
     prefill_borrows_draft_cores: bool = True
 
 
@@ -75,6 +74,22 @@ class EngineConfig:
 
 
 _SECTIONS = {"draft": DraftConfig, "target": TargetConfig, "decoding": DecodingConfig, "server": ServerConfig}
+_WORD_OR_NUMBERS = {"cores", "gamma", "sequences"}   # "auto"/"dynamic" or numbers: checked in _validated
+_KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _check_types(name: str, cls, section: dict) -> None:
+    """Each value has its field's type, so a wrong one fails here rather than deep inside the engine."""
+    for f in dataclasses.fields(cls):
+        if f.name not in section or f.name in _WORD_OR_NUMBERS:
+            continue
+        value, kind = section[f.name], type(f.default)
+        if kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if not ok:
+            raise ConfigError(f"[{name}] {f.name} must be {_KIND_NAMES[kind]}, got {value!r}")
 
 
 def load_config(source: None | str | os.PathLike | dict = None) -> EngineConfig:
@@ -116,6 +131,7 @@ def _build(data: dict) -> EngineConfig:
         bad = set(section) - known
         if bad:
             raise ConfigError(f"unknown key(s) in [{name}]: {', '.join(sorted(bad))}; known: {', '.join(sorted(known))}")
+        _check_types(name, cls, section)
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in section.items()}
         parts[name] = cls(**values)
     config = EngineConfig(**parts)
@@ -153,6 +169,10 @@ def _validated(c: EngineConfig) -> EngineConfig:
         raise ConfigError(f"[server] port must be in 0..65535, got {s.port!r}")
     if not isinstance(s.max_context, int) or s.max_context < 16:
         raise ConfigError(f"[server] max_context must be an integer >= 16, got {s.max_context!r}")
+    if not s.startup_timeout_s > 0:
+        raise ConfigError(f"[server] startup_timeout_s must be positive, got {s.startup_timeout_s!r}")
+    if d.n_ctx < 0:
+        raise ConfigError(f"[draft] n_ctx must be 0 (automatic) or a positive integer, got {d.n_ctx!r}")
     if d.n_ctx == 0:
         d = dataclasses.replace(d, n_ctx=s.max_context + dec.max_gamma + 1)
     if d.n_ctx < s.max_context + dec.max_gamma + 1:
@@ -177,8 +197,10 @@ def assign_cores(draft: tuple[int, ...] | str, target: tuple[int, ...] | str) ->
     for name, value in (("draft", draft), ("target", target)):
         if value == "auto":
             continue
-        if not isinstance(value, tuple) or not value or not all(isinstance(x, int) for x in value):
-            raise ConfigError(f"[{name}] cores must be 'auto' or a non-empty list of core numbers, got {value!r}")
+        if not isinstance(value, tuple) or not value \
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in value) or len(set(value)) != len(value):
+            raise ConfigError(f"[{name}] cores must be 'auto' or a non-empty list of distinct core numbers, "
+                              f"got {value!r}")
         missing = sorted(set(value) - set(cores))
         if missing:
             raise ConfigError(f"[{name}] cores {missing} do not exist on this machine (available: {cores})")

@@ -60,9 +60,11 @@ class Launcher:
                                "--spec", json.dumps(target_spec)], threads=c.target.threads)
 
     def _spawn(self, role: str, args: list[str], threads: int) -> None:
+        # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning on a
+        # core (after a prefill on borrowed cores they would steal the draft's core).
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-                   OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"),
-                   PYTHONUNBUFFERED="1")
+                   OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false",
+                   HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"), PYTHONUNBUFFERED="1")
         log = open(os.path.join(self.runtime_dir, f"{role}.log"), "wb")
         try:
             self.processes[role] = subprocess.Popen([sys.executable, *args], env=env, stdout=log,

@@ -1,5 +1,4 @@
 """Helpers for the tests: tiny random models (no files) and references to compare with."""
-import numpy as np
 import torch
 
 from hetspec.models import resolve_model

@@ -4,9 +4,9 @@ makes a request reproducible."""
 import numpy as np
 import pytest
 import torch
+from helpers import load_reference, random_engine_config
 
 import hetspec
-from helpers import load_reference, random_engine_config
 from workers.sampling import probabilities
 
 VOCAB = 8

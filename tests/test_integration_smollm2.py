@@ -7,11 +7,11 @@ import sys
 
 import pytest
 import torch
+from helpers import explain_mismatch
 
 import hetspec
 from hetspec.models import resolve_model
 from hetspec.tokenizer import Tokenizer
-from helpers import explain_mismatch
 from workers.hf_loading import load_causal_lm
 
 pytestmark = pytest.mark.integration

@@ -3,8 +3,8 @@ including Gemma 3's sliding-window layers once the window is full."""
 import numpy as np
 import pytest
 import torch
-
 from helpers import load_reference
+
 from workers.drafting import Drafter, DraftParams
 from workers.kv_model import KVModel
 from workers.torch_draft_model import TorchDraftModel

@@ -77,7 +77,8 @@ class Drafter:
         second = None
         if params.sequences == "dynamic" and params.n_tokens >= 4 and params.max_sequences > 1:
             second = dist(self._feed([candidates[0]], start))
-            k = count_sequences(first, float(second.max()), params.max_sequences)
+            as_probs = (lambda d: d) if sampling else softmax
+            k = count_sequences(as_probs(first), float(as_probs(second).max()), params.max_sequences)
         lengths = split_budget(params.n_tokens, k)
         branches, rows = [None] * len(lengths), [None] * len(lengths)
         # Alternatives first, the most likely branch last: its KV entries then stay
@@ -110,4 +111,4 @@ class Drafter:
     def _distribution_fn(params: DraftParams):
         if params.temperature > 0:
             return lambda logits: probabilities(logits[None, :], params.temperature, params.top_k, params.top_p)[0]
-        return softmax   # greedy: argmax of this; its probabilities drive the branch count
+        return np.array   # greedy: the logits (a copy: the model's buffer is reused); argmax is all it needs

@@ -24,11 +24,10 @@ _SILENT_LOG = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
 class LlamaCppModel:
     """A GGUF draft model run by llama.cpp with a position-indexed KV cache."""
 
-    def __init__(self, path: str, n_ctx: int = 4096, n_threads: int = 1, seed: int = 0):
+    def __init__(self, path: str, n_ctx: int = 4096, n_threads: int = 1):
         """Load `path` and create a single-sequence context of `n_ctx` positions.
 
-        `seed` is accepted for parity with other workers; the forward pass is
-        deterministic (sampling happens outside), so llama.cpp never needs it.
+        llama.cpp may round n_ctx up (to a multiple of 256); `self.n_ctx` is the real size.
         """
         if not os.path.isfile(path):
             raise FileNotFoundError(f"GGUF model file not found: {path}")
@@ -102,19 +101,6 @@ class LlamaCppModel:
                                    f"{pos + start}..{pos + start + m - 1}")
         logits = llama_cpp.llama_get_logits_ith(self._ctx, -1)
         return np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
-
-    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
-        """Token ids of `text`; `add_special` adds BOS etc. as the model's GGUF says.
-        Special-token text such as "<|im_start|>" is parsed, like Hugging Face tokenizers."""
-        self._check_open()
-        data = text.encode("utf-8")
-        buf_len = len(data) + 8
-        while True:
-            buf = (llama_cpp.llama_token * buf_len)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, buf_len, add_special, True)
-            if n >= 0:
-                return buf[:n]
-            buf_len = -n  # buffer too small: llama.cpp reports the size it needs
 
     def _check_open(self) -> None:
         if not self._ctx:
