@@ -4,17 +4,18 @@ from __future__ import annotations
 
 
 def choose_gamma(draft_s_per_token: float, verify_s: dict[int, float], max_gamma: int) -> int:
-    """Smallest gamma with gamma * t_draft >= t_verify(gamma + 1).
+    """Smallest gamma with gamma * t_draft >= t_verify(gamma).
 
     verify_s maps a verify size (tokens per target pass) to its measured time;
     sizes in between are interpolated linearly, beyond the last extrapolated.
-    A window of gamma draft tokens is verified together with the last committed
-    token, hence gamma + 1.
+    In a pipelined round the draft makes gamma forward passes while the target
+    verifies the last committed token plus the pending window, whose first
+    token the target already chose: gamma tokens in all.
     """
     if draft_s_per_token <= 0 or not verify_s:
         raise ValueError("need a positive draft time and at least one verify timing")
     for gamma in range(1, max_gamma + 1):
-        if gamma * draft_s_per_token >= interpolate(verify_s, gamma + 1):
+        if gamma * draft_s_per_token >= interpolate(verify_s, gamma):
             return gamma
     return max_gamma
 

@@ -27,7 +27,7 @@ from hetspec.output import Output
 from hetspec.worker_links import DraftLink, Sampling, TargetLink, Verification
 
 EMPTY = np.zeros(0, dtype=np.int32)
-BORROW_MIN_PROMPT = 64   # shorter prompts prefill fast anyway: both workers prefill at once
+BORROW_MIN_PROMPT = 16   # shorter prompts prefill fast anyway: both workers prefill at once
 
 
 @dataclass
