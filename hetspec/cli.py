@@ -38,13 +38,26 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     stop = threading.Event()
+    serving = interrupted = False
+
+    def on_signal(*_):
+        """Serving: stop. Starting, or running one prompt: unwind once (closing the engine on the
+        way out); a second signal must not interrupt that cleanup."""
+        nonlocal interrupted
+        if serving or interrupted:
+            stop.set()
+            return
+        interrupted = True
+        raise KeyboardInterrupt
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     try:
         if args.prompt is not None:
             build_request(0, **_request(args))     # a bad request fails before the engine starts
         with launch(args.config) as engine:
             if args.prompt is None:
+                serving = True
                 print(engine.endpoint, flush=True)
                 print(f"hetspec: serving (gamma={engine.info['gamma']}); Ctrl-C stops", file=sys.stderr, flush=True)
                 stop.wait()

@@ -1,6 +1,7 @@
 """A generation request: its parameters, checked once, with errors that name the problem."""
 from __future__ import annotations
 
+import math
 import numbers
 
 from hetspec.config import MODES
@@ -33,9 +34,8 @@ def build_request(request_id: int, prompt=None, *, messages=None, max_new_tokens
             raise RequestError("messages must be a non-empty list of {'role': str, 'content': str}")
     if not _is_int(max_new_tokens) or max_new_tokens <= 0:
         raise RequestError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if not isinstance(temperature, numbers.Real) or isinstance(temperature, bool) or temperature < 0 \
-            or temperature != temperature:
-        raise RequestError(f"temperature must be a number >= 0, got {temperature!r}")
+    if not isinstance(temperature, numbers.Real) or isinstance(temperature, bool) or not 0 <= temperature < math.inf:
+        raise RequestError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1:
         raise RequestError(f"top_p must be in (0, 1], got {top_p!r}")
     if not _is_int(top_k) or top_k < 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import sys
 import time
@@ -60,6 +61,7 @@ class Scheduler:
         self.info: dict = {}
         self.dead: str | None = None       # why the engine can no longer serve
         self.stopping = False
+        self.parent = os.getppid()         # the launcher: if it goes, so do we
 
     # ---- start-up ------------------------------------------------------------
 
@@ -111,8 +113,7 @@ class Scheduler:
     # ---- serving ---------------------------------------------------------------
 
     def serve(self) -> None:
-        parent = os.getppid()
-        while not self.stopping and os.getppid() == parent:   # an orphan stops
+        while not self.stopping and os.getppid() == self.parent:   # an orphan stops
             self._read_clients(timeout_ms=100 if not self.queue else 0)
             if self.queue:
                 identity, request = self.queue.popleft()
@@ -167,7 +168,7 @@ class Scheduler:
         """Stream a round's tokens, and answer or queue whatever clients sent meanwhile."""
         self.clients.send(identity, event)
         self._read_clients(timeout_ms=0)
-        if self.stopping:                   # asked to stop: do not finish a long request first
+        if self.stopping or os.getppid() != self.parent:   # asked to stop, or orphaned: do not finish first
             raise EngineDeadError("the engine was stopped while this request was running")
 
     def _decoder(self, request: GenerateRequest) -> Decoder:
@@ -263,17 +264,27 @@ def main(argv=None) -> int:
     with open(argv[0]) as f:
         run = json.load(f)
     scheduler = Scheduler(run)
-    signal.signal(signal.SIGTERM, lambda *_: setattr(scheduler, "stopping", True))
+    serving = False
+
+    def on_sigterm(*_):
+        scheduler.stopping = True
+        if not serving:          # still starting: nothing to finish, leave now
+            raise SystemExit(1)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         try:
             scheduler.start()
         except (HetspecError, OSError) as exc:
             _refuse_clients(scheduler, exc)
             return 1
+        serving = True
         scheduler.serve()
         return 0
     finally:
         scheduler.close()
+        if os.getppid() != scheduler.parent:   # orphaned: the launcher cannot clean up any more
+            shutil.rmtree(os.path.dirname(os.path.abspath(argv[0])), ignore_errors=True)
 
 
 def _refuse_clients(scheduler: Scheduler, exc: Exception) -> None:

@@ -5,7 +5,6 @@ python -m workers.draft_worker --endpoint ENDPOINT --spec JSON
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import numpy as np
@@ -13,7 +12,7 @@ import numpy as np
 from ipc.messages import CalibrateDraft, DraftCalibration, DraftCommand, Drafted, WorkerHello
 from workers.drafting import Drafter, DraftParams
 from workers.pinning import pin, set_torch_threads
-from workers.process import parse_args, serve
+from workers.process import exit_now, parse_args, serve
 
 
 class DraftState:
@@ -79,4 +78,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -5,7 +5,6 @@ python -m workers.target_worker --endpoint ENDPOINT --spec JSON
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import numpy as np
@@ -15,7 +14,7 @@ from ipc.messages import CalibrateTarget, TargetCalibration, Verified, VerifyCom
 from workers.hf_loading import eos_token_ids, load_causal_lm
 from workers.kv_model import KVModel
 from workers.pinning import pin, set_torch_threads
-from workers.process import parse_args, serve
+from workers.process import exit_now, parse_args, serve
 from workers.sampling import probabilities
 
 
@@ -79,7 +78,7 @@ def calibrate(state: TargetState, cmd: CalibrateTarget, buffers) -> TargetCalibr
         times = []
         for _ in range(3):
             start = time.perf_counter()
-            state.kv.forward(window, cmd.context_len)
+            state.kv.forward(window, cmd.context_len)[-1, 0].item()   # .item(): wait for a GPU to finish
             times.append(time.perf_counter() - start)
         seconds.append(float(np.median(times)))
     return TargetCalibration(seconds)
@@ -91,4 +90,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

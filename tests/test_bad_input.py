@@ -1,0 +1,347 @@
+"""Bad input: every mistake gives a clear hetspec error naming what is wrong, and never
+takes a running engine down (a valid request after it, on the same engine, still gives
+the same output as before).
+
+Python API: RequestError for a bad request (checked by the client, and checked again by
+the scheduler for clients that bypass hetspec.client), ConfigError from launch() before
+any process starts, EngineStartError when the workers load but cannot work together.
+CLI: one line on stderr, a non-zero exit, no traceback.
+
+One engine (tiny random models, max_context 64) serves the whole module.
+"""
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import zmq
+
+import hetspec
+import hetspec.client
+from hetspec import ConfigError, EngineStartError, RequestError
+from ipc.channel import Channel
+from ipc.messages import Finished, GenerateRequest, RequestFailed, Shutdown, TokensEvent, encode
+
+DRAFT = "random:seed=1"
+TARGET = "random:seed=0"
+VOCAB = 320                      # the random models' vocabulary
+MAX_CONTEXT = 64
+CLI_TIMEOUT_S = 180
+
+
+def config(**sections) -> dict:
+    """The fast random-model config, with some sections' keys added or replaced."""
+    base = {"draft": {"backend": "torch", "model": DRAFT}, "target": {"model": TARGET}, "decoding": {"gamma": 4}}
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return base
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with hetspec.launch(config(server={"max_context": MAX_CONTEXT})) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def reference(engine) -> list[int]:
+    """A valid request's greedy output, before any bad input was sent."""
+    result = engine.generate("a valid prompt", max_new_tokens=8)
+    assert len(result.token_ids) == 8
+    return result.token_ids
+
+
+def assert_still_serves(engine, reference) -> None:
+    assert engine.generate("a valid prompt", max_new_tokens=8).token_ids == reference
+
+
+# ---- bad requests through the Python API -------------------------------------------------
+
+def hello(**kwargs) -> dict:
+    return {"prompt": "hello", **kwargs}
+
+
+BAD_REQUESTS = {
+    # id: (generate() keyword arguments but max_new_tokens, pattern the message must match)
+    "empty-string-prompt": ({"prompt": ""}, r"prompt is empty"),
+    "empty-token-prompt": ({"prompt": []}, r"prompt is empty"),
+    "prompt-and-messages": ({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}, r"prompt or messages"),
+    "no-prompt": ({}, r"prompt or messages"),
+    "prompt-wrong-type": ({"prompt": 42}, r"prompt must be a string or a list of token ids"),
+    "prompt-longer-than-context-text": ({"prompt": "x" * 100}, rf"100 tokens.*{MAX_CONTEXT}"),
+    "prompt-longer-than-context-ids": ({"prompt": [7] * 100}, rf"100 tokens.*{MAX_CONTEXT}"),
+    "prompt-exactly-context": ({"prompt": [7] * MAX_CONTEXT}, rf"{MAX_CONTEXT} tokens.*context holds {MAX_CONTEXT}"),
+    "max-new-tokens-zero": (hello(max_new_tokens=0), r"max_new_tokens.*got 0"),
+    "max-new-tokens-negative": (hello(max_new_tokens=-5), r"max_new_tokens.*got -5"),
+    "max-new-tokens-float": (hello(max_new_tokens=2.5), r"max_new_tokens.*got 2\.5"),
+    "temperature-negative": (hello(temperature=-0.5), r"temperature.*got -0\.5"),
+    "temperature-nan": (hello(temperature=math.nan), r"temperature.*got nan"),
+    "top-p-zero": (hello(top_p=0), r"top_p must be in \(0, 1\], got 0"),
+    "top-p-above-one": (hello(top_p=1.5), r"top_p must be in \(0, 1\], got 1\.5"),
+    "top-p-nan": (hello(top_p=math.nan), r"top_p.*got nan"),
+    "top-k-negative": (hello(top_k=-1), r"top_k.*got -1"),
+    "seed-negative": (hello(seed=-3), r"seed.*got -3"),
+    "stop-empty-string": (hello(stop=[""]), r"stop must be"),
+    "unknown-mode": (hello(mode="turbo"), r"unknown mode 'turbo'.*duodec"),
+    "gamma-zero": (hello(gamma=0), r"gamma.*got 0"),
+    "gamma-above-max": (hello(gamma=33), r"gamma 33 exceeds.*max_gamma = 32"),
+    "sequences-above-max": (hello(sequences=5), r"sequences 5 exceeds.*max_sequences = 4"),
+    "token-id-at-vocab-size": ({"prompt": [1, 2, VOCAB]}, rf"token id {VOCAB} is outside the vocabulary \(size {VOCAB}\)"),
+    "token-id-far-outside": ({"prompt": [10**12]}, rf"token id {10**12} is outside the vocabulary"),
+    "token-id-negative": ({"prompt": [5, -1]}, r"non-negative"),
+    "messages-without-chat-template": ({"messages": [{"role": "user", "content": "hi"}]}, r"no chat template"),
+    "messages-malformed": ({"messages": [{"role": "user"}]}, r"messages must be"),
+}
+
+
+@pytest.mark.parametrize("kwargs, pattern", list(BAD_REQUESTS.values()), ids=list(BAD_REQUESTS))
+def test_bad_request_names_the_problem_and_engine_keeps_serving(engine, reference, kwargs, pattern):
+    kwargs = {"max_new_tokens": 8, **kwargs}
+    with pytest.raises(RequestError, match=pattern):
+        engine.generate(**kwargs)
+    with pytest.raises(RequestError, match=pattern):          # streaming reports it the same way
+        "".join(engine.stream(**kwargs))
+    assert_still_serves(engine, reference)
+
+
+def test_bad_request_errors_are_hetspec_errors_and_value_errors(engine):
+    with pytest.raises(hetspec.HetspecError):
+        engine.generate("hello", top_p=0)
+    with pytest.raises(ValueError):                            # RequestError is also a ValueError
+        engine.generate("hello", top_p=0)
+
+
+def test_prompt_that_just_fits_the_context_is_capped_not_refused(engine, reference):
+    result = engine.generate([7] * (MAX_CONTEXT - 1), max_new_tokens=10)
+    assert len(result.token_ids) == 1                          # prompt + new tokens <= max_context
+    assert result.finish_reason == "length"
+    assert_still_serves(engine, reference)
+
+
+def test_many_bad_requests_in_a_row_then_a_good_one(engine, reference):
+    for kwargs, _ in BAD_REQUESTS.values():
+        with pytest.raises(RequestError):
+            engine.generate(**{"max_new_tokens": 8, **kwargs})
+    assert_still_serves(engine, reference)
+
+
+# ---- bad requests that bypass hetspec.client: the scheduler checks again -------------------
+
+def raw_exchange(endpoint: str, frames: list[bytes], timeout_s: float = 30.0):
+    """Send raw frames to the scheduler, return its final answer (RequestFailed or Finished)."""
+    context = zmq.Context()
+    channel = Channel(context, endpoint, bind=False)
+    try:
+        channel.socket.send_multipart(frames)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            message = channel.recv(0.5)
+            if isinstance(message, (RequestFailed, Finished)):
+                return message
+            assert message is None or isinstance(message, TokensEvent), message
+        raise AssertionError(f"the scheduler did not answer within {timeout_s} s")
+    finally:
+        channel.socket.setsockopt(zmq.LINGER, 0)
+        channel.close()
+        context.term()
+
+
+def raw_request(endpoint: str, **fields):
+    values = {"request_id": 77, "prompt": "hello", "max_new_tokens": 4, **fields}
+    return raw_exchange(endpoint, encode(GenerateRequest(**values)))
+
+
+RAW_BAD = {
+    "empty-prompt": ({"prompt": ""}, r"prompt is empty"),
+    "prompt-object": ({"prompt": {"a": 1}}, r"prompt must be a string or a list of token ids"),
+    "negative-token": ({"prompt": [1, -4]}, r"non-negative"),
+    "token-outside-vocab": ({"prompt": [VOCAB + 1]}, rf"token id {VOCAB + 1} is outside the vocabulary"),
+    "max-new-tokens-zero": ({"max_new_tokens": 0}, r"max_new_tokens"),
+    "max-new-tokens-string": ({"max_new_tokens": "8"}, r"max_new_tokens"),
+    "temperature-negative": ({"temperature": -1.0}, r"temperature"),
+    "top-p-zero": ({"top_p": 0.0}, r"top_p"),
+    "top-p-above-one": ({"top_p": 1.5}, r"top_p"),
+    "unknown-mode": ({"mode": "turbo"}, r"unknown mode 'turbo'"),
+    "messages-not-a-list": ({"prompt": None, "messages": "hi"}, r"messages must be"),
+}
+
+
+@pytest.mark.parametrize("fields, pattern", list(RAW_BAD.values()), ids=list(RAW_BAD))
+def test_scheduler_rechecks_requests_from_other_clients(engine, reference, fields, pattern):
+    answer = raw_request(engine.endpoint, **fields)
+    assert isinstance(answer, RequestFailed), answer
+    assert answer.kind == "request"
+    assert answer.request_id == 77
+    assert_matches(pattern, answer.message)
+    assert_still_serves(engine, reference)
+
+
+def test_scheduler_answers_a_valid_raw_request(engine):
+    answer = raw_request(engine.endpoint, prompt="a valid prompt", max_new_tokens=8)
+    assert isinstance(answer, Finished), answer
+    assert answer.token_ids == engine.generate("a valid prompt", max_new_tokens=8).token_ids
+
+
+GENERATE_TAG = encode(GenerateRequest(0))[0]
+SHUTDOWN_TAG = encode(Shutdown())[0]
+
+
+@pytest.mark.parametrize("frames, pattern", [
+    ([b"garbage"], r"malformed"),
+    ([b"\xff", b"{}"], r"malformed"),
+    ([GENERATE_TAG, b"not json"], r"malformed"),
+    ([GENERATE_TAG, b'{"request_id": 1, "bogus": 1}'], r"malformed.*bogus"),
+    ([GENERATE_TAG, b'{"prompt": "hi"}'], r"malformed.*request_id"),
+    ([SHUTDOWN_TAG, b"{}"], r"unexpected Shutdown"),
+], ids=["one-frame", "unknown-tag", "bad-json", "unknown-field", "missing-field", "worker-message"])
+def test_scheduler_survives_malformed_messages(engine, reference, frames, pattern):
+    answer = raw_exchange(engine.endpoint, frames)
+    assert isinstance(answer, RequestFailed), answer
+    assert answer.kind == "request"
+    assert_matches(pattern, answer.message)
+    assert_still_serves(engine, reference)
+
+
+def assert_matches(pattern: str, message: str) -> None:
+    assert re.search(pattern, message), f"{message!r} does not match {pattern!r}"
+
+
+# ---- bad configs: ConfigError from launch(), before any process starts ---------------------
+
+BAD_CONFIGS = {
+    "unknown-key": (config(draft={"modle": DRAFT}), r"unknown key\(s\) in \[draft\]: modle"),
+    "unknown-section": ({**config(), "serve": {"max_context": 64}}, r"unknown config section\(s\): serve"),
+    "missing-target-gguf": (config(target={"model": "/nonexistent/dir/target.gguf"}),
+                            r"\[target\] model file not found: /nonexistent/dir/target\.gguf"),
+    "missing-draft-gguf": (config(draft={"backend": "llama.cpp", "model": "/nonexistent/draft.gguf"}),
+                           r"\[draft\] model file not found: /nonexistent/draft\.gguf"),
+    "missing-model-dir": (config(target={"model": "/nonexistent/checkpoint"}), r"/nonexistent/checkpoint"),
+    "draft-cores-do-not-exist": (config(draft={"cores": [99]}), r"\[draft\] cores \[99\] do not exist"),
+    "target-cores-do-not-exist": (config(target={"cores": [0, 99]}), r"\[target\] cores \[99\] do not exist"),
+    "cores-empty": (config(draft={"cores": []}), r"\[draft\] cores"),
+    "cores-repeated": (config(draft={"cores": [0, 0]}), r"\[draft\] cores"),
+    "bad-backend": (config(draft={"backend": "onnx"}), r"backend.*'onnx'"),
+    "bad-random-field": (config(target={"model": "random:vocab=big"}), r"vocab=big"),
+    "bad-mode": (config(decoding={"mode": "turbo"}), r"mode.*'turbo'"),
+    "gamma-zero": (config(decoding={"gamma": 0}), r"gamma"),
+    "max-context-tiny": (config(server={"max_context": 4}), r"max_context"),
+    "bad-transport": (config(server={"transport": "udp"}), r"transport.*'udp'"),
+    "device-not-a-string": (config(target={"device": 5}), r"\[target\] device"),
+    "n-ctx-not-an-integer": (config(draft={"n_ctx": "big"}), r"\[draft\] n_ctx"),
+    "timeout-not-a-number": (config(server={"startup_timeout_s": "soon"}), r"startup_timeout_s"),
+    "timeout-negative": (config(server={"startup_timeout_s": -1}), r"startup_timeout_s"),
+    "flag-not-a-bool": (config(target={"prefill_borrows_draft_cores": "no"}), r"prefill_borrows_draft_cores"),
+    "section-not-a-table": ({**config(), "decoding": 4}, r"\[decoding\] must be a table"),
+}
+
+
+@pytest.mark.parametrize("bad_config, pattern", list(BAD_CONFIGS.values()), ids=list(BAD_CONFIGS))
+def test_bad_config_fails_before_any_process_starts(monkeypatch, engine, reference, bad_config, pattern):
+    def no_launcher(*args, **kwargs):
+        raise AssertionError("a Launcher was created for an invalid config")
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("a process was started for an invalid config")
+
+    monkeypatch.setattr(hetspec.client, "Launcher", no_launcher)
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    with pytest.raises(ConfigError, match=pattern):
+        hetspec.launch(bad_config)
+    monkeypatch.undo()
+    assert_still_serves(engine, reference)
+
+
+def test_bad_config_file(tmp_path):
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError, match=rf"config file not found: {missing}"):
+        hetspec.launch(str(missing))
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[draft\nmodel = ")
+    with pytest.raises(ConfigError, match=r"invalid TOML"):
+        hetspec.launch(broken)
+
+
+# ---- workers load, but cannot work together: EngineStartError -------------------------------
+
+def test_vocabulary_mismatch_is_an_engine_start_error(engine, reference):
+    bad = config(draft={"model": "random:vocab=320,seed=1"}, target={"model": "random:vocab=300"})
+    with pytest.raises(EngineStartError, match=r"vocabular") as info:
+        hetspec.launch(bad)
+    assert "320" in str(info.value) and "300" in str(info.value)
+    assert_still_serves(engine, reference)
+
+
+def test_connect_to_nowhere_fails_fast(tmp_path):
+    with pytest.raises(hetspec.EngineDeadError, match=r"no engine"):
+        hetspec.connect(f"ipc://{tmp_path}/client.sock")
+    stale = tmp_path / "stale.sock"
+    stale.touch()                      # a socket file nobody listens on (e.g. after a crash)
+    started = time.monotonic()
+    with pytest.raises(hetspec.EngineDeadError, match=r"no engine answered"):
+        hetspec.connect(f"ipc://{stale}", timeout_s=1.5)
+    assert time.monotonic() - started < 30
+
+
+# ---- the CLI: one line on stderr, non-zero exit, no traceback --------------------------------
+
+def write_toml(path, draft=DRAFT, target=TARGET, extra="") -> str:
+    path.write_text(f'[draft]\nbackend = "torch"\nmodel = "{draft}"\n\n[target]\nmodel = "{target}"\n\n'
+                    f'[decoding]\ngamma = 4\n{extra}')
+    return str(path)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hetspec.cli", *args], check=False, capture_output=True, text=True,
+                          timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{proc.stderr}"
+    assert lines[0].startswith("hetspec-launch: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--prompt", ""], ["prompt is empty"]),
+    (["--prompt", "hi", "--max-new-tokens", "0"], ["max_new_tokens"]),
+    (["--prompt", "hi", "--temperature", "-1"], ["temperature"]),
+    (["--prompt", "hi", "--top-p", "0"], ["top_p"]),
+    (["--prompt", "hi", "--top-p", "1.5"], ["top_p"]),
+    (["--prompt", "hi", "--mode", "turbo"], ["unknown mode", "turbo"]),
+    (["--prompt", "hi", "--max-new-tokens", "many"], ["--max-new-tokens", "many"]),
+    (["--no-such-flag"], ["--no-such-flag"]),
+], ids=["empty-prompt", "max-new-tokens-zero", "temperature-negative", "top-p-zero", "top-p-above-one",
+        "unknown-mode", "max-new-tokens-not-a-number", "unknown-flag"])
+def test_cli_bad_arguments(tmp_path, args, needles):
+    toml = write_toml(tmp_path / "random.toml")
+    assert_one_line_error(run_cli(toml, *args), *needles)
+
+
+def test_cli_unknown_config_key(tmp_path):
+    toml = write_toml(tmp_path / "typo.toml", extra="gama = 8\n")
+    assert_one_line_error(run_cli(toml, "--prompt", "hi"), "gama", "[decoding]")
+
+
+def test_cli_missing_config_file(tmp_path):
+    missing = str(tmp_path / "missing.toml")
+    assert_one_line_error(run_cli(missing, "--prompt", "hi"), "config file not found", missing)
+    assert_one_line_error(run_cli(missing), "config file not found", missing)      # serve mode too
+
+
+def test_cli_missing_model_file(tmp_path):
+    toml = write_toml(tmp_path / "nomodel.toml", target="/nonexistent/target.gguf")
+    assert_one_line_error(run_cli(toml, "--prompt", "hi"), "/nonexistent/target.gguf")
+
+
+def test_cli_engine_start_error(tmp_path):
+    toml = write_toml(tmp_path / "mismatch.toml", target="random:vocab=300")
+    assert_one_line_error(run_cli(toml, "--prompt", "hi"), "vocabular")

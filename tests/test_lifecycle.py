@@ -1,0 +1,439 @@
+"""Lifecycle: an engine leaves nothing behind (processes, /dev/shm segments, its runtime
+directory) however it ends - closed, left by a `with` block, failed to start, or with a
+worker killed under it - and never leaves a client hanging. Also: several clients at
+once, connect(), streaming, and the hetspec-launch CLI (one-shot --json, and serve mode
+stopped by SIGINT / SIGTERM).
+
+Every wait is bounded (a thread joined with a timeout, a process waited with a timeout),
+so a hang fails the test instead of stalling the run.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+
+import psutil
+import pytest
+
+import hetspec
+import hetspec.client
+from hetspec import EngineDeadError, EngineStartError, HetspecError
+from hetspec.launcher import Launcher
+
+DRAFT = "random:seed=1"
+TARGET = "random:seed=0"
+CONFIG = {"draft": {"backend": "torch", "model": DRAFT}, "target": {"model": TARGET}, "decoding": {"gamma": 4}}
+DEADLINE_S = 60          # generous bound for anything that must not hang (the machine may be busy)
+CLI_TIMEOUT_S = 180
+
+
+# ---- what an engine leaves behind ---------------------------------------------------------
+
+@dataclass
+class Footprint:
+    """Everything one engine created, recorded while it runs."""
+    run_id: str
+    runtime_dir: str
+    processes: list[psutil.Process]      # scheduler, workers, and their own children
+
+    @classmethod
+    def of(cls, launcher: Launcher) -> Footprint:
+        processes = []
+        for popen in launcher.processes.values():
+            try:
+                process = psutil.Process(popen.pid)
+                processes += [process, *process.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
+        return cls(launcher.run_id, launcher.runtime_dir, processes)
+
+    def segments(self) -> list[str]:
+        return glob.glob(f"/dev/shm/hetspec-{self.run_id}-*")
+
+
+def assert_nothing_left(footprint: Footprint, children_before: set[psutil.Process]) -> None:
+    # No child of this test process remains (beyond those that existed before this engine).
+    leftover = set(psutil.Process().children(recursive=True)) - children_before
+    assert not leftover, f"child processes left: {leftover}"
+    # Every process the engine started, grandchildren included (they would be re-parented,
+    # not children any more), is gone or goes within the bound.
+    assert_exit(footprint.processes)
+    assert not _processes_mentioning(footprint.runtime_dir)
+    assert footprint.segments() == []
+    assert not os.path.exists(footprint.runtime_dir)
+
+
+def assert_exit(processes: list[psutil.Process]) -> None:
+    """All of processes are gone, or go within the bound (a zombie counts as gone)."""
+    _, alive = psutil.wait_procs(processes, timeout=DEADLINE_S)
+    assert not [p for p in alive if _running(p)], f"processes left: {alive}"
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _processes_mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        if process.info["status"] != psutil.STATUS_ZOMBIE and text in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+def children() -> set[psutil.Process]:
+    return set(psutil.Process().children(recursive=True))
+
+
+def call_within(timeout_s: float, fn, *args, **kwargs):
+    """Run fn in a thread; fail if it has not returned within timeout_s. Returns (value, exception)."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert not thread.is_alive(), f"{getattr(fn, '__name__', fn)} did not return within {timeout_s} s"
+    return box.get("value"), box.get("error")
+
+
+# ---- leaving nothing behind -----------------------------------------------------------------
+
+def test_with_block_leaves_nothing_even_with_a_request_in_flight():
+    before = children()
+    with hetspec.launch(CONFIG) as engine:
+        launcher = engine._launcher
+        footprint = Footprint.of(launcher)
+        # while it runs, the things we check for afterwards do exist
+        assert len(footprint.segments()) >= 2
+        assert os.path.isdir(footprint.runtime_dir)
+        pids = {role: p.pid for role, p in launcher.processes.items()}
+        assert engine.info["pid"] == pids["scheduler"]
+        assert engine.info["draft"]["pid"] == pids["draft"]
+        assert engine.info["target"]["pid"] == pids["target"]
+        assert {p.pid for p in children() - before} >= set(pids.values())
+        assert len(engine.generate("Hello", max_new_tokens=8).token_ids) == 8
+
+        # a long request from another thread is still running when the block ends
+        streaming = threading.Event()
+        box = {}
+
+        def long_request():
+            try:
+                for _ in engine.stream("Hello", max_new_tokens=2000):
+                    streaming.set()
+                box["result"] = engine.last_result
+            except BaseException as exc:  # noqa: BLE001
+                box["error"] = exc
+
+        thread = threading.Thread(target=long_request, daemon=True)
+        thread.start()
+        assert streaming.wait(DEADLINE_S), "the request never streamed"
+    thread.join(DEADLINE_S)
+    assert not thread.is_alive(), "the in-flight request hung after the engine was closed"
+    assert isinstance(box.get("error"), EngineDeadError), box
+    assert_nothing_left(footprint, before)
+    # a clean stop: every process left by itself (the scheduler gave up the request when
+    # asked to stop; nobody had to be terminated or killed by the launcher)
+    assert {role: p.returncode for role, p in launcher.processes.items()} == {"scheduler": 0, "draft": 0, "target": 0}
+    engine.close()                                            # closing twice is harmless
+    with pytest.raises(HetspecError, match="closed"):
+        engine.generate("Hello", max_new_tokens=4)
+
+
+def test_failed_start_leaves_nothing(monkeypatch):
+    launchers = []
+
+    class RecordingLauncher(Launcher):
+        def __init__(self, config):
+            super().__init__(config)
+            launchers.append(self)
+
+    monkeypatch.setattr(hetspec.client, "Launcher", RecordingLauncher)
+    before = children()
+    bad = {**CONFIG, "draft": {"backend": "torch", "model": "random:vocab=320,seed=1"},
+           "target": {"model": "random:vocab=300"}}
+    with pytest.raises(EngineStartError, match="vocabular"):
+        hetspec.launch(bad)
+    [launcher] = launchers
+    assert set(launcher.processes) == {"scheduler", "draft", "target"}     # it did get as far as starting them
+    assert all(p.returncode is not None for p in launcher.processes.values())
+    # its processes have all exited (and were reaped), so the footprint has none left to wait for
+    assert_nothing_left(Footprint(launcher.run_id, launcher.runtime_dir, []), before)
+
+
+# ---- a worker killed under the engine -----------------------------------------------------
+
+def test_target_killed_mid_request():
+    before = children()
+    engine = hetspec.launch(CONFIG)
+    launcher = engine._launcher
+    footprint = Footprint.of(launcher)
+    target_pid = engine.info["target"]["pid"]
+    assert target_pid == launcher.processes["target"].pid
+    streaming = threading.Event()
+    box = {}
+
+    def long_request():
+        try:
+            for _ in engine.stream("Hello", max_new_tokens=2000):
+                streaming.set()
+            box["result"] = engine.last_result
+        except BaseException as exc:  # noqa: BLE001
+            box["error"] = exc
+
+    thread = threading.Thread(target=long_request, daemon=True)
+    thread.start()
+    assert streaming.wait(DEADLINE_S), "the request never streamed"
+    os.kill(target_pid, signal.SIGKILL)
+    thread.join(DEADLINE_S)
+    assert not thread.is_alive(), "the request hung after its target worker was killed"
+    assert "result" not in box, "a 2000-token request finished although its target was killed"
+    assert isinstance(box["error"], EngineDeadError), box
+    assert "target" in str(box["error"])
+
+    # later requests fail the same way, on this handle and on a connected one
+    for _ in range(2):
+        _, error = call_within(DEADLINE_S, engine.generate, "Hello again", max_new_tokens=8)
+        assert isinstance(error, EngineDeadError) and "target" in str(error), error
+    other, error = call_within(DEADLINE_S, hetspec.connect, engine.endpoint)
+    assert error is None, error
+    _, error = call_within(DEADLINE_S, other.generate, "Hello again", max_new_tokens=8)
+    assert isinstance(error, EngineDeadError) and "target" in str(error), error
+    other.close()
+
+    _, error = call_within(DEADLINE_S, engine.close)
+    assert error is None, error
+    assert_nothing_left(footprint, before)
+    assert launcher.processes["target"].returncode == -signal.SIGKILL
+    # the survivors were stopped, not killed: close() did not wait on the dead worker
+    assert launcher.processes["scheduler"].returncode == 0
+    assert launcher.processes["draft"].returncode == 0
+
+
+def test_target_killed_between_requests():
+    """The scheduler must not send to a worker that is gone (a zmq send to no peer never returns)."""
+    before = children()
+    engine = hetspec.launch(CONFIG)
+    launcher = engine._launcher
+    footprint = Footprint.of(launcher)
+    other = hetspec.connect(engine.endpoint)                  # a client without the launcher's view
+    expected = engine.generate("Hello", max_new_tokens=8).token_ids
+    assert other.generate("Hello", max_new_tokens=8).token_ids == expected
+
+    os.kill(engine.info["target"]["pid"], signal.SIGKILL)
+    launcher.processes["target"].wait(DEADLINE_S)             # it is gone before the next request
+    for handle in (other, engine, other):
+        _, error = call_within(DEADLINE_S, handle.generate, "Hello", max_new_tokens=8)
+        assert isinstance(error, EngineDeadError) and "target" in str(error), error
+    other.close()
+
+    _, error = call_within(DEADLINE_S, engine.close)
+    assert error is None, error
+    assert_nothing_left(footprint, before)
+    assert launcher.processes["scheduler"].returncode == 0
+    assert launcher.processes["draft"].returncode == 0
+
+
+# ---- one engine, many clients -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def engine():
+    with hetspec.launch(CONFIG) as e:
+        yield e
+
+
+PROMPTS = ["The first client", "A second client", "and a third one", [5, 17, 300, 42]]
+
+
+@pytest.fixture(scope="module")
+def references(engine) -> dict:
+    """Each prompt's greedy output, one request at a time."""
+    return {str(p): engine.generate(p, max_new_tokens=24).token_ids for p in PROMPTS}
+
+
+def test_concurrent_clients_get_single_request_outputs(engine, references):
+    other = hetspec.connect(engine.endpoint)
+    jobs = [(engine, PROMPTS[0]), (engine, PROMPTS[1]), (engine, PROMPTS[2]), (other, PROMPTS[3]),
+            (other, PROMPTS[0])]
+    barrier = threading.Barrier(len(jobs))
+    results: dict[int, object] = {}
+
+    def run(i, handle, prompt):
+        barrier.wait(DEADLINE_S)
+        try:
+            results[i] = [handle.generate(prompt, max_new_tokens=24).token_ids for _ in range(2)]
+        except BaseException as exc:  # noqa: BLE001
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i, h, p), daemon=True) for i, (h, p) in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE_S * 2)
+    assert not any(t.is_alive() for t in threads), "a concurrent request hung"
+    for i, (_, prompt) in enumerate(jobs):
+        assert results[i] == [references[str(prompt)]] * 2, f"client {i} ({prompt!r}): {results[i]}"
+    other.close()
+
+
+def test_connect_shares_the_engine_and_its_close_does_not_stop_it(engine, references):
+    other = hetspec.connect(engine.endpoint)
+    assert other.info["pid"] == engine.info["pid"]
+    assert other.info["target"]["pid"] == engine.info["target"]["pid"]
+    assert other.generate(PROMPTS[1], max_new_tokens=24).token_ids == references[str(PROMPTS[1])]
+    other.close()
+    other.close()
+    with pytest.raises(HetspecError, match="closed"):
+        other.generate(PROMPTS[1], max_new_tokens=4)
+    # the engine is still there: same processes, still serving, reachable again
+    assert psutil.pid_exists(engine.info["pid"]) and psutil.pid_exists(engine.info["target"]["pid"])
+    assert engine.generate(PROMPTS[1], max_new_tokens=24).token_ids == references[str(PROMPTS[1])]
+    again = hetspec.connect(engine.endpoint)
+    assert again.generate(PROMPTS[2], max_new_tokens=24).token_ids == references[str(PROMPTS[2])]
+    again.close()
+
+
+def test_stream_pieces_join_to_the_generated_text(engine):
+    prompt = "Stream me some text"
+    result = engine.generate(prompt, max_new_tokens=48)
+    pieces = list(engine.stream(prompt, max_new_tokens=48))
+    assert all(isinstance(p, str) and p for p in pieces)
+    assert len(pieces) > 1, pieces
+    assert "".join(pieces) == result.text
+    assert engine.last_result.token_ids == result.token_ids
+    assert engine.last_result.text == result.text
+
+
+def test_stream_with_a_stop_string_joins_to_the_generated_text(engine):
+    prompt = "Stream me some text"
+    full = engine.generate(prompt, max_new_tokens=48).text
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    expected = full[:full.find(stop)]
+    result = engine.generate(prompt, max_new_tokens=48, stop=stop)
+    assert result.finish_reason == "stop"
+    assert result.text == expected
+    assert "".join(engine.stream(prompt, max_new_tokens=48, stop=stop)) == expected
+
+
+def test_a_stream_abandoned_midway_does_not_disturb_the_next_request(engine, references):
+    pieces = engine.stream(PROMPTS[0], max_new_tokens=200)
+    assert next(pieces)
+    pieces.close()                                        # the client stops listening
+    _, error = call_within(DEADLINE_S, engine.generate, PROMPTS[1], max_new_tokens=24)
+    assert error is None, error
+    assert engine.last_result.token_ids == references[str(PROMPTS[1])]
+
+
+# ---- the CLI ----------------------------------------------------------------------------------
+
+def write_toml(directory) -> str:
+    path = os.path.join(directory, "random.toml")
+    with open(path, "w") as f:
+        f.write(f'[draft]\nbackend = "torch"\nmodel = "{DRAFT}"\n\n[target]\nmodel = "{TARGET}"\n\n'
+                f'[decoding]\ngamma = 4\n')
+    return path
+
+
+def cli_leftovers(pid: int) -> tuple[list[str], list[str], list[psutil.Process]]:
+    """Segments, runtime directories and processes of any engine the CLI process `pid` started
+    (its run ids begin with its pid)."""
+    runtime_prefix = os.path.join(tempfile.gettempdir(), f"hetspec-{pid}-")
+    return (glob.glob(f"/dev/shm/hetspec-{pid}-*"), glob.glob(f"{runtime_prefix}*"),
+            _processes_mentioning(runtime_prefix))
+
+
+def test_cli_one_shot_json(tmp_path, engine):
+    toml = write_toml(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "hetspec.cli", toml, "--prompt", "Hello CLI", "--json",
+                             "--max-new-tokens", "17"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=CLI_TIMEOUT_S)
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    out = json.loads(stdout)
+    assert len(out["token_ids"]) == 17
+    assert out["finish_reason"] == "length"
+    assert out["stats"]["new_tokens"] == 17
+    # same models, same greedy decoding: the same tokens as the engine in this process
+    assert out["token_ids"] == engine.generate("Hello CLI", max_new_tokens=17).token_ids
+    assert cli_leftovers(proc.pid) == ([], [], [])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_cli_serve_mode(tmp_path, engine, sig):
+    toml = write_toml(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "hetspec.cli", toml], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
+        try:
+            endpoint = lines.get(timeout=CLI_TIMEOUT_S).strip()
+        except queue.Empty:
+            pytest.fail("hetspec-launch printed no endpoint")
+        assert endpoint.startswith("ipc://"), endpoint
+        engine_processes = psutil.Process(proc.pid).children(recursive=True)
+        assert len(engine_processes) >= 3
+
+        client = hetspec.connect(endpoint)
+        result = client.generate("Hello server", max_new_tokens=12)
+        assert result.token_ids == engine.generate("Hello server", max_new_tokens=12).token_ids
+
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert "serving" in stderr
+    assert_exit(engine_processes)
+    assert cli_leftovers(proc.pid) == ([], [], [])
+    assert not os.path.exists(os.path.dirname(endpoint[len("ipc://"):]))
+    # a client of the stopped engine is told so, rather than waiting forever
+    _, error = call_within(DEADLINE_S, client.generate, "Hello server", max_new_tokens=4)
+    assert isinstance(error, EngineDeadError), error
+    client.close()
+
+
+def test_cli_one_shot_interrupted(tmp_path):
+    """Ctrl-C during a one-shot generation stops it (and the engine) instead of being ignored."""
+    toml = write_toml(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "hetspec.cli", toml, "--prompt", "Hello", "--max-new-tokens", "3000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: first.put(proc.stdout.read(1)), daemon=True).start()
+        try:
+            assert first.get(timeout=CLI_TIMEOUT_S), "hetspec-launch exited without output"
+        except queue.Empty:
+            pytest.fail("hetspec-launch streamed nothing")
+        engine_processes = psutil.Process(proc.pid).children(recursive=True)
+        assert len(engine_processes) >= 3
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr
+    assert b"Traceback" not in stderr
+    assert_exit(engine_processes)
+    assert cli_leftovers(proc.pid) == ([], [], [])
