@@ -46,7 +46,6 @@ class TargetConfig:
 
 @dataclass(frozen=True)
 class DecodingConfig:
-    mode: str = "duodec"
     gamma: int | str = "auto"
     sequences: int | str = "dynamic"
     max_sequences: int = 4
@@ -153,8 +152,6 @@ def _validated(c: EngineConfig) -> EngineConfig:
     for name, value in (("[draft] threads", d.threads), ("[target] threads", t.threads)):
         if not isinstance(value, int) or value < 0:
             raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-    if dec.mode not in MODES:
-        raise ConfigError(f"[decoding] mode must be one of {', '.join(MODES)}, got {dec.mode!r}")
     if not isinstance(dec.max_gamma, int) or dec.max_gamma < 1:
         raise ConfigError(f"[decoding] max_gamma must be a positive integer, got {dec.max_gamma!r}")
     if dec.gamma != "auto" and not (isinstance(dec.gamma, int) and 1 <= dec.gamma <= dec.max_gamma):

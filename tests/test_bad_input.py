@@ -226,7 +226,7 @@ BAD_CONFIGS = {
     "cores-repeated": (config(draft={"cores": [0, 0]}), r"\[draft\] cores"),
     "bad-backend": (config(draft={"backend": "onnx"}), r"backend.*'onnx'"),
     "bad-random-field": (config(target={"model": "random:vocab=big"}), r"vocab=big"),
-    "bad-mode": (config(decoding={"mode": "turbo"}), r"mode.*'turbo'"),
+    "mode-is-per-request": (config(decoding={"mode": "turbo"}), r"unknown key.*\[decoding\]: mode"),
     "gamma-zero": (config(decoding={"gamma": 0}), r"gamma"),
     "max-context-tiny": (config(server={"max_context": 4}), r"max_context"),
     "bad-transport": (config(server={"transport": "udp"}), r"transport.*'udp'"),
