@@ -24,9 +24,10 @@ import numpy as np
 from hetspec.acceptance import accept_greedy, accept_sampled, sample
 from hetspec.branches import pick_branch
 from hetspec.output import Output
-from hetspec.worker_links import DraftLink, Sampling, TargetLink, Verification
+from hetspec.worker_links import Draft, DraftLink, Sampling, TargetLink, Verification
 
 EMPTY = np.zeros(0, dtype=np.int32)
+NO_DRAFT = Draft([], None, 0.0)
 BORROW_MIN_PROMPT = 16   # shorter prompts prefill fast anyway: both workers prefill at once
 
 
@@ -132,18 +133,15 @@ class Decoder:
         started = time.perf_counter()
         context = self.out.context
         n_draft = self._draft_length(len(window))
-        self.target.start_verify(self.id, np.concatenate([context[-1:], window]), len(context) - 1,
-                                 len(window) + 1, self.sampling)
-        self.draft.start_draft(self.id, np.concatenate([context, window]), n_draft, True, self.policy.sequences,
-                               self.policy.max_sequences, self.sampling, self.policy.seed)
+        self._start_verify(window)
+        if n_draft > 0:
+            self.draft.start_draft(self.id, np.concatenate([context, window]), n_draft, True, self.policy.sequences,
+                                   self.policy.max_sequences, self.sampling, self.policy.seed)
         verification = self.target.finish_verify(len(window) + 1, self.sampling)
-        draft = self.draft.finish_draft(self.sampling)
-
-        n_accepted, token = self._accept(window, window_probs, verification)
-        self.out.commit([*window[:n_accepted], token])
-        self.stats.spec_round(time.perf_counter() - started, draft.seconds, verification.seconds,
-                              len(window), n_accepted, n_accepted + 1, parallel=True)
-        self.stats.sequences_hist[len(draft.branches)] += 1
+        draft = self.draft.finish_draft(self.sampling) if n_draft > 0 else NO_DRAFT
+        n_accepted, token = self._verify_and_commit(window, window_probs, verification, draft, started, True)
+        if draft.branches:
+            self.stats.sequences_hist[len(draft.branches)] += 1
         if n_accepted < len(window):
             return EMPTY, None                 # rejected: the next window was drafted for nothing
         chosen = pick_branch(draft.branches, token)
@@ -156,25 +154,39 @@ class Decoder:
     def _sequential_round(self) -> None:
         """Ordinary speculative decoding (SpS): draft, then verify, never both at once."""
         started = time.perf_counter()
+        n_draft = self._draft_length(0)
+        draft = NO_DRAFT
+        if n_draft > 0:
+            self.draft.start_draft(self.id, self.out.context, n_draft, False, 1, 1, self.sampling, self.policy.seed)
+            draft = self.draft.finish_draft(self.sampling)
+            self.stats.sequences_hist[1] += 1
+        window = draft.branches[0] if draft.branches else EMPTY
+        self._start_verify(window)
+        verification = self.target.finish_verify(len(window) + 1, self.sampling)
+        self._verify_and_commit(window, draft.probs[0] if draft.probs else None, verification, draft, started, False)
+
+    def _start_verify(self, window: np.ndarray) -> None:
+        """The target's cache holds all but the last committed token: feed it, then the window."""
         context = self.out.context
-        self.draft.start_draft(self.id, context, self._draft_length(0), False, 1, 1, self.sampling,
-                               self.policy.seed)
-        draft = self.draft.finish_draft(self.sampling)
-        window = draft.branches[0]
         self.target.start_verify(self.id, np.concatenate([context[-1:], window]), len(context) - 1,
                                  len(window) + 1, self.sampling)
-        verification = self.target.finish_verify(len(window) + 1, self.sampling)
-        n_accepted, token = self._accept(window, None if draft.probs is None else draft.probs[0], verification)
+
+    def _verify_and_commit(self, window, window_probs, verification, draft: Draft, started: float,
+                           parallel: bool) -> tuple[int, int]:
+        n_accepted, token = self._accept(window, window_probs, verification)
+        before = self.out.length
         self.out.commit([*window[:n_accepted], token])
+        kept = self.out.length - before        # fewer if EOS, a stop string or the limit came first
         self.stats.spec_round(time.perf_counter() - started, draft.seconds, verification.seconds,
-                              len(window), n_accepted, n_accepted + 1, parallel=False)
-        self.stats.sequences_hist[1] += 1
+                              len(window), min(n_accepted, kept), kept, parallel)
+        return n_accepted, token
 
     # ---- small decisions -------------------------------------------------------
 
     def _draft_length(self, pending: int) -> int:
-        """gamma, but never more than the tokens still wanted after the pending window."""
-        return max(1, min(self.policy.gamma, self.out.remaining - pending - 1))
+        """gamma, but no more than could still be committed after the pending window
+        and the target's own next token (0: drafting would be wasted)."""
+        return min(self.policy.gamma, self.out.remaining - pending - 1)
 
     def _accept(self, window, window_probs, verification: Verification) -> tuple[int, int]:
         if self.sampling.greedy:

@@ -1,0 +1,174 @@
+"""The transformers baselines, run in the benchmark process on the target's own weights.
+
+Vanilla is plain autoregressive `generate` (the denominator of every speedup);
+PLD is transformers' prompt lookup decoding (`prompt_lookup_num_tokens`). Both
+load the target exactly as the engine's target worker does
+(workers.hf_loading.load_causal_lm on the resolved model spec), in the same
+dtype, so the comparison is between decoding methods, not between loaders.
+They may use every core (DESIGN.md section 8): they run while the engine's
+processes sit idle waiting on their sockets.
+
+Time to first token comes from a streamer that notes when generate pushes its
+first new token, so it is measured inside the timed run rather than by an
+extra max_new_tokens=1 call. PLD's acceptance counts come from wrapping the
+candidate generator's two hooks for the duration of one call.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from hetspec.models import resolve_model
+from workers.hf_loading import eos_token_ids, load_causal_lm
+
+PLD_NUM_TOKENS = 10    # transformers' documented default for prompt lookup
+
+
+@dataclass
+class BaselineRun:
+    token_ids: list[int]
+    total_s: float
+    ttft_s: float
+    finish_reason: str
+    drafted: int = 0
+    accepted: int = 0
+    spec_rounds: int = 0            # PLD rounds that verified at least one candidate token
+    committed_in_spec_rounds: int = 0
+    rounds: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class _FirstTokenClock:
+    """A generate() streamer: the first put() is the prompt, the second the first new token."""
+
+    def __init__(self):
+        self.calls = 0
+        self.first_token_at: float | None = None
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls == 2 and self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+class _PldCounter:
+    """Counts PLD's proposals and matches by wrapping PromptLookupCandidateGenerator's
+    get_candidates / update_candidate_strategy (class attributes, restored after)."""
+
+    def __init__(self):
+        self.rounds = self.spec_rounds = self.drafted = self.accepted = self.committed = 0
+        self._last = 0
+
+    @contextlib.contextmanager
+    def counting(self):
+        from transformers.generation.candidate_generator import PromptLookupCandidateGenerator as G
+
+        get, update = G.get_candidates, G.update_candidate_strategy
+        counter = self
+
+        def get_candidates(self, input_ids, *args, **kwargs):
+            ids, logits = get(self, input_ids, *args, **kwargs)
+            counter._last = ids.shape[1] - input_ids.shape[1]
+            counter.rounds += 1
+            return ids, logits
+
+        def update_candidate_strategy(self, input_ids, scores, num_matches):
+            if counter._last > 0:
+                counter.spec_rounds += 1
+                counter.drafted += counter._last
+                counter.accepted += int(num_matches)
+                counter.committed += int(num_matches) + 1
+            return update(self, input_ids, scores, num_matches)
+
+        G.get_candidates, G.update_candidate_strategy = get_candidates, update_candidate_strategy
+        try:
+            yield self
+        finally:
+            G.get_candidates, G.update_candidate_strategy = get, update
+
+
+class Baselines:
+    def __init__(self, model_spec: str, dtype: str, device: str, extra_eos: set[int] = frozenset(),
+                 threads: int | None = None):
+        """Load the target; `extra_eos` adds the tokenizer's EOS, as the engine does.
+        threads None: every core for now, and choose_threads() may settle on fewer."""
+        self.device = device
+        self.dtype = dtype
+        self.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.thread_trial: dict[str, float] = {}
+        if device == "cpu":
+            torch.set_num_threads(threads or max(1, len(self.cores) or os.cpu_count() or 1))
+        self.threads = torch.get_num_threads()
+        start = time.perf_counter()
+        with contextlib.redirect_stderr(io.StringIO()):   # the GGUF loader's own progress bar
+            self.model = load_causal_lm(resolve_model(model_spec, "target").to_dict(), dtype, device)
+        self.load_s = time.perf_counter() - start
+        self.eos = sorted(set(eos_token_ids(self.model)) | set(extra_eos))
+
+    def resources(self) -> dict:
+        return {"device": self.device, "cores": self.cores, "threads": self.threads, "dtype": self.dtype,
+                "thread_trial_tokens_per_s": self.thread_trial or None}
+
+    def choose_threads(self, prompt_ids: list[int], tokens: int = 16) -> int:
+        """Give the baselines their best thread count: every core, or one.
+
+        On an idle machine every core wins (the prompt prefill nearly halves on
+        two). On a busy one an OpenMP team waits at every barrier for its slowest
+        thread, and two threads can run several times slower than one; a baseline
+        slowed that way would flatter every speedup. Best of two short greedy runs each."""
+        if self.device != "cpu" or len(self.cores) < 2:
+            return self.threads
+        speeds = {}
+        for threads in (len(self.cores), 1):
+            torch.set_num_threads(threads)
+            best = min(self.run("vanilla", prompt_ids, tokens).total_s for _ in range(2))
+            speeds[threads] = tokens / best
+        self.thread_trial = {str(k): round(v, 2) for k, v in speeds.items()}
+        self.threads = max(speeds, key=speeds.get)
+        torch.set_num_threads(self.threads)
+        return self.threads
+
+    @torch.inference_mode()
+    def run(self, mode: str, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
+            top_p: float = 1.0, seed: int = 0) -> BaselineRun:
+        """One generation: mode "vanilla" or "pld"; greedy when temperature == 0."""
+        kwargs = {"max_new_tokens": max_new_tokens, "eos_token_id": self.eos or None,
+                  "pad_token_id": self.eos[0] if self.eos else 0}
+        if temperature > 0:
+            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if mode == "pld":
+            kwargs["prompt_lookup_num_tokens"] = PLD_NUM_TOKENS
+        elif mode != "vanilla":
+            raise ValueError(f"unknown baseline {mode!r}")
+        input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        attention_mask = torch.ones_like(input_ids)
+        torch.manual_seed(seed)
+        clock, counter = _FirstTokenClock(), _PldCounter()
+        with counter.counting() if mode == "pld" else contextlib.nullcontext():
+            self._sync()
+            start = time.perf_counter()
+            out = self.model.generate(input_ids, attention_mask=attention_mask, streamer=clock, **kwargs)
+            self._sync()
+            total = time.perf_counter() - start
+        new = out[0, len(prompt_ids):].tolist()
+        ttft = (clock.first_token_at - start) if clock.first_token_at else total
+        finish = "eos" if new and new[-1] in self.eos else "length"
+        run = BaselineRun(new, total, ttft, finish, rounds=counter.rounds if mode == "pld" else len(new))
+        if mode == "pld":
+            run.drafted, run.accepted = counter.drafted, counter.accepted
+            run.spec_rounds, run.committed_in_spec_rounds = counter.spec_rounds, counter.committed
+        return run
+
+    def _sync(self) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize(self.device)

@@ -1,0 +1,86 @@
+"""The draft model running alone: llama.cpp greedy decoding on the draft's own core.
+
+With ~98% greedy agreement between the default draft and target, DuoDecoding
+can at best commit tokens as fast as the draft produces them, so this speed is
+the ceiling of the default pair and the report states DuoDecoding's speed as a
+fraction of it. It runs in a child process pinned like the draft worker (same
+cores, same threads), after the engine has stopped, so nothing competes.
+
+python -m benchmarks.ceiling --model FILE.gguf --cores 0 --threads 1 --n-ctx N < prompts.json
+(prompts.json: [{"ids": [...], "max_new_tokens": n}, ...]; prints one JSON object)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: list[dict], timeout_s: float = 900) -> dict:
+    """Run the measurement in a pinned child process; returns its JSON result (or an "error")."""
+    n_ctx = max(len(p["ids"]) + p["max_new_tokens"] for p in prompts) + 8
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    command = [sys.executable, "-m", "benchmarks.ceiling", "--model", model_file, "--threads", str(threads),
+               "--n-ctx", str(n_ctx), "--cores", ",".join(map(str, cores))]
+    try:
+        done = subprocess.run(command, input=json.dumps(prompts), capture_output=True, text=True, env=env,
+                              timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]}
+    return json.loads(done.stdout)
+
+
+def _run(model_file: str, cores: list[int], threads: int, n_ctx: int, prompts: list[dict]) -> dict:
+    import numpy as np
+
+    from workers.llama_cpp_model import LlamaCppModel
+    from workers.pinning import pin
+
+    pin(cores)
+    model = LlamaCppModel(model_file, n_ctx=n_ctx, n_threads=threads)
+    try:
+        model.forward(prompts[0]["ids"][:8], 0)           # warm-up: first-call allocations
+        decoded = prefilled = 0
+        decode_s = prefill_s = 0.0
+        for prompt in prompts:
+            ids = prompt["ids"]
+            start = time.perf_counter()
+            logits = model.forward(ids, 0)
+            prefill_s += time.perf_counter() - start
+            prefilled += len(ids)
+            token, pos = int(np.argmax(logits)), len(ids)
+            start = time.perf_counter()
+            for _ in range(prompt["max_new_tokens"] - 1):  # the first token came with the prefill
+                token = int(np.argmax(model.forward([token], pos)))
+                pos += 1
+                decoded += 1
+            decode_s += time.perf_counter() - start
+    finally:
+        model.close()
+    return {"backend": "llama.cpp", "model": model_file, "cores": cores, "threads": threads,
+            "prompts": len(prompts), "decoded_tokens": decoded,
+            "tokens_per_s": decoded / decode_s if decode_s else 0.0,
+            "ms_per_token": 1000 * decode_s / decoded if decoded else 0.0,
+            "prefill_ms_per_token": 1000 * prefill_s / prefilled if prefilled else 0.0}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--cores", required=True, help="comma-separated core numbers")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--n-ctx", type=int, default=4096)
+    args = parser.parse_args(argv)
+    prompts = json.load(sys.stdin)
+    cores = [int(c) for c in args.cores.split(",") if c]
+    print(json.dumps(_run(args.model, cores, args.threads, args.n_ctx, prompts)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

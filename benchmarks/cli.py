@@ -1,0 +1,103 @@
+"""hetspec-bench: the benchmark suite in one command.
+
+    hetspec-bench                                  quick default: 1 prompt per category, every method
+    hetspec-bench --limit 0 --out bench-out/full   all 80 prompts per category
+    hetspec-bench --config gemma3-270m --dtype bfloat16 --methods vanilla,sps,duodec
+    hetspec-bench --config my-gpu.toml             any engine config (a [bench] table may set defaults)
+
+Writes OUT/report.md, OUT/results.json and OUT/*.png. Exits 1 if the results
+fail their consistency checks (token counts, positive rates), 2 on bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.checks import check_results, engine_stat_warnings
+from benchmarks.data import CATEGORIES
+from benchmarks.methods import GROUPS, METHODS
+from benchmarks.plots import write_plots
+from benchmarks.report import write_report
+from benchmarks.runner import run_suite
+from benchmarks.settings import DECODINGS, BenchSettings, split_config
+from hetspec.errors import HetspecError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hetspec-bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="engine config: shipped name (smollm2, gemma3-270m) or TOML path "
+                                    "(default: the embedded SmolLM2 pair)")
+    p.add_argument("--limit", type=int, help="prompts per category, 0 = all (default 1: the quick run)")
+    p.add_argument("--methods", nargs="+", help=f"methods or groups ({', '.join(GROUPS)}); "
+                                                f"methods: {', '.join(METHODS)} (vanilla is always run)")
+    p.add_argument("--categories", nargs="+", choices=CATEGORIES, help="default: all six")
+    p.add_argument("--decodings", nargs="+", choices=list(DECODINGS), help="default: greedy and sampling")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="target dtype for the engine and the baselines (default: the config's, float32)")
+    p.add_argument("--max-new-tokens", type=int, help="override the per-category budget (128; 32 for QA, RAG)")
+    p.add_argument("--prompt-format", choices=["auto", "chat", "plain"],
+                   help="auto (default): the chat template when the tokenizer has one")
+    p.add_argument("--baseline-threads", type=int,
+                   help="torch threads of vanilla and PLD (default 0: the faster of all cores and one, measured)")
+    p.add_argument("--out", default="bench-out", help="output directory (default: bench-out)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up requests")
+    p.add_argument("--no-ceiling", action="store_true", help="skip timing the draft model alone")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def settings_from_args(args) -> BenchSettings:
+    """[bench] table of the config file first, then the command line on top."""
+    _, bench = split_config(args.config)
+    settings = BenchSettings(**bench)
+    settings.config = args.config
+    for name in ("limit", "methods", "categories", "decodings", "dtype", "max_new_tokens", "prompt_format",
+                 "baseline_threads"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(settings, name, value)
+    settings.out = args.out
+    settings.warmup = settings.warmup and not args.no_warmup
+    settings.ceiling = settings.ceiling and not args.no_ceiling
+    settings.progress = not args.quiet
+    return settings.validate()
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except (ValueError, FileNotFoundError, HetspecError) as exc:
+        print(f"hetspec-bench: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = run_suite(settings, ["hetspec-bench", *argv])
+    doc["checks"] = check_results(doc)
+    doc["warnings"] = engine_stat_warnings(doc)
+    (out / "results.json").write_text(json.dumps(doc, indent=1))
+    plots = write_plots(doc, out)
+    report = write_report(doc, out, plots)
+    _summary(doc, report)
+    return 1 if doc["checks"] else 0
+
+
+def _summary(doc: dict, report: Path) -> None:
+    print(f"\nwrote {report} and {report.parent / 'results.json'} (gamma {doc['chosen_gamma']}, "
+          f"{doc['duration_s']:.0f} s)", file=sys.stderr)
+    for decoding, by_method in doc["results"].items():
+        parts = [f"{m} {c['average']['tokens_per_s']:.1f} tok/s ({c['average']['speedup'] or 0:.2f}x)"
+                 for m, c in by_method.items() if c.get("average")]
+        print(f"{decoding}: " + "; ".join(parts), file=sys.stderr)
+    if doc["checks"]:
+        print(f"{len(doc['checks'])} consistency problem(s), first: {doc['checks'][0]}", file=sys.stderr)
+    if doc["warnings"]:
+        print(f"{len(doc['warnings'])} warning(s), first: {doc['warnings'][0]}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The benchmark's prompts: the six Spec-Bench categories the DuoDecoding paper uses.
+
+The jsonl files live inside the package (benchmarks/data/spec-bench/, MIT
+license kept beside them) so that a run never depends on anything outside the
+project. The first turn of each question is the prompt; the new-token budget
+follows the paper: 128, but 32 for QA and RAG (short answers).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+
+# The paper's column order (Tables 1-3), with the short column titles it uses.
+CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+TITLES = {"mt_bench": "MT", "translation": "Trans.", "summarization": "Sum.", "qa": "QA",
+          "math_reasoning": "Math", "rag": "RAG"}
+MAX_NEW_TOKENS = {"mt_bench": 128, "translation": 128, "summarization": 128, "qa": 32,
+                  "math_reasoning": 128, "rag": 32}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    category: str          # one of CATEGORIES (the file, not Spec-Bench's finer MT-bench labels)
+    question_id: int
+    text: str              # the first turn
+    max_new_tokens: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.category}/{self.question_id}"
+
+
+def load_prompts(categories=CATEGORIES, limit: int | None = None, max_new_tokens: int | None = None) -> list[Prompt]:
+    """The first `limit` questions (all if None or 0) of each category, in file order,
+    so that --limit N always picks the same prompts. `max_new_tokens` overrides
+    the per-category budget (the CI smoke run uses a small one)."""
+    prompts = []
+    for category in categories:
+        if category not in CATEGORIES:
+            raise ValueError(f"unknown category {category!r}; known: {', '.join(CATEGORIES)}")
+        rows = _read(category)
+        if limit:
+            rows = rows[:limit]
+        budget = max_new_tokens or MAX_NEW_TOKENS[category]
+        prompts += [Prompt(category, int(row["question_id"]), row["turns"][0], budget) for row in rows]
+    return prompts
+
+
+def _read(category: str) -> list[dict]:
+    folder = resources.files("benchmarks").joinpath("data").joinpath("spec-bench")
+    text = folder.joinpath(f"{category}.jsonl").read_text("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -1,0 +1,106 @@
+"""One benchmark generation through the engine, as a flat record.
+
+The engine is sent token ids, not text, so that it decodes exactly the prompt
+the transformers baselines decode. Wall time is taken on the client side, so
+it includes the request's trip through the scheduler and back: an engine
+method is charged for its own orchestration, as a user would see it.
+"""
+from __future__ import annotations
+
+import time
+
+from benchmarks.methods import Method
+
+MAX_RESTARTS = 3
+
+
+class EngineHolder:
+    """One engine for the whole suite, restarted if it dies.
+
+    A long run should not be lost to one crashed worker (or to a neighbour on a
+    shared machine killing it): the failed generation is recorded as an error,
+    the engine is started again with the same config, and the suite goes on.
+    Requests carry the gamma chosen at the first start, so a restart that would
+    measure another budget changes nothing."""
+
+    def __init__(self, config: dict):
+        import hetspec
+
+        self._launch = hetspec.launch
+        self.config = config
+        self.restarts: list[str] = []
+        self.engine = self._launch(config)
+        self.info = self.engine.info
+
+    def restart(self, reason: str) -> bool:
+        """False once MAX_RESTARTS have been used (the remaining runs then fail fast)."""
+        if len(self.restarts) >= MAX_RESTARTS:
+            return False
+        self.restarts.append(f"{reason} (exit codes: {self._exit_codes()})")
+        self.close()
+        try:
+            self.engine = self._launch(self.config)
+        except Exception as exc:  # noqa: BLE001 - then every later engine run fails, and says so
+            self.restarts.append(f"restart failed: {type(exc).__name__}: {exc}")
+            return False
+        return True
+
+    def _exit_codes(self) -> dict:
+        """The engine's processes' exit codes (negative: killed by that signal), for the record."""
+        launcher = getattr(self.engine, "_launcher", None)    # diagnostics only: not public API
+        processes = getattr(launcher, "processes", {}) or {}
+        return {role: p.poll() for role, p in processes.items()}
+
+    def close(self) -> None:
+        if self.engine is not None:
+            try:
+                self.engine.close()
+            finally:
+                self.engine = None
+
+
+def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int], max_new_tokens: int,
+               temperature: float, top_p: float, seed: int) -> dict:
+    request = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": 0,
+               "seed": seed, "mode": method.mode}
+    if method.mode != "target":
+        request["gamma"] = gamma
+    if method.mode == "duodec":
+        request["sequences"] = method.sequences
+    if engine is None:
+        from hetspec.errors import EngineDeadError
+
+        raise EngineDeadError("the engine died and could not be restarted")
+    start = time.perf_counter()
+    result = engine.generate(list(prompt_ids), **request)
+    wall = time.perf_counter() - start
+    s = result.stats
+    spec_rounds = int(s.get("spec_rounds", 0))
+    new_tokens = int(s.get("new_tokens", len(result.token_ids)))
+    target_only = int(s.get("target_only_rounds", 0))
+    # The request's time outside the decoder (send, prompt checks, reply) precedes the first token too.
+    outside = max(0.0, wall - s.get("total_s", wall))
+    return {
+        "token_ids": list(result.token_ids),
+        "new_tokens": new_tokens,
+        "finish_reason": result.finish_reason,
+        "total_s": wall,
+        "ttft_s": s.get("ttft_s", 0.0) + outside,
+        "engine_total_s": s.get("total_s"),
+        "gamma": s.get("gamma"),
+        "rounds": int(s.get("rounds", 0)),
+        "spec_rounds": spec_rounds,
+        "target_only_rounds": target_only,
+        "drafted": int(s.get("drafted", 0)),
+        "accepted": int(s.get("accepted", 0)),
+        # Every token but the prefill's and the target-only rounds' was committed by a speculative
+        # round: an exact count, kept beside the engine's own (checks.py compares the two).
+        "committed_in_spec_rounds": max(0, new_tokens - 1 - target_only) if spec_rounds else 0,
+        "engine_committed_in_spec_rounds": round(s.get("mean_accepted_per_round", 0.0) * spec_rounds),
+        "branch_hits": int(s.get("branch_hits", 0)),
+        "sequences_hist": {str(k): int(v) for k, v in (s.get("sequences_hist") or {}).items()},
+        "draft_s": s.get("draft_s", 0.0),
+        "verify_s": s.get("verify_s", 0.0),
+        "round_s": s.get("round_s", 0.0),
+        "overhead_s": s.get("overhead_s", 0.0),
+    }

@@ -1,0 +1,77 @@
+"""The methods compared side by side (DESIGN.md section 8), by name.
+
+Baselines run in the benchmark process with transformers; everything else is
+a request to one running engine, differing only in mode, sequences and gamma.
+The gamma sweep is relative to the budget the engine chose at start-up, so the
+same method list means the same experiment on any machine or model pair.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    kind: str                   # "baseline" (transformers, in-process) or "engine"
+    label: str                  # how the report names it
+    mode: str = ""              # engine: "duodec", "sequential" or "target"; baseline: "vanilla" or "pld"
+    sequences: int | str | None = None     # engine duodec: 1, 2, 3 or "dynamic"
+    gamma_offset: int | None = None        # engine: gamma = chosen + offset; None: the chosen gamma
+
+    def gamma(self, chosen: int, max_gamma: int) -> int | None:
+        """The draft budget this method runs with (None for methods that do not draft)."""
+        if self.kind != "engine" or self.mode == "target":
+            return None
+        return min(max(1, chosen + (self.gamma_offset or 0)), max_gamma)
+
+    @property
+    def speculative(self) -> bool:
+        return self.mode in ("duodec", "sequential", "pld")
+
+
+METHODS = {m.name: m for m in [
+    Method("vanilla", "baseline", "Vanilla (transformers generate)", "vanilla"),
+    Method("target", "engine", "Engine, target only", "target"),
+    Method("sps", "engine", "SpS (engine, sequential)", "sequential"),
+    Method("pld", "baseline", "PLD (transformers prompt lookup)", "pld"),
+    Method("duodec-s1", "engine", "DuoDecoding, 1 sequence", "duodec", 1),
+    Method("duodec-s2", "engine", "DuoDecoding, 2 sequences", "duodec", 2),
+    Method("duodec-s3", "engine", "DuoDecoding, 3 sequences", "duodec", 3),
+    Method("duodec", "engine", "DuoDecoding, dynamic sequences", "duodec", "dynamic"),
+    Method("gamma-2", "engine", "DuoDecoding, gamma - 2", "duodec", "dynamic", -2),
+    Method("gamma-1", "engine", "DuoDecoding, gamma - 1", "duodec", "dynamic", -1),
+    Method("gamma+1", "engine", "DuoDecoding, gamma + 1", "duodec", "dynamic", +1),
+    Method("gamma+2", "engine", "DuoDecoding, gamma + 2", "duodec", "dynamic", +2),
+]}
+
+# The gamma sweep (the paper's Table 3) is these methods plus "duodec" itself (offset 0).
+SWEEP = ("gamma-2", "gamma-1", "duodec", "gamma+1", "gamma+2")
+GROUPS = {
+    "all": tuple(METHODS),
+    "baselines": ("vanilla", "target", "sps", "pld"),
+    "sequences": ("duodec-s1", "duodec-s2", "duodec-s3", "duodec"),
+    "sweep": SWEEP,
+}
+
+
+def select_methods(names) -> list[Method]:
+    """Method names or group names (all, baselines, sequences, sweep), in the canonical order.
+    Vanilla is always included: every speedup and relative TTFT is measured against it."""
+    if not names:
+        names = ["all"]
+    wanted = set()
+    for name in names:
+        for part in str(name).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if part in GROUPS:
+                wanted.update(GROUPS[part])
+            elif part in METHODS:
+                wanted.add(part)
+            else:
+                known = ", ".join([*GROUPS, *METHODS])
+                raise ValueError(f"unknown method {part!r}; known: {known}")
+    wanted.add("vanilla")
+    return [m for name, m in METHODS.items() if name in wanted]

@@ -1,0 +1,41 @@
+"""A stand-in target worker that does no compute, for timing IPC alone.
+
+It runs the real worker loop (workers.process.serve) and answers a
+VerifyCommand the way the target worker does, reading the window from
+shared memory and writing choices (and, when sampling, probability rows)
+back, so a round trip through it costs exactly the engine's messaging.
+
+python -m benchmarks.micro.echo_worker --endpoint ENDPOINT --spec '{"vocab": N}'
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from ipc.messages import Verified, VerifyCommand, WorkerHello
+from workers.process import parse_args, serve
+
+
+def load(spec: dict):
+    rng = np.random.default_rng(0)
+    rows = rng.random((spec["rows"], spec["vocab"]), dtype=np.float32)
+    state = {"probs": rows / rows.sum(axis=1, keepdims=True)}
+    return WorkerHello("target", os.getpid(), spec["vocab"], "cpu", [], 1, 0.0), state
+
+
+def verify(state: dict, cmd: VerifyCommand, buffers) -> Verified:
+    tokens = buffers["input"].array[:cmd.n_tokens].copy()
+    if cmd.temperature > 0:
+        buffers["probs"].array[:cmd.rows] = state["probs"][:cmd.rows]
+    buffers["choice"].array[:cmd.rows] = tokens[-cmd.rows:]
+    return Verified(cmd.request_id, 0.0)
+
+
+def main(argv=None) -> int:
+    return serve("target", parse_args(argv), load, {VerifyCommand: verify})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

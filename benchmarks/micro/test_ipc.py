@@ -1,0 +1,76 @@
+"""One IPC round trip between the scheduler side and a worker process.
+
+The scheduler side is hetspec's own TargetLink (what the engine uses); the
+worker is benchmarks.micro.echo_worker, which computes nothing. Two payloads:
+a window of gamma + 1 token ids (greedy: only ids travel), and gamma + 1
+vocabulary-sized float32 probability rows (sampling), which the worker writes
+into shared memory and the scheduler reads back in full.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+import zmq
+
+from benchmarks.micro.conftest import GAMMA
+from hetspec.worker_links import Sampling, TargetLink
+from ipc.channel import Channel, ipc_endpoint, make_runtime_dir
+from ipc.messages import WorkerHello
+from ipc.shm import new_run_id
+
+ROWS = GAMMA + 1
+VOCABS = {"smollm2": 49152, "gemma3": 262144}
+
+
+@pytest.fixture(scope="module", params=list(VOCABS), ids=lambda v: f"vocab-{v}")
+def echo_link(request):
+    vocab = VOCABS[request.param]
+    runtime = make_runtime_dir(tempfile.mkdtemp(prefix="hetspec-bench-ipc-"))
+    context = zmq.Context()
+    link = TargetLink("target", Channel(context, ipc_endpoint(runtime, "echo"), bind=True))
+    worker = subprocess.Popen([sys.executable, "-m", "benchmarks.micro.echo_worker", "--endpoint", link.channel.endpoint,
+                               "--spec", json.dumps({"vocab": vocab, "rows": ROWS})])
+    try:
+        hello = link.wait(60)
+        assert isinstance(hello, WorkerHello), hello
+        link.hello = hello
+        link.attach(new_run_id(), {"input": ((4096,), np.int32), "choice": ((ROWS,), np.int32),
+                                   "probs": ((ROWS, vocab), np.float32)})
+        yield link, vocab
+    finally:
+        link.close()
+        worker.wait(10)
+        link.channel.close()
+        context.term()
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _round_trip(link, window, sampling, read_probs):
+    link.start_verify(1, window, 100, ROWS, sampling)
+    result = link.finish_verify(ROWS, sampling)
+    if read_probs:
+        return np.array(result.probs)      # the scheduler reads every row it was sent
+    return result.choice
+
+
+def test_ipc_round_trip_token_window(benchmark, echo_link):
+    link, vocab = echo_link
+    window = np.arange(ROWS, dtype=np.int32)
+    benchmark.extra_info.update(tokens=ROWS, vocab=vocab)
+    choice = benchmark(_round_trip, link, window, Sampling(0.0, 1.0, 0), False)
+    assert list(choice) == list(window)
+
+
+def test_ipc_round_trip_probability_rows(benchmark, echo_link):
+    link, vocab = echo_link
+    window = np.arange(ROWS, dtype=np.int32)
+    benchmark.extra_info.update(rows=ROWS, vocab=vocab, megabytes=ROWS * vocab * 4 / 2**20)
+    probs = benchmark(_round_trip, link, window, Sampling(0.7, 0.9, 0), True)
+    assert probs.shape == (ROWS, vocab)
+    assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-3)

@@ -1,0 +1,60 @@
+"""One whole DuoDecoding round through the real worker processes.
+
+The round as the decoder runs it: the target verifies [last committed token] +
+a pending window of gamma draft tokens while the draft drafts the next window
+(as branches, dynamic sequences) after it; then the scheduler applies the
+acceptance rule and picks the branch. Every repetition restarts from the same
+committed context, so the workers roll back exactly as after a rejection.
+Compare with test_draft_step x gamma and test_verify_pass[gamma+1]: the round
+should cost about the larger of the two plus a little orchestration.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.micro.conftest import GAMMA
+from benchmarks.micro.rig import Rig
+from hetspec.acceptance import accept_greedy
+from hetspec.branches import pick_branch
+from hetspec.worker_links import Sampling
+
+GREEDY = Sampling(0.0, 1.0, 0)
+
+
+@pytest.fixture(scope="module")
+def rig(bench_config):
+    config = {section: dict(values) for section, values in bench_config.items()}
+    config.setdefault("decoding", {}).update(gamma=GAMMA, sequences="dynamic")
+    rig = Rig(config)
+    yield rig
+    rig.close()
+
+
+@pytest.fixture(scope="module")
+def primed(rig, context_ids):
+    """Both workers hold the context; the draft's window after it is pending."""
+    context = np.asarray(context_ids, dtype=np.int32)
+    rig.target.start_verify(1, context, 0, 1, GREEDY)
+    rig.target.finish_verify(1, GREEDY)
+    rig.draft.start_draft(1, context, GAMMA, False, 1, 1, GREEDY, 0)
+    window = rig.draft.finish_draft(GREEDY).branches[0]
+    return context, window
+
+
+def test_duodec_round(benchmark, rig, primed):
+    context, window = primed
+    max_sequences = rig.scheduler.config.decoding.max_sequences
+
+    def one_round():
+        rig.target.start_verify(1, np.concatenate([context[-1:], window]), len(context) - 1, len(window) + 1, GREEDY)
+        rig.draft.start_draft(1, np.concatenate([context, window]), GAMMA, True, "dynamic", max_sequences, GREEDY, 0)
+        verification = rig.target.finish_verify(len(window) + 1, GREEDY)
+        draft = rig.draft.finish_draft(GREEDY)
+        accepted, token = accept_greedy(window, verification.choice)
+        return accepted, pick_branch(draft.branches, token), len(draft.branches)
+
+    benchmark.extra_info.update(gamma=GAMMA, context=len(context), window=len(window))
+    accepted, branch, branches = benchmark(one_round)
+    benchmark.extra_info.update(accepted=accepted, branches=branches, branch_hit=branch is not None)
+    assert 0 <= accepted <= len(window)

@@ -1,0 +1,324 @@
+"""report.md from a results document, in the shape of the paper's Tables 1-3.
+
+Everything here reads results.json only, so a report can be rebuilt (or
+restyled) without re-running anything:
+
+    python -m benchmarks.report bench-out/quick/results.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.data import TITLES
+from benchmarks.methods import SWEEP
+
+
+def render_report(doc: dict, plots: list[str] = ()) -> str:
+    s = doc["settings"]
+    lines = ["# hetspec benchmark report", ""]
+    lines += _header(doc)
+    lines += _methods_table(doc)
+    for decoding in s["decodings"]:
+        lines += _table1(doc, decoding)
+    lines += _tokens_table(doc)
+    lines += _table2(doc)
+    lines += _acceptance_table(doc)
+    lines += _table3(doc)
+    lines += _sequences_table(doc)
+    lines += _profile_table(doc)
+    lines += _ceiling(doc)
+    lines += _exactness(doc)
+    lines += _checks(doc)
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
+    lines += _definitions(doc)
+    return "\n".join(lines)
+
+
+def write_report(doc: dict, out_dir: str | Path, plots: list[str] = ()) -> Path:
+    path = Path(out_dir) / "report.md"
+    path.write_text(render_report(doc, plots))
+    return path
+
+
+# ---- sections ------------------------------------------------------------------
+
+def _header(doc: dict) -> list[str]:
+    s, m, e = doc["settings"], doc["machine"], doc["engine"]
+    budget = e.get("budget") or {}
+    cpu = f"{m['cpu']}, {m['logical_cores']} logical cores (affinity {m['affinity']}), {m['memory_gb']} GB"
+    lines = [
+        f"Run {doc['created']} in {doc['duration_s']:.0f} s: `{doc['command']}`",
+        "",
+        (f"- **Machine**: {cpu}{'; GPU ' + m['gpu'] if m.get('gpu') else '; no GPU'}; load average (1, 5, 15 min) "
+         f"{m.get('load_average_start')} at the start, {m.get('load_average')} at the end; git {m.get('git_commit')}"),
+        "- **Phases** (s): " + ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in doc.get("phases_s", {}).items()),
+        "- **Software**: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v),
+        (f"- **Models**: draft `{s['draft_model']}`, target `{s['target_model']}`; target dtype **{s['dtype']}** "
+         f"for the engine and every baseline; engine config {s['config']}"),
+        f"- **Draft budget**: gamma = **{doc['chosen_gamma']}** ({budget.get('source', '?')})" + _budget_detail(budget),
+        f"- **Prompts**: {_prompt_count(doc)} ({'all' if not s['limit'] else s['limit']} per category, "
+        f"first turn, {s['prompt_format']} format); new tokens per category: "
+        + ", ".join(f"{TITLES[c]} {n}" for c, n in s["max_new_tokens"].items()),
+        "- **Decoding**: " + "; ".join(f"{d} (temperature {p['temperature']}, top_p {p['top_p']}, top_k 0)"
+                                        for d, p in s["decodings"].items()),
+        "",
+    ]
+    return lines
+
+
+def _budget_detail(budget: dict) -> str:
+    if budget.get("source") != "measured":
+        return ""
+    verify = ", ".join(f"{n}: {1000 * t:.0f}" for n, t in budget.get("verify_s", {}).items())
+    return (f": draft {1000 * budget['draft_s_per_token']:.1f} ms/token; verify ms by tokens {{{verify}}} "
+            f"at a {budget.get('context')}-token context")
+
+
+def _prompt_count(doc: dict) -> str:
+    keys = {(r["category"], r["question_id"]) for r in doc["runs"]}
+    return f"{len(keys)} prompts in {len(doc['settings']['categories'])} categories"
+
+
+def _methods_table(doc: dict) -> list[str]:
+    rows = []
+    for name, m in doc["methods"].items():
+        if m["kind"] == "baseline":
+            trial = m.get("thread_trial_tokens_per_s")
+            why = ("; chosen as the faster: " + ", ".join(f"{t} thread(s) {v:.1f} tok/s" for t, v in trial.items())
+                   if trial else "")
+            where = f"{m['device']}, cores {m['cores']}, {m['threads']} thread(s) (benchmark process{why})"
+        elif "draft_cores" in m:
+            where = (f"draft: cores {m['draft_cores']}, {m['draft_threads']} thread(s); target: {m['device']}, "
+                     f"cores {m['target_cores']}, {m['target_threads']} thread(s)")
+        else:
+            where = f"target: {m['device']}, cores {m['target_cores']}, {m['target_threads']} thread(s)"
+        gamma = "-" if m.get("gamma") is None else m["gamma"]
+        seqs = "-" if m.get("sequences") is None else m["sequences"]
+        rows.append([f"`{name}`", m["label"], str(gamma), str(seqs), m["dtype"], where])
+    return ["## Methods and resources", "",
+            *_table(["method", "what", "gamma", "sequences", "dtype", "cores and threads"], rows), ""]
+
+
+def _table1(doc: dict, decoding: str) -> list[str]:
+    cats = doc["settings"]["categories"]
+    res = doc["results"][decoding]
+    rows = []
+    for name in doc["methods"]:
+        cells = res.get(name, {})
+        rows.append([f"`{name}`", *[_x(cells.get(c, {}).get("speedup")) for c in cats],
+                     _x(cells.get("average", {}).get("speedup"), bold=True),
+                     _f(cells.get("average", {}).get("tokens_per_s"))])
+    title = f"## Table 1 ({decoding}): speedup over vanilla"
+    return [title, "", *_table(["method", *[TITLES[c] for c in cats], "Avg.", "tok/s (avg)"], rows), ""]
+
+
+def _tokens_table(doc: dict) -> list[str]:
+    cats = doc["settings"]["categories"]
+    out = ["## Tokens per second", ""]
+    for decoding in doc["settings"]["decodings"]:
+        res = doc["results"][decoding]
+        rows = [[f"`{n}`", *[_f(res.get(n, {}).get(c, {}).get("tokens_per_s")) for c in cats],
+                 _f(res.get(n, {}).get("average", {}).get("tokens_per_s"))] for n in doc["methods"]]
+        out += [f"{decoding}:", "", *_table(["method", *[TITLES[c] for c in cats], "Avg."], rows), ""]
+    return out
+
+
+def _table2(doc: dict) -> list[str]:
+    decodings = doc["settings"]["decodings"]
+    header = ["method"]
+    for d in decodings:
+        header += [f"{d} TTFT ms", f"{d} vs vanilla", f"{d} vs SpS"]
+    rows = []
+    for name in doc["methods"]:
+        row = [f"`{name}`"]
+        for d in decodings:
+            avg = doc["results"][d].get(name, {}).get("average", {})
+            sps = doc["results"][d].get("sps", {}).get("average", {})
+            ttft = avg.get("ttft_s")
+            row += [_f(ttft and 1000 * ttft, 0), _pct(avg.get("ttft_rel")),
+                    _pct(ttft / sps["ttft_s"] if ttft and sps.get("ttft_s") else None)]
+        rows.append(row)
+    return ["## Table 2: time to first token", "",
+            "Mean over prompts, averaged over categories; relative figures are per category, then averaged.", "",
+            *_table(header, rows), ""]
+
+
+def _acceptance_table(doc: dict) -> list[str]:
+    decodings = doc["settings"]["decodings"]
+    header = ["method"]
+    for d in decodings:
+        header += [f"{d} acceptance", f"{d} tokens/round"]
+    rows = []
+    for name in doc["methods"]:
+        row = [f"`{name}`"]
+        for d in decodings:
+            avg = doc["results"][d].get(name, {}).get("average", {})
+            row += [_pct(avg.get("acceptance_rate")), _f(avg.get("mean_accepted_per_round"), 2)]
+        rows.append(row)
+    return ["## Acceptance rate and tokens committed per round", "",
+            ("Acceptance: accepted / drafted tokens. Tokens per round: tokens committed per speculative round "
+             "(accepted draft tokens plus the target's own token)."), "", *_table(header, rows), ""]
+
+
+def _table3(doc: dict) -> list[str]:
+    present = [n for n in SWEEP if n in doc["methods"]]
+    if len(present) < 2:
+        return []
+    gammas = [doc["methods"][n]["gamma"] for n in present]
+    header = ["", *[f"{n} (gamma {g})" if n != "duodec" else f"**chosen (gamma {g})**"
+                    for n, g in zip(present, gammas, strict=True)]]
+    rows = []
+    for d in doc["settings"]["decodings"]:
+        res = doc["results"][d]
+        rows.append([f"{d} tok/s", *[_f(res.get(n, {}).get("average", {}).get("tokens_per_s")) for n in present]])
+        rows.append([f"{d} speedup", *[_x(res.get(n, {}).get("average", {}).get("speedup")) for n in present]])
+        rows.append([f"{d} tokens/round",
+                     *[_f(res.get(n, {}).get("average", {}).get("mean_accepted_per_round"), 2) for n in present]])
+    return ["## Table 3: gamma sweep around the chosen budget (dynamic sequences)", "", *_table(header, rows), ""]
+
+
+def _sequences_table(doc: dict) -> list[str]:
+    rows, ks = [], set()
+    for d in doc["settings"]["decodings"]:
+        for name, cells in doc["results"][d].items():
+            hist = cells.get("average", {}).get("sequences_hist")
+            if hist and doc["methods"][name]["mode"] == "duodec":
+                ks |= set(hist)
+                rows.append((d, name, hist))
+    if not rows:
+        return []
+    ks = sorted(ks, key=int)
+    table = []
+    for d, name, hist in rows:
+        total = sum(hist.values())
+        table.append([d, f"`{name}`", *[_pct(hist.get(k, 0) / total) for k in ks], str(total)])
+    return ["## Number of draft sequences per round", "",
+            *_table(["decoding", "method", *[f"k={k}" for k in ks], "rounds"], table), ""]
+
+
+def _profile_table(doc: dict) -> list[str]:
+    rows = []
+    for d in doc["settings"]["decodings"]:
+        for name, cells in doc["results"][d].items():
+            p = cells.get("average", {}).get("profile_ms")
+            if p:
+                share = p["overhead"] / p["round"] if p["round"] else None
+                rows.append([d, f"`{name}`", _f(p["draft"], 1), _f(p["verify"], 1), _f(p["round"], 1),
+                             _f(p["overhead"], 1), _pct(share), str(p["rounds"])])
+    if not rows:
+        return []
+    return ["## Per-round time profile (ms per speculative round)", "",
+            ("Draft and verify are each worker's compute; DuoDecoding runs them at once, SpS one after the other. "
+             "Overhead is the round's wall time minus the busy part (the longer side, or both for SpS): IPC, "
+             "Python and numpy in the scheduler."), "",
+            *_table(["decoding", "method", "draft", "verify", "round", "overhead", "overhead share", "rounds"], rows),
+            ""]
+
+
+def _ceiling(doc: dict) -> list[str]:
+    c = doc.get("draft_ceiling") or {}
+    lines = ["## The draft model alone (ceiling)", ""]
+    if "tokens_per_s" not in c:
+        reason = c.get("skipped") or c.get("error") or "not measured"
+        return lines + [f"Not measured: {reason}.", ""]
+    lines.append(f"llama.cpp greedy on the draft's cores {c['cores']} with {c['threads']} thread(s): "
+                 f"**{c['tokens_per_s']:.1f} tok/s** ({c['ms_per_token']:.2f} ms/token after the prompt; prompt "
+                 f"prefill {c['prefill_ms_per_token']:.2f} ms/token; {c['prompts']} prompts). With the default "
+                 f"pair's ~98% greedy agreement this is the most DuoDecoding can reach.")
+    for d, fraction in (c.get("duodec_fraction") or {}).items():
+        avg = doc["results"][d]["duodec"]["average"]
+        lines.append(f"- {d}: DuoDecoding decodes at {avg['decode_tokens_per_s']:.1f} tok/s after its first token "
+                     f"(**{fraction:.0%} of the ceiling**; {avg['tokens_per_s']:.1f} tok/s including the prompt)")
+    return lines + [""]
+
+
+def _exactness(doc: dict) -> list[str]:
+    if "greedy" not in doc["results"]:
+        return []
+    rows = []
+    for name, cells in doc["results"]["greedy"].items():
+        match = cells.get("average", {}).get("exact_match")
+        if name != "vanilla" and match is not None:
+            rows.append([f"`{name}`", _pct(match)])
+    if not rows:
+        return []
+    return ["## Greedy output identical to vanilla", "",
+            ("Share of prompts whose greedy tokens equal transformers `generate`'s. Below 100% can be a float "
+             "near-tie (batched verification, another thread count) rather than a bug: see the runs in results.json."),
+            "", *_table(["method", "identical"], rows), ""]
+
+
+def _checks(doc: dict) -> list[str]:
+    problems = doc.get("checks", [])
+    errors = [r for r in doc["runs"] if "error" in r]
+    lines = ["## Consistency checks", ""]
+    if not problems:
+        lines.append("All consistent: token counts match, rates are positive, acceptance counts add up.")
+    else:
+        lines += [f"- {p}" for p in problems[:50]]
+        if len(problems) > 50:
+            lines.append(f"- ... and {len(problems) - 50} more (results.json \"checks\")")
+    if errors:
+        lines.append(f"\n{len(errors)} run(s) failed; see results.json \"runs\" (key \"error\").")
+    for reason in doc.get("engine_restarts", []):
+        lines.append(f"\nThe engine was restarted after: {reason}")
+    warnings = doc.get("warnings", [])
+    if warnings:
+        lines += ["", (f"Warnings ({len(warnings)}): the engine's own statistics disagree with its tokens. The "
+                       "figures above count tokens themselves and do not use these statistics."), ""]
+        lines += [f"- {w}" for w in warnings[:20]]
+        if len(warnings) > 20:
+            lines.append(f"- ... and {len(warnings) - 20} more (results.json \"warnings\")")
+    return lines + [""]
+
+
+def _definitions(doc: dict) -> list[str]:
+    target = doc["settings"].get("engine_config", {}).get("target", {})
+    borrow = " (the target borrows the draft's cores for the prompt prefill)" \
+        if target.get("prefill_borrows_draft_cores") else ""
+    return ["## Definitions", "",
+            ("- tok/s: new tokens / wall seconds, pooled over a category's prompts, measured by the caller "
+             "(the engine's figures include the request's trip through the scheduler)."),
+            "- Avg.: mean of the per-category figures. Speedup: tok/s over vanilla's, same category and decoding.",
+            ("- TTFT: time until the first new token exists (baselines: a generate streamer; engine: the "
+             "scheduler's prefill time plus the request's overhead)."),
+            ("- Vanilla and PLD run in the benchmark process and may use every core; the engine's draft and target "
+             f"each own their cores{borrow}. A busy machine (see the load average) hurts multi-threaded "
+             "baselines most: compare runs made under similar load."), ""]
+
+
+# ---- formatting -----------------------------------------------------------------
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _f(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _x(value, bold: bool = False) -> str:
+    if value is None:
+        return "-"
+    text = f"{value:.2f}x"
+    return f"**{text}**" if bold else text
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    path = Path(argv[0] if argv else "bench-out/results.json")
+    doc = json.loads(path.read_text())
+    plots = sorted(str(p) for p in path.parent.glob("*.png"))
+    print(write_report(doc, path.parent, plots))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

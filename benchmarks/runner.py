@@ -1,0 +1,256 @@
+"""The whole suite in one process: one engine, the baselines beside it, every
+method on every prompt, greedy and sampled, then the draft-alone ceiling.
+
+Methods are interleaved per prompt (prompt 1: all methods, prompt 2: all
+methods, ...) rather than run one after the other, so that a slow spell on a
+shared machine hits every method alike instead of one method's whole run.
+Every sampled run of a prompt uses the same seed, whatever the method.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import zlib
+from datetime import UTC, datetime
+
+from benchmarks.baselines import Baselines
+from benchmarks.ceiling import measure_ceiling
+from benchmarks.data import load_prompts
+from benchmarks.engine_runs import EngineHolder, run_engine
+from benchmarks.machine import describe_machine
+from benchmarks.methods import Method, select_methods
+from benchmarks.metrics import aggregate
+from benchmarks.settings import DECODINGS, BenchSettings, engine_config, split_config
+from hetspec.config import load_config
+from hetspec.errors import EngineDeadError
+from hetspec.models import resolve_model
+from hetspec.tokenizer import Tokenizer
+
+SCHEMA = "hetspec-bench/1"
+WARMUP_TOKENS = 8
+
+
+def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
+    """Run everything `settings` asks for and return the results document (results.json)."""
+    settings.validate()
+    config_dict, _ = split_config(settings.config)
+    config_dict = engine_config(config_dict, settings.dtype)
+    config = load_config(config_dict)
+    methods = select_methods(settings.methods)
+    prompts = load_prompts(settings.categories, settings.limit, settings.max_new_tokens)
+    tokenizer = Tokenizer(resolve_model(config.target.model, "target"))
+    use_chat = _use_chat(settings.prompt_format, tokenizer)
+    prompt_ids = {p.key: _encode(tokenizer, p.text, use_chat) for p in prompts}
+    started = time.perf_counter()
+    load_at_start = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    phases: dict[str, float] = {}
+    clock = _Phases(phases)
+    runs: list[dict] = []
+    _quiet_transformers()
+
+    _log(settings, f"hetspec-bench: {len(prompts)} prompts x {len(methods)} methods x {len(settings.decodings)} "
+                   f"decodings; starting the engine ({config.target.model}, {config.target.dtype})")
+    clock.start("engine_start")            # load both models, measure the budget
+    holder = EngineHolder(config_dict)
+    try:
+        clock.stop("engine_start")
+        info = holder.info
+        chosen, max_gamma = int(info["gamma"]), config.decoding.max_gamma
+        baselines = None
+        if any(m.kind == "baseline" for m in methods):
+            with clock("baselines_load"):
+                baselines = Baselines(config.target.model, config.target.dtype, info["target"]["device"],
+                                      extra_eos=tokenizer.eos_token_ids, threads=settings.baseline_threads or None)
+                if not settings.baseline_threads:
+                    baselines.choose_threads(prompt_ids[prompts[0].key])
+        resources = _resources(methods, info, baselines, config.target.dtype)
+        if settings.warmup:
+            with clock("warmup"):
+                _warm_up(holder.engine, baselines, methods, chosen, max_gamma, prompt_ids[prompts[0].key])
+        clock.start("runs")
+        bar = _progress(settings, len(prompts) * len(methods) * len(settings.decodings))
+        for decoding in settings.decodings:
+            params = DECODINGS[decoding]
+            for prompt in prompts:
+                ids, seed = prompt_ids[prompt.key], zlib.crc32(prompt.key.encode())
+                for method in methods:
+                    bar.set_postfix_str(f"{decoding} {prompt.category} {method.name}", refresh=False)
+                    record = {"method": method.name, "category": prompt.category, "question_id": prompt.question_id,
+                              "decoding": decoding, "prompt_tokens": len(ids), "max_new_tokens": prompt.max_new_tokens,
+                              "seed": seed if decoding != "greedy" else None}
+                    try:
+                        record.update(_run_one(holder.engine, baselines, method, chosen, max_gamma, ids,
+                                               prompt.max_new_tokens, params, seed))
+                    except Exception as exc:  # noqa: BLE001 - one failed run must not sink the suite
+                        record["error"] = f"{type(exc).__name__}: {exc}"
+                        _log(settings, f"\n{method.name} on {prompt.key} ({decoding}) failed: {record['error']}")
+                        if isinstance(exc, EngineDeadError) and holder.restart(record["error"]):
+                            _log(settings, "restarted the engine")
+                            if settings.warmup:
+                                _warm_up(holder.engine, None, [m for m in methods if m.kind == "engine"], chosen,
+                                         max_gamma, prompt_ids[prompts[0].key])
+                    runs.append(record)
+                    bar.update(1)
+        bar.close()
+        clock.stop("runs")
+    finally:
+        holder.close()
+    with clock("ceiling"):
+        ceiling = _ceiling(settings, config, prompts, prompt_ids, info)
+    doc = {
+        "schema": SCHEMA,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join(argv) if argv is not None else " ".join(sys.argv),
+        "duration_s": round(time.perf_counter() - started, 1),
+        "phases_s": {k: round(v, 1) for k, v in phases.items()},
+        "machine": {**describe_machine(), "load_average_start": load_at_start},
+        "settings": {
+            "config": settings.config or "smollm2 (embedded default)",
+            "engine_config": info.get("config", config.to_dict()),
+            "draft_model": config.draft.model, "target_model": config.target.model,
+            "dtype": config.target.dtype, "limit": settings.limit, "categories": settings.categories,
+            "methods": [m.name for m in methods], "decodings": {d: DECODINGS[d] for d in settings.decodings},
+            "top_k": 0, "prompt_format": "chat" if use_chat else "plain",
+            "max_new_tokens": {c: next(p.max_new_tokens for p in prompts if p.category == c)
+                               for c in settings.categories},
+        },
+        "chosen_gamma": chosen,
+        "engine": {"gamma": chosen, "budget": info.get("budget"), "draft": info.get("draft"),
+                   "target": info.get("target")},
+        "methods": {m.name: {"label": m.label, "kind": m.kind, "mode": m.mode, "sequences": m.sequences,
+                             "gamma": m.gamma(chosen, max_gamma), **resources[m.name]} for m in methods},
+        "draft_ceiling": ceiling,
+        "engine_restarts": holder.restarts,
+        "runs": runs,
+    }
+    doc["results"] = aggregate(doc)
+    _add_ceiling_fraction(doc)
+    return doc
+
+
+def _run_one(engine, baselines, method: Method, chosen: int, max_gamma: int, ids, max_new: int, params: dict,
+             seed: int) -> dict:
+    if method.kind == "baseline":
+        run = baselines.run(method.mode, ids, max_new, params["temperature"], params["top_p"], seed)
+        return {"token_ids": run.token_ids, "new_tokens": len(run.token_ids), "finish_reason": run.finish_reason,
+                "total_s": run.total_s, "ttft_s": run.ttft_s, "rounds": run.rounds, "spec_rounds": run.spec_rounds,
+                "drafted": run.drafted, "accepted": run.accepted,
+                "committed_in_spec_rounds": run.committed_in_spec_rounds,
+                "gamma": 10 if method.mode == "pld" else None}
+    return run_engine(engine, method, method.gamma(chosen, max_gamma), ids, max_new, params["temperature"],
+                      params["top_p"], seed)
+
+
+def _warm_up(engine, baselines, methods, chosen, max_gamma, ids) -> None:
+    """First calls pay for allocations and lazy imports; keep that out of the timings."""
+    ids = ids[:64]
+    done = set()
+    for method in methods:
+        key = (method.kind, method.mode)
+        if key in done:
+            continue
+        done.add(key)
+        for params in DECODINGS.values():
+            try:
+                _run_one(engine, baselines, method, chosen, max_gamma, ids, WARMUP_TOKENS, params, 0)
+            except Exception:  # noqa: BLE001, S110 - the timed run of this method will fail and say why
+                pass
+
+
+def _resources(methods, info: dict, baselines, dtype: str) -> dict:
+    """Which cores and threads each method computed on (the report states them)."""
+    engine_side = {"device": info["target"]["device"], "dtype": dtype,
+                   "draft_cores": info["draft"]["cores"], "draft_threads": info["draft"]["threads"],
+                   "target_cores": info["target"]["cores"], "target_threads": info["target"]["threads"]}
+    out = {}
+    for m in methods:
+        if m.kind == "baseline":
+            out[m.name] = baselines.resources()
+        elif m.mode == "target":
+            out[m.name] = {k: v for k, v in engine_side.items() if not k.startswith("draft")}
+        else:
+            out[m.name] = dict(engine_side)
+    return out
+
+
+def _ceiling(settings, config, prompts, prompt_ids, info) -> dict:
+    if not settings.ceiling:
+        return {"skipped": "disabled (--no-ceiling)"}
+    if config.draft.backend != "llama.cpp":
+        return {"skipped": f"the draft backend is {config.draft.backend!r}, not llama.cpp"}
+    _log(settings, "measuring the draft model alone (llama.cpp greedy)...")
+    first = {}
+    for p in prompts:               # one prompt per category is enough for a decoding speed
+        first.setdefault(p.category, {"ids": prompt_ids[p.key], "max_new_tokens": p.max_new_tokens})
+    model_file = resolve_model(config.draft.model, "draft").file
+    return measure_ceiling(model_file, list(info["draft"]["cores"]), int(info["draft"]["threads"]),
+                           list(first.values()))
+
+
+def _add_ceiling_fraction(doc: dict) -> None:
+    """DuoDecoding's decoding speed (after the first token) as a fraction of the draft alone."""
+    ceiling = doc["draft_ceiling"]
+    if not ceiling.get("tokens_per_s"):
+        return
+    fractions = {}
+    for decoding, by_method in doc["results"].items():
+        avg = by_method.get("duodec", {}).get("average", {})
+        if avg.get("decode_tokens_per_s"):
+            fractions[decoding] = avg["decode_tokens_per_s"] / ceiling["tokens_per_s"]
+    ceiling["duodec_fraction"] = fractions
+
+
+class _Phases:
+    """Wall time of the suite's phases (engine start, warm-up, runs, ...), for the report."""
+
+    def __init__(self, into: dict):
+        self.into = into
+        self.started: dict[str, float] = {}
+
+    def start(self, name: str) -> None:
+        self.started[name] = time.perf_counter()
+
+    def stop(self, name: str) -> None:
+        if name in self.started:
+            self.into[name] = time.perf_counter() - self.started.pop(name)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        self.start(name)
+        try:
+            yield
+        finally:
+            self.stop(name)
+
+
+def _quiet_transformers() -> None:
+    """Our own progress bar is the one to watch: silence transformers' loading bars."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+
+
+def _use_chat(prompt_format: str, tokenizer: Tokenizer) -> bool:
+    if prompt_format == "auto":
+        return bool(tokenizer.hf is not None and getattr(tokenizer.hf, "chat_template", None))
+    return prompt_format == "chat"
+
+
+def _encode(tokenizer: Tokenizer, text: str, chat: bool) -> list[int]:
+    if chat:
+        return tokenizer.encode_chat([{"role": "user", "content": text}])
+    return tokenizer.encode_prompt(text)
+
+
+def _progress(settings, total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="hetspec-bench", unit="run", disable=not settings.progress, dynamic_ncols=True)
+
+
+def _log(settings, message: str) -> None:
+    if settings.progress:
+        print(message, file=sys.stderr, flush=True)

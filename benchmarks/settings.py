@@ -1,0 +1,86 @@
+"""What one benchmark run does: the engine config, which prompts, which methods, how to decode.
+
+The engine config is a parameter (a shipped name or a TOML path), so the same
+suite runs on a GPU machine with another model pair. A TOML file may carry an
+extra [bench] table with defaults for this suite (limit, methods, categories,
+dtype, prompt_format, max_new_tokens, decodings); it is removed before the
+rest reaches the engine, and command-line options override it.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from benchmarks.data import CATEGORIES
+from benchmarks.methods import select_methods
+from hetspec.config import SHIPPED_CONFIGS, load_config
+
+# The paper's two settings: greedy, and nucleus sampling.
+DECODINGS = {"greedy": {"temperature": 0.0, "top_p": 1.0},
+             "sampling": {"temperature": 0.7, "top_p": 0.9}}
+PROMPT_FORMATS = ("auto", "chat", "plain")
+QUICK_LIMIT = 1            # prompts per category in the default (quick, ~10 minutes on 2 cores) run
+
+
+@dataclass
+class BenchSettings:
+    config: str | None = None                 # engine config: shipped name or TOML path (None: the default pair)
+    dtype: str | None = None                  # target dtype for engine and baselines (None: the config's)
+    limit: int = QUICK_LIMIT                  # prompts per category; 0 = all 80
+    categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
+    methods: list[str] = field(default_factory=lambda: ["all"])
+    max_new_tokens: int | None = None         # override the per-category budget (CI smoke)
+    decodings: list[str] = field(default_factory=lambda: list(DECODINGS))
+    prompt_format: str = "auto"               # auto: chat template if the tokenizer has one
+    baseline_threads: int = 0                 # 0: the faster of every core and one (measured)
+    out: str = "bench-out"
+    warmup: bool = True
+    ceiling: bool = True                      # time the draft model alone (llama.cpp)
+    progress: bool = True
+
+    def validate(self) -> BenchSettings:
+        for name in ("categories", "methods", "decodings"):     # a TOML string for a one-item list
+            if isinstance(getattr(self, name), str):
+                setattr(self, name, [getattr(self, name)])
+        select_methods(self.methods)                              # raises on an unknown name
+        bad = [c for c in self.categories if c not in CATEGORIES]
+        if bad:
+            raise ValueError(f"unknown categories {bad}; known: {', '.join(CATEGORIES)}")
+        bad = [d for d in self.decodings if d not in DECODINGS]
+        if bad:
+            raise ValueError(f"unknown decodings {bad}; known: {', '.join(DECODINGS)}")
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"prompt_format must be one of {', '.join(PROMPT_FORMATS)}")
+        if self.baseline_threads < 0:
+            raise ValueError("baseline_threads must be >= 0 (0: choose)")
+        if self.limit < 0 or (self.max_new_tokens is not None and self.max_new_tokens < 1):
+            raise ValueError("limit must be >= 0 and max_new_tokens >= 1")
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        return self
+
+
+def split_config(source: str | None) -> tuple[dict, dict]:
+    """(engine config dict, [bench] table) from a shipped name, a TOML path or None."""
+    if source is None or source in SHIPPED_CONFIGS:
+        return load_config(source).to_dict(), {}
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {source} (shipped configs: {', '.join(SHIPPED_CONFIGS)})")
+    data = tomllib.loads(path.read_text())
+    bench = data.pop("bench", {})
+    known = {f.name for f in fields(BenchSettings)} - {"config", "out", "progress"}
+    unknown = set(bench) - known
+    if unknown:
+        raise ValueError(f"unknown key(s) in [bench]: {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+    load_config(data)   # validate the engine part now, before anything is loaded
+    return data, bench
+
+
+def engine_config(config: dict, dtype: str | None) -> dict:
+    """The engine config with the benchmark's dtype applied to the target."""
+    config = {section: dict(values) for section, values in config.items()}
+    if dtype:
+        config.setdefault("target", {})["dtype"] = dtype
+    return config

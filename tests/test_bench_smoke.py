@@ -1,0 +1,138 @@
+"""CI smoke run of the benchmark suite (hetspec-bench): one prompt, one category,
+every method, greedy and sampled, a few tokens. It checks that the report,
+results.json and the plots are produced and that the numbers are consistent
+(token counts match, rates are positive), never the timings themselves."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:   # until an install lists the benchmarks package, run it from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.checks import check_results
+from benchmarks.methods import METHODS
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    command = [sys.executable, "-m", "benchmarks.cli", "--limit", "1", "--categories", "qa", "--methods", "all",
+               "--max-new-tokens", str(NEW_TOKENS), "--out", str(out), "--quiet"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=540, check=False)
+    assert done.returncode == 0, f"hetspec-bench failed ({done.returncode}):\n{done.stderr[-3000:]}"
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_outputs_are_written(smoke):
+    out, _ = smoke
+    report = (out / "report.md").read_text()
+    for heading in ("Table 1 (greedy)", "Table 1 (sampling)", "Table 2", "Table 3", "Per-round time profile",
+                    "Number of draft sequences", "The draft model alone", "Consistency checks"):
+        assert heading in report
+    for plot in ("speedup", "ttft", "round_profile", "sequences"):
+        assert (out / f"{plot}.png").stat().st_size > 1000
+
+
+def test_every_method_ran_and_numbers_are_consistent(smoke):
+    _, doc = smoke
+    assert check_results(doc) == [] and doc["checks"] == []
+    assert set(doc["methods"]) == set(METHODS)
+    assert len(doc["runs"]) == len(METHODS) * 2
+    for decoding in ("greedy", "sampling"):
+        for method in METHODS:
+            cell = doc["results"][decoding][method]["qa"]
+            runs = [r for r in doc["runs"] if r["method"] == method and r["decoding"] == decoding]
+            assert all(r["new_tokens"] == len(r["token_ids"]) > 0 for r in runs)
+            assert cell["new_tokens"] == sum(r["new_tokens"] for r in runs)
+            assert cell["tokens_per_s"] == pytest.approx(cell["new_tokens"] / cell["total_s"])
+            assert cell["tokens_per_s"] > 0 and cell["speedup"] > 0 and cell["ttft_rel"] > 0
+            assert doc["results"][decoding][method]["average"]["speedup"] == pytest.approx(cell["speedup"])
+            if METHODS[method].kind == "engine" and METHODS[method].mode != "target":
+                assert cell["spec_rounds"] > 0 and 0 <= cell["acceptance_rate"] <= 1
+                assert 1 <= cell["mean_accepted_per_round"] <= NEW_TOKENS
+
+
+def test_greedy_token_counts_match_vanilla(smoke):
+    _, doc = smoke
+    greedy = [r for r in doc["runs"] if r["decoding"] == "greedy"]
+    vanilla = next(r for r in greedy if r["method"] == "vanilla")
+    assert {r["method"]: r["new_tokens"] for r in greedy} == {r["method"]: vanilla["new_tokens"] for r in greedy}
+
+
+def test_results_json_schema(smoke):
+    _, doc = smoke
+    assert doc["schema"] == "hetspec-bench/1"
+    assert isinstance(doc["chosen_gamma"], int) and doc["chosen_gamma"] >= 1
+    assert doc["machine"]["logical_cores"] >= 1 and doc["settings"]["dtype"] == "float32"
+    for key in ("tokens_per_s", "speedup", "ttft_rel", "acceptance_rate", "mean_accepted_per_round"):
+        assert key in doc["results"]["greedy"]["duodec"]["average"]
+    assert doc["draft_ceiling"].get("tokens_per_s", 0) > 0
+
+
+# ---- the checks themselves, on a synthetic document (no models, instant) -----------
+
+def _synthetic_doc() -> dict:
+    from benchmarks.metrics import aggregate
+
+    def run(method, decoding, seconds, **extra):
+        return {"method": method, "category": "qa", "question_id": 1, "decoding": decoding, "prompt_tokens": 10,
+                "max_new_tokens": 4, "token_ids": [5, 6, 7, 8], "new_tokens": 4, "finish_reason": "length",
+                "total_s": seconds, "ttft_s": seconds / 4, "gamma": None, **extra}
+
+    spec = {"gamma": 3, "spec_rounds": 1, "drafted": 3, "accepted": 2, "committed_in_spec_rounds": 3,
+            "sequences_hist": {"1": 1}, "draft_s": 0.1, "verify_s": 0.2, "round_s": 0.25, "overhead_s": 0.05}
+    runs = [run("vanilla", d, 1.0) for d in ("greedy", "sampling")]
+    runs += [run("duodec", d, 0.5, **spec) for d in ("greedy", "sampling")]
+    doc = {"settings": {"methods": ["vanilla", "duodec"], "categories": ["qa"],
+                        "decodings": {"greedy": {}, "sampling": {}}},
+           "methods": {"vanilla": {"gamma": None}, "duodec": {"gamma": 3}}, "chosen_gamma": 3, "runs": runs}
+    doc["results"] = aggregate(doc)
+    return doc
+
+
+def test_engine_stat_disagreement_is_a_warning():
+    from benchmarks.checks import engine_stat_warnings
+    from benchmarks.metrics import aggregate
+
+    doc = _synthetic_doc()      # the engine counted a token past the end (EOS or the length limit)
+    doc["runs"][2].update(accepted=3, engine_committed_in_spec_rounds=4)
+    doc["results"] = aggregate(doc)
+    assert check_results(doc) == []
+    assert any("the engine's stats count 4 tokens" in w for w in engine_stat_warnings(doc))
+
+
+def test_checks_pass_a_consistent_document():
+    doc = _synthetic_doc()
+    assert check_results(doc) == []
+    cell = doc["results"]["greedy"]["duodec"]["qa"]
+    assert cell["speedup"] == pytest.approx(2.0) and cell["ttft_rel"] == pytest.approx(0.5)
+    assert cell["acceptance_rate"] == pytest.approx(2 / 3) and cell["mean_accepted_per_round"] == 3
+    assert cell["exact_match"] == 1.0
+    assert doc["results"]["greedy"]["vanilla"]["qa"]["acceptance_rate"] is None
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda r: r.update(new_tokens=3), "reports 3 new tokens but returned 4"),
+    (lambda r: r.update(accepted=5), "accepted 5 of 3 drafted"),
+    (lambda r: r.update(committed_in_spec_rounds=2), "committed 2 != accepted 2"),
+    (lambda r: r.update(sequences_hist={"1": 2}), "sequence histogram counts 2 rounds"),
+    (lambda r: r.update(ttft_s=9.0), "times: ttft"),
+    (lambda r: r.update(error="RequestError: boom"), "failed: RequestError: boom"),
+])
+def test_checks_catch_inconsistencies(damage, message):
+    from benchmarks.metrics import aggregate
+
+    doc = _synthetic_doc()
+    damage(doc["runs"][2])
+    doc["results"] = aggregate(doc)
+    assert any(message in p for p in check_results(doc)), check_results(doc)
