@@ -69,7 +69,7 @@ def _check_run(run: dict) -> list[str]:
     if spec and reported != accepted + spec and run["method"] != "pld":
         out.append(f"committed {reported} != accepted {accepted} + one target token per round ({spec})")
     hist = run.get("sequences_hist")
-    if hist and sum(hist.values()) != spec:
+    if hist and not spec - 2 <= sum(hist.values()) <= spec:   # the last round or two may need no draft
         out.append(f"sequence histogram counts {sum(hist.values())} rounds, {spec} speculative rounds ran")
     for key in ("draft_s", "verify_s", "round_s", "overhead_s"):
         if key in run and run[key] < 0:

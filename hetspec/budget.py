@@ -2,6 +2,8 @@
 takes about as long as verifying the current one, so neither side idles."""
 from __future__ import annotations
 
+import math
+
 
 def choose_gamma(draft_s_per_token: float, verify_s: dict[int, float], max_gamma: int) -> int:
     """Smallest gamma with gamma * t_draft >= t_verify(gamma).
@@ -35,3 +37,33 @@ def interpolate(points: dict[int, float], x: int) -> float:
             return points[hi]
     slope = (points[hi] - points[lo]) / (hi - lo)
     return points[lo] + slope * (x - lo)
+
+
+class CostModel:
+    """What a draft token and a verify pass cost, from the start-up measurement,
+    kept honest by the rounds' own timings (costs grow with the context and
+    drift on a shared machine)."""
+
+    SMOOTHING = 0.2
+
+    def __init__(self, draft_s_per_token: float, verify_s: dict[int, float]):
+        self.measured_draft_s = self.draft_s = draft_s_per_token
+        self.verify_s = dict(verify_s)
+        self.verify_scale = 1.0
+
+    def observe(self, n_draft: int, draft_s: float, n_verify: int, verify_s: float) -> None:
+        if n_draft > 0 and draft_s > 0:
+            self.draft_s += self.SMOOTHING * (draft_s / n_draft - self.draft_s)
+        if n_verify > 0 and verify_s > 0:
+            ratio = verify_s / interpolate(self.verify_s, n_verify)
+            self.verify_scale += self.SMOOTHING * (ratio - self.verify_scale)
+
+    def draft_length(self, gamma: int, pending: int, online: bool = True) -> int:
+        """Per round: draft for as long as the target will take to verify the last
+        committed token plus the pending window, at most gamma. After a rejection
+        (nothing pending) that is a short draft, not a full gamma the target
+        would wait for. online=False uses the start-up measurement alone, so the
+        rounds of a seeded sampling request do not depend on timing."""
+        scale, draft_s = (self.verify_scale, self.draft_s) if online else (1.0, self.measured_draft_s)
+        verify = scale * interpolate(self.verify_s, pending + 1)
+        return max(1, min(gamma, math.ceil(verify / draft_s)))

@@ -23,6 +23,7 @@ import numpy as np
 
 from hetspec.acceptance import accept_greedy, accept_sampled, sample
 from hetspec.branches import pick_branch
+from hetspec.budget import CostModel
 from hetspec.output import Output
 from hetspec.worker_links import Draft, DraftLink, Sampling, TargetLink, Verification
 
@@ -74,7 +75,8 @@ class Stats:
 
 
 class Decoder:
-    def __init__(self, request_id: int, policy: Policy, draft: DraftLink, target: TargetLink, output: Output):
+    def __init__(self, request_id: int, policy: Policy, draft: DraftLink, target: TargetLink, output: Output,
+                 costs: CostModel | None = None):
         self.id = request_id
         self.policy = policy
         self.sampling = policy.sampling
@@ -83,6 +85,7 @@ class Decoder:
         self.out = output
         self.rng = np.random.default_rng([policy.seed, 0])
         self.stats = Stats()
+        self.costs = costs                     # None: every round drafts gamma tokens
 
     # ---- the loop ------------------------------------------------------------
 
@@ -173,6 +176,9 @@ class Decoder:
 
     def _verify_and_commit(self, window, window_probs, verification, draft: Draft, started: float,
                            parallel: bool) -> tuple[int, int]:
+        if self.costs is not None:
+            self.costs.observe(sum(len(b) for b in draft.branches), draft.seconds, len(window) + 1,
+                               verification.seconds)
         n_accepted, token = self._accept(window, window_probs, verification)
         before = self.out.length
         self.out.commit([*window[:n_accepted], token])
@@ -184,9 +190,14 @@ class Decoder:
     # ---- small decisions -------------------------------------------------------
 
     def _draft_length(self, pending: int) -> int:
-        """gamma, but no more than could still be committed after the pending window
-        and the target's own next token (0: drafting would be wasted)."""
-        return min(self.policy.gamma, self.out.remaining - pending - 1)
+        """gamma, or less when the target will be done sooner (see CostModel), and
+        no more than could still be committed after the pending window and the
+        target's own next token (0: drafting would be wasted)."""
+        gamma = self.policy.gamma
+        if self.costs is not None:
+            online = self.sampling.greedy or not self.policy.seeded
+            gamma = self.costs.draft_length(gamma, pending, online)
+        return min(gamma, self.out.remaining - pending - 1)
 
     def _accept(self, window, window_probs, verification: Verification) -> tuple[int, int]:
         if self.sampling.greedy:

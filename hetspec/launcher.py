@@ -63,7 +63,7 @@ class Launcher:
         # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning on a
         # core (after a prefill on borrowed cores they would steal the draft's core).
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-                   OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false",
+                   TOKENIZERS_PARALLELISM="false",
                    HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"), PYTHONUNBUFFERED="1")
         log = open(os.path.join(self.runtime_dir, f"{role}.log"), "wb")
         try:

@@ -18,7 +18,7 @@ from collections import deque
 import numpy as np
 import zmq
 
-from hetspec.budget import choose_gamma
+from hetspec.budget import CostModel, choose_gamma
 from hetspec.config import load_config
 from hetspec.decoding import Decoder, Policy
 from hetspec.errors import EngineDeadError, EngineStartError, HetspecError, RequestError
@@ -88,18 +88,18 @@ class Scheduler:
                                    "tokens": ((2, rows + self.config.decoding.max_sequences), np.int32),
                                    "probs": ((2, rows + self.config.decoding.max_sequences, self.n_vocab),
                                              np.float32)})
-        self.gamma, budget = self._budget()
+        self.gamma, budget, self.costs = self._budget()
         self.info = {
             "pid": os.getpid(), "endpoint": self.clients.endpoint, "gamma": self.gamma, "budget": budget,
             "n_vocab": self.n_vocab, "config": self.config.to_dict(),
             "draft": _worker_info(hellos["draft"]), "target": _worker_info(hellos["target"]),
         }
 
-    def _budget(self) -> tuple[int, dict]:
+    def _budget(self) -> tuple[int, dict, CostModel | None]:
         """gamma = "auto": time both workers at once (as they will run) and balance them."""
         decoding = self.config.decoding
         if decoding.gamma != "auto":
-            return decoding.gamma, {"source": "config"}
+            return decoding.gamma, {"source": "config"}, None
         sizes = [n for n in VERIFY_SIZES if n <= decoding.max_gamma + 1]
         context = min(CALIBRATION_CONTEXT, self.config.server.max_context // 2)
         self.draft.send(CalibrateDraft(context, 16))
@@ -108,7 +108,7 @@ class Scheduler:
         draft_s = self.draft.wait().seconds_per_token
         gamma = choose_gamma(draft_s, verify_s, decoding.max_gamma)
         return gamma, {"source": "measured", "context": context, "draft_s_per_token": draft_s,
-                       "verify_s": {str(k): v for k, v in verify_s.items()}}
+                       "verify_s": {str(k): v for k, v in verify_s.items()}}, CostModel(draft_s, verify_s)
 
     # ---- serving ---------------------------------------------------------------
 
@@ -201,7 +201,7 @@ class Scheduler:
                         Sampling(request.temperature, request.top_p, request.top_k), seed,
                         seeded=request.seed is not None, borrow_cores=self.config.target.prefill_borrows_draft_cores)
         output = Output(prompt_ids, max_new, self.eos, request.stop, self.tokenizer)
-        return Decoder(request.request_id, policy, self.draft, self.target, output)
+        return Decoder(request.request_id, policy, self.draft, self.target, output, self.costs)
 
     def _dead_worker(self) -> str | None:
         """Why the engine cannot serve, if a worker process has gone (checked before

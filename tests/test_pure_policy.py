@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from hetspec.branches import pick_branch, split_branches
-from hetspec.budget import choose_gamma, interpolate
+from hetspec.budget import CostModel, choose_gamma, interpolate
 from workers.multi_sequence import count_sequences, first_tokens, split_budget
 from workers.sampling import probabilities
 
@@ -73,3 +73,14 @@ def test_probabilities_top_k_and_top_p():
     assert np.count_nonzero(nucleus) == 3
     cold = probabilities(logits, 0.1)
     assert cold[0, 0] > 0.99
+
+
+def test_round_draft_length_follows_the_verify_it_overlaps():
+    costs = CostModel(0.010, {1: 0.040, 8: 0.075, 16: 0.115})
+    assert costs.draft_length(12, pending=7) == 8        # verify of 8 tokens: 75 ms = 7.5 draft tokens
+    assert costs.draft_length(12, pending=0) == 4        # after a rejection: a short draft, no idle target
+    assert costs.draft_length(6, pending=15) == 6        # never above gamma
+    for _ in range(50):                                  # the machine got twice as slow at verifying
+        costs.observe(8, 0.080, 8, 0.150)
+    assert costs.draft_length(32, pending=0) == 8
+    assert costs.draft_length(32, pending=0, online=False) == 4   # seeded runs ignore timings
