@@ -123,8 +123,7 @@ class Decoder:
             self.draft.start_draft(self.id, self.out.context, 0, False, 1, 1, self.sampling, self.policy.seed)
         overlap = self.sampling.greedy or not self.policy.seeded
         while not self.out.done and (self.policy.mode == "target" or (overlap and not self.draft.poll())):
-            context = self.out.context
-            self.target.start_verify(self.id, context[-1:], len(context) - 1, 1, self.sampling)
+            self._start_verify(EMPTY)
             self.out.commit([self._choose(self.target.finish_verify(1, self.sampling), 0)])
             self.stats.rounds += 1
             self.stats.target_only_rounds += 1
