@@ -119,7 +119,7 @@ def test_checks_pass_a_consistent_document():
 @pytest.mark.parametrize("damage, message", [
     (lambda r: r.update(new_tokens=3), "reports 3 new tokens but returned 4"),
     (lambda r: r.update(accepted=5), "accepted 5 of 3 drafted"),
-    (lambda r: r.update(committed_in_spec_rounds=2), "committed 2 != accepted 2"),
+    (lambda r: r.update(committed_in_spec_rounds=1), "committed 1 != accepted 2"),
     (lambda r: r.update(sequences_hist={"1": 2}), "sequence histogram counts 2 rounds"),
     (lambda r: r.update(ttft_s=9.0), "times: ttft"),
     (lambda r: r.update(error="RequestError: boom"), "failed: RequestError: boom"),
