@@ -49,7 +49,7 @@ def test_greedy_equals_transformers_generate(engine, reference, mode):
         result = engine.generate(**request, max_new_tokens=N_NEW, mode=mode)
         assert result.token_ids == expected, explain_mismatch(model, ids, result.token_ids, expected)
         assert result.text == tokenizer.decode(expected)
-        assert result.stats["acceptance_rate"] > 0.5
+        assert result.stats["spec_rounds"] > 0 and result.stats["accepted"] > 0   # the draft really took part
 
 
 def test_engine_reports_its_budget(engine):
