@@ -12,9 +12,6 @@ class ByteTokenizer:
     """UTF-8 bytes as tokens (ids 0-255), for the tiny random test models that
     ship no tokenizer. Ids above 255 decode to nothing."""
 
-    eos_token_id = None
-    chat_template = None
-
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
