@@ -26,7 +26,7 @@ from hetspec.models import ResolvedModel
 from hetspec.output import Output
 from hetspec.request import build_request
 from hetspec.tokenizer import Tokenizer
-from hetspec.worker_links import DraftLink, Sampling, TargetLink, WorkerError, _alive
+from hetspec.worker_links import DraftLink, Sampling, TargetLink, WorkerError
 from ipc.channel import Channel, Router
 from ipc.messages import (
     CalibrateDraft,
@@ -206,10 +206,7 @@ class Scheduler:
     def _dead_worker(self) -> str | None:
         """Why the engine cannot serve, if a worker process has gone (checked before
         sending it anything: a send to a departed worker would never return)."""
-        for link in (self.draft, self.target):
-            if link.hello is not None and not _alive(link.hello.pid):
-                return f"the {link.role} worker (pid {link.hello.pid}) died"
-        return None
+        return self.draft.death() or self.target.death()
 
     def _drain(self) -> None:
         """After a failed command, collect the other worker's outstanding reply."""

@@ -73,18 +73,21 @@ class WorkerLink:
         while True:
             message = self.channel.recv(POLL_S)
             if message is not None:
-                if isinstance(message, WorkerFailed):
-                    self.busy = False
-                    if message.fatal:
-                        raise EngineDeadError(message.message)
-                    raise WorkerError(message.message)
                 self.busy = False
+                if isinstance(message, WorkerFailed):
+                    raise (EngineDeadError if message.fatal else WorkerError)(message.message)
                 return message
             waited += POLL_S
-            if self.hello is not None and not _alive(self.hello.pid):
-                raise EngineDeadError(f"the {self.role} worker (pid {self.hello.pid}) died")
+            if self.death():
+                raise EngineDeadError(self.death())
             if timeout_s is not None and waited >= timeout_s:
                 raise EngineDeadError(f"the {self.role} worker did not answer within {timeout_s:.0f} s")
+
+    def death(self) -> str | None:
+        """Why this worker cannot answer any more, if its process is gone."""
+        if self.hello is not None and not _alive(self.hello.pid):
+            return f"the {self.role} worker (pid {self.hello.pid}) died"
+        return None
 
     def poll(self) -> bool:
         """True if a reply is waiting (without taking it)."""

@@ -96,6 +96,26 @@ def children() -> set[psutil.Process]:
     return set(psutil.Process().children(recursive=True))
 
 
+def start_long_request(engine):
+    """A 2000-token request streaming in another thread; (thread, box) where the box
+    receives its "result" or its "error". Returns once tokens are flowing."""
+    streaming = threading.Event()
+    box = {}
+
+    def long_request():
+        try:
+            for _ in engine.stream("Hello", max_new_tokens=2000):
+                streaming.set()
+            box["result"] = engine.last_result
+        except BaseException as exc:  # noqa: BLE001
+            box["error"] = exc
+
+    thread = threading.Thread(target=long_request, daemon=True)
+    thread.start()
+    assert streaming.wait(DEADLINE_S), "the request never streamed"
+    return thread, box
+
+
 def call_within(timeout_s: float, fn, *args, **kwargs):
     """Run fn in a thread; fail if it has not returned within timeout_s. Returns (value, exception)."""
     box = {}
@@ -131,20 +151,7 @@ def test_with_block_leaves_nothing_even_with_a_request_in_flight():
         assert len(engine.generate("Hello", max_new_tokens=8).token_ids) == 8
 
         # a long request from another thread is still running when the block ends
-        streaming = threading.Event()
-        box = {}
-
-        def long_request():
-            try:
-                for _ in engine.stream("Hello", max_new_tokens=2000):
-                    streaming.set()
-                box["result"] = engine.last_result
-            except BaseException as exc:  # noqa: BLE001
-                box["error"] = exc
-
-        thread = threading.Thread(target=long_request, daemon=True)
-        thread.start()
-        assert streaming.wait(DEADLINE_S), "the request never streamed"
+        thread, box = start_long_request(engine)
     thread.join(DEADLINE_S)
     assert not thread.is_alive(), "the in-flight request hung after the engine was closed"
     assert isinstance(box.get("error"), EngineDeadError), box
@@ -187,20 +194,7 @@ def test_target_killed_mid_request():
     footprint = Footprint.of(launcher)
     target_pid = engine.info["target"]["pid"]
     assert target_pid == launcher.processes["target"].pid
-    streaming = threading.Event()
-    box = {}
-
-    def long_request():
-        try:
-            for _ in engine.stream("Hello", max_new_tokens=2000):
-                streaming.set()
-            box["result"] = engine.last_result
-        except BaseException as exc:  # noqa: BLE001
-            box["error"] = exc
-
-    thread = threading.Thread(target=long_request, daemon=True)
-    thread.start()
-    assert streaming.wait(DEADLINE_S), "the request never streamed"
+    thread, box = start_long_request(engine)
     os.kill(target_pid, signal.SIGKILL)
     thread.join(DEADLINE_S)
     assert not thread.is_alive(), "the request hung after its target worker was killed"
