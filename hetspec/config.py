@@ -22,6 +22,8 @@ from hetspec.models import resolve_model
 SHIPPED_CONFIGS = {"smollm2": "smollm2.toml", "gemma3-270m": "gemma3-270m.toml"}
 DEFAULT_CONFIG = "smollm2"
 MODES = ("duodec", "sequential", "target")
+DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
+CPU_KERNELS = ("onednn", "torch")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -32,6 +34,7 @@ class DraftConfig:
     cores: tuple[int, ...] | str = "auto"
     threads: int = 0                    # 0: one thread per pinned core
     n_ctx: int = 0                      # 0: [server] max_context + max_gamma + 1
+    weights: str = "as-is"              # llama.cpp only: "as-is", or a type to convert the GGUF to at load
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class TargetConfig:
     cores: tuple[int, ...] | str = "auto"
     threads: int = 0
     prefill_borrows_draft_cores: bool = True
+    cpu_kernels: str = "onednn"         # "onednn" (prepacked linear weights) or "torch" (torch's defaults)
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,12 @@ def _validated(c: EngineConfig) -> EngineConfig:
         resolve_model(model, section)   # raises ConfigError for a missing file
     if d.backend == "llama.cpp" and not resolve_model(d.model, "draft").gguf_file:
         raise ConfigError(f"[draft] backend 'llama.cpp' needs a GGUF file, got model {d.model!r}")
+    if d.weights not in DRAFT_WEIGHTS:
+        raise ConfigError(f"[draft] weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {d.weights!r}")
+    if d.weights != "as-is" and d.backend != "llama.cpp":
+        raise ConfigError(f"[draft] weights = {d.weights!r} needs backend 'llama.cpp' (it converts the GGUF file)")
+    if t.cpu_kernels not in CPU_KERNELS:
+        raise ConfigError(f"[target] cpu_kernels must be one of {', '.join(CPU_KERNELS)}, got {t.cpu_kernels!r}")
     if t.dtype not in DTYPES:
         raise ConfigError(f"[target] dtype must be one of {', '.join(DTYPES)}, got {t.dtype!r}")
     if not (t.device in ("auto", "cpu", "cuda") or t.device.startswith("cuda:")):

@@ -53,6 +53,7 @@ class Stats:
     target_only_rounds: int = 0  # ... decoded by the target alone while the draft prefilled
     drafted: int = 0            # draft tokens verified
     accepted: int = 0           # ... and accepted
+    rejections: int = 0         # windows cut short by a rejected token
     committed_in_spec_rounds: int = 0
     branch_hits: int = 0        # pipelined windows whose branch the target's token picked
     draft_s: float = 0.0
@@ -60,6 +61,11 @@ class Stats:
     round_s: float = 0.0        # wall time of speculative rounds
     busy_s: float = 0.0         # ... of which a worker computed: the longer side, or both in sequence
     sequences_hist: Counter = field(default_factory=Counter)
+
+    @property
+    def acceptance(self) -> float:
+        """Per-token acceptance so far (accepted / tokens decided), from a prior of 0.8."""
+        return (self.accepted + 4) / (self.accepted + self.rejections + 5)
 
     def spec_round(self, wall: float, draft_s: float, verify_s: float, drafted: int, accepted: int,
                    committed: int, parallel: bool) -> None:
@@ -71,6 +77,7 @@ class Stats:
         self.verify_s += verify_s
         self.drafted += drafted
         self.accepted += accepted
+        self.rejections += accepted < drafted
         self.committed_in_spec_rounds += committed
 
 
@@ -138,7 +145,7 @@ class Decoder:
         self._start_verify(window)
         if n_draft > 0:
             self.draft.start_draft(self.id, np.concatenate([context, window]), n_draft, True, self.policy.sequences,
-                                   self.policy.max_sequences, self.sampling, self.policy.seed)
+                                   self.policy.max_sequences, self.sampling, self.policy.seed, self.stats.acceptance)
         verification = self.target.finish_verify(len(window) + 1, self.sampling)
         draft = self.draft.finish_draft(self.sampling) if n_draft > 0 else NO_DRAFT
         n_accepted, token = self._verify_and_commit(window, window_probs, verification, draft, started, True)

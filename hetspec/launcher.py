@@ -49,9 +49,10 @@ class Launcher:
         with open(run_file, "w") as f:
             json.dump(run, f)
         draft_spec = {"backend": c.draft.backend, "model": draft_model, "cores": list(c.draft.cores),
-                      "threads": c.draft.threads, "n_ctx": c.draft.n_ctx}
+                      "threads": c.draft.threads, "n_ctx": c.draft.n_ctx, "weights": c.draft.weights,
+                      "scratch_dir": self.runtime_dir}
         target_spec = {"model": target_model, "dtype": c.target.dtype, "device": c.target.device,
-                       "cores": list(c.target.cores), "threads": c.target.threads,
+                       "cores": list(c.target.cores), "threads": c.target.threads, "cpu_kernels": c.target.cpu_kernels,
                        "borrow_cores": list(c.draft.cores) if c.target.prefill_borrows_draft_cores else []}
         self._spawn("scheduler", ["-m", "hetspec.scheduler", run_file], threads=1)
         self._spawn("draft", ["-m", "workers.draft_worker", "--endpoint", self.endpoints["draft"],

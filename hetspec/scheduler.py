@@ -232,7 +232,7 @@ class Scheduler:
 
 def _worker_info(hello: WorkerHello) -> dict:
     return {"pid": hello.pid, "device": hello.device, "cores": hello.cores, "threads": hello.threads,
-            "load_s": round(hello.load_s, 3)}
+            "load_s": round(hello.load_s, 3), "kernels": hello.kernels}
 
 
 def _stats(stats, decoder: Decoder, out: Output) -> dict:

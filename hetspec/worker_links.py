@@ -135,12 +135,13 @@ class DraftLink(WorkerLink):
         self.slot = 0
 
     def start_draft(self, request_id: int, context, n_tokens: int, speculative: bool, sequences, max_sequences: int,
-                    sampling: Sampling, seed: int) -> None:
+                    sampling: Sampling, seed: int, acceptance: float = 0.8) -> None:
         """n_tokens == 0 only brings the draft's cache up to date with context."""
         self.buffers["context"].array[:len(context)] = context
         self.slot ^= 1   # double buffering: the pending window's rows stay readable
         self.send(DraftCommand(request_id, len(context), n_tokens, speculative, sequences, max_sequences,
-                               sampling.temperature, sampling.top_p, sampling.top_k, seed, self.slot))
+                               sampling.temperature, sampling.top_p, sampling.top_k, seed, self.slot,
+                               acceptance))
 
     def finish_draft(self, sampling: Sampling) -> Draft:
         reply = self.wait()

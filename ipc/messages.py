@@ -22,6 +22,7 @@ class WorkerHello:
     threads: int
     load_s: float
     eos_token_ids: list[int] = field(default_factory=list)   # from the target's generation config
+    kernels: str = ""         # how the model runs, e.g. "llama.cpp f16" or "onednn prepacked (211 linear layers)"
 
 
 @dataclass
@@ -69,6 +70,7 @@ class DraftCommand:
     top_k: int
     seed: int
     slot: int                  # which half of the double-buffered output to write
+    acceptance: float = 0.8    # the request's per-token acceptance so far: sizes dynamic branches
 
 
 @dataclass

@@ -4,7 +4,7 @@ import pytest
 
 from hetspec.branches import pick_branch, split_branches
 from hetspec.budget import CostModel, choose_gamma, interpolate
-from workers.multi_sequence import count_sequences, first_tokens, split_budget
+from workers.multi_sequence import allocate_budget, count_sequences, first_tokens, split_budget
 from workers.sampling import probabilities
 
 
@@ -47,6 +47,19 @@ def test_budget_split_keeps_total():
     assert split_budget(10, 3) == [4, 3, 3]
     assert sum(split_budget(11, 4)) == 11
     assert split_budget(3, 4) == [3]          # branches need two tokens each
+
+
+def test_dynamic_budget_goes_where_tokens_are_likely_accepted():
+    # A sure draft: the alternative is never worth a pass, whatever its first-token probability.
+    assert allocate_budget(8, [0.6, 0.4], 0.99) == [8]
+    # An unsure draft: 0.5 * 0.6**n falls below 0.4 after one pass, then they alternate.
+    assert allocate_budget(8, [0.5, 0.4], 0.6) == [5, 4]
+    # Passes (tokens minus branches) always add up to the budget's n_tokens - 1.
+    lengths = allocate_budget(10, [0.4, 0.3, 0.2], 0.7)
+    assert sum(n - 1 for n in lengths) == 9 and lengths == sorted(lengths, reverse=True)
+    # A branch that gets no pass is dropped: it would be a bare guess.
+    assert allocate_budget(3, [0.7, 0.2, 0.1], 0.8) == [3]
+    assert allocate_budget(1, [0.7, 0.3], 0.8) == [1]
 
 
 def test_first_tokens_most_likely_first():

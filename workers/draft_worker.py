@@ -21,13 +21,23 @@ class DraftState:
             from workers.llama_cpp_model import LlamaCppModel
 
             model = spec["model"]
-            self.model = LlamaCppModel(os.path.join(model["path"], model["gguf_file"]),
-                                       n_ctx=spec["n_ctx"], n_threads=spec["threads"])
+            path = os.path.join(model["path"], model["gguf_file"])
+            converted = spec["weights"] != "as-is"
+            if converted:
+                from workers.gguf_conversion import convert_gguf
+
+                path = convert_gguf(path, spec["weights"], spec["scratch_dir"], spec["threads"])
+            try:
+                self.model = LlamaCppModel(path, n_ctx=spec["n_ctx"], n_threads=spec["threads"])
+            finally:
+                if converted:   # llama.cpp holds the weights in memory now
+                    os.unlink(path)
         else:
             from workers.torch_draft_model import TorchDraftModel
 
             set_torch_threads(spec["threads"])
             self.model = TorchDraftModel(spec["model"])
+        self.kernels = f"llama.cpp, weights {spec['weights']}" if spec["backend"] == "llama.cpp" else "torch"
         self.drafter = Drafter(self.model, spec["n_ctx"])
         self.request_id = None
 
@@ -37,7 +47,8 @@ def load(spec: dict):
     start = time.perf_counter()
     state = DraftState(spec)
     hello = WorkerHello(role="draft", pid=os.getpid(), n_vocab=state.model.n_vocab, device="cpu",
-                        cores=spec["cores"], threads=spec["threads"], load_s=time.perf_counter() - start)
+                        cores=spec["cores"], threads=spec["threads"], load_s=time.perf_counter() - start,
+                        kernels=state.kernels)
     return hello, state
 
 
@@ -51,7 +62,7 @@ def draft(state: DraftState, cmd: DraftCommand, buffers) -> Drafted:
         state.drafter.sync(context)
         return Drafted(cmd.request_id, cmd.slot, [], time.perf_counter() - start, 1)
     params = DraftParams(cmd.n_tokens, cmd.speculative, cmd.sequences, cmd.max_sequences,
-                         cmd.temperature, cmd.top_p, cmd.top_k)
+                         cmd.temperature, cmd.top_p, cmd.top_k, cmd.acceptance)
     out = state.drafter.draft(context, params)
     flat = [t for branch in out.branches for t in branch]
     buffers["tokens"].array[cmd.slot, :len(flat)] = flat

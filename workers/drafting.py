@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from workers.multi_sequence import count_sequences, first_tokens, split_budget
+from workers.multi_sequence import allocate_budget, count_sequences, first_tokens, split_budget
 from workers.sampling import probabilities, softmax
 
 
@@ -25,6 +25,7 @@ class DraftParams:
     temperature: float
     top_p: float
     top_k: int
+    acceptance: float = 0.8    # the request's per-token acceptance so far (dynamic branch lengths)
 
 
 @dataclass
@@ -75,11 +76,13 @@ class Drafter:
         k = 1 if params.sequences == "dynamic" else params.sequences
         candidates = first_tokens(first, min(params.max_sequences, len(first)))
         second = None
+        lengths = split_budget(params.n_tokens, k)
         if params.sequences == "dynamic" and params.n_tokens >= 4 and params.max_sequences > 1:
             second = dist(self._feed([candidates[0]], start))
             as_probs = (lambda d: d) if sampling else softmax
-            k = count_sequences(as_probs(first), float(as_probs(second).max()), params.max_sequences)
-        lengths = split_budget(params.n_tokens, k)
+            first_p = as_probs(first)
+            k = count_sequences(first_p, float(as_probs(second).max()), params.max_sequences)
+            lengths = allocate_budget(params.n_tokens, [float(first_p[c]) for c in candidates[:k]], params.acceptance)
         branches, rows = [None] * len(lengths), [None] * len(lengths)
         # Alternatives first, the most likely branch last: its KV entries then stay
         # in the cache, ready for the next window when the target picks it.

@@ -27,6 +27,28 @@ def split_budget(gamma: int, k: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(k)]
 
 
+def allocate_budget(n_tokens: int, first_probs: list[float], acceptance: float) -> list[int]:
+    """Branch lengths for candidate first tokens (most likely first) from a budget
+    of n_tokens, i.e. n_tokens - 1 draft forward passes (a branch of L tokens
+    costs L - 1: its first token is the candidate itself).
+
+    Each pass goes where it adds the most expected accepted tokens: the j-th
+    drafted token of branch i counts only if the target picks its first token
+    (p_i) and accepts the j - 1 before it (acceptance per token a), so it is
+    worth p_i * a**j. An even split would halve the likely branch whenever an
+    alternative qualifies; this gives alternatives only what they are worth,
+    and none (the branch is dropped) when the likely branch is worth more."""
+    a = min(max(acceptance, 0.05), 0.99)
+    passes = [0] * len(first_probs)
+    for _ in range(max(0, n_tokens - 1)):
+        best = max(range(len(passes)), key=lambda i: (first_probs[i] * a ** passes[i], -i))
+        passes[best] += 1
+    lengths = [1 + n for n in passes]
+    while len(lengths) > 1 and lengths[-1] == 1:
+        lengths.pop()
+    return lengths
+
+
 def first_tokens(first_probs: np.ndarray, k: int) -> list[int]:
     """The k most likely first tokens, most likely first."""
     top = np.argpartition(first_probs, -k)[-k:]

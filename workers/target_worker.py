@@ -13,6 +13,7 @@ import torch
 from ipc.messages import CalibrateTarget, TargetCalibration, Verified, VerifyCommand, WorkerHello
 from workers.hf_loading import eos_token_ids, load_causal_lm
 from workers.kv_model import KVModel
+from workers.packed_linear import pack_linears
 from workers.pinning import pin, set_torch_threads
 from workers.process import exit_now, parse_args, serve
 from workers.sampling import probabilities
@@ -29,7 +30,10 @@ class TargetState:
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"device {device!r} was configured but CUDA is not available")
         self.device = device
-        self.kv = KVModel(load_causal_lm(spec["model"], spec["dtype"], device), device)
+        lm = load_causal_lm(spec["model"], spec["dtype"], device)
+        self.packed_linears = pack_linears(lm) if device == "cpu" and spec.get("cpu_kernels") == "onednn" else 0
+        self.kv = KVModel(lm, device)
+        self.kernels = f"onednn prepacked ({self.packed_linears} linear layers)" if self.packed_linears else "torch"
         self.eos = eos_token_ids(self.kv.lm)
 
     def run(self, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
@@ -51,7 +55,7 @@ def load(spec: dict):
     state = TargetState(spec)
     hello = WorkerHello(role="target", pid=os.getpid(), n_vocab=state.kv.n_vocab, device=state.device,
                         cores=spec["cores"], threads=spec["threads"], load_s=time.perf_counter() - start,
-                        eos_token_ids=state.eos)
+                        eos_token_ids=state.eos, kernels=state.kernels)
     return hello, state
 
 
