@@ -61,8 +61,10 @@ class EngineHolder:
 
 def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int], max_new_tokens: int,
                temperature: float, top_p: float, seed: int) -> dict:
+    # cache_prompt=False: every method sees the prompt cold, as the baselines do; the
+    # draft would otherwise keep the prompt from the previous method's run of it.
     request = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": 0,
-               "seed": seed, "mode": method.mode}
+               "seed": seed, "mode": method.mode, "cache_prompt": False}
     if method.mode != "target":
         request["gamma"] = gamma
     if method.mode == "duodec":

@@ -48,11 +48,11 @@ class Engine:
     # ---- requests --------------------------------------------------------------
 
     def generate(self, prompt=None, *, messages=None, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
-                 seed=None, stop=None, mode="duodec", gamma=None, sequences=None) -> Result:
+                 seed=None, stop=None, mode="duodec", gamma=None, sequences=None, cache_prompt=True) -> Result:
         """Generate a completion; returns when it is finished."""
         pieces = self.stream(prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, top_k=top_k, seed=seed, stop=stop, mode=mode, gamma=gamma,
-                             sequences=sequences)
+                             sequences=sequences, cache_prompt=cache_prompt)
         while True:   # this call's own Result (self.last_result may be another thread's by now)
             try:
                 next(pieces)
@@ -60,13 +60,14 @@ class Engine:
                 return done.value
 
     def stream(self, prompt=None, *, messages=None, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
-               seed=None, stop=None, mode="duodec", gamma=None, sequences=None) -> Iterator[str]:
+               seed=None, stop=None, mode="duodec", gamma=None, sequences=None,
+               cache_prompt=True) -> Iterator[str]:
         """Yield text pieces as tokens are committed; the whole Result is then in self.last_result."""
         with _ids_lock:
             request_id = next(_ids)
         request = build_request(request_id, prompt, messages=messages, max_new_tokens=max_new_tokens,
                                 temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
-                                mode=mode, gamma=gamma, sequences=sequences)
+                                mode=mode, gamma=gamma, sequences=sequences, cache_prompt=cache_prompt)
         channel = self._channel()
         try:
             channel.send(request)

@@ -35,6 +35,7 @@ class DraftConfig:
     threads: int = 0                    # 0: one thread per pinned core
     n_ctx: int = 0                      # 0: [server] max_context + max_gamma + 1
     weights: str = "as-is"              # llama.cpp only: "as-is", or a type to convert the GGUF to at load
+    prefill_borrows_target_cores: bool = True
 
 
 @dataclass(frozen=True)

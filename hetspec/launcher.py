@@ -50,7 +50,8 @@ class Launcher:
             json.dump(run, f)
         draft_spec = {"backend": c.draft.backend, "model": draft_model, "cores": list(c.draft.cores),
                       "threads": c.draft.threads, "n_ctx": c.draft.n_ctx, "weights": c.draft.weights,
-                      "scratch_dir": self.runtime_dir}
+                      "scratch_dir": self.runtime_dir,
+                      "borrow_cores": list(c.target.cores) if c.draft.prefill_borrows_target_cores else []}
         target_spec = {"model": target_model, "dtype": c.target.dtype, "device": c.target.device,
                        "cores": list(c.target.cores), "threads": c.target.threads, "cpu_kernels": c.target.cpu_kernels,
                        "borrow_cores": list(c.draft.cores) if c.target.prefill_borrows_draft_cores else []}
@@ -61,8 +62,8 @@ class Launcher:
                                "--spec", json.dumps(target_spec)], threads=c.target.threads)
 
     def _spawn(self, role: str, args: list[str], threads: int) -> None:
-        # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning on a
-        # core (after a prefill on borrowed cores they would steal the draft's core).
+        # One OpenMP/MKL thread per owned core; a prefill on borrowed cores asks for more
+        # explicitly and re-pins every thread afterwards (workers/pinning.py).
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                    TOKENIZERS_PARALLELISM="false",
                    HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"), PYTHONUNBUFFERED="1")

@@ -11,7 +11,7 @@ from ipc.messages import GenerateRequest
 
 def build_request(request_id: int, prompt=None, *, messages=None, max_new_tokens=128, temperature=0.0,
                   top_p=1.0, top_k=0, seed=None, stop=None, mode="duodec", gamma=None,
-                  sequences=None) -> GenerateRequest:
+                  sequences=None, cache_prompt=True) -> GenerateRequest:
     """Validate the arguments of Engine.generate and pack them as a message."""
     if (prompt is None) == (messages is None):
         raise RequestError("give exactly one of prompt or messages")
@@ -52,10 +52,12 @@ def build_request(request_id: int, prompt=None, *, messages=None, max_new_tokens
         raise RequestError(f"gamma must be a positive integer or None, got {gamma!r}")
     if sequences is not None and sequences != "dynamic" and (not _is_int(sequences) or sequences < 1):
         raise RequestError(f"sequences must be 'dynamic', a positive integer or None, got {sequences!r}")
+    if not isinstance(cache_prompt, bool):
+        raise RequestError(f"cache_prompt must be true or false, got {cache_prompt!r}")
     return GenerateRequest(request_id=request_id, prompt=prompt, messages=messages,
                            max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
                            top_k=int(top_k), seed=seed, stop=list(stop) if stop else None, mode=mode,
-                           gamma=gamma, sequences=sequences)
+                           gamma=gamma, sequences=sequences, cache_prompt=cache_prompt)
 
 
 def _is_int(value) -> bool:

@@ -199,7 +199,9 @@ class Scheduler:
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         policy = Policy(request.mode, gamma, sequences, decoding.max_sequences,
                         Sampling(request.temperature, request.top_p, request.top_k), seed,
-                        seeded=request.seed is not None, borrow_cores=self.config.target.prefill_borrows_draft_cores)
+                        seeded=request.seed is not None, borrow_cores=self.config.target.prefill_borrows_draft_cores,
+                        cache_prompt=request.cache_prompt,
+                        draft_borrows_cores=self.config.draft.prefill_borrows_target_cores)
         output = Output(prompt_ids, max_new, self.eos, request.stop, self.tokenizer)
         return Decoder(request.request_id, policy, self.draft, self.target, output, self.costs)
 

@@ -136,12 +136,18 @@ class DraftLink(WorkerLink):
 
     def start_draft(self, request_id: int, context, n_tokens: int, speculative: bool, sequences, max_sequences: int,
                     sampling: Sampling, seed: int, acceptance: float = 0.8) -> None:
-        """n_tokens == 0 only brings the draft's cache up to date with context."""
         self.buffers["context"].array[:len(context)] = context
         self.slot ^= 1   # double buffering: the pending window's rows stay readable
         self.send(DraftCommand(request_id, len(context), n_tokens, speculative, sequences, max_sequences,
                                sampling.temperature, sampling.top_p, sampling.top_k, seed, self.slot,
                                acceptance))
+
+    def start_prefill(self, request_id: int, context, seed: int, reuse_cache: bool, borrow_cores: bool) -> None:
+        """Bring the draft's cache up to date with context (drafting nothing);
+        finish_draft collects the reply."""
+        self.buffers["context"].array[:len(context)] = context
+        self.send(DraftCommand(request_id, len(context), 0, False, 1, 1, 0.0, 1.0, 0, seed, self.slot,
+                               reuse_cache=reuse_cache, borrow_cores=borrow_cores))
 
     def finish_draft(self, sampling: Sampling) -> Draft:
         reply = self.wait()

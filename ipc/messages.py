@@ -71,6 +71,8 @@ class DraftCommand:
     seed: int
     slot: int                  # which half of the double-buffered output to write
     acceptance: float = 0.8    # the request's per-token acceptance so far: sizes dynamic branches
+    reuse_cache: bool = True   # False: evaluate the whole context afresh (no prefix kept from before)
+    borrow_cores: bool = False  # run on the target's cores as well (a prefill while the target waits)
 
 
 @dataclass
@@ -144,6 +146,7 @@ class GenerateRequest:
     mode: str = "duodec"
     gamma: int | None = None
     sequences: int | str | None = None
+    cache_prompt: bool = True     # the draft may reuse its cache of an earlier request's matching prefix
 
 
 @dataclass

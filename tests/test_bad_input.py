@@ -90,6 +90,7 @@ BAD_REQUESTS = {
     "gamma-zero": (hello(gamma=0), r"gamma.*got 0"),
     "gamma-above-max": (hello(gamma=33), r"gamma 33 exceeds.*max_gamma = 32"),
     "sequences-above-max": (hello(sequences=5), r"sequences 5 exceeds.*max_sequences = 4"),
+    "cache-prompt-not-bool": (hello(cache_prompt="no"), r"cache_prompt must be true or false, got 'no'"),
     "token-id-at-vocab-size": ({"prompt": [1, 2, VOCAB]}, rf"token id {VOCAB} is outside the vocabulary \(size {VOCAB}\)"),
     "token-id-far-outside": ({"prompt": [10**12]}, rf"token id {10**12} is outside the vocabulary"),
     "token-id-negative": ({"prompt": [5, -1]}, r"non-negative"),

@@ -9,7 +9,7 @@ import hetspec
 PROMPTS = [[1, 2, 3, 4, 5], list(range(100, 140)), [7]]
 SETTINGS = [dict(mode="target"), dict(mode="sequential", gamma=3), dict(mode="duodec", gamma=1),
             dict(mode="duodec", gamma=5), dict(mode="duodec", gamma=8, sequences=3),
-            dict(mode="duodec", gamma=6, sequences="dynamic")]
+            dict(mode="duodec", gamma=6, sequences="dynamic"), dict(mode="duodec", gamma=4, cache_prompt=False)]
 
 
 @pytest.fixture(scope="module", params=["same-draft", "weak-draft"])

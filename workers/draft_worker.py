@@ -40,6 +40,21 @@ class DraftState:
         self.kernels = f"llama.cpp, weights {spec['weights']}" if spec["backend"] == "llama.cpp" else "torch"
         self.drafter = Drafter(self.model, spec["n_ctx"])
         self.request_id = None
+        self.cores, self.threads = spec["cores"], spec["threads"]
+        self.borrow = sorted(set(spec["cores"]) | set(spec.get("borrow_cores", [])))
+
+    def prefill(self, context: np.ndarray, reuse_cache: bool, borrow: bool) -> None:
+        """Catch up with context, on the target's cores too when lent (the target waits meanwhile)."""
+        if not (borrow and len(self.borrow) > len(self.cores)):
+            self.drafter.sync(context, reuse_cache)
+            return
+        pin(self.borrow)
+        self.model.set_threads(len(self.borrow))
+        try:
+            self.drafter.sync(context, reuse_cache)
+        finally:
+            self.model.set_threads(self.threads)
+            pin(self.cores)
 
 
 def load(spec: dict):
@@ -59,7 +74,7 @@ def draft(state: DraftState, cmd: DraftCommand, buffers) -> Drafted:
         state.drafter.rng = np.random.default_rng([cmd.seed, 1])
     context = buffers["context"].array[:cmd.context_len]
     if cmd.n_tokens == 0:                    # only bring the cache up to date (prefill)
-        state.drafter.sync(context)
+        state.prefill(context, cmd.reuse_cache, cmd.borrow_cores)
         return Drafted(cmd.request_id, cmd.slot, [], time.perf_counter() - start, 1)
     params = DraftParams(cmd.n_tokens, cmd.speculative, cmd.sequences, cmd.max_sequences,
                          cmd.temperature, cmd.top_p, cmd.top_k, cmd.acceptance)

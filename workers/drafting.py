@@ -52,9 +52,10 @@ class Drafter:
         self.passes += 1
         return logits
 
-    def sync(self, context: np.ndarray) -> np.ndarray:
-        """Make the cache hold `context`; return the logits after its last token."""
-        n = min(self.n_cached, len(context) - 1)   # the last token is always re-run, for its logits
+    def sync(self, context: np.ndarray, reuse: bool = True) -> np.ndarray:
+        """Make the cache hold `context`; return the logits after its last token.
+        reuse=False evaluates all of it, as a fresh process would."""
+        n = min(self.n_cached if reuse else 0, len(context) - 1)   # the last token is always re-run, for its logits
         mismatch = np.flatnonzero(self.cached[:n] != context[:n])
         keep = int(mismatch[0]) if len(mismatch) else n
         return self._feed(context[keep:], keep)

@@ -102,6 +102,9 @@ class LlamaCppModel:
         logits = llama_cpp.llama_get_logits_ith(self._ctx, -1)
         return np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
 
+    def set_threads(self, n_threads: int) -> None:
+        llama_cpp.llama_set_n_threads(self._ctx, n_threads, n_threads)
+
     def _check_open(self) -> None:
         if not self._ctx:
             raise RuntimeError("LlamaCppModel is closed")

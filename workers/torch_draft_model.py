@@ -15,5 +15,10 @@ class TorchDraftModel:
     def forward(self, tokens, pos: int) -> np.ndarray:
         return self.kv.forward(tokens, pos, all_logits=False)[-1].cpu().numpy()
 
+    def set_threads(self, n_threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(n_threads)
+
     def close(self) -> None:
         self.kv = None
