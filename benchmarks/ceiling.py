@@ -6,7 +6,7 @@ the ceiling of the default pair and the report states DuoDecoding's speed as a
 fraction of it. It runs in a child process pinned like the draft worker (same
 cores, same threads), after the engine has stopped, so nothing competes.
 
-python -m benchmarks.ceiling --model FILE.gguf --cores 0 --threads 1 --n-ctx N < prompts.json
+python -m benchmarks.ceiling --model FILE.gguf --cores 0 --threads 1 --n-ctx N [--weights q8_0] < prompts.json
 (prompts.json: [{"ids": [...], "max_new_tokens": n}, ...]; prints one JSON object)
 """
 from __future__ import annotations
@@ -19,12 +19,14 @@ import sys
 import time
 
 
-def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: list[dict], timeout_s: float = 900) -> dict:
-    """Run the measurement in a pinned child process; returns its JSON result (or an "error")."""
+def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: list[dict], weights: str = "as-is",
+                    timeout_s: float = 900) -> dict:
+    """Run the measurement in a pinned child process; returns its JSON result (or an "error").
+    weights: the draft's [draft] weights, so the draft runs as in the engine."""
     n_ctx = max(len(p["ids"]) + p["max_new_tokens"] for p in prompts) + 8
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     command = [sys.executable, "-m", "benchmarks.ceiling", "--model", model_file, "--threads", str(threads),
-               "--n-ctx", str(n_ctx), "--cores", ",".join(map(str, cores))]
+               "--n-ctx", str(n_ctx), "--cores", ",".join(map(str, cores)), "--weights", weights]
     try:
         done = subprocess.run(command, input=json.dumps(prompts), capture_output=True, text=True, env=env,
                               timeout=timeout_s, check=False)
@@ -35,14 +37,23 @@ def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: li
     return json.loads(done.stdout)
 
 
-def _run(model_file: str, cores: list[int], threads: int, n_ctx: int, prompts: list[dict]) -> dict:
+def _run(model_file: str, cores: list[int], threads: int, n_ctx: int, prompts: list[dict],
+         weights: str = "as-is") -> dict:
+    import tempfile
+
     import numpy as np
 
     from workers.llama_cpp_model import LlamaCppModel
     from workers.pinning import pin
 
     pin(cores)
-    model = LlamaCppModel(model_file, n_ctx=n_ctx, n_threads=threads)
+    if weights == "as-is":
+        model = LlamaCppModel(model_file, n_ctx=n_ctx, n_threads=threads)
+    else:
+        from workers.gguf_conversion import convert_gguf
+
+        with tempfile.TemporaryDirectory(prefix="hetspec-ceiling-") as scratch:
+            model = LlamaCppModel(convert_gguf(model_file, weights, scratch, threads), n_ctx=n_ctx, n_threads=threads)
     try:
         model.forward(prompts[0]["ids"][:8], 0)           # warm-up: first-call allocations
         decoded = prefilled = 0
@@ -62,7 +73,7 @@ def _run(model_file: str, cores: list[int], threads: int, n_ctx: int, prompts: l
             decode_s += time.perf_counter() - start
     finally:
         model.close()
-    return {"backend": "llama.cpp", "model": model_file, "cores": cores, "threads": threads,
+    return {"backend": "llama.cpp", "model": model_file, "weights": weights, "cores": cores, "threads": threads,
             "prompts": len(prompts), "decoded_tokens": decoded,
             "tokens_per_s": decoded / decode_s if decode_s else 0.0,
             "ms_per_token": 1000 * decode_s / decoded if decoded else 0.0,
@@ -75,10 +86,11 @@ def main(argv=None) -> int:
     parser.add_argument("--cores", required=True, help="comma-separated core numbers")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--n-ctx", type=int, default=4096)
+    parser.add_argument("--weights", default="as-is", help="convert the GGUF at load, as [draft] weights does")
     args = parser.parse_args(argv)
     prompts = json.load(sys.stdin)
     cores = [int(c) for c in args.cores.split(",") if c]
-    print(json.dumps(_run(args.model, cores, args.threads, args.n_ctx, prompts)))
+    print(json.dumps(_run(args.model, cores, args.threads, args.n_ctx, prompts, args.weights)))
     return 0
 
 

@@ -58,7 +58,7 @@ def _header(doc: dict) -> list[str]:
         "- **Phases** (s): " + ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in doc.get("phases_s", {}).items()),
         "- **Software**: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v),
         (f"- **Models**: draft `{s['draft_model']}`, target `{s['target_model']}`; target dtype **{s['dtype']}** "
-         f"for the engine and every baseline; engine config {s['config']}"),
+         f"for the engine and every baseline; engine config {s['config']}" + _kernels(e)),
         f"- **Draft budget**: gamma = **{doc['chosen_gamma']}** ({budget.get('source', '?')})" + _budget_detail(budget),
         f"- **Prompts**: {_prompt_count(doc)} ({'all' if not s['limit'] else s['limit']} per category, "
         f"first turn, {s['prompt_format']} format); new tokens per category: "
@@ -68,6 +68,13 @@ def _header(doc: dict) -> list[str]:
         "",
     ]
     return lines
+
+
+def _kernels(engine: dict) -> str:
+    """How the engine's workers run their models (results without this field predate it)."""
+    parts = [f"{role} runs {(engine.get(role) or {}).get('kernels')}" for role in ("draft", "target")
+             if (engine.get(role) or {}).get("kernels")]
+    return "; engine " + ", ".join(parts) + " (baselines: transformers' defaults)" if parts else ""
 
 
 def _budget_detail(budget: dict) -> str:
@@ -225,7 +232,8 @@ def _ceiling(doc: dict) -> list[str]:
     if "tokens_per_s" not in c:
         reason = c.get("skipped") or c.get("error") or "not measured"
         return lines + [f"Not measured: {reason}.", ""]
-    lines.append(f"llama.cpp greedy on the draft's cores {c['cores']} with {c['threads']} thread(s): "
+    weights = f", weights {c['weights']} as in the engine" if c.get("weights", "as-is") != "as-is" else ""
+    lines.append(f"llama.cpp greedy on the draft's cores {c['cores']} with {c['threads']} thread(s){weights}: "
                  f"**{c['tokens_per_s']:.1f} tok/s** ({c['ms_per_token']:.2f} ms/token after the prompt; prompt "
                  f"prefill {c['prefill_ms_per_token']:.2f} ms/token; {c['prompts']} prompts). With the default "
                  f"pair's ~98% greedy agreement this is the most DuoDecoding can reach.")

@@ -186,7 +186,7 @@ def _ceiling(settings, config, prompts, prompt_ids, info) -> dict:
         first.setdefault(p.category, {"ids": prompt_ids[p.key], "max_new_tokens": p.max_new_tokens})
     model_file = resolve_model(config.draft.model, "draft").file
     return measure_ceiling(model_file, list(info["draft"]["cores"]), int(info["draft"]["threads"]),
-                           list(first.values()))
+                           list(first.values()), config.draft.weights)
 
 
 def _add_ceiling_fraction(doc: dict) -> None:
