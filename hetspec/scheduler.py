@@ -43,7 +43,7 @@ from ipc.messages import (
 
 CALIBRATION_CONTEXT = 256
 WORKER_SEND_TIMEOUT_MS = 2000   # a DEALER with no peer (a dead worker) would block a send forever
-VERIFY_SIZES = [1, 2, 4, 8, 12, 16, 24, 32]
+VERIFY_SIZES = [1, 2, 4, 6, 8, 10, 12, 16, 24, 32]
 
 
 class Scheduler:
@@ -102,7 +102,7 @@ class Scheduler:
             return decoding.gamma, {"source": "config"}, None
         sizes = [n for n in VERIFY_SIZES if n <= decoding.max_gamma + 1]
         context = min(CALIBRATION_CONTEXT, self.config.server.max_context // 2)
-        self.draft.send(CalibrateDraft(context, 16))
+        self.draft.send(CalibrateDraft(context, 8, repeats=6))
         self.target.send(CalibrateTarget(context, sizes))
         verify_s = dict(zip(sizes, self.target.wait().seconds))
         draft_s = self.draft.wait().seconds_per_token

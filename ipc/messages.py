@@ -88,7 +88,8 @@ class Drafted:
 @dataclass
 class CalibrateDraft:
     context_len: int
-    n_tokens: int
+    n_tokens: int              # per timed draft
+    repeats: int = 1           # timed drafts; the fastest counts
 
 
 @dataclass

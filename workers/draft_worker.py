@@ -88,14 +88,18 @@ def draft(state: DraftState, cmd: DraftCommand, buffers) -> Drafted:
 
 
 def calibrate(state: DraftState, cmd: CalibrateDraft, buffers) -> DraftCalibration:
-    """Time per drafted token after a context of context_len tokens (greedy)."""
+    """Time per drafted token after a context of context_len tokens (greedy): the
+    fastest of `repeats` drafts, spread over the target's own calibration."""
     rng = np.random.default_rng(0)
     context = rng.integers(0, state.model.n_vocab, cmd.context_len).astype(np.int32)
     params = DraftParams(cmd.n_tokens, False, 1, 1, 0.0, 1.0, 0)
-    state.drafter.sync(context)
-    start = time.perf_counter()
-    state.drafter.draft(context, params)
-    return DraftCalibration((time.perf_counter() - start) / cmd.n_tokens)
+    best = float("inf")
+    for _ in range(max(1, cmd.repeats)):
+        state.drafter.sync(context)
+        start = time.perf_counter()
+        state.drafter.draft(context, params)
+        best = min(best, (time.perf_counter() - start) / cmd.n_tokens)
+    return DraftCalibration(best)
 
 
 def main(argv=None) -> int:
