@@ -24,8 +24,9 @@ def onednn_available() -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-# oneDNN's kernel for 2 rows ran ~20% slower than for 4 (SmolLM2 forward, 1 thread: 69 vs 56 ms,
-# fastest of 10), so 2 and 3 rows are padded to 4; one row keeps its own (as fast) kernel.
+# oneDNN's kernels for 1-3 rows ran slower than for 4 on this project's machine (whole forward,
+# 1 thread, float32: SmolLM2 2 rows 69 vs 56 ms fastest of 10, 1 row 69 vs 57 ms median; Gemma 3
+# 270M, whose 262k-token output layer dominates, 1 row 138 vs 107 ms), so fewer rows are padded to 4.
 MIN_ROWS = 4
 
 
@@ -40,7 +41,7 @@ class PackedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if rows == 1 or rows >= MIN_ROWS:
+        if rows >= MIN_ROWS:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
         padded = x.new_zeros(MIN_ROWS, self.in_features)
         padded[:rows] = x.reshape(rows, self.in_features)
