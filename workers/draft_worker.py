@@ -11,7 +11,7 @@ import numpy as np
 
 from ipc.messages import CalibrateDraft, DraftCalibration, DraftCommand, Drafted, WorkerHello
 from workers.drafting import Drafter, DraftParams
-from workers.pinning import pin, set_torch_threads
+from workers.pinning import borrowed_cores, pin, set_torch_threads
 from workers.process import exit_now, parse_args, serve
 
 
@@ -41,20 +41,12 @@ class DraftState:
         self.drafter = Drafter(self.model, spec["n_ctx"])
         self.request_id = None
         self.cores, self.threads = spec["cores"], spec["threads"]
-        self.borrow = sorted(set(spec["cores"]) | set(spec.get("borrow_cores", [])))
+        self.lent = spec.get("borrow_cores", [])
 
     def prefill(self, context: np.ndarray, reuse_cache: bool, borrow: bool) -> None:
         """Catch up with context, on the target's cores too when lent (the target waits meanwhile)."""
-        if not (borrow and len(self.borrow) > len(self.cores)):
+        with borrowed_cores(self.cores, self.lent if borrow else [], self.model.set_threads, self.threads):
             self.drafter.sync(context, reuse_cache)
-            return
-        pin(self.borrow)
-        self.model.set_threads(len(self.borrow))
-        try:
-            self.drafter.sync(context, reuse_cache)
-        finally:
-            self.model.set_threads(self.threads)
-            pin(self.cores)
 
 
 def load(spec: dict):

@@ -6,6 +6,7 @@ thread of the process is moved (torch's OpenMP pool may already exist).
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import psutil
 
@@ -27,3 +28,20 @@ def set_torch_threads(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+@contextmanager
+def borrowed_cores(cores: list[int], lent: list[int], set_threads, threads: int):
+    """Run on `lent` cores too (one thread each) while the other worker waits; then
+    back to the worker's own cores and thread count. Nothing lent: no change."""
+    borrow = sorted(set(cores) | set(lent))
+    if len(borrow) == len(cores):
+        yield
+        return
+    pin(borrow)
+    set_threads(len(borrow))
+    try:
+        yield
+    finally:
+        set_threads(threads)
+        pin(cores)

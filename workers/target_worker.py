@@ -14,7 +14,7 @@ from ipc.messages import CalibrateTarget, TargetCalibration, Verified, VerifyCom
 from workers.hf_loading import eos_token_ids, load_causal_lm
 from workers.kv_model import KVModel
 from workers.packed_linear import pack_linears
-from workers.pinning import pin, set_torch_threads
+from workers.pinning import borrowed_cores, pin, set_torch_threads
 from workers.process import exit_now, parse_args, serve
 from workers.sampling import probabilities
 
@@ -23,7 +23,7 @@ class TargetState:
     def __init__(self, spec: dict):
         self.cores = spec["cores"]
         self.threads = spec["threads"]
-        self.borrow = sorted(set(spec["cores"]) | set(spec.get("borrow_cores", [])))
+        self.lent = spec.get("borrow_cores", [])
         device = spec["device"]
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -37,15 +37,9 @@ class TargetState:
         self.eos = eos_token_ids(self.kv.lm)
 
     def run(self, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
-        if borrow and self.device == "cpu" and len(self.borrow) > len(self.cores):
-            pin(self.borrow)
-            set_torch_threads(len(self.borrow))
-            try:
-                return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
-            finally:
-                set_torch_threads(self.threads)
-                pin(self.cores)
-        return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
+        lent = self.lent if borrow and self.device == "cpu" else []
+        with borrowed_cores(self.cores, lent, set_torch_threads, self.threads):
+            return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
 
 
 def load(spec: dict):
