@@ -55,6 +55,8 @@ class DecodingConfig:
     sequences: int | str = "dynamic"
     max_sequences: int = 4
     max_gamma: int = 32
+    keep_drafting: bool | str = "auto"  # the draft grows the next window while the target still verifies;
+                                        # "auto": only for a GPU target (on a CPU one it slows verification)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class EngineConfig:
 
 
 _SECTIONS = {"draft": DraftConfig, "target": TargetConfig, "decoding": DecodingConfig, "server": ServerConfig}
-_WORD_OR_NUMBERS = {"cores", "gamma", "sequences"}   # "auto"/"dynamic" or numbers: checked in _validated
+_WORD_OR_NUMBERS = {"cores", "gamma", "sequences", "keep_drafting"}   # "auto"/"dynamic" or others: see _validated
 _KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
 
 
@@ -167,6 +169,8 @@ def _validated(c: EngineConfig) -> EngineConfig:
         raise ConfigError(f"[decoding] max_gamma must be a positive integer, got {dec.max_gamma!r}")
     if dec.gamma != "auto" and not (isinstance(dec.gamma, int) and 1 <= dec.gamma <= dec.max_gamma):
         raise ConfigError(f"[decoding] gamma must be 'auto' or an integer in 1..{dec.max_gamma}, got {dec.gamma!r}")
+    if not (dec.keep_drafting == "auto" or isinstance(dec.keep_drafting, bool)):
+        raise ConfigError(f"[decoding] keep_drafting must be 'auto', true or false, got {dec.keep_drafting!r}")
     if not isinstance(dec.max_sequences, int) or dec.max_sequences < 1:
         raise ConfigError(f"[decoding] max_sequences must be a positive integer, got {dec.max_sequences!r}")
     if dec.sequences != "dynamic" and not (isinstance(dec.sequences, int) and 1 <= dec.sequences <= dec.max_sequences):

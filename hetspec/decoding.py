@@ -9,6 +9,9 @@ A DuoDecoding round, with both workers busy at once:
   target: verify [last] + W                   draft: draft the next window W'
                                                       after committed + W, as
                                                       branches for its first token
+                                                      (its budget spent, it keeps
+                                                      growing the likeliest branch
+                                                      until the verdict is in)
   then reconcile: W rejected at i -> commit W[:i] + the target's correction,
                   drop W'; W accepted -> commit W + the target's next token t,
                   and the branch of W' that starts with t becomes the new W.
@@ -44,6 +47,8 @@ class Policy:
     borrow_cores: bool = True  # the target prefills on the draft's cores too
     cache_prompt: bool = True  # the draft may keep a matching prefix from an earlier request
     draft_borrows_cores: bool = True  # the draft prefills on the target's cores too, the target waiting
+    keep_drafting: bool = False  # the draft grows the next window until the target's verdict is in
+    max_window: int = 0        # ... up to this many tokens (the shared buffers' size)
 
 
 @dataclass
@@ -109,6 +114,7 @@ class Decoder:
             else:
                 window, window_probs = self._duodec_round(window, window_probs)
             emit(*self.out.take_round())
+        self.draft.settle()
         return self.stats
 
     def _prefill(self, emit) -> None:
@@ -156,7 +162,8 @@ class Decoder:
         self._start_verify(window)
         if n_draft > 0:
             self.draft.start_draft(self.id, np.concatenate([context, window]), n_draft, True, self.policy.sequences,
-                                   self.policy.max_sequences, self.sampling, self.policy.seed, self.stats.acceptance)
+                                   self.policy.max_sequences, self.sampling, self.policy.seed, self.stats.acceptance,
+                                   self._extend_to(len(window)))
         verification = self.target.finish_verify(len(window) + 1, self.sampling)
         draft = self.draft.finish_draft(self.sampling) if n_draft > 0 else NO_DRAFT
         n_accepted, token = self._verify_and_commit(window, window_probs, verification, draft, started, True)
@@ -215,6 +222,15 @@ class Decoder:
             online = self.sampling.greedy or not self.policy.seeded
             gamma = self.costs.draft_length(gamma, pending, online)
         return min(gamma, self.out.remaining - pending - 1)
+
+    def _extend_to(self, pending: int) -> int:
+        """How far the draft may grow the next window while the target verifies:
+        the budget is what the draft must deliver, the rest costs nothing but the
+        draft's idle time. Not for a seeded sampling run, whose windows must not
+        depend on timing; never past what could still be committed."""
+        if not self.policy.keep_drafting or not (self.sampling.greedy or not self.policy.seeded):
+            return 0
+        return min(self.policy.max_window, self.out.remaining - pending - 1)
 
     def _accept(self, window, window_probs, verification: Verification) -> tuple[int, int]:
         if self.sampling.greedy:

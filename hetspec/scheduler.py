@@ -89,8 +89,13 @@ class Scheduler:
                                    "probs": ((2, rows + self.config.decoding.max_sequences, self.n_vocab),
                                              np.float32)})
         self.gamma, budget, self.costs = self._budget()
+        keep = self.config.decoding.keep_drafting
+        # On a CPU target both workers share the memory bus: a draft that never
+        # rests slows verification more than its extra tokens gain (measured).
+        self.keep_drafting = hellos["target"].device.startswith("cuda") if keep == "auto" else keep
         self.info = {
             "pid": os.getpid(), "endpoint": self.clients.endpoint, "gamma": self.gamma, "budget": budget,
+            "keep_drafting": self.keep_drafting,
             "n_vocab": self.n_vocab, "config": self.config.to_dict(),
             "draft": _worker_info(hellos["draft"]), "target": _worker_info(hellos["target"]),
         }
@@ -201,7 +206,8 @@ class Scheduler:
                         Sampling(request.temperature, request.top_p, request.top_k), seed,
                         seeded=request.seed is not None, borrow_cores=self.config.target.prefill_borrows_draft_cores,
                         cache_prompt=request.cache_prompt,
-                        draft_borrows_cores=self.config.draft.prefill_borrows_target_cores)
+                        draft_borrows_cores=self.config.draft.prefill_borrows_target_cores,
+                        keep_drafting=self.keep_drafting, max_window=decoding.max_gamma)
         output = Output(prompt_ids, max_new, self.eos, request.stop, self.tokenizer)
         return Decoder(request.request_id, policy, self.draft, self.target, output, self.costs)
 

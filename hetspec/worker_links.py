@@ -19,6 +19,8 @@ from ipc.messages import (
     Attached,
     DraftCommand,
     Drafted,
+    DraftExtended,
+    Idle,
     Shutdown,
     Verified,
     VerifyCommand,
@@ -66,12 +68,15 @@ class WorkerLink:
         self.hello: WorkerHello | None = None
         self.buffers: dict[str, SharedArray] = {}
         self.busy = False
+        self.stashed = None      # a reply poll() took off the socket, for wait()
 
     def wait(self, timeout_s: float | None = None):
         """The next reply; raises EngineDeadError if the worker process is gone."""
         waited = 0.0
         while True:
-            message = self.channel.recv(POLL_S)
+            message, self.stashed = self.stashed or self.channel.recv(POLL_S), None
+            if message is not None and self.is_stale(message):
+                continue
             if message is not None:
                 self.busy = False
                 if isinstance(message, WorkerFailed):
@@ -91,7 +96,15 @@ class WorkerLink:
 
     def poll(self) -> bool:
         """True if a reply is waiting (without taking it)."""
-        return bool(self.channel.socket.poll(0))
+        while self.stashed is None and self.channel.socket.poll(0):
+            message = self.channel.recv(0)
+            if not self.is_stale(message):
+                self.stashed = message
+        return self.stashed is not None
+
+    def is_stale(self, message) -> bool:
+        """A message that answers nothing outstanding, to be dropped."""
+        return False
 
     def send(self, message) -> None:
         self.busy = True
@@ -133,29 +146,53 @@ class DraftLink(WorkerLink):
     def __init__(self, role: str, channel: Channel):
         super().__init__(role, channel)
         self.slot = 0
+        self.command = 0
+        self.extending = False   # the last command let the draft extend after its reply
 
     def start_draft(self, request_id: int, context, n_tokens: int, speculative: bool, sequences, max_sequences: int,
-                    sampling: Sampling, seed: int, acceptance: float = 0.8) -> None:
+                    sampling: Sampling, seed: int, acceptance: float = 0.8, extend_to: int = 0) -> None:
+        """extend_to > n_tokens: the draft keeps growing its likeliest branch after
+        replying, until the next command; finish_draft collects what it has then."""
         self.buffers["context"].array[:len(context)] = context
         self.slot ^= 1   # double buffering: the pending window's rows stay readable
+        self.command += 1
+        self.extending = speculative and extend_to > n_tokens
         self.send(DraftCommand(request_id, len(context), n_tokens, speculative, sequences, max_sequences,
                                sampling.temperature, sampling.top_p, sampling.top_k, seed, self.slot,
-                               acceptance))
+                               acceptance, extend_to=extend_to, command=self.command))
+
+    def is_stale(self, message) -> bool:
+        """Extensions are collected by finish_draft right after their command's
+        reply; any met while waiting for another reply came too late."""
+        return isinstance(message, DraftExtended)
+
+    def settle(self) -> None:
+        """Stop an extension still running after the last command (the end of a
+        request), so it does not compete with whatever runs next."""
+        if self.extending:
+            self.channel.send(Idle())
+            self.extending = False
 
     def start_prefill(self, request_id: int, context, seed: int, reuse_cache: bool, borrow_cores: bool) -> None:
         """Bring the draft's cache up to date with context (drafting nothing);
         finish_draft collects the reply."""
         self.buffers["context"].array[:len(context)] = context
+        self.extending = False
         self.send(DraftCommand(request_id, len(context), 0, False, 1, 1, 0.0, 1.0, 0, seed, self.slot,
                                reuse_cache=reuse_cache, borrow_cores=borrow_cores))
 
     def finish_draft(self, sampling: Sampling) -> Draft:
         reply = self.wait()
         assert isinstance(reply, Drafted), reply
+        lengths, seconds = list(reply.lengths), reply.seconds
+        while (more := self.channel.recv(0)) is not None:    # extensions so far: the last branch grew
+            if isinstance(more, DraftExtended) and more.command == self.command:
+                lengths[-1] += more.total - sum(lengths)
+                seconds = more.seconds
         tokens = self.buffers["tokens"].array[reply.slot]
-        branches = [b.copy() for b in split_branches(tokens, reply.lengths)]
-        probs = None if sampling.greedy else split_branches(self.buffers["probs"].array[reply.slot], reply.lengths)
-        return Draft(branches, probs, reply.seconds)
+        branches = [b.copy() for b in split_branches(tokens, lengths)]
+        probs = None if sampling.greedy else split_branches(self.buffers["probs"].array[reply.slot], lengths)
+        return Draft(branches, probs, seconds)
 
 
 def _alive(pid: int) -> bool:

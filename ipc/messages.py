@@ -73,16 +73,39 @@ class DraftCommand:
     acceptance: float = 0.8    # the request's per-token acceptance so far: sizes dynamic branches
     reuse_cache: bool = True   # False: evaluate the whole context afresh (no prefix kept from before)
     borrow_cores: bool = False  # run on the target's cores as well (a prefill while the target waits)
+    extend_to: int = 0         # > n_tokens: after replying, keep extending the likeliest branch up to
+                               # this many tokens, one DraftExtended each, until the next message arrives
+    command: int = 0           # numbers the command, so a late DraftExtended is recognised as stale
 
 
 @dataclass
 class Drafted:
-    """Branch lengths; tokens and probability rows are in the output slot."""
+    """Branch lengths, in slot order: the likeliest branch is the last one, so an
+    extension (DraftExtended) grows the end of the slot. Tokens and probability
+    rows are in the output slot."""
     request_id: int
     slot: int
     lengths: list[int]
     seconds: float
     forward_passes: int
+
+
+@dataclass
+class DraftExtended:
+    """The likeliest branch of command `command` grew by one token while the
+    draft waited for its next command: `total` tokens are now in the slot,
+    drafted in `seconds` since the command arrived."""
+    command: int
+    slot: int
+    total: int
+    seconds: float
+
+
+@dataclass
+class Idle:
+    """Nothing more to do for now: its arrival stops any work between commands
+    (an extension). It has no reply."""
+    pass
 
 
 @dataclass
@@ -195,6 +218,7 @@ _TYPES = [
     DraftCommand, Drafted, CalibrateDraft, DraftCalibration,
     VerifyCommand, Verified, CalibrateTarget, TargetCalibration,
     GenerateRequest, TokensEvent, Finished, RequestFailed, InfoRequest, EngineInfo, StopEngine,
+    DraftExtended, Idle,   # appended: the tags of the others stay as they were
 ]
 _TAG_OF = {cls: bytes([i]) for i, cls in enumerate(_TYPES)}
 _CLASS_OF = {tag: cls for cls, tag in _TAG_OF.items()}

@@ -239,6 +239,8 @@ BAD_CONFIGS = {
     "timeout-not-a-number": (config(server={"startup_timeout_s": "soon"}), r"startup_timeout_s"),
     "timeout-negative": (config(server={"startup_timeout_s": -1}), r"startup_timeout_s"),
     "flag-not-a-bool": (config(target={"prefill_borrows_draft_cores": "no"}), r"prefill_borrows_draft_cores"),
+    "keep-drafting-not-auto-or-bool": (config(decoding={"keep_drafting": 1}),
+                                       r"\[decoding\] keep_drafting must be 'auto', true or false, got 1"),
     "section-not-a-table": ({**config(), "decoding": 4}, r"\[decoding\] must be a table"),
 }
 

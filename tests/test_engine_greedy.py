@@ -1,6 +1,7 @@
 """Greedy output through the engine equals the target's own greedy decoding
 (transformers generate), token for token, in every mode and for every draft
-budget and branch count, with a draft that always agrees and one that rarely does."""
+budget and branch count, with a draft that always agrees and one that rarely does
+(and keeps drafting while the target verifies)."""
 import pytest
 from helpers import TARGET, WEAK_DRAFT, explain_mismatch, load_reference, random_engine_config, reference_greedy
 
@@ -15,7 +16,11 @@ SETTINGS = [dict(mode="target"), dict(mode="sequential", gamma=3), dict(mode="du
 @pytest.fixture(scope="module", params=["same-draft", "weak-draft"])
 def engine(request):
     draft = TARGET if request.param == "same-draft" else WEAK_DRAFT
-    with hetspec.launch(random_engine_config(draft=draft)) as engine:
+    # The weak draft's engine also keeps drafting while the target verifies (off by
+    # default on a CPU target): extended windows, and late extensions, among rejections.
+    keep = request.param == "weak-draft"
+    with hetspec.launch(random_engine_config(draft=draft, keep_drafting=keep)) as engine:
+        assert engine.get_info()["keep_drafting"] is keep
         engine.draft_kind = request.param
         yield engine
 

@@ -35,7 +35,8 @@ def exact_joint(model, temperature, top_k, top_p):
 
 @pytest.fixture(scope="module")
 def engine():
-    with hetspec.launch(random_engine_config(draft=DRAFT, target=TARGET)) as engine:
+    # keep_drafting only acts on unseeded requests (a seeded run must not depend on timing)
+    with hetspec.launch(random_engine_config(draft=DRAFT, target=TARGET, keep_drafting=True)) as engine:
         yield engine
 
 
@@ -48,26 +49,31 @@ def _total_variation(a, b):
     return 0.5 * np.abs(a - b).sum()
 
 
-@pytest.mark.parametrize("mode,gamma,sequences,temperature,top_k,top_p", [
-    ("duodec", 2, "dynamic", 1.0, 0, 1.0),
-    ("duodec", 2, 2, 0.8, 5, 0.9),
-    ("sequential", 2, None, 1.0, 0, 1.0),
+@pytest.mark.parametrize("mode,gamma,sequences,temperature,top_k,top_p,seeded", [
+    ("duodec", 2, "dynamic", 1.0, 0, 1.0, True),
+    ("duodec", 2, 2, 0.8, 5, 0.9, True),
+    ("sequential", 2, None, 1.0, 0, 1.0, True),
+    ("duodec", 2, 1, 1.0, 0, 1.0, False),     # unseeded: windows the draft extended while the target verified
 ])
-def test_sampled_output_follows_target_distribution(engine, target, mode, gamma, sequences, temperature, top_k, top_p):
+def test_sampled_output_follows_target_distribution(engine, target, mode, gamma, sequences, temperature, top_k, top_p,
+                                                    seeded):
     exact = exact_joint(target, temperature, top_k, top_p)
     counts = np.zeros_like(exact)
     accepted = drafted = 0
     for seed in range(N_SAMPLES):
         # six tokens, so that speculation (and rejection) shapes the first three, whose law is exact
         result = engine.generate(PROMPT, max_new_tokens=6, temperature=temperature, top_k=top_k, top_p=top_p,
-                                 seed=seed, mode=mode, gamma=gamma, sequences=sequences)
+                                 seed=seed if seeded else None, mode=mode, gamma=gamma, sequences=sequences)
         counts[tuple(result.token_ids[:3])] += 1
         accepted += result.stats["accepted"]
         drafted += result.stats["drafted"]
     empirical = counts / N_SAMPLES
     # Each position's marginal (8 cells: tight) and the first pair (64 cells: looser), with
-    # seeds 0..N-1, so the run is deterministic; the draft really was used, and rejected.
-    for axes, bound in [((1, 2), 0.06), ((0, 2), 0.06), ((0, 1), 0.06), (2, 0.15)]:
+    # seeds 0..N-1, so a seeded run is deterministic; the draft really was used, and rejected.
+    # An unseeded run is random: its marginals get 0.08, ~6 standard deviations of the
+    # sampling noise (simulated: total variation 0.019-0.028 on average, sd 0.008-0.009).
+    marginal = 0.06 if seeded else 0.08
+    for axes, bound in [((1, 2), marginal), ((0, 2), marginal), ((0, 1), marginal), (2, 0.15)]:
         e, x = empirical.sum(axis=axes), exact.sum(axis=axes)
         assert _total_variation(e, x) < bound, (axes, np.round(e, 3), np.round(x, 3))
     assert counts[exact == 0].sum() == 0, "a token outside top-k/top-p was produced"

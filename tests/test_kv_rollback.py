@@ -73,3 +73,15 @@ def test_speculative_branches_start_with_top_candidates():
 def _spec(seed):
     from hetspec.models import RANDOM_DEFAULTS
     return {**RANDOM_DEFAULTS, "seed": seed}
+
+
+def test_extension_continues_the_likeliest_branch():
+    spec = "random:seed=5"
+    drafter = Drafter(TorchDraftModel({"kind": "random", "random": _spec(5)}), 256)
+    context = np.arange(40, 60, dtype=np.int32)
+    out = drafter.draft(context, DraftParams(6, True, 2, 4, 0.0, 1.0, 0))
+    likeliest = list(out.branches[0])
+    grown = [token for token, _ in drafter.extend(len(likeliest) + 3)]
+    assert len(grown) == 3
+    # as if the branch had been drafted that long in the first place
+    assert likeliest[1:] + grown == _greedy_chain(spec, context.tolist() + [likeliest[0]], len(likeliest) + 2)

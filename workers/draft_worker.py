@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from ipc.messages import CalibrateDraft, DraftCalibration, DraftCommand, Drafted, WorkerHello
+from ipc.messages import CalibrateDraft, DraftCalibration, DraftCommand, Drafted, DraftExtended, WorkerHello
 from workers.drafting import Drafter, DraftParams
 from workers.pinning import borrowed_cores, pin, set_torch_threads
 from workers.process import exit_now, parse_args, serve
@@ -71,12 +71,31 @@ def draft(state: DraftState, cmd: DraftCommand, buffers) -> Drafted:
     params = DraftParams(cmd.n_tokens, cmd.speculative, cmd.sequences, cmd.max_sequences,
                          cmd.temperature, cmd.top_p, cmd.top_k, cmd.acceptance)
     out = state.drafter.draft(context, params)
-    flat = [t for branch in out.branches for t in branch]
-    buffers["tokens"].array[cmd.slot, :len(flat)] = flat
-    if out.probs:
-        buffers["probs"].array[cmd.slot, :len(flat)] = np.concatenate([np.stack(rows) for rows in out.probs])
-    return Drafted(cmd.request_id, cmd.slot, [len(b) for b in out.branches],
-                   time.perf_counter() - start, out.forward_passes)
+    # The likeliest branch (the drafter's first) goes last in the slot, where an extension can grow it.
+    branches, probs = out.branches[::-1], out.probs[::-1]
+    flat = [t for branch in branches for t in branch]
+    tokens = buffers["tokens"].array[cmd.slot]
+    tokens[:len(flat)] = flat
+    if probs:
+        buffers["probs"].array[cmd.slot, :len(flat)] = np.concatenate([np.stack(rows) for rows in probs])
+    reply = Drafted(cmd.request_id, cmd.slot, [len(b) for b in branches], time.perf_counter() - start,
+                    out.forward_passes)
+    room = len(tokens) - (len(flat) - len(branches[-1]))      # the likeliest branch may grow to this
+    limit = min(cmd.extend_to, room)
+    if not cmd.speculative or limit <= len(branches[-1]):
+        return reply
+    return reply, _extension(state, cmd, buffers, len(flat), limit, start)
+
+
+def _extension(state: DraftState, cmd: DraftCommand, buffers, total: int, limit: int, start: float):
+    """Work between commands: the likeliest branch grows a token at a time, each
+    written to the slot before the message that announces it."""
+    for token, row in state.drafter.extend(limit):
+        buffers["tokens"].array[cmd.slot, total] = token
+        if cmd.temperature > 0:
+            buffers["probs"].array[cmd.slot, total] = row
+        total += 1
+        yield DraftExtended(cmd.command, cmd.slot, total, time.perf_counter() - start)
 
 
 def calibrate(state: DraftState, cmd: CalibrateDraft, buffers) -> DraftCalibration:

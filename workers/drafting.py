@@ -42,6 +42,7 @@ class Drafter:
         self.n_cached = 0
         self.passes = 0
         self.rng = np.random.default_rng()
+        self._likeliest = ([], [], None, False)   # (branch, rows, dist, sampling) of the last speculative draft
 
     # ---- cache bookkeeping -------------------------------------------------
 
@@ -70,6 +71,7 @@ class Drafter:
         start = len(context)
 
         if not params.speculative:
+            self._likeliest = ([], [], None, False)
             branch, rows = self._extend([self._choose(first, sampling)], [first], params.n_tokens, dist, sampling)
             return DraftOutput([branch], [rows] if sampling else [], self.passes)
 
@@ -92,7 +94,22 @@ class Drafter:
             if reuse is None:
                 self.n_cached = start          # rewind: the next forward drops the rest
             branches[i], rows[i] = self._extend([candidates[i]], [first], lengths[i], dist, sampling, reuse)
+        self._likeliest = (branches[0], rows[0], dist, sampling)
         return DraftOutput(branches, rows if sampling else [], self.passes)
+
+    def extend(self, limit: int):
+        """Keep growing the likeliest branch of the last speculative draft, one
+        forward pass per step, up to `limit` tokens; yields (token, distribution).
+
+        Pipelined, the draft would otherwise sit idle once its budget is spent
+        and the target is still verifying: these tokens lengthen the next window
+        for free when the target accepts the pending one."""
+        branch, rows, dist, sampling = self._likeliest
+        while branch and len(branch) < limit:         # the cache holds everything before branch[-1]
+            d = dist(self._feed([branch[-1]], self.n_cached))
+            branch.append(self._choose(d, sampling))
+            rows.append(d)
+            yield branch[-1], d
 
     def _extend(self, branch, rows, length, dist, sampling, fed_dist=None):
         """Grow `branch` to `length` tokens, one forward pass per token. The cache

@@ -12,7 +12,7 @@ import traceback
 import zmq
 
 from ipc.channel import Channel
-from ipc.messages import AttachBuffers, Attached, Shutdown, WorkerFailed
+from ipc.messages import AttachBuffers, Attached, Idle, Shutdown, WorkerFailed
 from ipc.shm import attach_all
 
 POLL_S = 0.5
@@ -29,7 +29,9 @@ def parse_args(argv=None) -> dict:
 
 
 def serve(role: str, spec: dict, load, handlers: dict) -> int:
-    """load(spec) -> (hello, state); handlers[MessageType](state, message, buffers) -> reply."""
+    """load(spec) -> (hello, state); handlers[MessageType](state, message, buffers) -> reply,
+    or (reply, background): an iterator of progress messages, worked through
+    after the reply until the next message arrives (see DraftExtended)."""
     parent = os.getppid()
     context = zmq.Context()
     channel = Channel(context, spec["endpoint"], bind=False)
@@ -49,20 +51,43 @@ def serve(role: str, spec: dict, load, handlers: dict) -> int:
                 continue
             if isinstance(message, Shutdown):
                 return 0
+            if isinstance(message, Idle):       # arriving, it stopped the background work: that was all
+                continue
             if isinstance(message, AttachBuffers):
                 buffers = attach_all(message.buffers)
                 channel.send(Attached(role))
                 continue
             try:
-                channel.send(handlers[type(message)](state, message, buffers))
+                background = None
+                reply = handlers[type(message)](state, message, buffers)
+                if isinstance(reply, tuple):
+                    reply, background = reply
+                channel.send(reply)
             except Exception as exc:  # noqa: BLE001 - report, keep serving
                 traceback.print_exc(file=sys.stderr)
                 channel.send(WorkerFailed(role, f"{role} worker: {_describe(exc)}", fatal=False))
+                continue
+            if background is not None:
+                _work_until_next_message(channel, background)
     finally:
         for buffer in buffers.values():
             buffer.close()
         channel.close()
         context.term()
+
+
+def _work_until_next_message(channel: Channel, background) -> None:
+    """Each step of `background` is one unit of work (a draft forward pass) and
+    yields a message to send; the next incoming message stops it, so extra work
+    never delays a command by more than one step."""
+    try:
+        while not channel.socket.poll(0):
+            progress = next(background, None)
+            if progress is None:
+                return
+            channel.send(progress)
+    except Exception:  # noqa: BLE001 - optional work: its command was answered already, so only log
+        traceback.print_exc(file=sys.stderr)
 
 
 def _describe(exc: BaseException) -> str:
