@@ -105,7 +105,6 @@ class DraftExtended:
 class Idle:
     """Nothing more to do for now: its arrival stops any work between commands
     (an extension). It has no reply."""
-    pass
 
 
 @dataclass
