@@ -46,7 +46,7 @@ class TargetConfig:
     cores: tuple[int, ...] | str = "auto"
     threads: int = 0
     prefill_borrows_draft_cores: bool = True
-    cpu_kernels: str = "onednn"         # "onednn" (prepacked linear weights) or "torch" (torch's defaults)
+    cpu_kernels: str = "onednn"         # "onednn" (prepacked linear weights, shared GQA heads) or "torch"
 
 
 @dataclass(frozen=True)

@@ -85,3 +85,25 @@ def test_extension_continues_the_likeliest_branch():
     assert len(grown) == 3
     # as if the branch had been drafted that long in the first place
     assert likeliest[1:] + grown == _greedy_chain(spec, context.tolist() + [likeliest[0]], len(likeliest) + 2)
+
+
+@pytest.mark.parametrize("spec", ["random:seed=3", "random:arch=gemma3,window=8,layers=4,seed=3"])
+def test_growing_cache_computes_what_transformers_cache_does(spec):
+    """Same logits, bit for bit, as transformers' own DynamicCache, through growth
+    past the first buffer, rollbacks, and passes of one and several tokens."""
+    from transformers import DynamicCache
+
+    from workers import kv_cache
+
+    rng = np.random.default_rng(1)
+    ours, theirs = KVModel(load_reference(spec)), KVModel(load_reference(spec))
+    theirs._new_cache = DynamicCache
+    pos = 0
+    for n, back in [(300, 0), (5, 0), (1, 0), (6, 4), (1, 0), (8, 9), (3, 0)]:
+        pos -= back
+        tokens = rng.integers(0, 320, n).tolist()
+        a, b = ours.forward(tokens, pos), theirs.forward(tokens, pos)
+        assert torch.equal(a, b), (n, back)
+        pos += n
+    assert isinstance(ours.cache.layers[0], kv_cache.GrowingLayer)
+    assert ours.cache.get_seq_length() == theirs.cache.get_seq_length() == pos

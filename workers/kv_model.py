@@ -23,9 +23,9 @@ class KVModel:
 
     @staticmethod
     def _new_cache():
-        from transformers import DynamicCache
+        from workers.kv_cache import growing_cache
 
-        return DynamicCache()
+        return growing_cache()
 
     @torch.inference_mode()
     def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
