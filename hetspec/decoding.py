@@ -154,10 +154,6 @@ class Decoder:
             emit(*self.out.take_round())
         if self.draft.busy:
             self.draft.finish_draft(self.sampling)
-        import os, json
-        if os.environ.get("HETSPEC_TRACE"):
-            with open(os.environ["HETSPEC_TRACE"], "a") as f:
-                f.write(json.dumps({"catchup_end": time.perf_counter() - self.stats.start, "ttft": self.stats.ttft_s, "n_prompt": len(self.out.context), "target_only": self.stats.target_only_rounds}) + "\n")
 
     def _duodec_round(self, window: np.ndarray, window_probs):
         started = time.perf_counter()
@@ -171,12 +167,6 @@ class Decoder:
         verification = self.target.finish_verify(len(window) + 1, self.sampling)
         draft = self.draft.finish_draft(self.sampling) if n_draft > 0 else NO_DRAFT
         n_accepted, token = self._verify_and_commit(window, window_probs, verification, draft, started, True)
-        import os, json
-        if os.environ.get("HETSPEC_TRACE"):
-            with open(os.environ["HETSPEC_TRACE"], "a") as f:
-                f.write(json.dumps({"w": len(window), "acc": int(n_accepted), "nd": n_draft, "br": [len(b) for b in draft.branches],
-                                    "d": draft.seconds, "v": verification.seconds, "wall": time.perf_counter() - started,
-                                    "hit": pick_branch(draft.branches, token) is not None if n_accepted >= len(window) else None}) + "\n")
         if draft.branches:
             self.stats.sequences_hist[len(draft.branches)] += 1
         if n_accepted < len(window):
