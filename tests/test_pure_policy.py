@@ -88,6 +88,25 @@ def test_probabilities_top_k_and_top_p():
     assert cold[0, 0] > 0.99
 
 
+def test_nucleus_is_the_most_likely_tokens_whatever_the_shape(rng):
+    """The shortcut (sort only the tokens above a floor) keeps exactly what sorting
+    the whole vocabulary keeps, for peaked, flat and tiny distributions."""
+    def by_full_sort(row, top_p):
+        order = np.argsort(-row, kind="stable")
+        n_keep = int(np.searchsorted(np.cumsum(row[order], dtype=np.float64), top_p, side="left")) + 1
+        return set(order[:n_keep].tolist())
+
+    for scale in (0.01, 0.3, 3.0, 10.0):
+        for vocab in (8, 5000, 49152):
+            logits = (rng.standard_normal((2, vocab)) * scale).astype(np.float32)
+            full = probabilities(logits, 0.7)
+            for top_p in (0.5, 0.9, 0.999999):
+                kept = probabilities(logits, 0.7, top_p=top_p)
+                for row_full, row_kept in zip(full, kept):
+                    assert set(np.flatnonzero(row_kept).tolist()) == by_full_sort(row_full, top_p)
+                    assert np.isclose(row_kept.sum(), 1.0)
+
+
 def test_round_draft_length_follows_the_verify_it_overlaps():
     costs = CostModel(0.010, {1: 0.040, 8: 0.075, 16: 0.115})
     assert costs.draft_length(12, pending=7) == 8        # verify of 8 tokens: 75 ms = 7.5 draft tokens

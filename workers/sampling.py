@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-_NUCLEUS_GUESS = 1024   # top-p mass usually sits in a few tokens: avoid sorting the vocabulary
+# The top-p nucleus usually sits in a few tokens: look among those above a floor first
+# rather than partitioning the whole vocabulary (0.8 ms a row for SmolLM2's 49k tokens).
+_NUCLEUS_FLOORS = (1e-4, 1e-6)
 
 
 def probabilities(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
@@ -26,10 +28,16 @@ def probabilities(logits: np.ndarray, temperature: float, top_k: int = 0, top_p:
 
 
 def _keep_nucleus(row: np.ndarray, top_p: float) -> None:
-    """Zero all but the smallest set of most likely tokens whose mass reaches top_p."""
-    guess = min(_NUCLEUS_GUESS, len(row))
-    top = np.argpartition(row, -guess)[-guess:]
-    if row[top].sum() < top_p:           # rare: the nucleus is wider than the guess
+    """Zero all but the smallest set of most likely tokens whose mass reaches top_p
+    (equal probabilities: the lower token id first).
+
+    If the tokens above a floor hold top_p between them, they are the most likely
+    ones, so the nucleus is among them: only they need sorting."""
+    for floor in _NUCLEUS_FLOORS:
+        top = np.flatnonzero(row > floor)
+        if row[top].sum(dtype=np.float64) >= top_p:
+            break
+    else:                                # rare: a flat distribution
         top = np.arange(len(row))
     order = top[np.argsort(-row[top], kind="stable")]
     cumulative = np.cumsum(row[order], dtype=np.float64)
