@@ -18,7 +18,7 @@ from collections import deque
 import numpy as np
 import zmq
 
-from hetspec.budget import CostModel, choose_gamma
+from hetspec.budget import CostModel, choose_gamma, monotone
 from hetspec.config import load_config
 from hetspec.decoding import Decoder, Policy
 from hetspec.errors import EngineDeadError, EngineStartError, HetspecError, RequestError
@@ -109,7 +109,7 @@ class Scheduler:
         context = min(CALIBRATION_CONTEXT, self.config.server.max_context // 2)
         self.draft.send(CalibrateDraft(context, 8, repeats=6))
         self.target.send(CalibrateTarget(context, sizes))
-        verify_s = dict(zip(sizes, self.target.wait().seconds))
+        verify_s = monotone(dict(zip(sizes, self.target.wait().seconds)))
         draft_s = self.draft.wait().seconds_per_token
         gamma = choose_gamma(draft_s, verify_s, decoding.max_gamma)
         return gamma, {"source": "measured", "context": context, "draft_s_per_token": draft_s,

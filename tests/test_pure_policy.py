@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from hetspec.branches import pick_branch, split_branches
-from hetspec.budget import CostModel, choose_gamma, interpolate
+from hetspec.budget import CostModel, choose_gamma, interpolate, monotone
 from workers.multi_sequence import allocate_budget, count_sequences, first_tokens, split_budget
 from workers.sampling import probabilities
 
@@ -22,6 +22,12 @@ def test_gamma_caps_and_slow_draft():
     assert choose_gamma(10.0, {1: 0.01, 2: 0.02}, 12) == 1     # draft slower than any verify
     with pytest.raises(ValueError):
         choose_gamma(0.0, {1: 0.1}, 8)
+
+
+def test_verify_timings_made_monotone():
+    measured = {1: 0.069, 2: 0.069, 4: 0.072, 6: 0.055, 8: 0.062, 12: 0.060, 16: 0.084}
+    assert monotone(measured) == {1: 0.055, 2: 0.055, 4: 0.055, 6: 0.055, 8: 0.060, 12: 0.060, 16: 0.084}
+    assert monotone({1: 0.04, 8: 0.06}) == {1: 0.04, 8: 0.06}
 
 
 def test_interpolate_between_and_beyond():
