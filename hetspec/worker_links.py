@@ -177,9 +177,10 @@ class DraftLink(WorkerLink):
         """Bring the draft's cache up to date with context (drafting nothing);
         finish_draft collects the reply."""
         self.buffers["context"].array[:len(context)] = context
+        self.command += 1
         self.extending = False
         self.send(DraftCommand(request_id, len(context), 0, False, 1, 1, 0.0, 1.0, 0, seed, self.slot,
-                               reuse_cache=reuse_cache, borrow_cores=borrow_cores))
+                               reuse_cache=reuse_cache, borrow_cores=borrow_cores, command=self.command))
 
     def finish_draft(self, sampling: Sampling) -> Draft:
         reply = self.wait()
