@@ -35,6 +35,7 @@ class DraftConfig:
     threads: int = 0                    # 0: one thread per pinned core
     n_ctx: int = 0                      # 0: [server] max_context + max_gamma + 1
     weights: str = "as-is"              # llama.cpp only: "as-is", or a type to convert the GGUF to at load
+    prefill_weights: str = "same"       # llama.cpp only: "same", or a type for a second copy that prefills prompts
     prefill_borrows_target_cores: bool = True
 
 
@@ -156,6 +157,11 @@ def _validated(c: EngineConfig) -> EngineConfig:
         raise ConfigError(f"[draft] weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {d.weights!r}")
     if d.weights != "as-is" and d.backend != "llama.cpp":
         raise ConfigError(f"[draft] weights = {d.weights!r} needs backend 'llama.cpp' (it converts the GGUF file)")
+    if d.prefill_weights != "same" and d.prefill_weights not in DRAFT_WEIGHTS:
+        raise ConfigError(f"[draft] prefill_weights must be 'same' or one of {', '.join(DRAFT_WEIGHTS)}, "
+                          f"got {d.prefill_weights!r}")
+    if d.prefill_weights != "same" and d.backend != "llama.cpp":
+        raise ConfigError(f"[draft] prefill_weights = {d.prefill_weights!r} needs backend 'llama.cpp'")
     if t.cpu_kernels not in CPU_KERNELS:
         raise ConfigError(f"[target] cpu_kernels must be one of {', '.join(CPU_KERNELS)}, got {t.cpu_kernels!r}")
     if t.dtype not in DTYPES:

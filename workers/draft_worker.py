@@ -18,26 +18,20 @@ from workers.process import exit_now, parse_args, serve
 class DraftState:
     def __init__(self, spec: dict):
         if spec["backend"] == "llama.cpp":
-            from workers.llama_cpp_model import LlamaCppModel
+            self.model = _load_gguf(spec, spec["weights"])
+            self.kernels = f"llama.cpp, weights {spec['weights']}"
+            prefill = spec.get("prefill_weights", "same")
+            if prefill != "same":
+                from workers.split_prefill import SplitPrefillModel
 
-            model = spec["model"]
-            path = os.path.join(model["path"], model["gguf_file"])
-            converted = spec["weights"] != "as-is"
-            if converted:
-                from workers.gguf_conversion import convert_gguf
-
-                path = convert_gguf(path, spec["weights"], spec["scratch_dir"], spec["threads"])
-            try:
-                self.model = LlamaCppModel(path, n_ctx=spec["n_ctx"], n_threads=spec["threads"])
-            finally:
-                if converted:   # llama.cpp holds the weights in memory now
-                    os.unlink(path)
+                self.model = SplitPrefillModel(self.model, _load_gguf(spec, prefill))
+                self.kernels += f", prompts prefilled as {prefill}"
         else:
             from workers.torch_draft_model import TorchDraftModel
 
             set_torch_threads(spec["threads"])
             self.model = TorchDraftModel(spec["model"])
-        self.kernels = f"llama.cpp, weights {spec['weights']}" if spec["backend"] == "llama.cpp" else "torch"
+            self.kernels = "torch"
         self.drafter = Drafter(self.model, spec["n_ctx"])
         self.request_id = None
         self.cores, self.threads = spec["cores"], spec["threads"]
@@ -47,6 +41,24 @@ class DraftState:
         """Catch up with context, on the target's cores too when lent (the target waits meanwhile)."""
         with borrowed_cores(self.cores, self.lent if borrow else [], self.model.set_threads, self.threads):
             self.drafter.sync(context, reuse_cache)
+
+
+def _load_gguf(spec: dict, weights: str):
+    """The draft GGUF in llama.cpp, converted to `weights` first unless "as-is"."""
+    from workers.llama_cpp_model import LlamaCppModel
+
+    model = spec["model"]
+    path = os.path.join(model["path"], model["gguf_file"])
+    converted = weights != "as-is"
+    if converted:
+        from workers.gguf_conversion import convert_gguf
+
+        path = convert_gguf(path, weights, spec["scratch_dir"], spec["threads"])
+    try:
+        return LlamaCppModel(path, n_ctx=spec["n_ctx"], n_threads=spec["threads"])
+    finally:
+        if converted:   # llama.cpp holds the weights in memory now
+            os.unlink(path)
 
 
 def load(spec: dict):

@@ -102,6 +102,27 @@ class LlamaCppModel:
         logits = llama_cpp.llama_get_logits_ith(self._ctx, -1)
         return np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
 
+    def export_cache(self, length: int) -> ctypes.Array:
+        """The KV state of the first `length` cached positions (llama.cpp's
+        per-sequence format); later ones are dropped."""
+        self._check_open()
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, length, -1):
+            raise RuntimeError(f"llama.cpp could not drop cached positions >= {length}")
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, 0)
+        state = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, state, size, 0)
+        if written == 0 and size:
+            raise RuntimeError("llama.cpp could not export the KV state")
+        return state
+
+    def import_cache(self, state: ctypes.Array) -> None:
+        """Replace the cache by one exported from a model of the same architecture;
+        the next forward continues after its last position."""
+        self._check_open()
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, 0, -1)
+        if llama_cpp.llama_state_seq_set_data(self._ctx, state, len(state), 0) != len(state):
+            raise RuntimeError("llama.cpp could not import the KV state (another architecture?)")
+
     def set_threads(self, n_threads: int) -> None:
         llama_cpp.llama_set_n_threads(self._ctx, n_threads, n_threads)
 

@@ -1,0 +1,51 @@
+"""A draft that prefills long prompts with a second copy of its weights.
+
+A prompt prefill is a batched product, bound by arithmetic; a draft step is
+one row at a time, bound by reading the weights. The weight type llama.cpp
+drafts fastest with is not the one it prefills fastest with: on the 2-core
+development machine SmolLM2 as Q8_0 prefilled 660-790 tokens in 1.1-1.6 s on
+both cores, as BF16 in 0.7-1.2 s, and drafted 9.7 ms a token as Q8_0 against
+12 ms as F16. So a fresh prompt is prefilled by the second copy, and its KV
+state is handed to the drafting copy (same architecture, same cache layout).
+Greedy agreement with the target along its own path was unchanged by the
+handover (97.3% against 97.2%, 18 Spec-Bench prompts x 64 tokens).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+MIN_PROMPT = 64   # shorter: the handover is not worth it
+
+
+class SplitPrefillModel:
+    def __init__(self, model, prefill_model, min_prompt: int = MIN_PROMPT):
+        self.model = model
+        self.prefill_model = prefill_model
+        self.min_prompt = min_prompt
+        self.n_vocab = model.n_vocab
+        self.n_ctx = model.n_ctx
+        self.handovers = 0
+
+    def forward(self, tokens: Sequence[int], pos: int) -> np.ndarray:
+        """As the drafting model's forward. min_prompt tokens or more go through
+        the prefill copy (given the cache before pos first), all but the last,
+        whose logits the drafting copy computes after taking the cache back."""
+        if len(tokens) < self.min_prompt:
+            return self.model.forward(tokens, pos)
+        if pos > 0:
+            self.prefill_model.import_cache(self.model.export_cache(pos))
+        last = pos + len(tokens) - 1
+        self.prefill_model.forward(tokens[:-1], pos)
+        self.model.import_cache(self.prefill_model.export_cache(last))
+        self.handovers += 1
+        return self.model.forward(tokens[-1:], last)
+
+    def set_threads(self, n_threads: int) -> None:
+        self.model.set_threads(n_threads)
+        self.prefill_model.set_threads(n_threads)
+
+    def close(self) -> None:
+        self.model.close()
+        self.prefill_model.close()
