@@ -12,7 +12,7 @@ handover (97.3% against 97.2%, 18 Spec-Bench prompts x 64 tokens).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
