@@ -225,9 +225,11 @@ class Decoder:
 
     def _extend_to(self, pending: int) -> int:
         """How far the draft may grow the next window while the target verifies:
-        the budget is what the draft must deliver, the rest costs nothing but the
-        draft's idle time. Not for a seeded sampling run, whose windows must not
-        depend on timing; never past what could still be committed."""
+        the budget is what the draft must deliver, the rest uses time it would
+        sit idle (free beside a GPU target; on a CPU one it competes for the
+        memory bus, hence off there by default). Not for a seeded sampling run,
+        whose windows must not depend on timing; never past what could still
+        be committed."""
         if not self.policy.keep_drafting or not (self.sampling.greedy or not self.policy.seeded):
             return 0
         return min(self.policy.max_window, self.out.remaining - pending - 1)
