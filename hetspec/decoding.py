@@ -50,6 +50,12 @@ class Policy:
     keep_drafting: bool = False  # the draft grows the next window until the target's verdict is in
     max_window: int = 0        # ... up to this many tokens (the shared buffers' size)
 
+    @property
+    def timing_may_shape_windows(self) -> bool:
+        """Greedy output never depends on where windows start; a seeded sampling
+        run does, and must be reproducible, so its windows must not follow timing."""
+        return self.sampling.greedy or not self.seeded
+
 
 @dataclass
 class Stats:
@@ -145,7 +151,7 @@ class Decoder:
             borrowed = self.policy.draft_borrows_cores and len(self.out.context) >= BORROW_MIN_PROMPT
             self.draft.start_prefill(self.id, self.out.context, self.policy.seed, self.policy.cache_prompt,
                                      borrow_cores=borrowed)
-        overlap = not borrowed and (self.sampling.greedy or not self.policy.seeded)
+        overlap = not borrowed and self.policy.timing_may_shape_windows
         while not self.out.done and (self.policy.mode == "target" or (overlap and not self.draft.poll())):
             self._start_verify(EMPTY)
             self.out.commit([self._choose(self.target.finish_verify(1, self.sampling), 0)])
@@ -219,8 +225,7 @@ class Decoder:
         target's own next token (0: drafting would be wasted)."""
         gamma = self.policy.gamma
         if self.costs is not None:
-            online = self.sampling.greedy or not self.policy.seeded
-            gamma = self.costs.draft_length(gamma, pending, online)
+            gamma = self.costs.draft_length(gamma, pending, self.policy.timing_may_shape_windows)
         return min(gamma, self.out.remaining - pending - 1)
 
     def _extend_to(self, pending: int) -> int:
@@ -230,7 +235,7 @@ class Decoder:
         memory bus, hence off there by default). Not for a seeded sampling run,
         whose windows must not depend on timing; never past what could still
         be committed."""
-        if not self.policy.keep_drafting or not (self.sampling.greedy or not self.policy.seeded):
+        if not (self.policy.keep_drafting and self.policy.timing_may_shape_windows):
             return 0
         return min(self.policy.max_window, self.out.remaining - pending - 1)
 
