@@ -38,6 +38,10 @@ def accept_sampled(draft: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.rand
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Inverse-CDF sampling; float64 cumsum so rounding cannot skip the tail."""
-    cdf = np.cumsum(probs, dtype=np.float64)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+    """Inverse-CDF sampling over the tokens of nonzero probability: after top-p
+    they are a few of 49k, and a float64 cumsum over all costs 0.5 ms. The token
+    drawn for a given random number is the same as over the whole vocabulary
+    (zeros add nothing to the CDF). float64, so rounding cannot skip the tail."""
+    support = np.flatnonzero(probs)
+    cdf = np.cumsum(probs[support], dtype=np.float64)
+    return int(support[min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1)])

@@ -80,3 +80,15 @@ def test_sample_respects_zero_probabilities():
     probs = np.array([0.0, 0.5, 0.0, 0.5], dtype=np.float32)
     draws = {sample(probs, rng) for _ in range(2000)}
     assert draws == {1, 3}
+
+
+def test_sample_over_the_support_draws_what_the_whole_cdf_would():
+    """sample() searches only the nonzero tokens; for the same random numbers it
+    must pick what inverse-CDF sampling over the whole vocabulary picks."""
+    probs = np.zeros(5000, dtype=np.float32)
+    probs[[3, 17, 900, 4999]] = [0.1, 0.4, 0.3, 0.2]
+    cdf = np.cumsum(probs, dtype=np.float64)
+    ours, reference = np.random.default_rng(7), np.random.default_rng(7)
+    for _ in range(500):
+        expected = int(min(np.searchsorted(cdf, reference.random() * cdf[-1], side="right"), len(cdf) - 1))
+        assert sample(probs, ours) == expected

@@ -70,6 +70,20 @@ def test_dynamic_budget_goes_where_tokens_are_likely_accepted():
 
 def test_first_tokens_most_likely_first():
     assert first_tokens(np.array([0.1, 0.6, 0.05, 0.25]), 3) == [1, 3, 0]
+    # Logits, negative ones included.
+    assert first_tokens(np.array([-3.0, 2.0, -1.0, 0.0, 2.5]), 2) == [4, 1]
+
+
+def test_first_tokens_of_a_top_p_distribution():
+    """Mostly zeros, as top-p leaves a distribution: fewer nonzero tokens than
+    asked for are padded with zero-probability ones, lowest id first."""
+    probs = np.zeros(49152, dtype=np.float32)
+    probs[[40000, 12, 777]] = [0.2, 0.5, 0.3]
+    assert first_tokens(probs, 2) == [12, 777]
+    assert first_tokens(probs, 5) == [12, 777, 40000, 0, 1]
+    assert count_sequences(probs, 0.9, 4) == 1      # theta 0.45: nothing else qualifies
+    assert count_sequences(probs, 0.5, 4) == 2      # theta 0.25: 0.3 qualifies, 0.2 does not
+    assert count_sequences(probs, 0.3, 4) == 3      # theta 0.15: both do; zeros never do
 
 
 def test_branch_choice_by_target_token():

@@ -125,8 +125,9 @@ class Drafter:
     def _choose(self, dist: np.ndarray, sampling: bool) -> int:
         if not sampling:
             return int(np.argmax(dist))
-        cdf = np.cumsum(dist, dtype=np.float64)
-        return int(min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+        support = np.flatnonzero(dist)    # after top-p, a few tokens: a cumsum over all 49k costs 0.5 ms
+        cdf = np.cumsum(dist[support], dtype=np.float64)
+        return int(support[min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), len(cdf) - 1)])
 
     @staticmethod
     def _distribution_fn(params: DraftParams):

@@ -13,7 +13,7 @@ import numpy as np
 
 def count_sequences(first_probs: np.ndarray, second_top_prob: float, max_sequences: int) -> int:
     """k = 1 + #{j >= 2 : p(1,j) > p(1,1) * p(2,1)}, at most max_sequences."""
-    top = np.sort(first_probs[np.argpartition(first_probs, -max_sequences)[-max_sequences:]])[::-1]
+    top = first_probs[_largest(first_probs, max_sequences)]
     theta = top[0] * second_top_prob
     return 1 + int(np.count_nonzero(top[1:] > theta))
 
@@ -51,5 +51,19 @@ def allocate_budget(n_tokens: int, first_probs: list[float], acceptance: float) 
 
 def first_tokens(first_probs: np.ndarray, k: int) -> list[int]:
     """The k most likely first tokens, most likely first."""
-    top = np.argpartition(first_probs, -k)[-k:]
-    return [int(t) for t in top[np.argsort(-first_probs[top], kind="stable")]]
+    return [int(t) for t in _largest(first_probs, k)]
+
+
+def _largest(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values, largest first (equal ones by index).
+
+    np.argpartition over 49k entries takes ~8 ms instead of ~0.4 when most of
+    them are equal, as the zeros outside a top-p nucleus are: the entries above
+    the minimum are partitioned, the minimum's only pad."""
+    k = min(k, len(values))
+    pool = np.flatnonzero(values > values.min())
+    if len(pool) > k:
+        pool = pool[np.argpartition(values[pool], -k)[-k:]]
+    elif len(pool) < k:
+        pool = np.concatenate([pool, np.flatnonzero(values == values.min())[:k - len(pool)]])
+    return pool[np.lexsort((pool, -values[pool]))]
