@@ -22,6 +22,21 @@ def choose_gamma(draft_s_per_token: float, verify_s: dict[int, float], max_gamma
     return max_gamma
 
 
+def restart_length(acceptance: float, draft_s: float, s_per_token: float, limit: int) -> int:
+    """How many tokens to draft, the target waiting, before a verify pass that
+    would otherwise have no window (the first round, and the round after a
+    rejection or a missed branch): such a pass commits one token for the cost
+    of a whole window.
+
+    Each token costs one draft step and its j-th is accepted with probability
+    acceptance**j: draft it while that beats the pipeline's own pace,
+    acceptance**j * s_per_token >= draft_s, at most `limit` tokens."""
+    n = 0
+    while n < limit and acceptance ** (n + 1) * s_per_token >= draft_s:
+        n += 1
+    return n
+
+
 def monotone(verify_s: dict[int, float]) -> dict[int, float]:
     """Verify timings with each size capped by the fastest larger size: a pass of
     more tokens never costs less, so a smaller size measured slower than a larger
@@ -69,6 +84,14 @@ class CostModel:
         if n_verify > 0 and verify_s > 0:
             ratio = verify_s / interpolate(self.verify_s, n_verify)
             self.verify_scale += self.SMOOTHING * (ratio - self.verify_scale)
+
+    def s_per_token(self, gamma: int, acceptance: float, online: bool = True) -> float:
+        """A pipelined round's expected seconds per committed token: it lasts the
+        longer of gamma draft steps and a verify of gamma tokens, and commits
+        1 + a + ... + a**(gamma - 1) tokens at per-token acceptance a."""
+        scale, draft_s = (self.verify_scale, self.draft_s) if online else (1.0, self.measured_draft_s)
+        round_s = max(gamma * draft_s, scale * interpolate(self.verify_s, gamma))
+        return round_s / sum(acceptance ** j for j in range(gamma))
 
     def draft_length(self, gamma: int, pending: int, online: bool = True) -> int:
         """Per round: draft for as long as the target will take to verify the last

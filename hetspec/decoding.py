@@ -15,6 +15,8 @@ A DuoDecoding round, with both workers busy at once:
   then reconcile: W rejected at i -> commit W[:i] + the target's correction,
                   drop W'; W accepted -> commit W + the target's next token t,
                   and the branch of W' that starts with t becomes the new W.
+With nothing pending (the first round, after a rejection, or when t matched no
+branch) the draft first drafts a short W while the target waits (a restart).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import numpy as np
 
 from hetspec.acceptance import accept_greedy, accept_sampled, sample
 from hetspec.branches import pick_branch
-from hetspec.budget import CostModel
+from hetspec.budget import CostModel, restart_length
 from hetspec.output import Output
 from hetspec.worker_links import Draft, DraftLink, Sampling, TargetLink, Verification
 
@@ -81,12 +83,13 @@ class Stats:
         return (self.accepted + 4) / (self.accepted + self.rejections + 5)
 
     def spec_round(self, wall: float, draft_s: float, verify_s: float, drafted: int, accepted: int,
-                   committed: int, parallel: bool) -> None:
+                   committed: int, parallel: bool, serial_draft_s: float = 0.0) -> None:
+        """serial_draft_s: drafting the target waited for before the round (SpS-style)."""
         self.rounds += 1
-        self.busy_s += max(draft_s, verify_s) if parallel else draft_s + verify_s
+        self.busy_s += serial_draft_s + (max(draft_s, verify_s) if parallel else draft_s + verify_s)
         self.spec_rounds += 1
         self.round_s += wall
-        self.draft_s += draft_s
+        self.draft_s += serial_draft_s + draft_s
         self.verify_s += verify_s
         self.drafted += drafted
         self.accepted += accepted
@@ -163,6 +166,9 @@ class Decoder:
 
     def _duodec_round(self, window: np.ndarray, window_probs):
         started = time.perf_counter()
+        restart = NO_DRAFT
+        if len(window) == 0:
+            window, window_probs, restart = self._restart_window()
         context = self.out.context
         n_draft = self._draft_length(len(window))
         self._start_verify(window)
@@ -172,7 +178,8 @@ class Decoder:
                                    self._extend_to(len(window)))
         verification = self.target.finish_verify(len(window) + 1, self.sampling)
         draft = self.draft.finish_draft(self.sampling) if n_draft > 0 else NO_DRAFT
-        n_accepted, token = self._verify_and_commit(window, window_probs, verification, draft, started, True)
+        n_accepted, token = self._verify_and_commit(window, window_probs, verification, draft, started, True,
+                                                    restart)
         if draft.branches:
             self.stats.sequences_hist[len(draft.branches)] += 1
         if n_accepted < len(window):
@@ -183,6 +190,19 @@ class Decoder:
         self.stats.branch_hits += 1
         probs = None if draft.probs is None else draft.probs[chosen][1:]
         return draft.branches[chosen][1:], probs
+
+    def _restart_window(self) -> tuple[np.ndarray, np.ndarray | None, Draft]:
+        """With nothing pending (the first round, or after a rejection or a missed
+        branch), a verify pass would commit one token for the cost of a window.
+        The target waits instead while the draft drafts a short window, as in
+        SpS, and the pass verifies it at almost no extra cost; the pipeline
+        resumes behind it."""
+        n = self._restart_length()
+        if n <= 0:
+            return EMPTY, None, NO_DRAFT
+        self.draft.start_draft(self.id, self.out.context, n, False, 1, 1, self.sampling, self.policy.seed)
+        draft = self.draft.finish_draft(self.sampling)
+        return draft.branches[0], (draft.probs[0] if draft.probs else None), draft
 
     def _sequential_round(self) -> None:
         """Ordinary speculative decoding (SpS): draft, then verify, never both at once."""
@@ -205,8 +225,10 @@ class Decoder:
                                  len(window) + 1, self.sampling)
 
     def _verify_and_commit(self, window, window_probs, verification, draft: Draft, started: float,
-                           parallel: bool) -> tuple[int, int]:
+                           parallel: bool, restart: Draft = NO_DRAFT) -> tuple[int, int]:
         if self.costs is not None:
+            if restart.branches:
+                self.costs.observe(len(restart.branches[0]), restart.seconds, 0, 0.0)
             self.costs.observe(sum(len(b) for b in draft.branches), draft.seconds, len(window) + 1,
                                verification.seconds)
         n_accepted, token = self._accept(window, window_probs, verification)
@@ -214,7 +236,7 @@ class Decoder:
         self.out.commit([*window[:n_accepted], token])
         kept = self.out.length - before        # fewer if EOS, a stop string or the limit came first
         self.stats.spec_round(time.perf_counter() - started, draft.seconds, verification.seconds,
-                              len(window), min(n_accepted, kept), kept, parallel)
+                              len(window), min(n_accepted, kept), kept, parallel, restart.seconds)
         return n_accepted, token
 
     # ---- small decisions -------------------------------------------------------
@@ -227,6 +249,22 @@ class Decoder:
         if self.costs is not None:
             gamma = self.costs.draft_length(gamma, pending, self.policy.timing_may_shape_windows)
         return min(gamma, self.out.remaining - pending - 1)
+
+    def _restart_length(self) -> int:
+        """See budget.restart_length: up to a pipelined window (gamma - 1 tokens),
+        paced by this request's rounds so far, or by the cost model before there
+        are any and whenever timing must not shape windows."""
+        limit = min(self.policy.gamma - 1, self.out.remaining - 1)
+        if self.costs is None or limit <= 0:
+            return max(limit, 0)               # no cost model: every window is a full one
+        online = self.policy.timing_may_shape_windows
+        acceptance = self.stats.acceptance
+        if online and self.stats.spec_rounds >= 4:
+            pace = self.stats.round_s / max(self.stats.committed_in_spec_rounds, 1)
+        else:
+            pace = self.costs.s_per_token(self.policy.gamma, acceptance, online)
+        draft_s = self.costs.draft_s if online else self.costs.measured_draft_s
+        return restart_length(acceptance, draft_s, pace, limit)
 
     def _extend_to(self, pending: int) -> int:
         """How far the draft may grow the next window while the target verifies:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from hetspec.branches import pick_branch, split_branches
-from hetspec.budget import CostModel, choose_gamma, interpolate, monotone
+from hetspec.budget import CostModel, choose_gamma, interpolate, monotone, restart_length
 from workers.multi_sequence import allocate_budget, count_sequences, first_tokens, split_budget
 from workers.sampling import probabilities
 
@@ -136,3 +136,20 @@ def test_round_draft_length_follows_the_verify_it_overlaps():
         costs.observe(8, 0.080, 8, 0.150)
     assert costs.draft_length(32, pending=0) == 8
     assert costs.draft_length(32, pending=0, online=False) == 4   # seeded runs ignore timings
+
+
+def test_restart_drafts_while_a_token_beats_the_pipelines_pace():
+    # 16 ms per committed token in the pipeline, 10 ms a draft step: worth it while 0.95**j >= 0.625.
+    assert restart_length(0.95, 0.010, 0.016, limit=32) == 9
+    assert restart_length(0.95, 0.010, 0.016, limit=4) == 4       # at most a pipelined window
+    assert restart_length(0.6, 0.010, 0.016, limit=4) == 0        # 0.6 < 0.625: verify alone
+    assert restart_length(0.99, 0.020, 0.016, limit=4) == 0       # a draft slower than the pipeline
+    assert restart_length(0.95, 0.010, 0.016, limit=0) == 0
+
+
+def test_pipeline_pace_from_the_cost_model():
+    costs = CostModel(0.010, {1: 0.040, 8: 0.075})
+    # gamma 4: the round lasts max(4 x 10 ms, verify of 4 = 55 ms); 1 + .5 + .25 + .125 tokens.
+    assert costs.s_per_token(4, 0.5) == pytest.approx(0.055 / 1.875)
+    # gamma 8: drafting (80 ms) outlasts verifying (75 ms); every token accepted.
+    assert costs.s_per_token(8, 1.0) == pytest.approx(0.080 / 8)
