@@ -11,5 +11,5 @@ target's own.
 from hetspec.client import Engine, Result, connect, launch
 from hetspec.errors import ConfigError, EngineDeadError, EngineStartError, HetspecError, RequestError
 
-__all__ = ["launch", "connect", "Engine", "Result", "HetspecError", "ConfigError", "RequestError",
-           "EngineDeadError", "EngineStartError"]
+__all__ = ["ConfigError", "Engine", "EngineDeadError", "EngineStartError", "HetspecError", "RequestError",
+           "Result", "connect", "launch"]

@@ -147,7 +147,7 @@ class Engine:
                 self._launcher.stop()
                 self._launcher = None
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:  # noqa: PYI034 (typing.Self needs Python 3.11; 3.10 is supported)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -67,13 +67,10 @@ class Launcher:
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                    TOKENIZERS_PARALLELISM="false",
                    HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"), PYTHONUNBUFFERED="1")
-        log = open(os.path.join(self.runtime_dir, f"{role}.log"), "wb")
-        try:
+        with open(os.path.join(self.runtime_dir, f"{role}.log"), "wb") as log:   # the child keeps its own copy
             self.processes[role] = subprocess.Popen([sys.executable, *args], env=env, stdout=log,
                                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                     start_new_session=True)
-        finally:
-            log.close()
 
     def check(self) -> None:
         """Raise EngineStartError naming a process that has exited, with its last log line."""

@@ -27,11 +27,10 @@ def build_request(request_id: int, prompt=None, *, messages=None, max_new_tokens
             prompt = [int(t) for t in prompt]
         else:
             raise RequestError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-    if messages is not None:
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages):
-            raise RequestError("messages must be a non-empty list of {'role': str, 'content': str}")
+    if messages is not None and (not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)):
+        raise RequestError("messages must be a non-empty list of {'role': str, 'content': str}")
     if not _is_int(max_new_tokens) or max_new_tokens <= 0:
         raise RequestError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if not isinstance(temperature, numbers.Real) or isinstance(temperature, bool) or not 0 <= temperature < math.inf:

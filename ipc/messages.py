@@ -209,7 +209,6 @@ class EngineInfo:
 @dataclass
 class StopEngine:
     """Ask the scheduler to stop its workers and exit."""
-    pass
 
 
 _TYPES = [

@@ -40,12 +40,12 @@ class SharedArray:
         return self._shm.name
 
     @classmethod
-    def create(cls, name: str, shape, dtype) -> "SharedArray":
+    def create(cls, name: str, shape, dtype) -> SharedArray:
         size = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         return cls(shared_memory.SharedMemory(name=name, create=True, size=size), shape, dtype, owner=True)
 
     @classmethod
-    def attach(cls, name: str, shape, dtype) -> "SharedArray":
+    def attach(cls, name: str, shape, dtype) -> SharedArray:
         shm = shared_memory.SharedMemory(name=name, create=False)
         resource_tracker.unregister(shm._name, "shared_memory")  # the owner unlinks, not us
         return cls(shm, shape, dtype, owner=False)
