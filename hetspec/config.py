@@ -37,6 +37,8 @@ class DraftConfig:
     weights: str = "as-is"              # llama.cpp only: "as-is", or a type to convert the GGUF to at load
     prefill_weights: str = "same"       # llama.cpp only: "same", or a type for a second copy that prefills prompts
     prefill_borrows_target_cores: bool = True
+    prompt_kv: str = "own"              # "auto": take the target's KV cache of a long prompt when the
+                                        # models' caches have one shape (a quantized copy), else prefill it
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,8 @@ def _validated(c: EngineConfig) -> EngineConfig:
                           f"got {d.prefill_weights!r}")
     if d.prefill_weights != "same" and d.backend != "llama.cpp":
         raise ConfigError(f"[draft] prefill_weights = {d.prefill_weights!r} needs backend 'llama.cpp'")
+    if d.prompt_kv not in ("own", "auto"):
+        raise ConfigError(f"[draft] prompt_kv must be 'own' or 'auto', got {d.prompt_kv!r}")
     if t.cpu_kernels not in CPU_KERNELS:
         raise ConfigError(f"[target] cpu_kernels must be one of {', '.join(CPU_KERNELS)}, got {t.cpu_kernels!r}")
     if t.dtype not in DTYPES:

@@ -51,6 +51,7 @@ class Policy:
     draft_borrows_cores: bool = True  # the draft prefills on the target's cores too, the target waiting
     keep_drafting: bool = False  # the draft grows the next window until the target's verdict is in
     max_window: int = 0        # ... up to this many tokens (the shared buffers' size)
+    kv_handover: bool = False  # the draft takes the target's cache of a long prompt instead of prefilling it
 
     @property
     def timing_may_shape_windows(self) -> bool:
@@ -76,6 +77,7 @@ class Stats:
     round_s: float = 0.0        # wall time of speculative rounds
     busy_s: float = 0.0         # ... of which a worker computed: the longer side, or both in sequence
     sequences_hist: Counter = field(default_factory=Counter)
+    draft_prompt_kv: str = "own"  # how the draft got the prompt's cache: its own prefill, or the "target"'s
 
     @property
     def acceptance(self) -> float:
@@ -144,17 +146,25 @@ class Decoder:
         waits: speculation then starts about twice as soon, which beats the few
         tokens the target would decode alone on its own core meanwhile. Without
         borrowing, the target decodes alone until the draft is ready. In "target"
-        mode the target decodes everything alone.
+        mode the target decodes everything alone. When the draft is a quantized
+        copy of the target (kv_handover), it takes the target's cache of the
+        prompt instead of computing its own.
 
         How many tokens the target decodes alone depends on timing, and with it
         where windows start; a seeded sampling run must not depend on timing, so
         it waits for the draft instead (greedy output never depends on windows)."""
-        borrowed = False
+        wait_for_draft = False
         if self.policy.mode != "target" and not self.draft.busy and not self.out.done:
-            borrowed = self.policy.draft_borrows_cores and len(self.out.context) >= BORROW_MIN_PROMPT
+            long_prompt = len(self.out.context) >= BORROW_MIN_PROMPT
+            handover = len(self.out.context) - 1 if self.policy.kv_handover and long_prompt else 0
+            if handover:       # the target's cache holds the prompt: the draft takes it, a copy of a few ms
+                self.target.export_kv(self.id, handover)
+            borrowed = not handover and self.policy.draft_borrows_cores and long_prompt
             self.draft.start_prefill(self.id, self.out.context, self.policy.seed, self.policy.cache_prompt,
-                                     borrow_cores=borrowed)
-        overlap = not borrowed and self.policy.timing_may_shape_windows
+                                     borrow_cores=borrowed, kv_length=handover)
+            wait_for_draft = borrowed or handover > 0
+            self.stats.draft_prompt_kv = "target" if handover else "own"
+        overlap = not wait_for_draft and self.policy.timing_may_shape_windows
         while not self.out.done and (self.policy.mode == "target" or (overlap and not self.draft.poll())):
             self._start_verify(EMPTY)
             self.out.commit([self._choose(self.target.finish_verify(1, self.sampling), 0)])

@@ -50,7 +50,8 @@ class Launcher:
             json.dump(run, f)
         draft_spec = {"backend": c.draft.backend, "model": draft_model, "cores": list(c.draft.cores),
                       "threads": c.draft.threads, "n_ctx": c.draft.n_ctx, "weights": c.draft.weights,
-                      "prefill_weights": c.draft.prefill_weights, "scratch_dir": self.runtime_dir,
+                      "prefill_weights": c.draft.prefill_weights, "prompt_kv": c.draft.prompt_kv,
+                      "scratch_dir": self.runtime_dir,
                       "borrow_cores": list(c.target.cores) if c.draft.prefill_borrows_target_cores else []}
         target_spec = {"model": target_model, "dtype": c.target.dtype, "device": c.target.device,
                        "cores": list(c.target.cores), "threads": c.target.threads, "cpu_kernels": c.target.cpu_kernels,

@@ -40,6 +40,7 @@ from ipc.messages import (
     TokensEvent,
     WorkerHello,
 )
+from ipc.shm import SharedArray, segment_name
 
 CALIBRATION_CONTEXT = 256
 WORKER_SEND_TIMEOUT_MS = 2000   # a DEALER with no peer (a dead worker) would block a send forever
@@ -62,6 +63,8 @@ class Scheduler:
         self.dead: str | None = None       # why the engine can no longer serve
         self.stopping = False
         self.parent = os.getppid()         # the launcher: if it goes, so do we
+        self.kv_handover = False
+        self.kv_buffer = None              # the target's prompt cache on its way to the draft
 
     # ---- start-up ------------------------------------------------------------
 
@@ -82,12 +85,22 @@ class Scheduler:
         self.eos = set(hellos["target"].eos_token_ids) | self.tokenizer.eos_token_ids
         rows, run_id = self.config.decoding.max_gamma + 2, self.run["run_id"]
         max_tokens = self.config.server.max_context + rows
+        # The draft reports a cache shape only with [draft] prompt_kv = "auto": one it
+        # can take from the target when the target's has the same (a quantized copy).
+        geometry = hellos["draft"].kv_geometry
+        self.kv_handover = bool(geometry) and geometry == hellos["target"].kv_geometry
+        shared = {}
+        if self.kv_handover:
+            layers, heads, head_dim = geometry
+            self.kv_buffer = SharedArray.create(segment_name(run_id, "kv"), (2, layers, heads, max_tokens, head_dim),
+                                                np.float16)
+            shared = {"kv": self.kv_buffer}
         self.target.attach(run_id, {"input": ((max_tokens,), np.int32), "choice": ((rows,), np.int32),
-                                    "probs": ((rows, self.n_vocab), np.float32)})
+                                    "probs": ((rows, self.n_vocab), np.float32)}, shared)
         self.draft.attach(run_id, {"context": ((max_tokens,), np.int32),
                                    "tokens": ((2, rows + self.config.decoding.max_sequences), np.int32),
                                    "probs": ((2, rows + self.config.decoding.max_sequences, self.n_vocab),
-                                             np.float32)})
+                                             np.float32)}, shared)
         self.gamma, budget, self.costs = self._budget()
         keep = self.config.decoding.keep_drafting
         # On a CPU target both workers share the memory bus: a draft that never
@@ -95,7 +108,7 @@ class Scheduler:
         self.keep_drafting = hellos["target"].device.startswith("cuda") if keep == "auto" else keep
         self.info = {
             "pid": os.getpid(), "endpoint": self.clients.endpoint, "gamma": self.gamma, "budget": budget,
-            "keep_drafting": self.keep_drafting,
+            "keep_drafting": self.keep_drafting, "prompt_kv": "target" if self.kv_handover else "own",
             "n_vocab": self.n_vocab, "config": self.config.to_dict(),
             "draft": _worker_info(hellos["draft"]), "target": _worker_info(hellos["target"]),
         }
@@ -207,7 +220,8 @@ class Scheduler:
                         seeded=request.seed is not None, borrow_cores=self.config.target.prefill_borrows_draft_cores,
                         cache_prompt=request.cache_prompt,
                         draft_borrows_cores=self.config.draft.prefill_borrows_target_cores,
-                        keep_drafting=self.keep_drafting, max_window=decoding.max_gamma)
+                        keep_drafting=self.keep_drafting, max_window=decoding.max_gamma,
+                        kv_handover=self.kv_handover)
         output = Output(prompt_ids, max_new, self.eos, request.stop, self.tokenizer)
         return Decoder(request.request_id, policy, self.draft, self.target, output, self.costs)
 
@@ -232,6 +246,8 @@ class Scheduler:
                 link.close()
             except zmq.ZMQError:
                 pass
+        if self.kv_buffer is not None:
+            self.kv_buffer.close()
         self.draft.channel.close()
         self.target.channel.close()
         self.clients.close()
@@ -257,7 +273,7 @@ def _stats(stats, decoder: Decoder, out: Output) -> dict:
         "drafted": stats.drafted, "accepted": stats.accepted,
         "acceptance_rate": stats.accepted / stats.drafted if stats.drafted else 0.0,
         "mean_accepted_per_round": stats.committed_in_spec_rounds / spec if spec else 0.0,
-        "branch_hits": stats.branch_hits,
+        "branch_hits": stats.branch_hits, "draft_prompt_kv": stats.draft_prompt_kv,
         "sequences_hist": {str(k): v for k, v in sorted(stats.sequences_hist.items())},
         "draft_s": stats.draft_s, "verify_s": stats.verify_s, "round_s": stats.round_s,
         "overhead_s": max(0.0, stats.round_s - stats.busy_s),

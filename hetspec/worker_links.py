@@ -20,7 +20,9 @@ from ipc.messages import (
     DraftCommand,
     Drafted,
     DraftExtended,
+    ExportKV,
     Idle,
+    KVExported,
     Shutdown,
     Verified,
     VerifyCommand,
@@ -110,11 +112,13 @@ class WorkerLink:
         self.busy = True
         self.channel.send(message)
 
-    def attach(self, run_id: str, layout: dict[str, tuple]) -> None:
-        """Create this worker's shared buffers and have it map them."""
+    def attach(self, run_id: str, layout: dict[str, tuple], shared: dict[str, SharedArray] | None = None) -> None:
+        """Create this worker's shared buffers and have it map them, and `shared`
+        ones too (both workers', closed by whoever made them)."""
         for key, (shape, dtype) in layout.items():
             self.buffers[key] = SharedArray.create(segment_name(run_id, f"{self.role}-{key}"), shape, dtype)
-        self.send(AttachBuffers({k: b.spec() for k, b in self.buffers.items()}))
+        specs = {k: b.spec() for k, b in {**self.buffers, **(shared or {})}.items()}
+        self.send(AttachBuffers(specs))
         reply = self.wait(60)
         assert isinstance(reply, Attached), reply
 
@@ -133,6 +137,14 @@ class TargetLink(WorkerLink):
         self.buffers["input"].array[:len(tokens)] = tokens
         self.send(VerifyCommand(request_id, keep, len(tokens), rows, sampling.temperature, sampling.top_p,
                                 sampling.top_k, borrow_cores))
+
+    def export_kv(self, request_id: int, length: int) -> float:
+        """Have the target write its cache of the first `length` positions to the shared
+        "kv" buffer, for the draft to take; returns the seconds it took."""
+        self.send(ExportKV(request_id, length))
+        reply = self.wait()
+        assert isinstance(reply, KVExported), reply
+        return reply.seconds
 
     def finish_verify(self, rows: int, sampling: Sampling) -> Verification:
         reply = self.wait()
@@ -173,14 +185,16 @@ class DraftLink(WorkerLink):
             self.channel.send(Idle())
             self.extending = False
 
-    def start_prefill(self, request_id: int, context, seed: int, reuse_cache: bool, borrow_cores: bool) -> None:
-        """Bring the draft's cache up to date with context (drafting nothing);
-        finish_draft collects the reply."""
+    def start_prefill(self, request_id: int, context, seed: int, reuse_cache: bool, borrow_cores: bool,
+                      kv_length: int = 0) -> None:
+        """Bring the draft's cache up to date with context (drafting nothing), first
+        taking the target's cache of kv_length tokens if given; finish_draft collects the reply."""
         self.buffers["context"].array[:len(context)] = context
         self.command += 1
         self.extending = False
         self.send(DraftCommand(request_id, len(context), 0, False, 1, 1, 0.0, 1.0, 0, seed, self.slot,
-                               reuse_cache=reuse_cache, borrow_cores=borrow_cores, command=self.command))
+                               reuse_cache=reuse_cache, borrow_cores=borrow_cores, command=self.command,
+                               kv_length=kv_length))
 
     def finish_draft(self, sampling: Sampling) -> Draft:
         reply = self.wait()

@@ -23,6 +23,8 @@ class WorkerHello:
     load_s: float
     eos_token_ids: list[int] = field(default_factory=list)   # from the target's generation config
     kernels: str = ""         # how the model runs, e.g. "llama.cpp f16" or "onednn prepacked (211 linear layers)"
+    kv_geometry: list[int] = field(default_factory=list)  # [layers, kv_heads, head_dim] of a cache that can be
+                                                          # handed over (target) or taken (draft); [] if not
 
 
 @dataclass
@@ -76,6 +78,8 @@ class DraftCommand:
     extend_to: int = 0         # > n_tokens: after replying, keep extending the likeliest branch up to
                                # this many tokens, one DraftExtended each, until the next message arrives
     command: int = 0           # numbers the command, so a late DraftExtended is recognised as stale
+    kv_length: int = 0         # > 0: first take the cache of the context's first kv_length tokens from the
+                               # shared "kv" buffer (the target's, ExportKV), and evaluate only the rest
 
 
 @dataclass
@@ -138,6 +142,20 @@ class VerifyCommand:
 
 @dataclass
 class Verified:
+    request_id: int
+    seconds: float
+
+
+@dataclass
+class ExportKV:
+    """Target: write the first `length` positions of the request's KV cache to the
+    shared "kv" buffer, float16, (2, layers, kv_heads, positions, head_dim)."""
+    request_id: int
+    length: int
+
+
+@dataclass
+class KVExported:
     request_id: int
     seconds: float
 
@@ -217,6 +235,7 @@ _TYPES = [
     VerifyCommand, Verified, CalibrateTarget, TargetCalibration,
     GenerateRequest, TokensEvent, Finished, RequestFailed, InfoRequest, EngineInfo, StopEngine,
     DraftExtended, Idle,   # appended: the tags of the others stay as they were
+    ExportKV, KVExported,
 ]
 _TAG_OF = {cls: bytes([i]) for i, cls in enumerate(_TYPES)}
 _CLASS_OF = {tag: cls for cls, tag in _TAG_OF.items()}

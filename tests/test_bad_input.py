@@ -238,6 +238,7 @@ BAD_CONFIGS = {
     "prefill-weights-unknown": (config(draft={"prefill_weights": "fp8"}), r"\[draft\] prefill_weights must be 'same' or one of"),
     "prefill-weights-torch-backend": (config(draft={"prefill_weights": "bf16"}),
                                       r"prefill_weights = 'bf16' needs backend 'llama.cpp'"),
+    "prompt-kv-unknown": (config(draft={"prompt_kv": "target"}), r"\[draft\] prompt_kv must be 'own' or 'auto'"),
     "cpu-kernels-unknown": (config(target={"cpu_kernels": "mkl"}), r"\[target\] cpu_kernels must be one of onednn, torch"),
     "timeout-not-a-number": (config(server={"startup_timeout_s": "soon"}), r"startup_timeout_s"),
     "timeout-negative": (config(server={"startup_timeout_s": -1}), r"startup_timeout_s"),

@@ -26,21 +26,27 @@ class DraftState:
 
                 self.model = SplitPrefillModel(self.model, _load_gguf(spec, prefill))
                 self.kernels += f", prompts prefilled as {prefill}"
+            self.kv_geometry = self.model.kv_geometry() if spec.get("prompt_kv") == "auto" else []
         else:
             from workers.torch_draft_model import TorchDraftModel
 
             set_torch_threads(spec["threads"])
             self.model = TorchDraftModel(spec["model"])
             self.kernels = "torch"
+            self.kv_geometry = []
         self.drafter = Drafter(self.model, spec["n_ctx"])
         self.request_id = None
         self.cores, self.threads = spec["cores"], spec["threads"]
         self.lent = spec.get("borrow_cores", [])
 
-    def prefill(self, context: np.ndarray, reuse_cache: bool, borrow: bool) -> None:
-        """Catch up with context, on the target's cores too when lent (the target waits meanwhile)."""
+    def prefill(self, context: np.ndarray, reuse_cache: bool, borrow: bool, kv=None, kv_length: int = 0) -> None:
+        """Catch up with context, on the target's cores too when lent (the target waits
+        meanwhile); with kv_length, the first kv_length tokens' cache is the target's."""
+        if kv_length:
+            self.model.import_kv(kv[0, :, :, :kv_length], kv[1, :, :, :kv_length])
+            self.drafter.adopt(context[:kv_length])
         with borrowed_cores(self.cores, self.lent if borrow else [], self.model.set_threads, self.threads):
-            self.drafter.sync(context, reuse_cache)
+            self.drafter.sync(context, reuse_cache or kv_length > 0)
 
 
 def _load_gguf(spec: dict, weights: str):
@@ -67,7 +73,7 @@ def load(spec: dict):
     state = DraftState(spec)
     hello = WorkerHello(role="draft", pid=os.getpid(), n_vocab=state.model.n_vocab, device="cpu",
                         cores=spec["cores"], threads=spec["threads"], load_s=time.perf_counter() - start,
-                        kernels=state.kernels)
+                        kernels=state.kernels, kv_geometry=state.kv_geometry)
     return hello, state
 
 
@@ -78,7 +84,8 @@ def draft(state: DraftState, cmd: DraftCommand, buffers) -> Drafted:
         state.drafter.rng = np.random.default_rng([cmd.seed, 1])
     context = buffers["context"].array[:cmd.context_len]
     if cmd.n_tokens == 0:                    # only bring the cache up to date (prefill)
-        state.prefill(context, cmd.reuse_cache, cmd.borrow_cores)
+        kv = buffers["kv"].array if "kv" in buffers else None   # shared with the target, when handing over
+        state.prefill(context, cmd.reuse_cache, cmd.borrow_cores, kv, cmd.kv_length)
         return Drafted(cmd.request_id, cmd.slot, [], time.perf_counter() - start, 1)
     params = DraftParams(cmd.n_tokens, cmd.speculative, cmd.sequences, cmd.max_sequences,
                          cmd.temperature, cmd.top_p, cmd.top_k, cmd.acceptance)

@@ -53,6 +53,11 @@ class Drafter:
         self.passes += 1
         return logits
 
+    def adopt(self, tokens: np.ndarray) -> None:
+        """The model's cache was replaced by one holding exactly `tokens`."""
+        self.cached[:len(tokens)] = tokens
+        self.n_cached = len(tokens)
+
     def sync(self, context: np.ndarray, reuse: bool = True) -> np.ndarray:
         """Make the cache hold `context`; return the logits after its last token.
         reuse=False evaluates all of it, as a fresh process would."""

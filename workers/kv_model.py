@@ -27,6 +27,23 @@ class KVModel:
 
         return growing_cache()
 
+    def geometry(self) -> list[int]:
+        """[layers, kv_heads, head_dim] of the cache; [] when some layers attend
+        within a sliding window (their cache layout is the model's own)."""
+        config = self.lm.config.get_text_config()
+        if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+            return []
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return [config.num_hidden_layers, getattr(config, "num_key_value_heads", None) or heads, head_dim]
+
+    def layer_kv(self, length: int):
+        """(keys, values) of each layer's first `length` positions, (kv_heads, length, head_dim)."""
+        if length > self.length:
+            raise ValueError(f"{length} positions asked for, {self.length} cached")
+        for layer in self.cache.layers:
+            yield layer.keys[0, :, :length], layer.values[0, :, :length]
+
     @torch.inference_mode()
     def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
         """Logits (n, vocab) for every token (or only the last one), float32."""

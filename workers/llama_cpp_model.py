@@ -33,6 +33,7 @@ class LlamaCppModel:
             raise FileNotFoundError(f"GGUF model file not found: {path}")
         llama_cpp.llama_log_set(_SILENT_LOG, ctypes.c_void_p(0))
         self._model = self._ctx = self._batch = None
+        self._state_layout = None
 
         self._model = llama_cpp.llama_model_load_from_file(
             os.fsencode(path), llama_cpp.llama_model_default_params())
@@ -122,6 +123,29 @@ class LlamaCppModel:
         llama_cpp.llama_memory_seq_rm(self._mem, 0, 0, -1)
         if llama_cpp.llama_state_seq_set_data(self._ctx, state, len(state), 0) != len(state):
             raise RuntimeError("llama.cpp could not import the KV state (another architecture?)")
+
+    def kv_geometry(self) -> list[int]:
+        """[layers, kv_heads, head_dim] of a cache another model's KV can replace;
+        [] when it cannot (a sliding-window model keeps a second cache)."""
+        self._check_open()
+        if llama_cpp.llama_model_n_swa(self._model) > 0:
+            return []
+        heads = llama_cpp.llama_model_n_head(self._model)
+        return [llama_cpp.llama_model_n_layer(self._model), llama_cpp.llama_model_n_head_kv(self._model),
+                llama_cpp.llama_model_n_embd(self._model) // heads]
+
+    def import_kv(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Replace the cache by positions 0..T-1 given as (layers, kv_heads, T, head_dim)
+        float16 keys (post-RoPE, transformers' order) and values; see llama_kv_state."""
+        from workers.llama_kv_state import build_state, read_layout, to_llama_order
+
+        if self._state_layout is None:
+            layers, heads, _, dim = keys.shape
+            self.forward([0], 0)                          # a one-token state shows the layout
+            self._state_layout = read_layout(bytes(self.export_cache(1)), layers, heads * dim)
+        keys = to_llama_order(keys, llama_cpp.llama_model_rope_type(self._model))
+        state = build_state(self._state_layout, keys, values)
+        self.import_cache((ctypes.c_uint8 * len(state)).from_buffer(state))
 
     def set_threads(self, n_threads: int) -> None:
         llama_cpp.llama_set_n_threads(self._ctx, n_threads, n_threads)

@@ -42,6 +42,12 @@ class SplitPrefillModel:
         self.handovers += 1
         return self.model.forward(tokens[-1:], last)
 
+    def kv_geometry(self) -> list[int]:
+        return self.model.kv_geometry()
+
+    def import_kv(self, keys: np.ndarray, values: np.ndarray) -> None:
+        self.model.import_kv(keys, values)
+
     def set_threads(self, n_threads: int) -> None:
         self.model.set_threads(n_threads)
         self.prefill_model.set_threads(n_threads)

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from ipc.messages import CalibrateTarget, TargetCalibration, Verified, VerifyCommand, WorkerHello
+from ipc.messages import CalibrateTarget, ExportKV, KVExported, TargetCalibration, Verified, VerifyCommand, WorkerHello
 from workers.hf_loading import eos_token_ids, load_causal_lm
 from workers.kv_model import KVModel
 from workers.packed_linear import pack_linears
@@ -55,7 +55,7 @@ def load(spec: dict):
     state = TargetState(spec)
     hello = WorkerHello(role="target", pid=os.getpid(), n_vocab=state.kv.n_vocab, device=state.device,
                         cores=spec["cores"], threads=spec["threads"], load_s=time.perf_counter() - start,
-                        eos_token_ids=state.eos, kernels=state.kernels)
+                        eos_token_ids=state.eos, kernels=state.kernels, kv_geometry=state.kv.geometry())
     return hello, state
 
 
@@ -69,6 +69,16 @@ def verify(state: TargetState, cmd: VerifyCommand, buffers) -> Verified:
         buffers["probs"].array[:rows] = probs
     buffers["choice"].array[:rows] = logits.argmax(dim=-1).cpu().numpy()
     return Verified(cmd.request_id, time.perf_counter() - start)
+
+
+def export_kv(state: TargetState, cmd: ExportKV, buffers) -> KVExported:
+    """The prompt's KV cache, for a draft that is a copy of this model (see workers/llama_kv_state.py)."""
+    start = time.perf_counter()
+    kv = buffers["kv"].array
+    for i, (keys, values) in enumerate(state.kv.layer_kv(cmd.length)):
+        kv[0, i, :, :cmd.length] = keys.to(torch.float16).cpu().numpy()
+        kv[1, i, :, :cmd.length] = values.to(torch.float16).cpu().numpy()
+    return KVExported(cmd.request_id, time.perf_counter() - start)
 
 
 def calibrate(state: TargetState, cmd: CalibrateTarget, buffers) -> TargetCalibration:
@@ -92,7 +102,7 @@ def calibrate(state: TargetState, cmd: CalibrateTarget, buffers) -> TargetCalibr
 
 def main(argv=None) -> int:
     spec = parse_args(argv)
-    return serve("target", spec, load, {VerifyCommand: verify, CalibrateTarget: calibrate})
+    return serve("target", spec, load, {VerifyCommand: verify, CalibrateTarget: calibrate, ExportKV: export_kv})
 
 
 if __name__ == "__main__":

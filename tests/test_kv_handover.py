@@ -1,0 +1,87 @@
+"""The draft taking the target's cache of a prompt (workers/llama_kv_state.py),
+with the real SmolLM2 pair: the state format round-trips through llama.cpp
+byte for byte, the target's cache stands in for the draft's own prefill, and
+an engine that hands it over still decodes exactly the target's greedy output."""
+import ctypes
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import hetspec
+from hetspec.models import resolve_model
+from hetspec.tokenizer import Tokenizer
+from workers.gguf_conversion import convert_gguf
+from workers.hf_loading import load_causal_lm
+from workers.kv_model import KVModel
+from workers.llama_cpp_model import LlamaCppModel
+from workers.llama_kv_state import ROPE_NEOX, ROPE_NORM, build_state, read_layout, to_llama_order
+
+pytestmark = pytest.mark.integration
+
+LONG_CHAT = ("Summarize the following notes in two sentences. " + " ".join(
+    f"Note {i}: the {['red', 'blue', 'green'][i % 3]} train left platform {i} at {8 + i % 9} o'clock." for i in range(30)))
+
+
+@pytest.fixture(scope="module")
+def draft(tmp_path_factory):
+    model = resolve_model("builtin:smollm2")
+    path = convert_gguf(os.path.join(model.path, model.gguf_file), "q8_0", str(tmp_path_factory.mktemp("gguf")), 2)
+    return LlamaCppModel(path, 2048, 2)
+
+
+def test_key_order_pairs_the_halves_of_each_head():
+    keys = np.arange(2 * 1 * 3 * 8, dtype=np.float32).reshape(2, 1, 3, 8)   # layers, heads, positions, head_dim
+    llama = to_llama_order(keys, ROPE_NORM)
+    # llama.cpp dimension 2i + h holds transformers' dimension h * 4 + i
+    assert llama[1, 0, 2].tolist() == [keys[1, 0, 2, j] for j in (0, 4, 1, 5, 2, 6, 3, 7)]
+    assert to_llama_order(keys, ROPE_NEOX) is keys
+    with pytest.raises(ValueError, match="rope type"):
+        to_llama_order(keys, 8)
+
+
+def test_built_state_round_trips_through_llama_cpp(draft):
+    layers, heads, head_dim = draft.kv_geometry()
+    draft.forward([1], 0)
+    layout = read_layout(bytes(draft.export_cache(1)), layers, heads * head_dim)
+    rng = np.random.default_rng(0)
+    keys, values = (rng.standard_normal((layers, heads, 37, head_dim)).astype(np.float16) for _ in range(2))
+    state = build_state(layout, keys, values)
+    draft.import_cache((ctypes.c_uint8 * len(state)).from_buffer(state))
+    assert bytes(draft.export_cache(37)) == bytes(state)
+    with pytest.raises(ValueError, match="unexpected llama.cpp sequence state"):
+        read_layout(bytes(state[:-5]), layers, heads * head_dim)       # 37 cells, and truncated
+    with pytest.raises(ValueError, match="does not fit"):
+        build_state(layout, keys[:-1], values[:-1])
+
+
+def test_target_cache_stands_in_for_the_draft_prefill(draft):
+    model = resolve_model("builtin:smollm2")
+    target = KVModel(load_causal_lm(model.to_dict(), "float32", "cpu"))
+    assert target.geometry() == draft.kv_geometry() == [30, 3, 64]
+    tokenizer = Tokenizer(model)
+    for text in (LONG_CHAT, "What is the capital of France?"):
+        ids = tokenizer.encode_chat([{"role": "user", "content": text}])
+        next_token = int(target.forward(ids, 0)[-1].argmax())
+        keys, values = (np.stack([kv[i].to(torch.float16).numpy() for kv in target.layer_kv(len(ids))])
+                        for i in (0, 1))
+        draft.import_kv(keys, values)
+        taken = draft.forward([next_token], len(ids)).copy()
+        draft.forward(ids, 0)
+        own = draft.forward([next_token], len(ids)).copy()
+        # the same prediction, with logits as close as the Q8_0 draft's own are to the target's
+        assert taken.argmax() == own.argmax()
+        assert np.abs(taken - own).max() < 4.0
+
+
+def test_engine_hands_the_prompt_cache_over_and_stays_exact():
+    with hetspec.launch({"draft": {"prompt_kv": "auto"}}) as engine:
+        assert engine.get_info()["prompt_kv"] == "target"
+        messages = [{"role": "user", "content": LONG_CHAT}]
+        result = engine.generate(messages=messages, max_new_tokens=40)
+        assert result.stats["draft_prompt_kv"] == "target" and result.stats["accepted"] > 0
+        assert result.token_ids == engine.generate(messages=messages, max_new_tokens=40, mode="target").token_ids
+    with hetspec.launch({"draft": {"prompt_kv": "own"}}) as engine:
+        assert engine.get_info()["prompt_kv"] == "own"
+        assert engine.generate(messages=messages, max_new_tokens=4).stats["draft_prompt_kv"] == "own"

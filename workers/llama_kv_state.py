@@ -1,0 +1,106 @@
+"""A llama.cpp sequence state built from another model's attention cache.
+
+When the draft is a quantized copy of the target, the target's KV cache of a
+prompt, computed anyway for the first token, can stand in for the draft's own
+prefill of it (the longest step before speculation starts on a long prompt).
+
+llama.cpp's per-sequence state (llama_state_seq_get_data) of a model with one
+KV cache is: an 8-byte header, n_stream (u32), cell count (u32), per cell
+pos (i32), n_seq_id (u32), seq_id (i32); v_trans (u32), n_layer (u32); per
+layer K: type (i32), row bytes (u64), the rows; then per layer V the same, or,
+with v_trans, type (i32), element bytes (u32), n_embd_v (u32) and V
+transposed. The layout is read from a one-token state of the live context and
+anything unexpected raises, so a llama.cpp that writes another layout fails
+loudly rather than drafting from garbage.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+GGML_TYPE_F16 = 1
+ROPE_NORM, ROPE_NEOX = 0, 2   # llama.cpp's rope types: adjacent pairs, or halves as in transformers
+
+
+@dataclass
+class StateLayout:
+    header: bytes
+    n_layer: int
+    kv_dim: int          # n_kv_heads x head_dim
+    v_trans: bool
+
+
+def read_layout(state: bytes, n_layer: int, kv_dim: int) -> StateLayout:
+    """The layout of a one-token, one-sequence state; raises ValueError if it is not the one above."""
+    def fail(why):
+        raise ValueError(f"unexpected llama.cpp sequence state ({why})")
+
+    header = state[:8]
+    n_stream, cells = struct.unpack_from("<II", state, 8)
+    if n_stream != 1 or cells != 1:
+        fail(f"{n_stream} streams, {cells} cells")
+    off = 16 + 12
+    v_trans, layers = struct.unpack_from("<II", state, off)
+    off += 8
+    if layers != n_layer:
+        fail(f"{layers} layers, the model has {n_layer}")
+    row = kv_dim * 2
+    for _ in range(n_layer):                                     # K
+        typ, size = struct.unpack_from("<iQ", state, off)
+        if typ != GGML_TYPE_F16 or size != row:
+            fail(f"K type {typ}, row {size} bytes")
+        off += 12 + row
+    for _ in range(n_layer):                                     # V
+        if v_trans:
+            typ, el, n = struct.unpack_from("<iII", state, off)
+            if typ != GGML_TYPE_F16 or el != 2 or n != kv_dim:
+                fail(f"V type {typ}, {el}-byte elements, {n} per cell")
+        else:
+            typ, size = struct.unpack_from("<iQ", state, off)
+            if typ != GGML_TYPE_F16 or size != row:
+                fail(f"V type {typ}, row {size} bytes")
+        off += 12 + row
+    if off != len(state):
+        fail(f"{len(state) - off} bytes left over")
+    return StateLayout(header, n_layer, kv_dim, bool(v_trans))
+
+
+def to_llama_order(keys: np.ndarray, rope_type: int) -> np.ndarray:
+    """Keys (layers, kv_heads, T, head_dim) as transformers keeps them, post-RoPE.
+
+    GGUF conversion of a Llama permutes each head's query and key rows so that
+    llama.cpp's rope, which turns adjacent pairs, equals transformers' rope over
+    the two halves: dimension 2i + h of llama.cpp is dimension h * head_dim/2 + i
+    of transformers. NEOX-rope models are converted without the permutation."""
+    if rope_type == ROPE_NEOX:
+        return keys
+    if rope_type != ROPE_NORM:
+        raise ValueError(f"llama.cpp rope type {rope_type} is not supported for a KV handover")
+    layers, heads, t, d = keys.shape
+    return keys.reshape(layers, heads, t, 2, d // 2).swapaxes(3, 4).reshape(layers, heads, t, d)
+
+
+def build_state(layout: StateLayout, keys: np.ndarray, values: np.ndarray) -> bytearray:
+    """A state holding positions 0..T-1 of sequence 0: keys in llama.cpp's order,
+    keys and values shaped (layers, kv_heads, T, head_dim), float16."""
+    layers, heads, t, d = keys.shape
+    if layers != layout.n_layer or heads * d != layout.kv_dim or values.shape != keys.shape:
+        raise ValueError(f"KV of shape {keys.shape} does not fit {layout.n_layer} layers of {layout.kv_dim}")
+    rows_k = keys.transpose(0, 2, 1, 3).reshape(layers, t, heads * d)      # one row per cell
+    rows_v = values.transpose(0, 2, 1, 3).reshape(layers, t, heads * d)
+    cells = np.zeros((t, 3), dtype=np.int32)
+    cells[:, 0] = np.arange(t)           # pos; one sequence id each, sequence 0
+    cells[:, 1] = 1
+    parts = [layout.header, struct.pack("<II", 1, t), cells.tobytes(), struct.pack("<II", layout.v_trans, layers)]
+    row = layout.kv_dim * 2
+    for layer in range(layers):
+        parts += [struct.pack("<iQ", GGML_TYPE_F16, row), np.ascontiguousarray(rows_k[layer], np.float16).tobytes()]
+    for layer in range(layers):
+        if layout.v_trans:
+            parts += [struct.pack("<iII", GGML_TYPE_F16, 2, layout.kv_dim),
+                      np.ascontiguousarray(rows_v[layer].T, np.float16).tobytes()]
+        else:
+            parts += [struct.pack("<iQ", GGML_TYPE_F16, row), np.ascontiguousarray(rows_v[layer], np.float16).tobytes()]
+    return bytearray(b"".join(parts))
