@@ -74,6 +74,8 @@ def _kernels(engine: dict) -> str:
     """How the engine's workers run their models (results without this field predate it)."""
     parts = [f"{role} runs {(engine.get(role) or {}).get('kernels')}" for role in ("draft", "target")
              if (engine.get(role) or {}).get("kernels")]
+    if parts and engine.get("prompt_kv") == "target":
+        parts[0] += ", takes the target's cache of a prompt (prompt_kv)"
     return "; engine " + ", ".join(parts) + " (baselines: transformers' defaults)" if parts else ""
 
 

@@ -118,7 +118,7 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
         },
         "chosen_gamma": chosen,
         "engine": {"gamma": chosen, "budget": info.get("budget"), "draft": info.get("draft"),
-                   "target": info.get("target")},
+                   "target": info.get("target"), "prompt_kv": info.get("prompt_kv")},
         "methods": {m.name: {"label": m.label, "kind": m.kind, "mode": m.mode, "sequences": m.sequences,
                              "gamma": m.gamma(chosen, max_gamma), **resources[m.name]} for m in methods},
         "draft_ceiling": ceiling,
