@@ -207,26 +207,27 @@ class Decoder:
         The target waits instead while the draft drafts a short window, as in
         SpS, and the pass verifies it at almost no extra cost; the pipeline
         resumes behind it."""
-        n = self._restart_length()
+        return self._draft_window(self._restart_length())
+
+    def _sequential_round(self) -> None:
+        """Ordinary speculative decoding (SpS): draft, then verify, never both at once."""
+        started = time.perf_counter()
+        window, window_probs, draft = self._draft_window(self._draft_length(0))
+        if draft.branches:
+            self.stats.sequences_hist[1] += 1
+        self._start_verify(window)
+        verification = self.target.finish_verify(len(window) + 1, self.sampling)
+        self._verify_and_commit(window, window_probs, verification, draft, started, False)
+
+    def _draft_window(self, n: int) -> tuple[np.ndarray, np.ndarray | None, Draft]:
+        """n tokens drafted after the committed context while the target waits
+        (one branch, its first token a draft guess too): (window, its draft
+        probabilities when sampling, the draft); nothing if n is 0."""
         if n <= 0:
             return EMPTY, None, NO_DRAFT
         self.draft.start_draft(self.id, self.out.context, n, False, 1, 1, self.sampling, self.policy.seed)
         draft = self.draft.finish_draft(self.sampling)
         return draft.branches[0], (draft.probs[0] if draft.probs else None), draft
-
-    def _sequential_round(self) -> None:
-        """Ordinary speculative decoding (SpS): draft, then verify, never both at once."""
-        started = time.perf_counter()
-        n_draft = self._draft_length(0)
-        draft = NO_DRAFT
-        if n_draft > 0:
-            self.draft.start_draft(self.id, self.out.context, n_draft, False, 1, 1, self.sampling, self.policy.seed)
-            draft = self.draft.finish_draft(self.sampling)
-            self.stats.sequences_hist[1] += 1
-        window = draft.branches[0] if draft.branches else EMPTY
-        self._start_verify(window)
-        verification = self.target.finish_verify(len(window) + 1, self.sampling)
-        self._verify_and_commit(window, draft.probs[0] if draft.probs else None, verification, draft, started, False)
 
     def _start_verify(self, window: np.ndarray) -> None:
         """The target's cache holds all but the last committed token: feed it, then the window."""
