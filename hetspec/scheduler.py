@@ -91,7 +91,7 @@ class Scheduler:
         self.kv_handover = bool(geometry) and geometry == hellos["target"].kv_geometry
         shared = {}
         if self.kv_handover:
-            layers, heads, head_dim = geometry
+            layers, heads, head_dim, _ = geometry
             self.kv_buffer = SharedArray.create(segment_name(run_id, "kv"), (2, layers, heads, max_tokens, head_dim),
                                                 np.float16)
             shared = {"kv": self.kv_buffer}

@@ -23,8 +23,9 @@ class WorkerHello:
     load_s: float
     eos_token_ids: list[int] = field(default_factory=list)   # from the target's generation config
     kernels: str = ""         # how the model runs, e.g. "llama.cpp f16" or "onednn prepacked (211 linear layers)"
-    kv_geometry: list[int] = field(default_factory=list)  # [layers, kv_heads, head_dim] of a cache that can be
-                                                          # handed over (target) or taken (draft); [] if not
+    kv_geometry: list[int] = field(default_factory=list)  # [layers, kv_heads, head_dim, full-attention layers]
+                                                          # of a cache that can be handed over (target) or
+                                                          # taken (draft); [] if not
 
 
 @dataclass

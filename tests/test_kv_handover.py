@@ -1,10 +1,11 @@
 """The draft taking the target's cache of a prompt (workers/llama_kv_state.py),
-with the real SmolLM2 pair: the state format round-trips through llama.cpp
-byte for byte, the target's cache stands in for the draft's own prefill, and
-an engine that hands it over still decodes exactly the target's greedy output."""
+with the real SmolLM2 and Gemma 3 pairs: the state format round-trips through
+llama.cpp byte for byte (Gemma 3's with its two caches, full-attention and
+sliding-window), the target's cache stands in for the draft's own prefill,
+and an engine that hands it over still decodes exactly the target's greedy output."""
 import ctypes
-import os
 
+import llama_cpp
 import numpy as np
 import pytest
 import torch
@@ -24,11 +25,27 @@ LONG_CHAT = ("Summarize the following notes in two sentences. " + " ".join(
     f"Note {i}: the {['red', 'blue', 'green'][i % 3]} train left platform {i} at {8 + i % 9} o'clock." for i in range(30)))
 
 
+def _draft(name: str, folder) -> LlamaCppModel:
+    model = resolve_model(f"builtin:{name}")
+    return LlamaCppModel(convert_gguf(model.file, "q8_0", str(folder), 2), 2048, 2)
+
+
+def _llama_tokens(draft: LlamaCppModel, text: str) -> list[int]:
+    vocab = llama_cpp.llama_model_get_vocab(draft._model)
+    data = text.encode()
+    tokens = (llama_cpp.llama_token * (len(data) + 8))()
+    n = llama_cpp.llama_tokenize(vocab, data, len(data), tokens, len(tokens), True, False)
+    return list(tokens[:n])
+
+
 @pytest.fixture(scope="module")
 def draft(tmp_path_factory):
-    model = resolve_model("builtin:smollm2")
-    path = convert_gguf(os.path.join(model.path, model.gguf_file), "q8_0", str(tmp_path_factory.mktemp("gguf")), 2)
-    return LlamaCppModel(path, 2048, 2)
+    return _draft("smollm2", tmp_path_factory.mktemp("gguf"))
+
+
+@pytest.fixture(scope="module")
+def gemma_draft(tmp_path_factory):
+    return _draft("gemma3-270m", tmp_path_factory.mktemp("gguf"))
 
 
 def test_key_order_pairs_the_halves_of_each_head():
@@ -41,28 +58,35 @@ def test_key_order_pairs_the_halves_of_each_head():
         to_llama_order(keys, 8)
 
 
-def test_built_state_round_trips_through_llama_cpp(draft):
-    layers, heads, head_dim = draft.kv_geometry()
+@pytest.mark.parametrize("model", ["draft", "gemma_draft"])
+def test_built_state_round_trips_through_llama_cpp(model, request):
+    draft = request.getfixturevalue(model)
+    layers, heads, head_dim, full = draft.kv_geometry()
     draft.forward([1], 0)
-    layout = read_layout(bytes(draft.export_cache(1)), layers, heads * head_dim)
+    layout = read_layout(bytes(draft.export_cache(1)))
+    assert layout.sections == ([layers] if full == layers else [full, layers - full])
     rng = np.random.default_rng(0)
     keys, values = (rng.standard_normal((layers, heads, 37, head_dim)).astype(np.float16) for _ in range(2))
     state = build_state(layout, keys, values)
     draft.import_cache((ctypes.c_uint8 * len(state)).from_buffer(state))
     assert bytes(draft.export_cache(37)) == bytes(state)
     with pytest.raises(ValueError, match="unexpected llama.cpp sequence state"):
-        read_layout(bytes(state[:-5]), layers, heads * head_dim)       # 37 cells, and truncated
+        read_layout(bytes(state[:-5]))                                  # 37 cells, and truncated
     with pytest.raises(ValueError, match="does not fit"):
         build_state(layout, keys[:-1], values[:-1])
 
 
-def test_target_cache_stands_in_for_the_draft_prefill(draft):
-    model = resolve_model("builtin:smollm2")
-    target = KVModel(load_causal_lm(model.to_dict(), "float32", "cpu"))
-    assert target.geometry() == draft.kv_geometry() == [30, 3, 64]
-    tokenizer = Tokenizer(model)
+@pytest.mark.parametrize(("name", "model", "geometry"), [("smollm2", "draft", [30, 3, 64, 30]),
+                                                         ("gemma3-270m", "gemma_draft", [18, 1, 256, 3])])
+def test_target_cache_stands_in_for_the_draft_prefill(name, model, geometry, request):
+    draft = request.getfixturevalue(model)
+    resolved = resolve_model(f"builtin:{name}")
+    target = KVModel(load_causal_lm(resolved.to_dict(), "float32", "cpu"))
+    # Gemma 3: 3 full-attention layers of 18, handed over first, as llama.cpp keeps them
+    assert target.geometry() == draft.kv_geometry() == geometry
     for text in (LONG_CHAT, "What is the capital of France?"):
-        ids = tokenizer.encode_chat([{"role": "user", "content": text}])
+        ids = (Tokenizer(resolved).encode_chat([{"role": "user", "content": text}]) if name == "smollm2"
+               else _llama_tokens(draft, text))     # Gemma's transformers tokenizer takes ~17 s to build
         next_token = int(target.forward(ids, 0)[-1].argmax())
         keys, values = (np.stack([kv[i].to(torch.float16).numpy() for kv in target.layer_kv(len(ids))])
                         for i in (0, 1))
@@ -73,6 +97,11 @@ def test_target_cache_stands_in_for_the_draft_prefill(draft):
         # the same prediction, with logits as close as the Q8_0 draft's own are to the target's
         assert taken.argmax() == own.argmax()
         assert np.abs(taken - own).max() < 4.0
+        if name != "smollm2":      # the layers in model order instead: the draft would see nonsense
+            order = np.r_[[5, 11, 17], [i for i in range(18) if i % 6 != 5]]
+            back = np.argsort(order)
+            draft.import_kv(keys[back], values[back])
+            assert np.abs(draft.forward([next_token], len(ids)) - own).max() > 4.0
 
 
 def test_engine_hands_the_prompt_cache_over_and_stays_exact():

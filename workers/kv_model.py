@@ -27,21 +27,32 @@ class KVModel:
 
         return growing_cache()
 
-    def geometry(self) -> list[int]:
-        """[layers, kv_heads, head_dim] of the cache; [] when some layers attend
-        within a sliding window (their cache layout is the model's own)."""
+    def _layer_types(self) -> list[str]:
         config = self.lm.config.get_text_config()
-        if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+        return list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
+
+    def geometry(self) -> list[int]:
+        """[layers, kv_heads, head_dim, full-attention layers] of the cache as
+        layer_kv hands it over; [] when some layers attend in another way."""
+        config = self.lm.config.get_text_config()
+        types = self._layer_types()
+        if set(types) - {"full_attention", "sliding_attention"}:
             return []
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        return [config.num_hidden_layers, getattr(config, "num_key_value_heads", None) or heads, head_dim]
+        return [len(types), getattr(config, "num_key_value_heads", None) or heads, head_dim,
+                types.count("full_attention")]
 
     def layer_kv(self, length: int):
-        """(keys, values) of each layer's first `length` positions, (kv_heads, length, head_dim)."""
+        """(keys, values) of each layer's first `length` positions, (kv_heads, length, head_dim):
+        the full-attention layers first, then the sliding-window ones (as llama.cpp
+        keeps them in two caches), each in model order."""
         if length > self.length:
             raise ValueError(f"{length} positions asked for, {self.length} cached")
-        for layer in self.cache.layers:
+        types = self._layer_types()
+        order = sorted(range(len(types)), key=lambda i: types[i] != "full_attention")
+        for i in order:
+            layer = self.cache.layers[i]
             yield layer.keys[0, :, :length], layer.values[0, :, :length]
 
     @torch.inference_mode()

@@ -125,27 +125,38 @@ class LlamaCppModel:
             raise RuntimeError("llama.cpp could not import the KV state (another architecture?)")
 
     def kv_geometry(self) -> list[int]:
-        """[layers, kv_heads, head_dim] of a cache another model's KV can replace;
-        [] when it cannot (a sliding-window model keeps a second cache)."""
+        """[layers, kv_heads, head_dim, full-attention layers] of a cache another
+        model's KV can replace (the full-attention layers come first in it); []
+        when it cannot (a state layout this module does not know)."""
         self._check_open()
-        if llama_cpp.llama_model_n_swa(self._model) > 0:
+        try:
+            layout = self._layout()
+        except ValueError:
             return []
-        heads = llama_cpp.llama_model_n_head(self._model)
-        return [llama_cpp.llama_model_n_layer(self._model), llama_cpp.llama_model_n_head_kv(self._model),
-                llama_cpp.llama_model_n_embd(self._model) // heads]
+        sliding = llama_cpp.llama_model_n_swa(self._model) > 0
+        if layout.n_layer != llama_cpp.llama_model_n_layer(self._model) or len(layout.sections) != 1 + sliding:
+            return []
+        heads = llama_cpp.llama_model_n_head_kv(self._model)
+        return [layout.n_layer, heads, layout.kv_dim // heads, layout.sections[0]]
 
     def import_kv(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Replace the cache by positions 0..T-1 given as (layers, kv_heads, T, head_dim)
-        float16 keys (post-RoPE, transformers' order) and values; see llama_kv_state."""
-        from workers.llama_kv_state import build_state, read_layout, to_llama_order
+        float16 keys (post-RoPE, transformers' order) and values, layers in the
+        order kv_geometry gives; see llama_kv_state."""
+        from workers.llama_kv_state import build_state, to_llama_order
+
+        keys = to_llama_order(keys, llama_cpp.llama_model_rope_type(self._model))
+        state = build_state(self._layout(), keys, values)
+        self.import_cache((ctypes.c_uint8 * len(state)).from_buffer(state))
+
+    def _layout(self):
+        """How this context writes a sequence's state, read once from a one-token state."""
+        from workers.llama_kv_state import read_layout
 
         if self._state_layout is None:
-            layers, heads, _, dim = keys.shape
-            self.forward([0], 0)                          # a one-token state shows the layout
-            self._state_layout = read_layout(bytes(self.export_cache(1)), layers, heads * dim)
-        keys = to_llama_order(keys, llama_cpp.llama_model_rope_type(self._model))
-        state = build_state(self._state_layout, keys, values)
-        self.import_cache((ctypes.c_uint8 * len(state)).from_buffer(state))
+            self.forward([0], 0)
+            self._state_layout = read_layout(bytes(self.export_cache(1)))
+        return self._state_layout
 
     def set_threads(self, n_threads: int) -> None:
         llama_cpp.llama_set_n_threads(self._ctx, n_threads, n_threads)

@@ -4,14 +4,16 @@ When the draft is a quantized copy of the target, the target's KV cache of a
 prompt, computed anyway for the first token, can stand in for the draft's own
 prefill of it (the longest step before speculation starts on a long prompt).
 
-llama.cpp's per-sequence state (llama_state_seq_get_data) of a model with one
-KV cache is: an 8-byte header, n_stream (u32), cell count (u32), per cell
-pos (i32), n_seq_id (u32), seq_id (i32); v_trans (u32), n_layer (u32); per
-layer K: type (i32), row bytes (u64), the rows; then per layer V the same, or,
-with v_trans, type (i32), element bytes (u32), n_embd_v (u32) and V
-transposed. The layout is read from a one-token state of the live context and
-anything unexpected raises, so a llama.cpp that writes another layout fails
-loudly rather than drafting from garbage.
+llama.cpp's per-sequence state (llama_state_seq_get_data) is an 8-byte header,
+then one section per KV cache: a model with sliding-window layers (Gemma 3)
+keeps two caches, its full-attention layers' first, then the sliding ones'.
+A section is n_stream (u32), cell count (u32), per cell pos (i32), n_seq_id
+(u32), seq_id (i32); v_trans (u32), n_layer (u32); per layer K: type (i32),
+row bytes (u64), the rows; then per layer V the same, or, with v_trans, type
+(i32), element bytes (u32), n_embd_v (u32) and V transposed. The layout is
+read from a one-token state of the live context and anything unexpected
+raises, so a llama.cpp that writes another layout fails loudly rather than
+drafting from garbage.
 """
 from __future__ import annotations
 
@@ -22,49 +24,64 @@ import numpy as np
 
 GGML_TYPE_F16 = 1
 ROPE_NORM, ROPE_NEOX = 0, 2   # llama.cpp's rope types: adjacent pairs, or halves as in transformers
+MAX_SECTIONS = 2              # one cache, or a full-attention and a sliding-window one
 
 
 @dataclass
 class StateLayout:
     header: bytes
-    n_layer: int
+    sections: list[int]  # layers per cache, in the state's order (full-attention first)
     kv_dim: int          # n_kv_heads x head_dim
     v_trans: bool
 
+    @property
+    def n_layer(self) -> int:
+        return sum(self.sections)
 
-def read_layout(state: bytes, n_layer: int, kv_dim: int) -> StateLayout:
+
+def read_layout(state: bytes) -> StateLayout:
     """The layout of a one-token, one-sequence state; raises ValueError if it is not the one above."""
     def fail(why):
         raise ValueError(f"unexpected llama.cpp sequence state ({why})")
 
-    header = state[:8]
-    n_stream, cells = struct.unpack_from("<II", state, 8)
-    if n_stream != 1 or cells != 1:
-        fail(f"{n_stream} streams, {cells} cells")
-    off = 16 + 12
-    v_trans, layers = struct.unpack_from("<II", state, off)
-    off += 8
-    if layers != n_layer:
-        fail(f"{layers} layers, the model has {n_layer}")
-    row = kv_dim * 2
-    for _ in range(n_layer):                                     # K
-        typ, size = struct.unpack_from("<iQ", state, off)
-        if typ != GGML_TYPE_F16 or size != row:
-            fail(f"K type {typ}, row {size} bytes")
-        off += 12 + row
-    for _ in range(n_layer):                                     # V
-        if v_trans:
-            typ, el, n = struct.unpack_from("<iII", state, off)
-            if typ != GGML_TYPE_F16 or el != 2 or n != kv_dim:
-                fail(f"V type {typ}, {el}-byte elements, {n} per cell")
-        else:
+    header, off = state[:8], 8
+    sections, kv_dims, v_transes = [], set(), set()
+    while off < len(state) and len(sections) < MAX_SECTIONS:
+        if len(state) - off < 28:
+            fail(f"{len(state) - off} bytes left over")
+        n_stream, cells, pos, n_seq, seq = struct.unpack_from("<IIiIi", state, off)
+        if (n_stream, cells, pos, n_seq, seq) != (1, 1, 0, 1, 0):
+            fail(f"{n_stream} streams, {cells} cells, first at {pos} in {n_seq} sequence(s)")
+        v_trans, layers = struct.unpack_from("<II", state, off + 20)
+        off += 28
+        if layers == 0:
+            fail("a cache without layers")
+        for _ in range(layers):                                     # K
             typ, size = struct.unpack_from("<iQ", state, off)
-            if typ != GGML_TYPE_F16 or size != row:
-                fail(f"V type {typ}, row {size} bytes")
-        off += 12 + row
+            if typ != GGML_TYPE_F16 or size % 2:
+                fail(f"K type {typ}, row {size} bytes")
+            kv_dims.add(size // 2)
+            off += 12 + size
+        for _ in range(layers):                                     # V
+            if v_trans:
+                typ, el, n = struct.unpack_from("<iII", state, off)
+                if typ != GGML_TYPE_F16 or el != 2:
+                    fail(f"V type {typ}, {el}-byte elements")
+                kv_dims.add(n)
+            else:
+                typ, size = struct.unpack_from("<iQ", state, off)
+                if typ != GGML_TYPE_F16:
+                    fail(f"V type {typ}")
+                kv_dims.add(size // 2)
+                n = size // 2
+            off += 12 + 2 * n
+        sections.append(layers)
+        v_transes.add(v_trans)
     if off != len(state):
         fail(f"{len(state) - off} bytes left over")
-    return StateLayout(header, n_layer, kv_dim, bool(v_trans))
+    if len(kv_dims) != 1 or len(v_transes) != 1:
+        fail(f"K and V widths {sorted(kv_dims)}, v_trans {sorted(v_transes)}")
+    return StateLayout(header, sections, kv_dims.pop(), bool(v_transes.pop()))
 
 
 def to_llama_order(keys: np.ndarray, rope_type: int) -> np.ndarray:
@@ -84,7 +101,10 @@ def to_llama_order(keys: np.ndarray, rope_type: int) -> np.ndarray:
 
 def build_state(layout: StateLayout, keys: np.ndarray, values: np.ndarray) -> bytearray:
     """A state holding positions 0..T-1 of sequence 0: keys in llama.cpp's order,
-    keys and values shaped (layers, kv_heads, T, head_dim), float16."""
+    keys and values shaped (layers, kv_heads, T, head_dim), float16, their layers
+    in the order of the state's sections (full-attention layers first). A
+    sliding-window cache gets every position too, as the draft's own prefill
+    leaves it."""
     layers, heads, t, d = keys.shape
     if layers != layout.n_layer or heads * d != layout.kv_dim or values.shape != keys.shape:
         raise ValueError(f"KV of shape {keys.shape} does not fit {layout.n_layer} layers of {layout.kv_dim}")
@@ -93,14 +113,20 @@ def build_state(layout: StateLayout, keys: np.ndarray, values: np.ndarray) -> by
     cells = np.zeros((t, 3), dtype=np.int32)
     cells[:, 0] = np.arange(t)           # pos; one sequence id each, sequence 0
     cells[:, 1] = 1
-    parts = [layout.header, struct.pack("<II", 1, t), cells.tobytes(), struct.pack("<II", layout.v_trans, layers)]
+    parts, first = [layout.header], 0
     row = layout.kv_dim * 2
-    for layer in range(layers):
-        parts += [struct.pack("<iQ", GGML_TYPE_F16, row), np.ascontiguousarray(rows_k[layer], np.float16).tobytes()]
-    for layer in range(layers):
-        if layout.v_trans:
-            parts += [struct.pack("<iII", GGML_TYPE_F16, 2, layout.kv_dim),
-                      np.ascontiguousarray(rows_v[layer].T, np.float16).tobytes()]
-        else:
-            parts += [struct.pack("<iQ", GGML_TYPE_F16, row), np.ascontiguousarray(rows_v[layer], np.float16).tobytes()]
+    for n_layer in layout.sections:
+        section = range(first, first + n_layer)
+        first += n_layer
+        parts += [struct.pack("<II", 1, t), cells.tobytes(), struct.pack("<II", layout.v_trans, n_layer)]
+        for layer in section:
+            parts += [struct.pack("<iQ", GGML_TYPE_F16, row),
+                      np.ascontiguousarray(rows_k[layer], np.float16).tobytes()]
+        for layer in section:
+            if layout.v_trans:
+                parts += [struct.pack("<iII", GGML_TYPE_F16, 2, layout.kv_dim),
+                          np.ascontiguousarray(rows_v[layer].T, np.float16).tobytes()]
+            else:
+                parts += [struct.pack("<iQ", GGML_TYPE_F16, row),
+                          np.ascontiguousarray(rows_v[layer], np.float16).tobytes()]
     return bytearray(b"".join(parts))
