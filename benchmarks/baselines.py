@@ -117,20 +117,22 @@ class Baselines:
         return {"device": self.device, "cores": self.cores, "threads": self.threads, "dtype": self.dtype,
                 "thread_trial_tokens_per_s": self.thread_trial or None}
 
-    def choose_threads(self, prompt_ids: list[int], tokens: int = 16) -> int:
+    def choose_threads(self, probes: list[list[int]], tokens: int = 16) -> int:
         """Give the baselines their best thread count: every core, or one.
 
         On an idle machine every core wins (the prompt prefill nearly halves on
         two). On a busy one an OpenMP team waits at every barrier for its slowest
         thread, and two threads can run several times slower than one; a baseline
-        slowed that way would flatter every speedup. Best of two short greedy runs each."""
+        slowed that way would flatter every speedup. The probes are whole greedy
+        runs of `tokens` tokens (best of two each), a short prompt and a long one,
+        so that the choice weighs prefill as the suite does."""
         if self.device != "cpu" or len(self.cores) < 2:
             return self.threads
         speeds = {}
         for threads in (len(self.cores), 1):
             torch.set_num_threads(threads)
-            best = min(self.run("vanilla", prompt_ids, tokens).total_s for _ in range(2))
-            speeds[threads] = tokens / best
+            seconds = sum(min(self.run("vanilla", ids, tokens).total_s for _ in range(2)) for ids in probes)
+            speeds[threads] = tokens * len(probes) / seconds
         self.thread_trial = {str(k): round(v, 2) for k, v in speeds.items()}
         self.threads = max(speeds, key=speeds.get)
         torch.set_num_threads(self.threads)

@@ -97,7 +97,8 @@ def _methods_table(doc: dict) -> list[str]:
     for name, m in doc["methods"].items():
         if m["kind"] == "baseline":
             trial = m.get("thread_trial_tokens_per_s")
-            why = ("; chosen as the faster: " + ", ".join(f"{t} thread(s) {v:.1f} tok/s" for t, v in trial.items())
+            why = ("; chosen as the faster on short and long prompt probes, prefill included: "
+                   + ", ".join(f"{t} thread(s) {v:.1f} tok/s" for t, v in trial.items())
                    if trial else "")
             where = f"{m['device']}, cores {m['cores']}, {m['threads']} thread(s) (benchmark process{why})"
         elif "draft_cores" in m:

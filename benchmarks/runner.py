@@ -64,7 +64,8 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
                 baselines = Baselines(config.target.model, config.target.dtype, info["target"]["device"],
                                       extra_eos=tokenizer.eos_token_ids, threads=settings.baseline_threads or None)
                 if not settings.baseline_threads:
-                    baselines.choose_threads(prompt_ids[prompts[0].key])
+                    first, longest = prompt_ids[prompts[0].key], max(prompt_ids.values(), key=len)
+                    baselines.choose_threads([first] if longest is first else [first, longest])
         resources = _resources(methods, info, baselines, config.target.dtype)
         if settings.warmup:
             with clock("warmup"):

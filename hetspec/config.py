@@ -38,7 +38,7 @@ class DraftConfig:
     prefill_weights: str = "same"       # llama.cpp only: "same", or a type for a second copy that prefills prompts
     prefill_borrows_target_cores: bool = True
     prompt_kv: str = "own"              # "auto": take the target's KV cache of a long prompt when the
-                                        # models' caches have one shape (a quantized copy), else prefill it
+                                        # models' caches have one layout (a quantized copy), else prefill it
 
 
 @dataclass(frozen=True)
