@@ -9,10 +9,18 @@ worker can load without guessing.
 - "random:vocab=320,hidden=64,layers=2,heads=4,seed=0"
                           a tiny randomly initialised model built from a config (tests);
                           arch=gemma3 gives Gemma 3's sliding-window cache
+
+transformers takes 20-60 s to dequantize a GGUF file and build its tokenizer;
+the first load keeps both in transformers' own format under the cache
+directory (HETSPEC_CACHE, default ~/.cache/hetspec; "off" keeps nothing), and
+later loads read that copy in a second or two.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.metadata
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,6 +37,7 @@ class ResolvedModel:
     path: str = ""             # directory (gguf/dir), hub id, or "" for random
     gguf_file: str = ""        # file name inside `path` for kind "gguf"
     random: dict | None = None  # config values for kind "random"
+    cache_dir: str = ""        # kind "gguf": where its transformers form is kept ("" keeps none)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,7 +68,24 @@ def _gguf(path: Path, section: str) -> ResolvedModel:
     if not path.is_file():
         raise ConfigError(f"[{section}] model file not found: {path}")
     path = path.resolve()
-    return ResolvedModel(kind="gguf", path=str(path.parent), gguf_file=path.name)
+    return ResolvedModel(kind="gguf", path=str(path.parent), gguf_file=path.name, cache_dir=_cache_dir(path))
+
+
+def _cache_dir(path: Path) -> str:
+    """A directory named after the file, its size and time, and the transformers
+    version (another version may convert differently): a changed file or an
+    upgrade gets a fresh copy."""
+    root = os.environ.get("HETSPEC_CACHE", "")
+    if root.lower() == "off":
+        return ""
+    root = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "hetspec"
+    stat = path.stat()
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        version = "none"
+    key = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{version}".encode()).hexdigest()[:16]
+    return str(root / f"{path.stem}-{key}")
 
 
 def _builtin_path(name: str, section: str) -> Path:

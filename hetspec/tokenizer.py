@@ -4,6 +4,9 @@ Workers see token ids only; all text handling lives here, in one process.
 """
 from __future__ import annotations
 
+import os
+import shutil
+
 from hetspec.errors import ConfigError, RequestError
 from hetspec.models import ResolvedModel
 
@@ -27,6 +30,13 @@ class Tokenizer:
             return
         from transformers import AutoTokenizer
 
+        kept = os.path.join(model.cache_dir, "tokenizer") if model.cache_dir else ""
+        if kept and os.path.isdir(kept):
+            try:
+                self.hf = AutoTokenizer.from_pretrained(kept)
+                return
+            except Exception:  # noqa: BLE001 - an unreadable copy: convert again and replace it
+                shutil.rmtree(kept, ignore_errors=True)
         try:
             if model.kind == "gguf":
                 self.hf = AutoTokenizer.from_pretrained(model.path, gguf_file=model.gguf_file)
@@ -34,6 +44,18 @@ class Tokenizer:
                 self.hf = AutoTokenizer.from_pretrained(model.path)
         except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
             raise ConfigError(f"could not load the tokenizer of {model.file}: {exc}") from None
+        if kept:
+            self._keep(kept)
+
+    def _keep(self, folder: str) -> None:
+        """As the target keeps its model (workers/hf_loading.py): saved under a private
+        name and renamed, so a reader never sees half a copy; best effort."""
+        partial = f"{folder}.partial-{os.getpid()}"
+        try:
+            self.hf.save_pretrained(partial)
+            os.rename(partial, folder)
+        except OSError:
+            shutil.rmtree(partial, ignore_errors=True)
 
     @property
     def eos_token_ids(self) -> set[int]:

@@ -1,9 +1,15 @@
 """Load a transformers causal LM from a resolved model spec (see hetspec/models.py).
 
 A GGUF file is dequantized by transformers' GGUF loader (needs gguf and
-accelerate); a "random" spec builds a tiny model from a config, for tests.
+accelerate), once: the result is kept in the model's cache_dir (see
+hetspec/models.py) and read from there next time. A "random" spec builds a
+tiny model from a config, for tests.
 """
 from __future__ import annotations
+
+import copy
+import os
+import shutil
 
 import torch
 
@@ -18,10 +24,45 @@ def load_causal_lm(model: dict, dtype: str = "float32", device: str = "cpu"):
     if kind == "random":
         lm = _random_model(model["random"], torch_dtype)
     elif kind == "gguf":
-        lm = AutoModelForCausalLM.from_pretrained(model["path"], gguf_file=model["gguf_file"], dtype=torch_dtype)
+        lm = _from_gguf(model, dtype)
     else:
         lm = AutoModelForCausalLM.from_pretrained(model["path"], dtype=torch_dtype)
     return lm.to(device).eval()
+
+
+def _from_gguf(model: dict, dtype: str):
+    from transformers import AutoModelForCausalLM
+
+    kept = os.path.join(model["cache_dir"], f"model-{dtype}") if model.get("cache_dir") else ""
+    if kept and os.path.isdir(kept):
+        try:
+            return AutoModelForCausalLM.from_pretrained(kept, dtype=DTYPES[dtype])
+        except Exception:  # noqa: BLE001 - an unreadable copy: convert again and replace it
+            shutil.rmtree(kept, ignore_errors=True)
+    lm = AutoModelForCausalLM.from_pretrained(model["path"], gguf_file=model["gguf_file"], dtype=DTYPES[dtype])
+    if kept:
+        _keep(lm, kept)
+    return lm
+
+
+def _keep(lm, folder: str) -> None:
+    """Save under a private name, then rename: a reader never sees half a copy, and
+    of two processes converting at once one copy wins. Best effort: a full disk
+    or a read-only cache only costs the next start its conversion again."""
+    from safetensors.torch import save_model
+
+    partial = f"{folder}.partial-{os.getpid()}"
+    config = copy.deepcopy(lm.config)
+    if hasattr(config, "quantization_config"):   # the weights are saved dequantized: a plain checkpoint
+        del config.quantization_config
+    try:
+        os.makedirs(partial)
+        config.save_pretrained(partial)
+        lm.generation_config.save_pretrained(partial)
+        save_model(lm, os.path.join(partial, "model.safetensors"))    # tied weights stored once
+        os.rename(partial, folder)
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def _random_model(spec: dict, torch_dtype):

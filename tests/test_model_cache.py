@@ -1,0 +1,47 @@
+"""The transformers form of a GGUF file, kept after the first load (hetspec/models.py,
+workers/hf_loading.py, hetspec/tokenizer.py): the kept copy is the same model and
+tokenizer, a damaged one is rebuilt, and HETSPEC_CACHE=off keeps nothing."""
+import os
+
+import pytest
+import torch
+
+from hetspec.models import resolve_model
+from hetspec.tokenizer import Tokenizer
+from workers.hf_loading import eos_token_ids, load_causal_lm
+
+pytestmark = pytest.mark.integration
+
+TEXT = "The three primary colours are"
+
+
+def _run(model):
+    lm = load_causal_lm(model.to_dict(), "float32")
+    tokenizer = Tokenizer(model)
+    ids = tokenizer.encode_chat([{"role": "user", "content": TEXT}])
+    with torch.inference_mode():
+        logits = lm(torch.tensor([ids])).logits
+    return ids, logits, eos_token_ids(lm), tokenizer.eos_token_ids
+
+
+def test_kept_copy_is_the_same_model_and_tokenizer(tmp_path, monkeypatch):
+    monkeypatch.setenv("HETSPEC_CACHE", str(tmp_path))
+    model = resolve_model("builtin:smollm2")
+    assert model.cache_dir.startswith(str(tmp_path))
+    converted = _run(model)
+    assert sorted(os.listdir(model.cache_dir)) == ["model-float32", "tokenizer"]
+    assert not [name for name in os.listdir(tmp_path) if ".partial-" in name]
+    kept = _run(model)
+    assert converted[0] == kept[0] and converted[2:] == kept[2:]
+    assert torch.equal(converted[1], kept[1])                       # bit for bit
+
+    weights = os.path.join(model.cache_dir, "model-float32", "model.safetensors")
+    with open(weights, "r+b") as f:                                  # a damaged copy is converted again
+        f.truncate(100)
+    assert torch.equal(_run(model)[1], converted[1])
+    assert os.path.getsize(weights) > 100
+
+
+def test_cache_off_keeps_nothing(monkeypatch):
+    monkeypatch.setenv("HETSPEC_CACHE", "off")
+    assert resolve_model("builtin:smollm2").cache_dir == ""
