@@ -54,7 +54,7 @@ class Tokenizer:
         try:
             self.hf.save_pretrained(partial)
             os.rename(partial, folder)
-        except OSError:
+        except Exception:  # noqa: BLE001 - keeping a copy is optional; loading already succeeded
             shutil.rmtree(partial, ignore_errors=True)
 
     @property

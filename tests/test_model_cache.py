@@ -31,7 +31,11 @@ def test_kept_copy_is_the_same_model_and_tokenizer(tmp_path, monkeypatch):
     converted = _run(model)
     assert sorted(os.listdir(model.cache_dir)) == ["model-float32", "tokenizer"]
     assert not [name for name in os.listdir(tmp_path) if ".partial-" in name]
+    markers = [os.path.join(model.cache_dir, name, "marker") for name in ("model-float32", "tokenizer")]
+    for marker in markers:
+        open(marker, "w").close()
     kept = _run(model)
+    assert all(os.path.exists(marker) for marker in markers)         # read, not converted and replaced again
     assert converted[0] == kept[0] and converted[2:] == kept[2:]
     assert torch.equal(converted[1], kept[1])                       # bit for bit
 

@@ -52,16 +52,16 @@ def _keep(lm, folder: str) -> None:
     from safetensors.torch import save_model
 
     partial = f"{folder}.partial-{os.getpid()}"
-    config = copy.deepcopy(lm.config)
-    if hasattr(config, "quantization_config"):   # the weights are saved dequantized: a plain checkpoint
-        del config.quantization_config
     try:
+        config = copy.deepcopy(lm.config)
+        if "quantization_config" in vars(config):   # the weights are saved dequantized: a plain checkpoint
+            del config.quantization_config
         os.makedirs(partial)
         config.save_pretrained(partial)
         lm.generation_config.save_pretrained(partial)
         save_model(lm, os.path.join(partial, "model.safetensors"))    # tied weights stored once
         os.rename(partial, folder)
-    except OSError:
+    except Exception:  # noqa: BLE001 - keeping a copy is optional; loading already succeeded
         shutil.rmtree(partial, ignore_errors=True)
 
 
