@@ -63,8 +63,12 @@ class Scheduler:
         self.dead: str | None = None       # why the engine can no longer serve
         self.stopping = False
         self.parent = os.getppid()         # the launcher: if it goes, so do we
-        self.kv_handover = False
-        self.kv_buffer = None              # the target's prompt cache on its way to the draft
+        self.kv_buffer = None              # the target's prompt cache on its way to the draft, if handed over
+
+    @property
+    def kv_handover(self) -> bool:
+        """The draft takes the target's cache of a long prompt (both reported one layout)."""
+        return self.kv_buffer is not None
 
     # ---- start-up ------------------------------------------------------------
 
@@ -88,9 +92,8 @@ class Scheduler:
         # The draft reports a cache shape only with [draft] prompt_kv = "auto": one it
         # can take from the target when the target's has the same (a quantized copy).
         geometry = hellos["draft"].kv_geometry
-        self.kv_handover = bool(geometry) and geometry == hellos["target"].kv_geometry
         shared = {}
-        if self.kv_handover:
+        if geometry and geometry == hellos["target"].kv_geometry:
             layers, heads, head_dim, _ = geometry
             self.kv_buffer = SharedArray.create(segment_name(run_id, "kv"), (2, layers, heads, max_tokens, head_dim),
                                                 np.float16)

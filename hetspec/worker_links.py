@@ -138,13 +138,12 @@ class TargetLink(WorkerLink):
         self.send(VerifyCommand(request_id, keep, len(tokens), rows, sampling.temperature, sampling.top_p,
                                 sampling.top_k, borrow_cores))
 
-    def export_kv(self, request_id: int, length: int) -> float:
+    def export_kv(self, request_id: int, length: int) -> None:
         """Have the target write its cache of the first `length` positions to the shared
-        "kv" buffer, for the draft to take; returns the seconds it took."""
+        "kv" buffer, for the draft to take; returns once it is written."""
         self.send(ExportKV(request_id, length))
         reply = self.wait()
         assert isinstance(reply, KVExported), reply
-        return reply.seconds
 
     def finish_verify(self, rows: int, sampling: Sampling) -> Verification:
         reply = self.wait()
