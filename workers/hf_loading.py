@@ -33,13 +33,14 @@ def load_causal_lm(model: dict, dtype: str = "float32", device: str = "cpu"):
 def _from_gguf(model: dict, dtype: str):
     from transformers import AutoModelForCausalLM
 
+    torch_dtype = DTYPES[dtype]
     kept = os.path.join(model["cache_dir"], f"model-{dtype}") if model.get("cache_dir") else ""
     if kept and os.path.isdir(kept):
         try:
-            return AutoModelForCausalLM.from_pretrained(kept, dtype=DTYPES[dtype])
+            return AutoModelForCausalLM.from_pretrained(kept, dtype=torch_dtype)
         except Exception:  # noqa: BLE001 - an unreadable copy: convert again and replace it
             shutil.rmtree(kept, ignore_errors=True)
-    lm = AutoModelForCausalLM.from_pretrained(model["path"], gguf_file=model["gguf_file"], dtype=DTYPES[dtype])
+    lm = AutoModelForCausalLM.from_pretrained(model["path"], gguf_file=model["gguf_file"], dtype=torch_dtype)
     if kept:
         _keep(lm, kept)
     return lm

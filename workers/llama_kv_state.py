@@ -67,13 +67,12 @@ def read_layout(state: bytes) -> StateLayout:
                 typ, el, n = struct.unpack_from("<iII", state, off)
                 if typ != GGML_TYPE_F16 or el != 2:
                     fail(f"V type {typ}, {el}-byte elements")
-                kv_dims.add(n)
             else:
                 typ, size = struct.unpack_from("<iQ", state, off)
                 if typ != GGML_TYPE_F16:
                     fail(f"V type {typ}")
-                kv_dims.add(size // 2)
                 n = size // 2
+            kv_dims.add(n)
             off += 12 + 2 * n
         sections.append(layers)
         v_transes.add(v_trans)
