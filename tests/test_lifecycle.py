@@ -1,8 +1,8 @@
 """Lifecycle: an engine leaves nothing behind (processes, /dev/shm segments, its runtime
 directory) however it ends - closed, left by a `with` block, failed to start, or with a
 worker killed under it - and never leaves a client hanging. Also: several clients at
-once, connect(), streaming, and the hetspec-launch CLI (one-shot --json, and serve mode
-stopped by SIGINT / SIGTERM).
+once, connect(), streaming, and the hetspec-launch CLI (one-shot --json, serve mode
+stopped by SIGINT / SIGTERM, and killed by SIGKILL mid-request).
 
 Every wait is bounded (a thread joined with a timeout, a process waited with a timeout),
 so a hang fails the test instead of stalling the run.
@@ -406,6 +406,39 @@ def test_cli_serve_mode(tmp_path, engine, sig):
     assert isinstance(error, EngineDeadError), error
     client.close()
 
+
+def test_cli_serve_mode_killed_mid_request(tmp_path):
+    """A launcher killed outright (SIGKILL: no handler runs) takes its engine with it: the
+    workers and the scheduler notice they are orphaned, stop, and remove every segment and
+    the runtime directory; a client streaming at that moment gets an error, not a hang."""
+    toml = write_toml(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "hetspec.cli", toml], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
+        try:
+            endpoint = lines.get(timeout=CLI_TIMEOUT_S).strip()
+        except queue.Empty:
+            pytest.fail("hetspec-launch printed no endpoint")
+        engine_processes = psutil.Process(proc.pid).children(recursive=True)
+        assert len(engine_processes) >= 3
+        assert cli_leftovers(proc.pid)[0], "the engine made no shared-memory segments"
+        client = hetspec.connect(endpoint)
+        thread, box = start_long_request(client)
+        proc.kill()
+        proc.wait(DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert_exit(engine_processes)
+    thread.join(DEADLINE_S)
+    assert not thread.is_alive(), "the request hung after its engine's launcher was killed"
+    assert "result" not in box, "a 2000-token request finished although its engine was killed"
+    assert isinstance(box["error"], HetspecError), box
+    client.close()
+    assert cli_leftovers(proc.pid) == ([], [], [])
 
 def test_cli_one_shot_interrupted(tmp_path):
     """Ctrl-C during a one-shot generation stops it (and the engine) instead of being ignored."""
