@@ -369,11 +369,11 @@ def test_cli_one_shot_json(tmp_path, engine):
     assert cli_leftovers(proc.pid) == ([], [], [])
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_cli_serve_mode(tmp_path, engine, sig):
-    toml = write_toml(tmp_path)
+def start_serving(toml: str, stderr=subprocess.PIPE) -> tuple[subprocess.Popen, str, list[psutil.Process]]:
+    """hetspec-launch serving `toml`, once it has printed its endpoint: (its process, the
+    endpoint, the engine's processes). Killed again if it does not get that far."""
     proc = subprocess.Popen([sys.executable, "-m", "hetspec.cli", toml], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=stderr, text=True)
     try:
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
@@ -384,7 +384,17 @@ def test_cli_serve_mode(tmp_path, engine, sig):
         assert endpoint.startswith("ipc://"), endpoint
         engine_processes = psutil.Process(proc.pid).children(recursive=True)
         assert len(engine_processes) >= 3
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc, endpoint, engine_processes
 
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_cli_serve_mode(tmp_path, engine, sig):
+    proc, endpoint, engine_processes = start_serving(write_toml(tmp_path))
+    try:
         client = hetspec.connect(endpoint)
         result = client.generate("Hello server", max_new_tokens=12)
         assert result.token_ids == engine.generate("Hello server", max_new_tokens=12).token_ids
@@ -411,18 +421,8 @@ def test_cli_serve_mode_killed_mid_request(tmp_path):
     """A launcher killed outright (SIGKILL: no handler runs) takes its engine with it: the
     workers and the scheduler notice they are orphaned, stop, and remove every segment and
     the runtime directory; a client streaming at that moment gets an error, not a hang."""
-    toml = write_toml(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "hetspec.cli", toml], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc, endpoint, engine_processes = start_serving(write_toml(tmp_path), stderr=subprocess.DEVNULL)
     try:
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
-        try:
-            endpoint = lines.get(timeout=CLI_TIMEOUT_S).strip()
-        except queue.Empty:
-            pytest.fail("hetspec-launch printed no endpoint")
-        engine_processes = psutil.Process(proc.pid).children(recursive=True)
-        assert len(engine_processes) >= 3
         assert cli_leftovers(proc.pid)[0], "the engine made no shared-memory segments"
         client = hetspec.connect(endpoint)
         thread, box = start_long_request(client)
