@@ -23,7 +23,7 @@ SHIPPED_CONFIGS = {"smollm2": "smollm2.toml", "gemma3-270m": "gemma3-270m.toml"}
 DEFAULT_CONFIG = "smollm2"
 MODES = ("duodec", "sequential", "target")
 DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
-CPU_KERNELS = ("onednn", "torch")
+CPU_KERNELS = ("gguf", "onednn", "torch")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -49,7 +49,8 @@ class TargetConfig:
     cores: tuple[int, ...] | str = "auto"
     threads: int = 0
     prefill_borrows_draft_cores: bool = True
-    cpu_kernels: str = "onednn"         # "onednn" (prepacked linear weights, shared GQA heads) or "torch"
+    cpu_kernels: str = "gguf"           # "gguf" (windows read a GGUF target's blocks, else as "onednn"),
+                                        # "onednn" (prepacked linear weights, shared GQA heads) or "torch"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ipc.messages import CalibrateTarget, ExportKV, KVExported, TargetCalibration, Verified, VerifyCommand, WorkerHello
+from workers.gguf_linear import use_gguf_blocks
 from workers.hf_loading import eos_token_ids, load_causal_lm
 from workers.kv_model import KVModel
 from workers.packed_linear import pack_linears
@@ -31,7 +32,9 @@ class TargetState:
             raise RuntimeError(f"device {device!r} was configured but CUDA is not available")
         self.device = device
         lm = load_causal_lm(spec["model"], spec["dtype"], device)
-        tuned_cpu = device == "cpu" and spec.get("cpu_kernels") == "onednn"
+        cpu_kernels = spec.get("cpu_kernels") if device == "cpu" else "torch"
+        tuned_cpu = cpu_kernels in ("gguf", "onednn")
+        blocks = use_gguf_blocks(lm, spec["model"], spec["dtype"]) if cpu_kernels == "gguf" else ""
         self.packed_linears = pack_linears(lm) if tuned_cpu else 0
         if tuned_cpu:
             # transformers copies each shared KV head once per query head before a masked
@@ -40,6 +43,10 @@ class TargetState:
             os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
         self.kv = KVModel(lm, device)
         self.kernels = f"onednn prepacked ({self.packed_linears} linear layers)" if self.packed_linears else "torch"
+        if blocks.startswith("GGUF"):
+            self.kernels = blocks + (f"; {self.kernels}" if self.packed_linears else "")
+        elif blocks:
+            self.kernels += f"; {blocks}"
         self.eos = eos_token_ids(self.kv.lm)
 
     def run(self, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:

@@ -1,0 +1,108 @@
+"""The GGUF block kernels rebuild every weight exactly and multiply like torch,
+and a GGUF target takes them only where its weights are the blocks' values."""
+import copy
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from hetspec.models import resolve_model
+from workers.gguf_kernels import FORMATS, KernelUnavailable, load
+from workers.gguf_linear import MAX_ROWS, GGUFLinear, attach_gguf_blocks
+from workers.gguf_tensors import read_tensors
+from workers.hf_loading import load_causal_lm
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    try:
+        return load(str(tmp_path_factory.mktemp("cache")))
+    except KernelUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def random_blocks(fmt: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Rows of valid blocks: float16 scales (and minimums) first, then random quants."""
+    rng = np.random.default_rng(seed)
+    block_bytes = FORMATS[fmt][1]
+    blocks = rng.integers(0, 256, (rows, cols // 32, block_bytes), dtype=np.uint8)
+    halves = 2 if fmt == "Q4_1" else 1
+    scales = (rng.standard_normal((rows, cols // 32, halves)) * 0.02).astype(np.float16)
+    blocks[:, :, :2 * halves] = scales.view(np.uint8).reshape(rows, cols // 32, 2 * halves)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_weights_are_rebuilt_bit_for_bit(kernels, fmt):
+    rows, cols = 5, 96                         # an odd row count takes the single-row tiles too
+    blocks = random_blocks(fmt, rows, cols)
+    want = gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, fmt)).reshape(rows, cols)
+    identity = torch.eye(cols)                 # x = I: each product is one weight plus exact zeros
+    got = kernels.matmul(fmt, identity, blocks, rows).T.contiguous().numpy()
+    # equal values; a weight of -0.0 (Q4_0's q = 8 times a negative d) sums to +0.0 here
+    assert np.array_equal(got, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_products_match_torch_for_every_window_size(kernels, fmt):
+    rows, cols = 7, 128
+    blocks = random_blocks(fmt, rows, cols, seed=1)
+    weight = torch.from_numpy(gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, fmt))
+                              .reshape(rows, cols).astype(np.float32))
+    for tokens in range(1, 2 * MAX_ROWS + 2):
+        x = torch.randn(tokens, cols, generator=torch.Generator().manual_seed(tokens))
+        want = x @ weight.T
+        assert torch.allclose(kernels.matmul(fmt, x, blocks, rows), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_row_length_of_partial_blocks_is_refused(kernels):
+    with pytest.raises(ValueError, match="refused a Q8_0 product"):
+        kernels.matmul("Q8_0", torch.zeros(1, 40), np.zeros((2, 68), np.uint8), 2)
+
+
+def test_a_failing_compiler_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "false")
+    with pytest.raises(KernelUnavailable, match="building the GGUF kernels failed"):
+        load(str(tmp_path))
+    assert not any((tmp_path / "kernels").iterdir())      # no half-built library left behind
+
+
+def test_a_missing_compiler_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    with pytest.raises(KernelUnavailable, match="no C compiler"):
+        load(str(tmp_path))
+
+
+@pytest.mark.integration
+def test_tensor_index_matches_gguf_reader():
+    path = resolve_model("builtin:smollm2").file
+    ours = read_tensors(path)
+    for tensor in gguf.GGUFReader(path).tensors:
+        mine = ours[tensor.name]
+        assert mine.ggml_type == int(tensor.tensor_type)
+        assert np.array_equal(mine.data.reshape(-1), np.asarray(tensor.data).view(np.uint8).reshape(-1))
+
+
+@pytest.mark.integration
+def test_smollm2_target_verifies_from_its_blocks(kernels):
+    spec = resolve_model("builtin:smollm2")
+    plain = load_causal_lm(spec.to_dict())
+    swapped = copy.deepcopy(plain)
+    with torch.no_grad():                      # one layer no longer holds its blocks' values exactly
+        layer = swapped.model.layers[3].mlp.up_proj.weight
+        layer[0, 0] = torch.nextafter(layer[0, 0], torch.tensor(1.0))
+    assert attach_gguf_blocks(swapped, spec.file, kernels) == {"Q4_1": 209, "Q8_0": 1}
+    assert type(swapped.model.layers[3].mlp.up_proj) is torch.nn.Linear
+    assert type(swapped.model.layers[3].self_attn.q_proj) is GGUFLinear   # rows reordered by transformers
+    assert type(swapped.lm_head) is GGUFLinear                           # the tied Q8_0 embedding
+    with torch.no_grad():
+        swapped.model.layers[3].mlp.up_proj.weight.copy_(plain.model.layers[3].mlp.up_proj.weight)
+    ids = torch.randint(0, plain.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        want = plain(ids).logits[0]
+        prefix = swapped(ids[:, :34], use_cache=True)          # 34 rows: oneDNN; the window: the blocks
+        window = swapped(ids[:, 34:], past_key_values=prefix.past_key_values).logits[0]
+    got = torch.cat([prefix.logits[0], window])
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
