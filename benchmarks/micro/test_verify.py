@@ -1,7 +1,8 @@
 """One verify pass of the target: 1 token (plain decoding) and gamma + 1 tokens (a
 DuoDecoding window plus the last committed token) after a 256-token context, on
-one thread as the target worker runs on a 2-core machine. Each pass first crops
-the cache back to the context, as a rejected window does."""
+one thread as the target worker runs on a 2-core machine, with the worker's own
+kernels (cpu_kernels). Each pass first crops the cache back to the context, as a
+rejected window does."""
 from __future__ import annotations
 
 import pytest
@@ -9,17 +10,18 @@ import torch
 
 from benchmarks.micro.conftest import CONTEXT_TOKENS, GAMMA
 from hetspec.models import resolve_model
-from workers.hf_loading import load_causal_lm
-from workers.kv_model import KVModel
+from workers.target_worker import TargetState
 
 
 @pytest.fixture(scope="module")
 def target(resolved, context_ids):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    kv = KVModel(load_causal_lm(resolve_model(resolved.target.model, "target").to_dict(), resolved.target.dtype, "cpu"))
-    kv.forward(context_ids, 0, all_logits=False)
-    yield kv
+    state = TargetState({"model": resolve_model(resolved.target.model, "target").to_dict(), "device": "cpu",
+                         "dtype": resolved.target.dtype, "cores": [], "threads": 1,
+                         "cpu_kernels": resolved.target.cpu_kernels})
+    state.kv.forward(context_ids, 0, all_logits=False)
+    yield state
     torch.set_num_threads(threads)
 
 
@@ -28,7 +30,8 @@ def test_verify_pass(benchmark, target, context_ids, n_tokens, resolved):
     window = (context_ids * 2)[CONTEXT_TOKENS - 1:CONTEXT_TOKENS - 1 + n_tokens]
 
     def verify():
-        return target.forward(window, CONTEXT_TOKENS - 1).argmax(dim=-1)
+        return target.kv.forward(window, CONTEXT_TOKENS - 1).argmax(dim=-1)
 
-    benchmark.extra_info.update(context=CONTEXT_TOKENS, tokens=n_tokens, threads=1, dtype=resolved.target.dtype)
+    benchmark.extra_info.update(context=CONTEXT_TOKENS, tokens=n_tokens, threads=1, dtype=resolved.target.dtype,
+                                kernels=target.kernels)
     assert len(benchmark(verify)) == n_tokens
