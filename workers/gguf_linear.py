@@ -22,7 +22,7 @@ from workers.gguf_kernels import load as load_kernels
 from workers.gguf_tensors import GGUFTensor, read_tensors
 from workers.packed_linear import PackedLinear, onednn_available
 
-MAX_ROWS = 8         # longer inputs are bound by arithmetic, where oneDNN is faster
+MAX_ROWS = 8         # windows; longer inputs (prompts) are bound by arithmetic: oneDNN's blocked kernels
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(?:self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj$")
 _GGUF_NAMES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
                "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
