@@ -22,7 +22,6 @@ import torch
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gguf_kernels.c")
 FLAGS = ["-O3", "-march=native", "-std=c11", "-shared", "-fPIC"]
 FORMATS = {"Q8_0": (0, 34), "Q4_0": (1, 18), "Q4_1": (2, 20)}   # name: (code in the C file, bytes per block)
-BLOCK = 32
 
 
 class KernelUnavailable(RuntimeError):
