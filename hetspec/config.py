@@ -29,13 +29,14 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class DraftConfig:
-    backend: str = "llama.cpp"          # "llama.cpp" (a GGUF file) or "torch" (transformers)
+    backend: str = "llama.cpp"          # "native" (a Llama GGUF's own blocks, workers/native_draft.c; where it
+                                        # cannot run, llama.cpp does), "llama.cpp" (a GGUF file) or "torch"
     model: str = "builtin:smollm2"
     cores: tuple[int, ...] | str = "auto"
     threads: int = 0                    # 0: one thread per pinned core
     n_ctx: int = 0                      # 0: [server] max_context + max_gamma + 1
-    weights: str = "as-is"              # llama.cpp only: "as-is", or a type to convert the GGUF to at load
-    prefill_weights: str = "same"       # llama.cpp only: "same", or a type for a second copy that prefills prompts
+    weights: str = "as-is"              # llama.cpp (and native's fallback): "as-is", or a type to convert to at load
+    prefill_weights: str = "same"       # ditto: "same", or a type for a second copy that prefills prompts
     prefill_borrows_target_cores: bool = True
     prompt_kv: str = "own"              # "auto": take the target's KV cache of a long prompt when the
                                         # models' caches have one layout (a quantized copy), else prefill it
@@ -150,20 +151,20 @@ def _build(data: dict) -> EngineConfig:
 
 def _validated(c: EngineConfig) -> EngineConfig:
     d, t, dec, s = c.draft, c.target, c.decoding, c.server
-    if d.backend not in ("llama.cpp", "torch"):
-        raise ConfigError(f"[draft] backend must be 'llama.cpp' or 'torch', got {d.backend!r}")
+    if d.backend not in ("native", "llama.cpp", "torch"):
+        raise ConfigError(f"[draft] backend must be 'native', 'llama.cpp' or 'torch', got {d.backend!r}")
     for section, model in (("draft", d.model), ("target", t.model)):
         resolve_model(model, section)   # raises ConfigError for a missing file
-    if d.backend == "llama.cpp" and not resolve_model(d.model, "draft").gguf_file:
-        raise ConfigError(f"[draft] backend 'llama.cpp' needs a GGUF file, got model {d.model!r}")
+    if d.backend in ("native", "llama.cpp") and not resolve_model(d.model, "draft").gguf_file:
+        raise ConfigError(f"[draft] backend {d.backend!r} needs a GGUF file, got model {d.model!r}")
     if d.weights not in DRAFT_WEIGHTS:
         raise ConfigError(f"[draft] weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {d.weights!r}")
-    if d.weights != "as-is" and d.backend != "llama.cpp":
+    if d.weights != "as-is" and d.backend == "torch":
         raise ConfigError(f"[draft] weights = {d.weights!r} needs backend 'llama.cpp' (it converts the GGUF file)")
     if d.prefill_weights != "same" and d.prefill_weights not in DRAFT_WEIGHTS:
         raise ConfigError(f"[draft] prefill_weights must be 'same' or one of {', '.join(DRAFT_WEIGHTS)}, "
                           f"got {d.prefill_weights!r}")
-    if d.prefill_weights != "same" and d.backend != "llama.cpp":
+    if d.prefill_weights != "same" and d.backend == "torch":
         raise ConfigError(f"[draft] prefill_weights = {d.prefill_weights!r} needs backend 'llama.cpp'")
     if d.prompt_kv not in ("own", "auto"):
         raise ConfigError(f"[draft] prompt_kv must be 'own' or 'auto', got {d.prompt_kv!r}")

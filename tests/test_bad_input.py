@@ -226,6 +226,8 @@ BAD_CONFIGS = {
     "cores-empty": (config(draft={"cores": []}), r"\[draft\] cores"),
     "cores-repeated": (config(draft={"cores": [0, 0]}), r"\[draft\] cores"),
     "bad-backend": (config(draft={"backend": "onnx"}), r"backend.*'onnx'"),
+    "native-draft-needs-gguf": (config(draft={"backend": "native"}),
+                                r"\[draft\] backend 'native' needs a GGUF file, got model 'random:seed=1'"),
     "bad-random-field": (config(target={"model": "random:vocab=big"}), r"vocab=big"),
     "mode-is-per-request": (config(decoding={"mode": "turbo"}), r"unknown key.*\[decoding\]: mode"),
     "gamma-zero": (config(decoding={"gamma": 0}), r"gamma"),

@@ -17,15 +17,11 @@ from workers.process import exit_now, parse_args, serve
 
 class DraftState:
     def __init__(self, spec: dict):
-        if spec["backend"] == "llama.cpp":
-            self.model = _load_gguf(spec, spec["weights"])
-            self.kernels = f"llama.cpp, weights {spec['weights']}"
-            prefill = spec.get("prefill_weights", "same")
-            if prefill != "same":
-                from workers.split_prefill import SplitPrefillModel
-
-                self.model = SplitPrefillModel(self.model, _load_gguf(spec, prefill))
-                self.kernels += f", prompts prefilled as {prefill}"
+        if spec["backend"] in ("native", "llama.cpp"):
+            self.model, self.kernels = _load_native(spec) if spec["backend"] == "native" else (None, "")
+            if self.model is None:
+                self.model, llama = _load_llama_cpp(spec)
+                self.kernels = llama + (f" ({self.kernels})" if self.kernels else "")
             self.kv_geometry = self.model.kv_geometry() if spec.get("prompt_kv") == "auto" else []
         else:
             from workers.torch_draft_model import TorchDraftModel
@@ -47,6 +43,33 @@ class DraftState:
             self.drafter.adopt(context[:kv_length])
         with borrowed_cores(self.cores, self.lent if borrow else [], self.model.set_threads, self.threads):
             self.drafter.sync(context, reuse_cache or kv_length > 0)
+
+
+def _load_native(spec: dict):
+    """(the native draft, its description), or (None, why not) when this CPU,
+    compiler or file cannot run it: llama.cpp drafts instead."""
+    from workers.native_draft import KernelUnavailable, NativeDraftModel, Unsupported
+
+    model = spec["model"]
+    cache = model.get("cache_dir")
+    try:
+        native = NativeDraftModel(os.path.join(model["path"], model["gguf_file"]), spec["n_ctx"],
+                                  os.path.dirname(cache) if cache else "")
+    except (KernelUnavailable, Unsupported) as exc:
+        return None, f"no native draft: {exc}"
+    return native, native.description
+
+
+def _load_llama_cpp(spec: dict):
+    model = _load_gguf(spec, spec["weights"])
+    kernels = f"llama.cpp, weights {spec['weights']}"
+    prefill = spec.get("prefill_weights", "same")
+    if prefill != "same":
+        from workers.split_prefill import SplitPrefillModel
+
+        model = SplitPrefillModel(model, _load_gguf(spec, prefill))
+        kernels += f", prompts prefilled as {prefill}"
+    return model, kernels
 
 
 def _load_gguf(spec: dict, weights: str):

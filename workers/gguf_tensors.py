@@ -46,6 +46,12 @@ def read_tensors(path: str) -> dict[str, GGUFTensor]:
     return tensors
 
 
+def read_metadata(path: str) -> dict:
+    """The file's scalar and string metadata (arrays, such as the tokenizer's, left out)."""
+    with open(path, "rb") as f:
+        return _Header(f.read(1 << 20), f).metadata
+
+
 class _Header:
     """Walks the header; reads more of the file when a tokenizer's metadata runs long."""
 
@@ -56,9 +62,12 @@ class _Header:
             raise ValueError(f"not a GGUF file of version 2 or 3 (magic {magic!r}, version {version})")
         n_tensors, n_values = self._take("<QQ")
         self.alignment = 32
+        self.metadata = {}
         for _ in range(n_values):
             key = self._string()
             value = self._value(self._take("<I")[0])
+            if value is not None:
+                self.metadata[key] = value
             if key == "general.alignment":
                 self.alignment = int(value)
         self.tensors = []
@@ -90,7 +99,7 @@ class _Header:
             return self._string()
         if kind == _ARRAY:
             item_kind, count = self._take("<IQ")
-            if item_kind in _SCALARS:              # skipped whole: only general.alignment is read
+            if item_kind in _SCALARS:              # arrays are skipped whole
                 self._take(f"<{count}{_SCALARS[item_kind]}")
                 return None
             for _ in range(count):

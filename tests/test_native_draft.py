@@ -1,0 +1,100 @@
+"""The native draft (workers/native_draft.c) with the real SmolLM2 GGUF: it
+follows the float32 target's greedy path, rewinds and takes the target's
+prompt cache like llama.cpp's draft, refuses what it cannot run, and the
+draft worker then falls back to llama.cpp saying why."""
+import numpy as np
+import pytest
+import torch
+
+from hetspec.models import resolve_model
+from hetspec.tokenizer import Tokenizer
+from workers.draft_worker import DraftState
+from workers.hf_loading import load_causal_lm
+from workers.kv_model import KVModel
+from workers.native_draft import NativeDraftModel, Unsupported
+
+pytestmark = pytest.mark.integration
+
+CHAT = [{"role": "user", "content": "Explain in three sentences why the sky is blue, then give one example."}]
+STEPS = 24
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return resolve_model("builtin:smollm2")
+
+
+@pytest.fixture(scope="module")
+def target_path(smollm2):
+    """The float32 target's prompt, its greedy continuation, its logits along it and its prompt cache."""
+    torch.set_num_threads(2)
+    kv = KVModel(load_causal_lm(smollm2.to_dict(), "float32"))
+    prompt = [int(t) for t in Tokenizer(smollm2).encode_chat(CHAT)]
+    logits = [kv.forward(prompt, 0)[-1]]
+    tokens = []
+    for i in range(STEPS):
+        tokens.append(int(logits[-1].argmax()))
+        logits.append(kv.forward(tokens[-1:], len(prompt) + i)[-1])
+    layers = list(kv.layer_kv(len(prompt) - 1))
+    keys = np.stack([k.to(torch.float16).numpy() for k, _ in layers])
+    values = np.stack([v.to(torch.float16).numpy() for _, v in layers])
+    return prompt, tokens, torch.stack(logits).numpy(), keys, values
+
+
+@pytest.fixture(scope="module")
+def native(smollm2, tmp_path_factory):
+    model = NativeDraftModel(smollm2.file, 1024, str(tmp_path_factory.mktemp("cache")))
+    yield model
+    model.close()
+
+
+def test_the_native_draft_follows_the_targets_greedy_path(native, target_path):
+    """Same weights, activations rounded to int16 per block: the draft's
+    logits stay within a small fraction of their spread of the target's, and
+    it picks the target's token at every step of this path."""
+    prompt, tokens, want, _, _ = target_path
+    got = [native.forward(prompt, 0).copy()]
+    for i, token in enumerate(tokens):
+        got.append(native.forward([token], len(prompt) + i).copy())
+    got = np.stack(got)
+    assert [int(row.argmax()) for row in got[:-1]] == tokens
+    spread = want.std(axis=1, keepdims=True)
+    assert np.abs(got - want).max() < 0.02 * spread.min()
+    assert np.abs(got - want).mean() < 0.002 * spread.mean()
+
+
+def test_rewinding_recomputes_from_the_given_position(native, target_path):
+    prompt, tokens, _, _, _ = target_path
+    first = native.forward(prompt + tokens[:8], 0).copy()
+    native.forward([5, 6, 7], len(prompt) + 4)                # a rejected branch
+    again = native.forward(tokens[4:8], len(prompt) + 4)      # rewound: its positions are replaced
+    assert np.array_equal(first, again)
+    with pytest.raises(ValueError, match="only positions"):
+        native.forward([1], len(prompt) + 20)
+    with pytest.raises(ValueError, match="token ids must be in"):
+        native.forward([native.n_vocab], 3)
+
+
+def test_the_targets_prompt_cache_stands_in_for_the_drafts_prefill(native, target_path):
+    """The target's float32 cache (as float16, transformers' rope order) gives
+    the draft's own prefill's next-token logits to rounding."""
+    prompt, _, want, keys, values = target_path
+    assert native.kv_geometry() == [keys.shape[0], keys.shape[1], keys.shape[3], keys.shape[0]]
+    native.import_kv(keys, values)
+    handed_over = native.forward(prompt[-1:], len(prompt) - 1).copy()
+    own = native.forward(prompt, 0).copy()
+    assert handed_over.argmax() == own.argmax() == want[0].argmax()
+    assert np.abs(handed_over - own).max() < 0.02 * want[0].std()
+
+
+def test_another_architecture_is_refused_and_the_worker_falls_back(tmp_path):
+    gemma = resolve_model("builtin:gemma3-270m")
+    with pytest.raises(Unsupported, match="runs Llama-architecture files, not 'gemma3'"):
+        NativeDraftModel(gemma.file, 256, str(tmp_path))
+    state = DraftState({"backend": "native", "model": gemma.to_dict(), "cores": [0], "threads": 1, "n_ctx": 256,
+                        "weights": "as-is", "prefill_weights": "same", "prompt_kv": "own",
+                        "scratch_dir": str(tmp_path)})
+    assert state.kernels.startswith("llama.cpp, weights as-is (no native draft: ")
+    assert "gemma3" in state.kernels
+    assert state.model.forward([2, 100], 0).shape == (state.model.n_vocab,)
+    state.model.close()

@@ -1,0 +1,177 @@
+"""The native draft: a Llama-architecture GGUF model run by workers/native_draft.c.
+
+It reads the file's own Q8_0/Q4_0/Q4_1 blocks, one token per forward pass,
+with the same interface as LlamaCppModel (forward, kv_geometry, import_kv), so
+the drafter and the KV handover work with either. Its cache is positional: a
+forward at `pos` simply overwrites from there, which is all a rollback needs.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from workers.gguf_tensors import read_metadata, read_tensors
+from workers.native_build import KernelUnavailable, built
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_draft.c")
+FORMATS = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}
+LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+class Unsupported(ValueError):
+    """The file is not one the native draft can run (another architecture or weight type)."""
+
+
+class _Mat(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("fmt", ctypes.c_int), ("rows", ctypes.c_int), ("cols", ctypes.c_int)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _Mat) for name in ("wq", "wk", "wv", "wo", "gate", "up", "down")] + [
+        ("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int) for name in
+                ("n_layer", "n_embd", "n_head", "n_kv", "head_dim", "n_ff", "n_vocab", "n_ctx")] + [
+        ("eps", ctypes.c_float), ("rope_base", ctypes.c_float), ("embd", _Mat), ("out", _Mat),
+        ("out_norm", ctypes.c_void_p), ("layers", ctypes.POINTER(_Layer)),
+        ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p), ("work", ctypes.c_void_p)]
+
+
+class NativeDraftModel:
+    def __init__(self, path: str, n_ctx: int, cache_root: str = ""):
+        """KernelUnavailable when the C file cannot be built here, Unsupported
+        when the file is not a Llama model in Q8_0/Q4_0/Q4_1 blocks."""
+        meta, tensors = read_metadata(path), read_tensors(path)
+        self._tensors = tensors                      # the memory maps the C side reads
+        model, self._layers = _describe(meta, tensors, n_ctx)
+        kv_dim = model.n_kv * model.head_dim
+        self._kcache = np.zeros((model.n_layer, n_ctx, kv_dim), np.float16)
+        self._vcache = np.zeros_like(self._kcache)
+        model.kcache, model.vcache = self._kcache.ctypes.data, self._vcache.ctypes.data
+        with built(SOURCE, "native draft kernels", cache_root) as library:
+            self._lib = ctypes.CDLL(library)
+        self._lib.hs_work_floats.restype = ctypes.c_long
+        self._lib.hs_work_floats.argtypes = [ctypes.POINTER(_Model)]
+        self._lib.hs_forward.restype = ctypes.c_int
+        self._lib.hs_forward.argtypes = [ctypes.POINTER(_Model), ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        self._work = np.zeros(self._lib.hs_work_floats(ctypes.byref(model)), np.float32)
+        model.work = self._work.ctypes.data
+        self._model = model
+        self._logits = np.zeros(model.n_vocab, np.float32)
+        self.n_vocab, self.n_ctx = model.n_vocab, n_ctx
+        self.n_cached = 0
+        self.description = f"native, {_formats(tensors)}"
+
+    def forward(self, tokens: Sequence[int], pos: int) -> np.ndarray:
+        """Evaluate `tokens` at positions pos..; the logits after the last one
+        (a buffer reused by the next call). Positions from pos on are replaced."""
+        if self._tensors is None:
+            raise RuntimeError("NativeDraftModel is closed")
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("forward() needs at least one token")
+        if pos < 0 or pos + ids.size > self.n_ctx:
+            raise ValueError(f"positions {pos}..{pos + ids.size - 1} do not fit in n_ctx={self.n_ctx}")
+        if pos > self.n_cached:
+            raise ValueError(f"pos={pos} but only positions 0..{self.n_cached - 1} are cached")
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise ValueError(f"token ids must be in [0, {self.n_vocab}), got min={ids.min()} max={ids.max()}")
+        model = ctypes.byref(self._model)
+        for i, token in enumerate(ids):
+            last = i == ids.size - 1
+            self._lib.hs_forward(model, int(token), pos + i, self._logits.ctypes.data if last else None)
+        self.n_cached = pos + ids.size
+        return self._logits
+
+    def kv_geometry(self) -> list[int]:
+        """[layers, kv_heads, head_dim, full-attention layers]: every layer attends fully."""
+        m = self._model
+        return [m.n_layer, m.n_kv, m.head_dim, m.n_layer]
+
+    def import_kv(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Positions 0..T-1 from (layers, kv_heads, T, head_dim) float16 keys (post-RoPE,
+        transformers' order) and values; see llama_kv_state.to_llama_order."""
+        from workers.llama_kv_state import ROPE_NORM, to_llama_order
+
+        layers, heads, t, d = keys.shape
+        if [layers, heads, d] != self.kv_geometry()[:3] or values.shape != keys.shape or t > self.n_ctx:
+            raise ValueError(f"KV of shape {keys.shape} does not fit this draft's cache {self.kv_geometry()}")
+        keys = to_llama_order(keys, ROPE_NORM)
+        self._kcache[:, :t] = keys.transpose(0, 2, 1, 3).reshape(layers, t, heads * d)
+        self._vcache[:, :t] = values.transpose(0, 2, 1, 3).reshape(layers, t, heads * d)
+        self.n_cached = t
+
+    def set_threads(self, n_threads: int) -> None:
+        """One thread only: a draft step is too short to split."""
+
+    def close(self) -> None:
+        self._tensors = None
+
+
+def _describe(meta: dict, tensors: dict, n_ctx: int):
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise Unsupported(f"the native draft runs Llama-architecture files, not {arch!r}")
+
+    def number(key: str, default=None):
+        value = meta.get(f"llama.{key}", default)
+        if value is None:
+            raise Unsupported(f"the file has no llama.{key}")
+        return value
+
+    n_embd, n_head = number("embedding_length"), number("attention.head_count")
+    head_dim = n_embd // n_head
+    if number("rope.dimension_count", head_dim) != head_dim or "llama.rope.scaling.type" in meta:
+        raise Unsupported("the native draft needs plain rope over whole heads")
+    model = _Model(n_layer=number("block_count"), n_embd=n_embd, n_head=n_head,
+                   n_kv=number("attention.head_count_kv", n_head), head_dim=head_dim,
+                   n_ff=number("feed_forward_length"), n_ctx=n_ctx,
+                   eps=number("attention.layer_norm_rms_epsilon"), rope_base=number("rope.freq_base", 10000.0))
+    if head_dim % 8 or head_dim > 256 or n_embd % 32 or model.n_ff % 32 or n_head % model.n_kv:
+        raise Unsupported(f"the native draft cannot run heads of {head_dim} or widths {n_embd}/{model.n_ff}")
+    model.embd = _mat(tensors, "token_embd.weight")
+    model.out = _mat(tensors, "output.weight") if "output.weight" in tensors else model.embd
+    model.n_vocab = model.embd.rows
+    model.out_norm = _norm(tensors, "output_norm.weight", n_embd)
+    layers = (_Layer * model.n_layer)()
+    for i, layer in enumerate(layers):
+        for field, name in zip(("wq", "wk", "wv", "wo", "gate", "up", "down"), LAYER_MATRICES):
+            setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight"))
+        layer.attn_norm = _norm(tensors, f"blk.{i}.attn_norm.weight", n_embd)
+        layer.ffn_norm = _norm(tensors, f"blk.{i}.ffn_norm.weight", n_embd)
+    model.layers = layers
+    return model, layers
+
+
+def _mat(tensors: dict, name: str) -> _Mat:
+    tensor = tensors.get(name)
+    if tensor is None:
+        raise Unsupported(f"the file has no tensor {name}")
+    if tensor.type_name not in FORMATS:
+        raise Unsupported(f"{name} is stored as GGML type {tensor.ggml_type}; the native draft reads "
+                          f"{', '.join(FORMATS)}")
+    cols, rows = tensor.shape[0], int(np.prod(tensor.shape[1:]))
+    return _Mat(tensor.data.ctypes.data, FORMATS[tensor.type_name], rows, cols)
+
+
+def _norm(tensors: dict, name: str, n: int) -> int:
+    tensor = tensors.get(name)
+    if tensor is None or tensor.type_name != "F32" or tensor.shape[0] != n:
+        raise Unsupported(f"{name} must be {n} float32 values")
+    return tensor.data.ctypes.data
+
+
+def _formats(tensors: dict) -> str:
+    counts = {}
+    for tensor in tensors.values():
+        if tensor.type_name in FORMATS:
+            counts[tensor.type_name] = counts.get(tensor.type_name, 0) + 1
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+
+
+__all__ = ["KernelUnavailable", "NativeDraftModel", "Unsupported"]
