@@ -1,12 +1,14 @@
-"""The draft model running alone: llama.cpp greedy decoding on the draft's own core.
+"""The draft model running alone: greedy decoding on the draft's own core, run
+as the engine runs it (the native draft, or llama.cpp).
 
-With ~98% greedy agreement between the default draft and target, DuoDecoding
+With 97-100% greedy agreement between the default draft and target, DuoDecoding
 can at best commit tokens as fast as the draft produces them, so this speed is
 the ceiling of the default pair and the report states DuoDecoding's speed as a
 fraction of it. It runs in a child process pinned like the draft worker (same
 cores, same threads), after the engine has stopped, so nothing competes.
 
-python -m benchmarks.ceiling --model FILE.gguf --cores 0 --threads 1 --n-ctx N [--weights q8_0] < prompts.json
+python -m benchmarks.ceiling --model FILE.gguf --cores 0 --threads 1 --n-ctx N [--weights q8_0]
+    [--backend native --cache-root DIR] < prompts.json
 (prompts.json: [{"ids": [...], "max_new_tokens": n}, ...]; prints one JSON object)
 """
 from __future__ import annotations
@@ -20,13 +22,14 @@ import time
 
 
 def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: list[dict], weights: str = "as-is",
-                    timeout_s: float = 900) -> dict:
+                    timeout_s: float = 900, backend: str = "llama.cpp", cache_root: str = "") -> dict:
     """Run the measurement in a pinned child process; returns its JSON result (or an "error").
-    weights: the draft's [draft] weights, so the draft runs as in the engine."""
+    backend, weights: the draft's [draft] settings, so the draft runs as in the engine."""
     n_ctx = max(len(p["ids"]) + p["max_new_tokens"] for p in prompts) + 8
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     command = [sys.executable, "-m", "benchmarks.ceiling", "--model", model_file, "--threads", str(threads),
-               "--n-ctx", str(n_ctx), "--cores", ",".join(map(str, cores)), "--weights", weights]
+               "--n-ctx", str(n_ctx), "--cores", ",".join(map(str, cores)), "--weights", weights,
+               "--backend", backend, "--cache-root", cache_root]
     try:
         done = subprocess.run(command, input=json.dumps(prompts), capture_output=True, text=True, env=env,
                               timeout=timeout_s, check=False)
@@ -37,23 +40,38 @@ def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: li
     return json.loads(done.stdout)
 
 
-def _run(model_file: str, cores: list[int], threads: int, n_ctx: int, prompts: list[dict],
-         weights: str = "as-is") -> dict:
+def _load(model_file: str, threads: int, n_ctx: int, weights: str, backend: str, cache_root: str):
+    """(model, what runs it): the native draft where the engine's would run, else llama.cpp."""
     import tempfile
 
+    from workers.llama_cpp_model import LlamaCppModel
+
+    if backend == "native":
+        from workers.native_draft import KernelUnavailable, NativeDraftModel, Unsupported
+
+        try:
+            return NativeDraftModel(model_file, n_ctx, cache_root), "native"
+        except (KernelUnavailable, Unsupported):
+            pass
+    if weights == "as-is":
+        return LlamaCppModel(model_file, n_ctx=n_ctx, n_threads=threads), "llama.cpp"
+    from workers.gguf_conversion import convert_gguf
+
+    with tempfile.TemporaryDirectory(prefix="hetspec-ceiling-") as scratch:
+        return LlamaCppModel(convert_gguf(model_file, weights, scratch, threads), n_ctx=n_ctx,
+                             n_threads=threads), "llama.cpp"
+
+
+def _run(model_file: str, cores: list[int], threads: int, n_ctx: int, prompts: list[dict],
+         weights: str = "as-is", backend: str = "llama.cpp", cache_root: str = "") -> dict:
     import numpy as np
 
-    from workers.llama_cpp_model import LlamaCppModel
     from workers.pinning import pin
 
     pin(cores)
-    if weights == "as-is":
-        model = LlamaCppModel(model_file, n_ctx=n_ctx, n_threads=threads)
-    else:
-        from workers.gguf_conversion import convert_gguf
-
-        with tempfile.TemporaryDirectory(prefix="hetspec-ceiling-") as scratch:
-            model = LlamaCppModel(convert_gguf(model_file, weights, scratch, threads), n_ctx=n_ctx, n_threads=threads)
+    model, backend = _load(model_file, threads, n_ctx, weights, backend, cache_root)
+    if backend == "native":
+        weights = "as-is"             # it reads the file's own blocks
     try:
         model.forward(prompts[0]["ids"][:8], 0)           # warm-up: first-call allocations
         decoded = prefilled = 0
@@ -73,7 +91,7 @@ def _run(model_file: str, cores: list[int], threads: int, n_ctx: int, prompts: l
             decode_s += time.perf_counter() - start
     finally:
         model.close()
-    return {"backend": "llama.cpp", "model": model_file, "weights": weights, "cores": cores, "threads": threads,
+    return {"backend": backend, "model": model_file, "weights": weights, "cores": cores, "threads": threads,
             "prompts": len(prompts), "decoded_tokens": decoded,
             "tokens_per_s": decoded / decode_s if decode_s else 0.0,
             "ms_per_token": 1000 * decode_s / decoded if decoded else 0.0,
@@ -87,10 +105,13 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--n-ctx", type=int, default=4096)
     parser.add_argument("--weights", default="as-is", help="convert the GGUF at load, as [draft] weights does")
+    parser.add_argument("--backend", default="llama.cpp", help="[draft] backend: native or llama.cpp")
+    parser.add_argument("--cache-root", default="", help="where the native draft's library is built")
     args = parser.parse_args(argv)
     prompts = json.load(sys.stdin)
     cores = [int(c) for c in args.cores.split(",") if c]
-    print(json.dumps(_run(args.model, cores, args.threads, args.n_ctx, prompts, args.weights)))
+    print(json.dumps(_run(args.model, cores, args.threads, args.n_ctx, prompts, args.weights, args.backend,
+                          args.cache_root)))
     return 0
 
 

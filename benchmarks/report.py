@@ -236,10 +236,11 @@ def _ceiling(doc: dict) -> list[str]:
         reason = c.get("skipped") or c.get("error") or "not measured"
         return lines + [f"Not measured: {reason}.", ""]
     weights = f", weights {c['weights']} as in the engine" if c.get("weights", "as-is") != "as-is" else ""
-    lines.append(f"llama.cpp greedy on the draft's cores {c['cores']} with {c['threads']} thread(s){weights}: "
+    runner = "The native draft" if c.get("backend") == "native" else "llama.cpp"
+    lines.append(f"{runner} greedy on the draft's cores {c['cores']} with {c['threads']} thread(s){weights}: "
                  f"**{c['tokens_per_s']:.1f} tok/s** ({c['ms_per_token']:.2f} ms/token after the prompt; prompt "
                  f"prefill {c['prefill_ms_per_token']:.2f} ms/token; {c['prompts']} prompts). With the default "
-                 f"pair's ~98% greedy agreement this is the most DuoDecoding can reach.")
+                 f"pair's 97-100% greedy agreement this is the most DuoDecoding can reach.")
     for d, fraction in (c.get("duodec_fraction") or {}).items():
         avg = doc["results"][d]["duodec"]["average"]
         lines.append(f"- {d}: DuoDecoding decodes at {avg['decode_tokens_per_s']:.1f} tok/s after its first token "

@@ -179,15 +179,16 @@ def _resources(methods, info: dict, baselines, dtype: str) -> dict:
 def _ceiling(settings, config, prompts, prompt_ids, info) -> dict:
     if not settings.ceiling:
         return {"skipped": "disabled (--no-ceiling)"}
-    if config.draft.backend != "llama.cpp":
-        return {"skipped": f"the draft backend is {config.draft.backend!r}, not llama.cpp"}
-    _log(settings, "measuring the draft model alone (llama.cpp greedy)...")
+    if config.draft.backend not in ("native", "llama.cpp"):
+        return {"skipped": f"the draft backend is {config.draft.backend!r}, not native or llama.cpp"}
+    _log(settings, "measuring the draft model alone (greedy)...")
     first = {}
     for p in prompts:               # one prompt per category is enough for a decoding speed
         first.setdefault(p.category, {"ids": prompt_ids[p.key], "max_new_tokens": p.max_new_tokens})
-    model_file = resolve_model(config.draft.model, "draft").file
-    return measure_ceiling(model_file, list(info["draft"]["cores"]), int(info["draft"]["threads"]),
-                           list(first.values()), config.draft.weights)
+    model = resolve_model(config.draft.model, "draft")
+    return measure_ceiling(model.file, list(info["draft"]["cores"]), int(info["draft"]["threads"]),
+                           list(first.values()), config.draft.weights, backend=config.draft.backend,
+                           cache_root=os.path.dirname(model.cache_dir) if model.cache_dir else "")
 
 
 def _add_ceiling_fraction(doc: dict) -> None:

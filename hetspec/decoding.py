@@ -210,9 +210,11 @@ class Decoder:
         return self._draft_window(self._restart_length())
 
     def _sequential_round(self) -> None:
-        """Ordinary speculative decoding (SpS): draft, then verify, never both at once."""
+        """Ordinary speculative decoding (SpS): draft gamma tokens, then verify them,
+        never both at once. (The pipelined budget's shortening does not apply:
+        no verify runs alongside to be matched.)"""
         started = time.perf_counter()
-        window, window_probs, draft = self._draft_window(self._draft_length(0))
+        window, window_probs, draft = self._draft_window(min(self.policy.gamma, self.out.remaining - 1))
         if draft.branches:
             self.stats.sequences_hist[1] += 1
         self._start_verify(window)

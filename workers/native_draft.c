@@ -18,7 +18,7 @@
    Conventions are llama.cpp's for the "llama" architecture: rope turns
    adjacent pairs (GGUF conversion permuted the query and key rows for it),
    weights are GGUF rows of `cols` values. The KV cache is float16,
-   [layer][position][kv head][head_dim]. Needs AVX2, FMA and F16C. */
+   [layer][kv head][position][head_dim]: a head's keys are read as one stream. Needs AVX2, FMA and F16C. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -31,8 +31,12 @@
 enum { FMT_Q8_0 = 0, FMT_Q4_0 = 1, FMT_Q4_1 = 2 };
 enum { BLOCK = 32 };
 
+/* A weight matrix, its blocks taken apart (workers/native_draft.py): per row,
+   the blocks' quants one after the other (16 bytes of nibbles or 32 int8 a
+   block), their scales d and, for Q4_1, their offsets m (float16). */
 typedef struct {
-    const uint8_t *data;
+    const uint8_t *qs;
+    const uint16_t *d, *m;
     int fmt, rows, cols;
 } hs_mat;
 
@@ -47,27 +51,14 @@ typedef struct {
     hs_mat embd, out;
     const float *out_norm;
     const hs_layer *layers;
-    uint16_t *kcache, *vcache;    /* n_layer x n_ctx x n_kv * head_dim, float16 */
+    uint16_t *kcache, *vcache;    /* n_layer x n_kv x n_ctx x head_dim, float16 */
     float *work;                  /* hs_work_floats(model) floats */
 } hs_model;
-
-static inline float half(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
 
 static inline float hsum8(__m256 a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-static inline int hsum8i(__m256i a) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
 }
 
 /* ---- activations rounded per block ------------------------------------------ */
@@ -79,113 +70,142 @@ typedef struct {
     int32_t *qsum;   /* per block: the sum of q */
 } quantized;
 
+static inline float hmax8(__m256 a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* Two vectors of int32 as 16 int16, in order. */
+static inline __m256i pack16(__m256i a, __m256i b) {
+    return _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8);
+}
+
 static void quantize(const float *x, int n, quantized *out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int b = 0; b < n / BLOCK; b++) {
         const float *xb = x + b * BLOCK;
-        float amax = 0.0f, sum = 0.0f;
-        for (int j = 0; j < BLOCK; j++) {
-            amax = fmaxf(amax, fabsf(xb[j]));
-            sum += xb[j];
-        }
-        const float scale = amax / 32767.0f, inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        int32_t qsum = 0;
-        for (int j = 0; j < BLOCK; j++) {
-            const int q = (int)lrintf(xb[j] * inv);
-            out->q[b * BLOCK + j] = (int16_t)q;
-            qsum += q;
-        }
-        out->scale[b] = scale;
-        out->sum[b] = sum;
-        out->qsum[b] = qsum;
+        __m256 v[4];
+        for (int c = 0; c < 4; c++) v[c] = _mm256_loadu_ps(xb + 8 * c);
+        const __m256 amax = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                          _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        const float top = hmax8(amax);
+        const float inv = top > 0.0f ? 32767.0f / top : 0.0f;
+        const __m256 scale = _mm256_set1_ps(inv);
+        __m256i q[4];
+        for (int c = 0; c < 4; c++) q[c] = _mm256_cvtps_epi32(_mm256_mul_ps(v[c], scale));   /* nearest, ties to even */
+        const __m256i lo = pack16(q[0], q[1]), hi = pack16(q[2], q[3]);
+        _mm256_storeu_si256((__m256i *)(out->q + b * BLOCK), lo);
+        _mm256_storeu_si256((__m256i *)(out->q + b * BLOCK + 16), hi);
+        const __m256i ones = _mm256_set1_epi16(1);
+        const __m256i qs = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(qs), _mm256_extracti128_si256(qs, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+        out->scale[b] = top / 32767.0f;
+        out->sum[b] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+        out->qsum[b] = _mm_cvtsi128_si32(t);
     }
 }
 
 /* ---- one weight row times rounded activations -------------------------------- */
 
-/* 32 unsigned 4-bit weights (low nibbles are weights 0-15, high ones 16-31) as
-   two vectors of 16 int16. */
-static inline void nibbles16(const uint8_t *qs, __m256i *lo, __m256i *hi) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+/* Per row, first the blocks' scales times the activations' (into `scale`) and
+   the Q4_1 offsets' share, m * sum(x), eight blocks at a time. */
+static float row_scales(const uint16_t *d, const uint16_t *m, int nb, const quantized *x, float *scale) {
+    __m256 off = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + b)));
+        _mm256_storeu_ps(scale + b, _mm256_mul_ps(dw, _mm256_loadu_ps(x->scale + b)));
+        if (m) off = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + b))),
+                                     _mm256_loadu_ps(x->sum + b), off);
+    }
+    float offsets = hsum8(off);
+    for (; b < nb; b++) {
+        scale[b] = _cvtsh_ss(d[b]) * x->scale[b];
+        if (m) offsets += _cvtsh_ss(m[b]) * x->sum[b];
+    }
+    return offsets;
+}
+
+static inline __m256i dot16(__m256i acc, __m256i w, const int16_t *xq) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(acc, w, _mm256_loadu_si256((const __m256i *)xq));
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, _mm256_loadu_si256((const __m256i *)xq)));
+#endif
+}
+
+/* One row of 4-bit quants: sum over blocks of scale * sum(q * xq). */
+static float row_q4(const uint8_t *qs, int nb, const int16_t *xq, const float *scale) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     const __m128i mask = _mm_set1_epi8(15);
-    *lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, mask));
-    *hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), mask));
-}
-
-static inline __m256i block_dot(__m256i w_lo, __m256i w_hi, const int16_t *xq) {
-    const __m256i a = _mm256_madd_epi16(w_lo, _mm256_loadu_si256((const __m256i *)xq));
-    return _mm256_add_epi32(a, _mm256_madd_epi16(w_hi, _mm256_loadu_si256((const __m256i *)(xq + 16))));
-}
-
-static float row_q4_1(const uint8_t *row, int nb, const quantized *x) {
-    __m256 acc = _mm256_setzero_ps();
-    float offsets = 0.0f;
-    for (int b = 0; b < nb; b++, row += 20) {
-        __m256i lo, hi;
-        nibbles16(row + 4, &lo, &hi);
-        const __m256 dot = _mm256_cvtepi32_ps(block_dot(lo, hi, x->q + b * BLOCK));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(row) * x->scale[b]), dot, acc);
-        offsets += half(row + 2) * x->sum[b];
+    int b = 0;
+    for (; b + 2 <= nb; b += 2, qs += 32, xq += 64) {
+        const __m128i r0 = _mm_loadu_si128((const __m128i *)qs), r1 = _mm_loadu_si128((const __m128i *)(qs + 16));
+        __m256i s0 = dot16(_mm256_setzero_si256(), _mm256_cvtepu8_epi16(_mm_and_si128(r0, mask)), xq);
+        __m256i s1 = dot16(_mm256_setzero_si256(), _mm256_cvtepu8_epi16(_mm_and_si128(r1, mask)), xq + 32);
+        s0 = dot16(s0, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(r0, 4), mask)), xq + 16);
+        s1 = dot16(s1, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(r1, 4), mask)), xq + 48);
+        acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + b), _mm256_cvtepi32_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + b + 1), _mm256_cvtepi32_ps(s1), acc1);
     }
-    return hsum8(acc) + offsets;
-}
-
-static float row_q4_0(const uint8_t *row, int nb, const quantized *x) {
-    __m256 acc = _mm256_setzero_ps();
-    float offsets = 0.0f;
-    for (int b = 0; b < nb; b++, row += 18) {
-        __m256i lo, hi;
-        nibbles16(row + 2, &lo, &hi);
-        const float d = half(row) * x->scale[b];
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(block_dot(lo, hi, x->q + b * BLOCK)), acc);
-        offsets -= 8.0f * d * (float)x->qsum[b];
+    for (; b < nb; b++, qs += 16, xq += 32) {
+        const __m128i r = _mm_loadu_si128((const __m128i *)qs);
+        __m256i s = dot16(_mm256_setzero_si256(), _mm256_cvtepu8_epi16(_mm_and_si128(r, mask)), xq);
+        s = dot16(s, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(r, 4), mask)), xq + 16);
+        acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + b), _mm256_cvtepi32_ps(s), acc0);
     }
-    return hsum8(acc) + offsets;
+    return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-static float row_q8_0(const uint8_t *row, int nb, const quantized *x) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++, row += 34) {
-        const __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(row + 2)));
-        const __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(row + 18)));
-        const __m256 dot = _mm256_cvtepi32_ps(block_dot(lo, hi, x->q + b * BLOCK));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(row) * x->scale[b]), dot, acc);
+static float row_q8_0(const uint8_t *qs, int nb, const int16_t *xq, const float *scale) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, qs += 32, xq += 32) {
+        __m256i s = dot16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs)), xq);
+        s = dot16(s, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16))), xq + 16);
+        if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + b), _mm256_cvtepi32_ps(s), acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + b), _mm256_cvtepi32_ps(s), acc0);
     }
-    return hsum8(acc);
+    return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-static int row_bytes(const hs_mat *w) {
-    const int nb = w->cols / BLOCK;
-    return nb * (w->fmt == FMT_Q8_0 ? 34 : w->fmt == FMT_Q4_0 ? 18 : 20);
-}
-
-/* y = W x for x already rounded. */
+/* y = W x for x already rounded. Q4_0's quants are q - 8: its rows subtract
+   8 * scale * sum(xq) per block (folded into the offsets). */
 static void matvec(const hs_mat *w, const quantized *x, float *y) {
-    const int nb = w->cols / BLOCK, stride = row_bytes(w);
-    const uint8_t *row = w->data;
-    switch (w->fmt) {
-    case FMT_Q8_0: for (int r = 0; r < w->rows; r++, row += stride) y[r] = row_q8_0(row, nb, x); break;
-    case FMT_Q4_0: for (int r = 0; r < w->rows; r++, row += stride) y[r] = row_q4_0(row, nb, x); break;
-    default:       for (int r = 0; r < w->rows; r++, row += stride) y[r] = row_q4_1(row, nb, x); break;
+    const int nb = w->cols / BLOCK, qbytes = w->fmt == FMT_Q8_0 ? 32 : 16;
+    float scale[nb];
+    for (int r = 0; r < w->rows; r++) {
+        const uint8_t *qs = w->qs + (size_t)r * nb * qbytes;
+        float offsets = row_scales(w->d + (size_t)r * nb, w->m ? w->m + (size_t)r * nb : NULL, nb, x, scale);
+        if (w->fmt == FMT_Q8_0) {
+            y[r] = row_q8_0(qs, nb, x->q, scale);
+            continue;
+        }
+        if (w->fmt == FMT_Q4_0)
+            for (int b = 0; b < nb; b++) offsets -= 8.0f * scale[b] * (float)x->qsum[b];
+        y[r] = row_q4(qs, nb, x->q, scale) + offsets;
     }
 }
 
 /* Row r of W, as float32 values (the token embedding). */
 static void dequantize_row(const hs_mat *w, int r, float *y) {
-    const uint8_t *b = w->data + (size_t)r * row_bytes(w);
-    for (int k = 0; k < w->cols / BLOCK; k++) {
-        float *yb = y + k * BLOCK;
+    const int nb = w->cols / BLOCK;
+    for (int b = 0; b < nb; b++) {
+        float *yb = y + b * BLOCK;
+        const size_t at = (size_t)r * nb + b;
+        const float d = _cvtsh_ss(w->d[at]);
         if (w->fmt == FMT_Q8_0) {
-            const float d = half(b);
-            for (int j = 0; j < BLOCK; j++) yb[j] = d * (float)(int8_t)b[2 + j];
-            b += 34;
-        } else {
-            const int first = w->fmt == FMT_Q4_0 ? 2 : 4;
-            const float d = half(b), m = w->fmt == FMT_Q4_0 ? -8.0f * d : half(b + 2);
-            for (int j = 0; j < 16; j++) {
-                yb[j] = fmaf(d, (float)(b[first + j] & 15), m);
-                yb[j + 16] = fmaf(d, (float)(b[first + j] >> 4), m);
-            }
-            b += first + 16;
+            const int8_t *q = (const int8_t *)w->qs + at * 32;
+            for (int j = 0; j < BLOCK; j++) yb[j] = d * (float)q[j];
+            continue;
+        }
+        const uint8_t *q = w->qs + at * 16;
+        const float m = w->fmt == FMT_Q4_0 ? -8.0f * d : _cvtsh_ss(w->m[at]);
+        for (int j = 0; j < 16; j++) {
+            yb[j] = fmaf(d, (float)(q[j] & 15), m);
+            yb[j + 16] = fmaf(d, (float)(q[j] >> 4), m);
         }
     }
 }
@@ -243,22 +263,69 @@ static void swiglu(float *gate, const float *up, int n) {
     for (; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+/* out = sum over t of p[t] * v[t] (float16 rows `stride` apart), 32 values at a
+   time kept in registers while the rows stream past. */
+static void weigh_values(const uint16_t *v, int stride, const float *p, int n, int hd, float *out) {
+    for (int i = 0; i < hd; i += 32) {
+        const int parts = hd - i < 32 ? (hd - i) / 8 : 4;
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int t = 0; t < n; t++) {
+            const __m256 w = _mm256_broadcast_ss(p + t);
+            const uint16_t *row = v + (size_t)t * stride + i;
+            for (int c = 0; c < parts; c++)
+                acc[c] = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8 * c))), acc[c]);
+        }
+        for (int c = 0; c < parts; c++) _mm256_storeu_ps(out + i + 8 * c, acc[c]);
+    }
+}
+
+/* The same for three heads sharing the rows (p and out three rows apart, n and
+   hd values each; hd a multiple of 32): each row is read once per 32 values. */
+static void weigh_values3(const uint16_t *v, int stride, const float *p, int n, int hd, float *out) {
+    for (int i = 0; i < hd; i += 32) {
+        __m256 acc[3][4];
+        for (int h = 0; h < 3; h++)
+            for (int c = 0; c < 4; c++) acc[h][c] = _mm256_setzero_ps();
+        for (int t = 0; t < n; t++) {
+            const uint16_t *row = v + (size_t)t * stride + i;
+            __m256 vv[4];
+            for (int c = 0; c < 4; c++) vv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8 * c)));
+            for (int h = 0; h < 3; h++) {
+                const __m256 w = _mm256_broadcast_ss(p + (size_t)h * n + t);
+                for (int c = 0; c < 4; c++) acc[h][c] = _mm256_fmadd_ps(w, vv[c], acc[h][c]);
+            }
+        }
+        for (int h = 0; h < 3; h++)
+            for (int c = 0; c < 4; c++) _mm256_storeu_ps(out + h * hd + i + 8 * c, acc[h][c]);
+    }
+}
+
 /* Attention of the query heads over positions 0..n-1 of one layer's cache;
    each key and value row is read once for the whole group sharing it. */
 static void attend(const hs_model *m, const float *q, const uint16_t *kc, const uint16_t *vc, int n,
                    float *scores, float *out) {
-    const int hd = m->head_dim, group = m->n_head / m->n_kv, kv_dim = m->n_kv * hd;
+    const int hd = m->head_dim, group = m->n_head / m->n_kv;
+    const size_t head_stride = (size_t)m->n_ctx * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int g = 0; g < m->n_kv; g++) {
         for (int t = 0; t < n; t++) {
-            const uint16_t *k = kc + (size_t)t * kv_dim + g * hd;
-            for (int h = 0; h < group; h++) {
-                const float *qh = q + (g * group + h) * hd;
-                __m256 acc = _mm256_setzero_ps();
-                for (int i = 0; i < hd; i += 8)
-                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i),
-                                          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))), acc);
-                scores[(size_t)h * n + t] = hsum8(acc) * scale;
+            const uint16_t *k = kc + g * head_stride + (size_t)t * hd;
+            for (int i0 = 0; i0 < hd; i0 += 64) {       /* a row's keys converted once for the group */
+                const int parts = hd - i0 < 64 ? (hd - i0) / 8 : 8;
+                __m256 kv[8];
+                for (int c = 0; c < parts; c++) kv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i0 + 8 * c)));
+                for (int h = 0; h < group; h++) {
+                    const float *qh = q + (g * group + h) * hd + i0;
+                    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+                    int c = 0;
+                    for (; c + 2 <= parts; c += 2) {
+                        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c), kv[c], acc0);
+                        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c + 8), kv[c + 1], acc1);
+                    }
+                    if (c < parts) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c), kv[c], acc0);
+                    const float dot = hsum8(_mm256_add_ps(acc0, acc1)) * scale;
+                    scores[(size_t)h * n + t] = i0 ? scores[(size_t)h * n + t] + dot : dot;
+                }
             }
         }
         for (int h = 0; h < group; h++) {
@@ -279,18 +346,12 @@ static void attend(const hs_model *m, const float *q, const uint16_t *kc, const 
             const float inv = 1.0f / total;
             for (t = 0; t < n; t++) s[t] *= inv;
         }
-        for (int h = 0; h < group; h++) memset(out + (g * group + h) * hd, 0, sizeof(float) * hd);
-        for (int t = 0; t < n; t++) {
-            const uint16_t *v = vc + (size_t)t * kv_dim + g * hd;
-            for (int i = 0; i < hd; i += 8) {
-                const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
-                for (int h = 0; h < group; h++) {
-                    float *o = out + (g * group + h) * hd + i;
-                    _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_set1_ps(scores[(size_t)h * n + t]), vv,
-                                                        _mm256_loadu_ps(o)));
-                }
-            }
-        }
+        int h = 0;
+        if (hd % 32 == 0)
+            for (; h + 3 <= group; h += 3)
+                weigh_values3(vc + g * head_stride, hd, scores + (size_t)h * n, n, hd, out + (g * group + h) * hd);
+        for (; h < group; h++)
+            weigh_values(vc + g * head_stride, hd, scores + (size_t)h * n, n, hd, out + (g * group + h) * hd);
     }
 }
 
@@ -342,8 +403,10 @@ int hs_forward(const hs_model *m, int token, int pos, float *logits) {
         matvec(&L->wv, &xq, v);
         rope(q, m->n_head, hd, cos_t, sin_t);
         rope(k, m->n_kv, hd, cos_t, sin_t);
-        to_half(k, kv_dim, kc + (size_t)pos * kv_dim);
-        to_half(v, kv_dim, vc + (size_t)pos * kv_dim);
+        for (int g = 0; g < m->n_kv; g++) {
+            to_half(k + g * hd, hd, kc + ((size_t)g * m->n_ctx + pos) * hd);
+            to_half(v + g * hd, hd, vc + ((size_t)g * m->n_ctx + pos) * hd);
+        }
         attend(m, q, kc, vc, pos + 1, scores, att);
         quantize(att, heads, &xq);
         matvec(&L->wo, &xq, h);

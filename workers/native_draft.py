@@ -26,7 +26,8 @@ class Unsupported(ValueError):
 
 
 class _Mat(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("fmt", ctypes.c_int), ("rows", ctypes.c_int), ("cols", ctypes.c_int)]
+    _fields_ = [("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
+                ("fmt", ctypes.c_int), ("rows", ctypes.c_int), ("cols", ctypes.c_int)]
 
 
 class _Layer(ctypes.Structure):
@@ -47,10 +48,9 @@ class NativeDraftModel:
         """KernelUnavailable when the C file cannot be built here, Unsupported
         when the file is not a Llama model in Q8_0/Q4_0/Q4_1 blocks."""
         meta, tensors = read_metadata(path), read_tensors(path)
-        self._tensors = tensors                      # the memory maps the C side reads
-        model, self._layers = _describe(meta, tensors, n_ctx)
-        kv_dim = model.n_kv * model.head_dim
-        self._kcache = np.zeros((model.n_layer, n_ctx, kv_dim), np.float16)
+        self._arrays = []                            # what the C side reads: keep alive
+        model, self._layers = _describe(meta, tensors, n_ctx, self._arrays)
+        self._kcache = np.zeros((model.n_layer, model.n_kv, n_ctx, model.head_dim), np.float16)
         self._vcache = np.zeros_like(self._kcache)
         model.kcache, model.vcache = self._kcache.ctypes.data, self._vcache.ctypes.data
         with built(SOURCE, "native draft kernels", cache_root) as library:
@@ -70,7 +70,7 @@ class NativeDraftModel:
     def forward(self, tokens: Sequence[int], pos: int) -> np.ndarray:
         """Evaluate `tokens` at positions pos..; the logits after the last one
         (a buffer reused by the next call). Positions from pos on are replaced."""
-        if self._tensors is None:
+        if self._arrays is None:
             raise RuntimeError("NativeDraftModel is closed")
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if ids.size == 0:
@@ -101,19 +101,18 @@ class NativeDraftModel:
         layers, heads, t, d = keys.shape
         if [layers, heads, d] != self.kv_geometry()[:3] or values.shape != keys.shape or t > self.n_ctx:
             raise ValueError(f"KV of shape {keys.shape} does not fit this draft's cache {self.kv_geometry()}")
-        keys = to_llama_order(keys, ROPE_NORM)
-        self._kcache[:, :t] = keys.transpose(0, 2, 1, 3).reshape(layers, t, heads * d)
-        self._vcache[:, :t] = values.transpose(0, 2, 1, 3).reshape(layers, t, heads * d)
+        self._kcache[:, :, :t] = to_llama_order(keys, ROPE_NORM)
+        self._vcache[:, :, :t] = values
         self.n_cached = t
 
     def set_threads(self, n_threads: int) -> None:
         """One thread only: a draft step is too short to split."""
 
     def close(self) -> None:
-        self._tensors = None
+        self._arrays = None
 
 
-def _describe(meta: dict, tensors: dict, n_ctx: int):
+def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list):
     arch = meta.get("general.architecture")
     if arch != "llama":
         raise Unsupported(f"the native draft runs Llama-architecture files, not {arch!r}")
@@ -134,21 +133,23 @@ def _describe(meta: dict, tensors: dict, n_ctx: int):
                    eps=number("attention.layer_norm_rms_epsilon"), rope_base=number("rope.freq_base", 10000.0))
     if head_dim % 8 or head_dim > 256 or n_embd % 32 or model.n_ff % 32 or n_head % model.n_kv:
         raise Unsupported(f"the native draft cannot run heads of {head_dim} or widths {n_embd}/{model.n_ff}")
-    model.embd = _mat(tensors, "token_embd.weight")
-    model.out = _mat(tensors, "output.weight") if "output.weight" in tensors else model.embd
+    model.embd = _mat(tensors, "token_embd.weight", keep)
+    model.out = _mat(tensors, "output.weight", keep) if "output.weight" in tensors else model.embd
     model.n_vocab = model.embd.rows
-    model.out_norm = _norm(tensors, "output_norm.weight", n_embd)
+    model.out_norm = _norm(tensors, "output_norm.weight", n_embd, keep)
     layers = (_Layer * model.n_layer)()
     for i, layer in enumerate(layers):
         for field, name in zip(("wq", "wk", "wv", "wo", "gate", "up", "down"), LAYER_MATRICES):
-            setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight"))
-        layer.attn_norm = _norm(tensors, f"blk.{i}.attn_norm.weight", n_embd)
-        layer.ffn_norm = _norm(tensors, f"blk.{i}.ffn_norm.weight", n_embd)
+            setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight", keep))
+        layer.attn_norm = _norm(tensors, f"blk.{i}.attn_norm.weight", n_embd, keep)
+        layer.ffn_norm = _norm(tensors, f"blk.{i}.ffn_norm.weight", n_embd, keep)
     model.layers = layers
     return model, layers
 
 
-def _mat(tensors: dict, name: str) -> _Mat:
+def _mat(tensors: dict, name: str, keep: list) -> _Mat:
+    """The tensor's blocks taken apart into quants, scales and offsets (one
+    array each, row by row): the kernel then reads eight blocks' scales at once."""
     tensor = tensors.get(name)
     if tensor is None:
         raise Unsupported(f"the file has no tensor {name}")
@@ -156,14 +157,22 @@ def _mat(tensors: dict, name: str) -> _Mat:
         raise Unsupported(f"{name} is stored as GGML type {tensor.ggml_type}; the native draft reads "
                           f"{', '.join(FORMATS)}")
     cols, rows = tensor.shape[0], int(np.prod(tensor.shape[1:]))
-    return _Mat(tensor.data.ctypes.data, FORMATS[tensor.type_name], rows, cols)
+    fmt = tensor.type_name
+    blocks = tensor.data.reshape(rows, cols // 32, -1)
+    first = 4 if fmt == "Q4_1" else 2                      # d (and m) come before the quants
+    parts = [np.ascontiguousarray(blocks[:, :, first:]), np.ascontiguousarray(blocks[:, :, :2]).view(np.uint16)]
+    parts.append(np.ascontiguousarray(blocks[:, :, 2:4]).view(np.uint16) if fmt == "Q4_1" else None)
+    keep.extend(p for p in parts if p is not None)
+    qs, d, m = (p.ctypes.data if p is not None else None for p in parts)
+    return _Mat(qs, d, m, FORMATS[fmt], rows, cols)
 
 
-def _norm(tensors: dict, name: str, n: int) -> int:
+def _norm(tensors: dict, name: str, n: int, keep: list) -> int:
     tensor = tensors.get(name)
     if tensor is None or tensor.type_name != "F32" or tensor.shape[0] != n:
         raise Unsupported(f"{name} must be {n} float32 values")
-    return tensor.data.ctypes.data
+    keep.append(np.array(tensor.data).view(np.float32))
+    return keep[-1].ctypes.data
 
 
 def _formats(tensors: dict) -> str:

@@ -1,5 +1,6 @@
-"""One draft step: llama.cpp evaluates one token after a 256-token context and
-the next token is taken greedily (what the draft worker does gamma times a round).
+"""One draft step: the draft worker's own model (the native draft or llama.cpp,
+as the config makes it) evaluates one token after a 256-token context and the
+next token is taken greedily (what the draft worker does gamma times a round).
 Each step re-evaluates the same position, so the cache never grows."""
 from __future__ import annotations
 
@@ -11,22 +12,26 @@ from hetspec.models import resolve_model
 
 
 @pytest.fixture(scope="module")
-def draft_model(resolved, context_ids):
-    if resolved.draft.backend != "llama.cpp":
-        pytest.skip(f"the draft backend is {resolved.draft.backend}, not llama.cpp")
-    from workers.llama_cpp_model import LlamaCppModel
+def draft_state(resolved, context_ids, tmp_path_factory):
+    if resolved.draft.backend not in ("native", "llama.cpp"):
+        pytest.skip(f"the draft backend is {resolved.draft.backend}, not native or llama.cpp")
+    from workers.draft_worker import DraftState
 
-    model = LlamaCppModel(resolve_model(resolved.draft.model, "draft").file, n_ctx=CONTEXT_TOKENS + 64, n_threads=1)
-    model.forward(context_ids, 0)
-    yield model
-    model.close()
+    d = resolved.draft
+    state = DraftState({"backend": d.backend, "model": resolve_model(d.model, "draft").to_dict(), "cores": [0],
+                        "threads": 1, "n_ctx": CONTEXT_TOKENS + 64, "weights": d.weights,
+                        "prefill_weights": "same", "prompt_kv": "own",
+                        "scratch_dir": str(tmp_path_factory.mktemp("draft"))})
+    state.model.forward(context_ids, 0)
+    yield state
+    state.model.close()
 
 
-def test_draft_step(benchmark, draft_model, context_ids):
-    token = context_ids[-1]
+def test_draft_step(benchmark, draft_state, context_ids):
+    model, token = draft_state.model, context_ids[-1]
 
     def step():
-        return int(np.argmax(draft_model.forward([token], CONTEXT_TOKENS)))
+        return int(np.argmax(model.forward([token], CONTEXT_TOKENS)))
 
-    benchmark.extra_info.update(context=CONTEXT_TOKENS, threads=1)
-    assert 0 <= benchmark(step) < draft_model.n_vocab
+    benchmark.extra_info.update(context=CONTEXT_TOKENS, threads=1, kernels=draft_state.kernels)
+    assert 0 <= benchmark(step) < model.n_vocab
