@@ -222,7 +222,8 @@ class Scheduler:
                         Sampling(request.temperature, request.top_p, request.top_k), seed,
                         seeded=request.seed is not None, borrow_cores=self.config.target.prefill_borrows_draft_cores,
                         cache_prompt=request.cache_prompt,
-                        draft_borrows_cores=self.config.draft.prefill_borrows_target_cores,
+                        draft_borrows_cores=(self.config.draft.prefill_borrows_target_cores
+                                             and self.draft.hello.prefill_threads),
                         keep_drafting=self.keep_drafting, max_window=decoding.max_gamma,
                         kv_handover=self.kv_handover)
         output = Output(prompt_ids, max_new, self.eos, request.stop, self.tokenizer)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import hetspec
 from hetspec.models import resolve_model
 from hetspec.tokenizer import Tokenizer
 from workers.draft_worker import DraftState
@@ -98,3 +99,19 @@ def test_another_architecture_is_refused_and_the_worker_falls_back(tmp_path):
     assert "gemma3" in state.kernels
     assert state.model.forward([2, 100], 0).shape == (state.model.n_vocab,)
     state.model.close()
+
+
+def test_an_engine_whose_native_draft_prefills_itself_stays_exact():
+    """prompt_kv = "own": the native draft prefills a long prompt itself, one
+    token a pass on its own core (it borrows none: the target decodes alone
+    meanwhile), and the output is still the target's own."""
+    notes = " ".join(f"Note {i}: the train left platform {i} at {8 + i % 9} o'clock." for i in range(12))
+    messages = [{"role": "user", "content": "Summarize these notes in one sentence. " + notes}]
+    with hetspec.launch({"draft": {"backend": "native", "prompt_kv": "own"}}) as engine:
+        assert engine.info["draft"]["kernels"].startswith("native")
+        want = engine.generate(messages=messages, max_new_tokens=128, mode="target")
+        got = engine.generate(messages=messages, max_new_tokens=128, mode="duodec")
+    assert got.stats["prompt_tokens"] > 100 and got.stats["draft_prompt_kv"] == "own"
+    assert got.stats["target_only_rounds"] > 0          # the target went on alone while the draft prefilled
+    assert got.token_ids == want.token_ids
+    assert got.stats["spec_rounds"] > 0 and got.stats["accepted"] > 0

@@ -96,7 +96,8 @@ def load(spec: dict):
     state = DraftState(spec)
     hello = WorkerHello(role="draft", pid=os.getpid(), n_vocab=state.model.n_vocab, device="cpu",
                         cores=spec["cores"], threads=spec["threads"], load_s=time.perf_counter() - start,
-                        kernels=state.kernels, kv_geometry=state.kv_geometry)
+                        kernels=state.kernels, kv_geometry=state.kv_geometry,
+                        prefill_threads=not getattr(state.model, "single_threaded", False))
     return hello, state
 
 

@@ -44,6 +44,7 @@ class _Model(ctypes.Structure):
 
 
 class NativeDraftModel:
+    single_threaded = True    # a prompt prefills one token a pass: borrowed cores would not help
     def __init__(self, path: str, n_ctx: int, cache_root: str = ""):
         """KernelUnavailable when the C file cannot be built here, Unsupported
         when the file is not a Llama model in Q8_0/Q4_0/Q4_1 blocks."""
