@@ -126,6 +126,8 @@ def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list):
 
     n_embd, n_head = number("embedding_length"), number("attention.head_count")
     head_dim = n_embd // n_head
+    if number("attention.key_length", head_dim) != head_dim or number("attention.value_length", head_dim) != head_dim:
+        raise Unsupported("the native draft needs heads of embedding_length / head_count values")
     if number("rope.dimension_count", head_dim) != head_dim or "llama.rope.scaling.type" in meta:
         raise Unsupported("the native draft needs plain rope over whole heads")
     model = _Model(n_layer=number("block_count"), n_embd=n_embd, n_head=n_head,
@@ -144,6 +146,15 @@ def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list):
             setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight", keep))
         layer.attn_norm = _norm(tensors, f"blk.{i}.attn_norm.weight", n_embd, keep)
         layer.ffn_norm = _norm(tensors, f"blk.{i}.ffn_norm.weight", n_embd, keep)
+    kv_dim = model.n_kv * head_dim
+    shapes = {"wq": (n_embd, n_embd), "wk": (kv_dim, n_embd), "wv": (kv_dim, n_embd), "wo": (n_embd, n_embd),
+              "gate": (model.n_ff, n_embd), "up": (model.n_ff, n_embd), "down": (n_embd, model.n_ff)}
+    for field, (rows, cols) in shapes.items():
+        mat = getattr(layers[0], field)
+        if (mat.rows, mat.cols) != (rows, cols):
+            raise Unsupported(f"blk.0 {field} is {mat.rows} x {mat.cols}, not the {rows} x {cols} of a Llama layer")
+    if model.embd.cols != n_embd or model.out.cols != n_embd or model.out.rows != model.n_vocab:
+        raise Unsupported("the embedding and output matrices do not match the model's width and vocabulary")
     model.layers = layers
     return model, layers
 
