@@ -8,7 +8,7 @@ fraction of it. It runs in a child process pinned like the draft worker (same
 cores, same threads), after the engine has stopped, so nothing competes.
 
 python -m benchmarks.ceiling --model FILE.gguf --cores 0 --threads 1 --n-ctx N [--weights q8_0]
-    [--backend native --cache-root DIR] < prompts.json
+    [--backend native] < prompts.json
 (prompts.json: [{"ids": [...], "max_new_tokens": n}, ...]; prints one JSON object)
 """
 from __future__ import annotations
@@ -22,14 +22,14 @@ import time
 
 
 def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: list[dict], weights: str = "as-is",
-                    timeout_s: float = 900, backend: str = "llama.cpp", cache_root: str = "") -> dict:
+                    timeout_s: float = 900, backend: str = "llama.cpp") -> dict:
     """Run the measurement in a pinned child process; returns its JSON result (or an "error").
     backend, weights: the draft's [draft] settings, so the draft runs as in the engine."""
     n_ctx = max(len(p["ids"]) + p["max_new_tokens"] for p in prompts) + 8
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     command = [sys.executable, "-m", "benchmarks.ceiling", "--model", model_file, "--threads", str(threads),
                "--n-ctx", str(n_ctx), "--cores", ",".join(map(str, cores)), "--weights", weights,
-               "--backend", backend, "--cache-root", cache_root]
+               "--backend", backend]
     try:
         done = subprocess.run(command, input=json.dumps(prompts), capture_output=True, text=True, env=env,
                               timeout=timeout_s, check=False)
@@ -40,36 +40,29 @@ def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: li
     return json.loads(done.stdout)
 
 
-def _load(model_file: str, threads: int, n_ctx: int, weights: str, backend: str, cache_root: str):
-    """(model, what runs it): the native draft where the engine's would run, else llama.cpp."""
-    import tempfile
+def _load(model_file: str, threads: int, n_ctx: int, weights: str, backend: str, scratch: str):
+    """(model, what runs it), loaded by the draft worker's own code: the native
+    draft where the engine's would run, else llama.cpp with the config's weights."""
+    from hetspec.models import resolve_model
+    from workers.draft_worker import DraftState
 
-    from workers.llama_cpp_model import LlamaCppModel
-
-    if backend == "native":
-        from workers.native_draft import KernelUnavailable, NativeDraftModel, Unsupported
-
-        try:
-            return NativeDraftModel(model_file, n_ctx, cache_root), "native"
-        except (KernelUnavailable, Unsupported):
-            pass
-    if weights == "as-is":
-        return LlamaCppModel(model_file, n_ctx=n_ctx, n_threads=threads), "llama.cpp"
-    from workers.gguf_conversion import convert_gguf
-
-    with tempfile.TemporaryDirectory(prefix="hetspec-ceiling-") as scratch:
-        return LlamaCppModel(convert_gguf(model_file, weights, scratch, threads), n_ctx=n_ctx,
-                             n_threads=threads), "llama.cpp"
+    state = DraftState({"backend": backend, "model": resolve_model(model_file, "draft").to_dict(), "cores": [],
+                        "threads": threads, "n_ctx": n_ctx, "weights": weights, "prefill_weights": "same",
+                        "prompt_kv": "own", "scratch_dir": scratch})
+    return state.model, state.backend
 
 
 def _run(model_file: str, cores: list[int], threads: int, n_ctx: int, prompts: list[dict],
-         weights: str = "as-is", backend: str = "llama.cpp", cache_root: str = "") -> dict:
+         weights: str = "as-is", backend: str = "llama.cpp") -> dict:
+    import tempfile
+
     import numpy as np
 
     from workers.pinning import pin
 
     pin(cores)
-    model, backend = _load(model_file, threads, n_ctx, weights, backend, cache_root)
+    with tempfile.TemporaryDirectory(prefix="hetspec-ceiling-") as scratch:
+        model, backend = _load(model_file, threads, n_ctx, weights, backend, scratch)
     if backend == "native":
         weights = "as-is"             # it reads the file's own blocks
     try:
@@ -106,12 +99,10 @@ def main(argv=None) -> int:
     parser.add_argument("--n-ctx", type=int, default=4096)
     parser.add_argument("--weights", default="as-is", help="convert the GGUF at load, as [draft] weights does")
     parser.add_argument("--backend", default="llama.cpp", help="[draft] backend: native or llama.cpp")
-    parser.add_argument("--cache-root", default="", help="where the native draft's library is built")
     args = parser.parse_args(argv)
     prompts = json.load(sys.stdin)
     cores = [int(c) for c in args.cores.split(",") if c]
-    print(json.dumps(_run(args.model, cores, args.threads, args.n_ctx, prompts, args.weights, args.backend,
-                          args.cache_root)))
+    print(json.dumps(_run(args.model, cores, args.threads, args.n_ctx, prompts, args.weights, args.backend)))
     return 0
 
 

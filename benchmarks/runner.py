@@ -185,10 +185,9 @@ def _ceiling(settings, config, prompts, prompt_ids, info) -> dict:
     first = {}
     for p in prompts:               # one prompt per category is enough for a decoding speed
         first.setdefault(p.category, {"ids": prompt_ids[p.key], "max_new_tokens": p.max_new_tokens})
-    model = resolve_model(config.draft.model, "draft")
-    return measure_ceiling(model.file, list(info["draft"]["cores"]), int(info["draft"]["threads"]),
-                           list(first.values()), config.draft.weights, backend=config.draft.backend,
-                           cache_root=os.path.dirname(model.cache_dir) if model.cache_dir else "")
+    model_file = resolve_model(config.draft.model, "draft").file
+    return measure_ceiling(model_file, list(info["draft"]["cores"]), int(info["draft"]["threads"]),
+                           list(first.values()), config.draft.weights, backend=config.draft.backend)
 
 
 def _add_ceiling_fraction(doc: dict) -> None:

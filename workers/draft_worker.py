@@ -17,9 +17,11 @@ from workers.process import exit_now, parse_args, serve
 
 class DraftState:
     def __init__(self, spec: dict):
-        if spec["backend"] in ("native", "llama.cpp"):
-            self.model, self.kernels = _load_native(spec) if spec["backend"] == "native" else (None, "")
+        self.backend = spec["backend"]          # what runs the draft: native, llama.cpp or torch
+        if self.backend in ("native", "llama.cpp"):
+            self.model, self.kernels = _load_native(spec) if self.backend == "native" else (None, "")
             if self.model is None:
+                self.backend = "llama.cpp"
                 self.model, llama = _load_llama_cpp(spec)
                 self.kernels = llama + (f" ({self.kernels})" if self.kernels else "")
             self.kv_geometry = self.model.kv_geometry() if spec.get("prompt_kv") == "auto" else []
@@ -97,7 +99,7 @@ def load(spec: dict):
     hello = WorkerHello(role="draft", pid=os.getpid(), n_vocab=state.model.n_vocab, device="cpu",
                         cores=spec["cores"], threads=spec["threads"], load_s=time.perf_counter() - start,
                         kernels=state.kernels, kv_geometry=state.kv_geometry,
-                        prefill_threads=not getattr(state.model, "single_threaded", False))
+                        prefill_threads=state.backend != "native")   # it prefills one token a pass
     return hello, state
 
 

@@ -48,23 +48,24 @@ class GGUFLinear(torch.nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
-def use_gguf_blocks(lm: torch.nn.Module, model: dict, dtype: str) -> str:
-    """Let a CPU target's verify windows read its GGUF file's blocks; says what
-    was swapped or why nothing was ("" for a target not from a GGUF file)."""
+def use_gguf_blocks(lm: torch.nn.Module, model: dict, dtype: str) -> tuple[bool, str]:
+    """Let a CPU target's verify windows read its GGUF file's blocks: (whether any
+    layer does, what was swapped or why nothing was; "" for a target not from a
+    GGUF file)."""
     if model["kind"] != "gguf":
-        return ""
+        return False, ""
     if dtype != "float32":
-        return f"no GGUF blocks (a {dtype} target does not hold the blocks' values)"
+        return False, f"no GGUF blocks (a {dtype} target does not hold the blocks' values)"
     try:
         kernels = load_kernels(os.path.dirname(model["cache_dir"]) if model.get("cache_dir") else "")
     except KernelUnavailable as exc:
-        return f"no GGUF blocks ({exc})"
+        return False, f"no GGUF blocks ({exc})"
     swapped = attach_gguf_blocks(lm, os.path.join(model["path"], model["gguf_file"]), kernels)
     if not swapped:
-        return f"no GGUF blocks (no layer holds exactly the values of a {', '.join(FORMATS)} tensor)"
+        return False, f"no GGUF blocks (no layer holds exactly the values of a {', '.join(FORMATS)} tensor)"
     layers = ", ".join(f"{n} {fmt}" for fmt, n in sorted(swapped.items()))
     longer = "onednn prepacked" if onednn_available() else "torch"
-    return f"GGUF blocks for windows of up to {MAX_ROWS} tokens, {longer} beyond ({layers} linear layers)"
+    return True, f"GGUF blocks for windows of up to {MAX_ROWS} tokens, {longer} beyond ({layers} linear layers)"
 
 
 def attach_gguf_blocks(model: torch.nn.Module, gguf_path: str, kernels: GGUFKernels) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""The tensors of a GGUF file, as numpy views of its bytes, without its metadata.
+"""The tensors of a GGUF file, as numpy views of its bytes, and its scalar metadata.
 
 gguf's GGUFReader turns every metadata value (a tokenizer's 49k strings and
 merges among them) into numpy objects first, which took ~4 s for SmolLM2;
@@ -30,6 +30,12 @@ class GGUFTensor:
 
 
 def read_tensors(path: str) -> dict[str, GGUFTensor]:
+    return read_gguf(path)[1]
+
+
+def read_gguf(path: str) -> tuple[dict, dict[str, GGUFTensor]]:
+    """(the file's scalar and string metadata, arrays such as the tokenizer's left
+    out; its tensors), from one walk of the header."""
     with open(path, "rb") as f:
         header = _Header(f.read(1 << 20), f)
     data = np.memmap(path, dtype=np.uint8, mode="r")
@@ -43,13 +49,7 @@ def read_tensors(path: str) -> dict[str, GGUFTensor]:
             row_bytes = dims[0] // per_block * block_bytes
             view = data[start + offset:start + offset + rows * row_bytes].reshape(rows, row_bytes)
         tensors[name] = GGUFTensor(name, type_name, ggml_type, tuple(dims), view)
-    return tensors
-
-
-def read_metadata(path: str) -> dict:
-    """The file's scalar and string metadata (arrays, such as the tokenizer's, left out)."""
-    with open(path, "rb") as f:
-        return _Header(f.read(1 << 20), f).metadata
+    return header.metadata, tensors
 
 
 class _Header:

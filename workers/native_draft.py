@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from workers.gguf_tensors import read_metadata, read_tensors
+from workers.gguf_tensors import read_gguf
 from workers.native_build import KernelUnavailable, built
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_draft.c")
@@ -44,11 +44,10 @@ class _Model(ctypes.Structure):
 
 
 class NativeDraftModel:
-    single_threaded = True    # a prompt prefills one token a pass: borrowed cores would not help
     def __init__(self, path: str, n_ctx: int, cache_root: str = ""):
         """KernelUnavailable when the C file cannot be built here, Unsupported
         when the file is not a Llama model in Q8_0/Q4_0/Q4_1 blocks."""
-        meta, tensors = read_metadata(path), read_tensors(path)
+        meta, tensors = read_gguf(path)
         self._arrays = []                            # what the C side reads: keep alive
         model, self._layers = _describe(meta, tensors, n_ctx, self._arrays)
         self._kcache = np.zeros((model.n_layer, model.n_kv, n_ctx, model.head_dim), np.float16)

@@ -34,7 +34,7 @@ class TargetState:
         lm = load_causal_lm(spec["model"], spec["dtype"], device)
         cpu_kernels = spec.get("cpu_kernels") if device == "cpu" else "torch"
         tuned_cpu = cpu_kernels in ("gguf", "onednn")
-        blocks = use_gguf_blocks(lm, spec["model"], spec["dtype"]) if cpu_kernels == "gguf" else ""
+        attached, blocks = use_gguf_blocks(lm, spec["model"], spec["dtype"]) if cpu_kernels == "gguf" else (False, "")
         self.packed_linears = pack_linears(lm) if tuned_cpu else 0
         if tuned_cpu:
             # transformers copies each shared KV head once per query head before a masked
@@ -43,7 +43,7 @@ class TargetState:
             os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
         self.kv = KVModel(lm, device)
         self.kernels = f"onednn prepacked ({self.packed_linears} linear layers)" if self.packed_linears else "torch"
-        if blocks.startswith("GGUF"):
+        if attached:
             self.kernels = blocks + (f"; {self.kernels}" if self.packed_linears else "")
         elif blocks:
             self.kernels += f"; {blocks}"
