@@ -1,7 +1,9 @@
-"""The native draft (workers/native_draft.c) with the real SmolLM2 GGUF: it
-follows the float32 target's greedy path, rewinds and takes the target's
-prompt cache like llama.cpp's draft, refuses what it cannot run, and the
-draft worker then falls back to llama.cpp saying why."""
+"""The native draft (workers/native_draft.c) with the real SmolLM2 and Gemma 3
+GGUF files: it follows the float32 target's greedy path, rewinds and takes the
+target's prompt cache like llama.cpp's draft (Gemma's sliding-window layers
+past their window too), refuses what it cannot run, and the draft worker then
+falls back to llama.cpp saying why."""
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -10,9 +12,10 @@ import hetspec
 from hetspec.models import resolve_model
 from hetspec.tokenizer import Tokenizer
 from workers.draft_worker import DraftState
+from workers.gguf_tensors import GGUFTensor
 from workers.hf_loading import load_causal_lm
 from workers.kv_model import KVModel
-from workers.native_draft import NativeDraftModel, Unsupported
+from workers.native_draft import NativeDraftModel, Unsupported, _as_q8_0
 
 pytestmark = pytest.mark.integration
 
@@ -88,17 +91,96 @@ def test_the_targets_prompt_cache_stands_in_for_the_drafts_prefill(native, targe
     assert np.abs(handed_over - own).max() < 0.02 * want[0].std()
 
 
-def test_another_architecture_is_refused_and_the_worker_falls_back(tmp_path):
-    gemma = resolve_model("builtin:gemma3-270m")
-    with pytest.raises(Unsupported, match="runs Llama-architecture files, not 'gemma3'"):
-        NativeDraftModel(gemma.file, 256, str(tmp_path))
-    state = DraftState({"backend": "native", "model": gemma.to_dict(), "cores": [0], "threads": 1, "n_ctx": 256,
+def test_another_architecture_is_refused(tmp_path):
+    path = str(tmp_path / "qwen2.gguf")
+    writer = gguf.GGUFWriter(path, "qwen2")
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(Unsupported, match="runs Llama and Gemma 3 files, not 'qwen2'"):
+        NativeDraftModel(path, 256, str(tmp_path))
+
+
+def test_without_a_compiler_the_worker_falls_back_to_llama_cpp(smollm2, tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler")
+    state = DraftState({"backend": "native", "model": smollm2.to_dict(), "cores": [0], "threads": 1, "n_ctx": 256,
                         "weights": "as-is", "prefill_weights": "same", "prompt_kv": "own",
                         "scratch_dir": str(tmp_path)})
-    assert state.kernels.startswith("llama.cpp, weights as-is (no native draft: ")
-    assert "gemma3" in state.kernels
-    assert state.model.forward([2, 100], 0).shape == (state.model.n_vocab,)
+    assert state.backend == "llama.cpp"
+    assert state.kernels.startswith("llama.cpp, weights as-is (no native draft: no C compiler ('no-such-compiler')")
+    assert state.model.forward([1, 100], 0).shape == (state.model.n_vocab,)
     state.model.close()
+
+
+def test_q5_0_blocks_become_q8_0_exactly_whatever_the_sign_of_their_scale():
+    """gguf's Q5_0 stores d = max / -16, so most scales are negative."""
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(4, 64)).astype(np.float32)
+    blocks = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q5_0)
+    want = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q5_0)
+    tensor = GGUFTensor("w", "Q5_0", 6, (64, 4), blocks)
+    q, d = _as_q8_0(tensor, 4, 64)
+    scales = d.view(np.float16).astype(np.float32)
+    assert (scales < 0).any()
+    got = (q.reshape(4, 2, 32).astype(np.float32) * scales[..., None]).reshape(4, 64)
+    assert np.array_equal(got, want)
+
+
+# ---- Gemma 3 ------------------------------------------------------------------------
+
+LONG = 620          # past the 512-position window of Gemma 3's sliding layers
+
+
+@pytest.fixture(scope="module")
+def gemma_run(tmp_path_factory):
+    """Gemma 3's float32 target along its greedy path after a long prompt (its
+    prompt cache, the logits at the prompt's end and after each token), and
+    the native draft of the same file."""
+    gemma = resolve_model("builtin:gemma3-270m")
+    torch.set_num_threads(2)
+    kv = KVModel(load_causal_lm(gemma.to_dict(), "float32"))
+    sentence = "the river carried salt and timber past the old mill every spring while the town slept "
+    prompt = [int(t) for t in Tokenizer(gemma).encode_prompt(sentence * (LONG // 10))][:LONG]
+    logits = [kv.forward(prompt, 0)[-1]]
+    tokens = []
+    for i in range(16):
+        tokens.append(int(logits[-1].argmax()))
+        logits.append(kv.forward(tokens[-1:], len(prompt) + i)[-1])
+    layers = list(kv.layer_kv(len(prompt) - 1))
+    keys = np.stack([k.to(torch.float16).numpy() for k, _ in layers])
+    values = np.stack([v.to(torch.float16).numpy() for _, v in layers])
+    native = NativeDraftModel(gemma.file, 1024, str(tmp_path_factory.mktemp("cache")))
+    yield native, prompt, tokens, torch.stack(logits).numpy(), keys, values
+    native.close()
+
+
+def test_the_native_gemma_draft_follows_the_target_past_the_sliding_window(gemma_run):
+    """Its own prefill of a prompt longer than the window, then the target's
+    greedy path: the same token at every step (logits ~1.5% of their spread
+    off on average: the K-quant matrices held as Q8_0)."""
+    native, prompt, tokens, want, _, _ = gemma_run
+    assert len(prompt) == LONG and native.description.startswith("native, ")
+    assert "Q8_0 from Q5_0" in native.description
+    got = [native.forward(prompt, 0).copy()]
+    for i, token in enumerate(tokens):
+        got.append(native.forward([token], len(prompt) + i).copy())
+    got = np.stack(got)
+    assert [int(row.argmax()) for row in got[:-1]] == tokens
+    assert np.abs(got - want).mean() < 0.03 * want.std(axis=1).mean()
+
+
+def test_the_native_gemma_draft_takes_the_targets_prompt_cache(gemma_run):
+    """The target hands its full-attention layers first, then the sliding ones;
+    the draft puts each back in its place."""
+    native, prompt, tokens, _, keys, values = gemma_run
+    assert native.kv_geometry() == [18, 1, 256, 3]
+    native.import_kv(keys, values)
+    got = [native.forward(prompt[-1:], len(prompt) - 1).copy()]
+    for i, token in enumerate(tokens):
+        got.append(native.forward([token], len(prompt) + i).copy())
+    assert [int(row.argmax()) for row in got[:-1]] == tokens
 
 
 def test_an_engine_whose_native_draft_prefills_itself_stays_exact():

@@ -1,5 +1,5 @@
-/* A Llama-architecture draft model, one token per call, read straight from a
-   GGUF file's blocks.
+/* A Llama- or Gemma-3-architecture draft model, one token per call, read
+   straight from a GGUF file's blocks.
 
    Why: drafting is one row at a time, so it is bound by reading the weights
    and by per-token overheads. On the 2-core development machine llama.cpp
@@ -13,9 +13,13 @@
    times a block of activations x ~ dx * xq is d * dx * sum(q * xq) (minus
    8 * d * dx * sum(xq) for Q4_0), plus m * sum(x) for Q4_1.
 
-   Conventions are llama.cpp's for the "llama" architecture: rope turns
-   adjacent pairs (GGUF conversion permuted the query and key rows for it),
-   weights are GGUF rows of `cols` values. The KV cache is float16,
+   Conventions are llama.cpp's. For "llama", rope turns adjacent pairs (GGUF
+   conversion permuted the query and key rows for it). Gemma 3 adds what its
+   layer has beyond Llama's: the embedding scaled by sqrt(width), query and key
+   heads normalised, a norm after attention and after the MLP, GELU (tanh)
+   gating, rope over the heads' two halves, and sliding-window layers with
+   their own rope base (its norm weights are stored with the 1 already added).
+   Weights are GGUF rows of `cols` values. The KV cache is float16,
    [layer][kv head][position][head_dim], so a head's keys are read as one
    stream, and the query heads sharing it are served in one pass.
    Needs AVX2, FMA and F16C (and uses AVX512-VNNI where the CPU has it). */
@@ -43,6 +47,8 @@ typedef struct {
 typedef struct {
     hs_mat wq, wk, wv, wo, gate, up, down;
     const float *attn_norm, *ffn_norm;
+    const float *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;   /* Gemma 3; NULL for Llama */
+    int sliding;      /* attends to the last `window` positions, rope at the local base */
 } hs_layer;
 
 typedef struct {
@@ -53,6 +59,8 @@ typedef struct {
     const hs_layer *layers;
     uint16_t *kcache, *vcache;    /* n_layer x n_kv x n_ctx x head_dim, float16 */
     float *work;                  /* hs_work_floats(model) floats */
+    int neox_rope, gelu, window;  /* rope over halves; GELU (tanh) instead of SiLU; sliding window */
+    float embd_scale, rope_base_local;
 } hs_model;
 
 static inline float hsum8(__m256 a) {
@@ -231,6 +239,27 @@ static void rope(float *v, int heads, int head_dim, const float *cos_t, const fl
     }
 }
 
+/* Turn dimensions (i, i + head_dim/2) of every head: rope over halves, as transformers does. */
+static void rope_halves(float *v, int heads, int head_dim, const float *cos_t, const float *sin_t) {
+    const int half = head_dim / 2;
+    for (int h = 0; h < heads; h++) {
+        float *p = v + h * head_dim;
+        for (int i = 0; i < half; i++) {
+            const float a = p[i], b = p[i + half];
+            p[i] = a * cos_t[i] - b * sin_t[i];
+            p[i + half] = b * cos_t[i] + a * sin_t[i];
+        }
+    }
+}
+
+static void rope_angles(int pos, float base, int head_dim, float *cos_t, float *sin_t) {
+    for (int i = 0; i < head_dim / 2; i++) {
+        const float angle = (float)pos * powf(base, -2.0f * (float)i / (float)head_dim);
+        cos_t[i] = cosf(angle);
+        sin_t[i] = sinf(angle);
+    }
+}
+
 /* exp(x) for x <= 0 (softmax after subtracting the maximum), to ~2 ulp. */
 static inline __m256 exp8(__m256 x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
@@ -249,18 +278,25 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-/* gate = silu(gate) * up, silu(g) = g * sigmoid(g) with exp of -|g| only. */
-static void swiglu(float *gate, const float *up, int n) {
+/* gate = act(gate) * up, act(g) = g * sigmoid(z) with exp of -|z| only: SiLU is
+   z = g, GELU's tanh form z = 2 sqrt(2/pi) (g + 0.044715 g^3)
+   (0.5 (1 + tanh(u)) = sigmoid(2u)). */
+static void gated(float *gate, const float *up, int n, int gelu) {
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    const __m256 c1 = _mm256_set1_ps(1.5957691216f), c3 = _mm256_set1_ps(0.0713548163f);  /* 2 sqrt(2/pi) (1, 0.044715) */
     int i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 g = _mm256_loadu_ps(gate + i);
-        const __m256 e = exp8(_mm256_or_ps(g, sign));                       /* exp(-|g|) */
+        const __m256 z = gelu ? _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), c3, c1)) : g;
+        const __m256 e = exp8(_mm256_or_ps(z, sign));                       /* exp(-|z|) */
         const __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
-        const __m256 sig = _mm256_blendv_ps(r, _mm256_mul_ps(e, r), g);     /* g < 0: e / (1 + e) */
+        const __m256 sig = _mm256_blendv_ps(r, _mm256_mul_ps(e, r), z);     /* z < 0: e / (1 + e) */
         _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
     }
-    for (; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    for (; i < n; i++) {
+        const float g = gate[i], z = gelu ? g * (1.5957691216f + 0.0713548163f * g * g) : g;
+        gate[i] = g / (1.0f + expf(-z)) * up[i];
+    }
 }
 
 /* out = sum over t of p[t] * v[t] (float16 rows `stride` apart), 32 values at a
@@ -362,7 +398,10 @@ static void to_half(const float *x, int n, uint16_t *y) {
 
 /* ---- the model ------------------------------------------------------------------ */
 
-static int widest(const hs_model *m) { return m->n_ff > m->n_embd ? m->n_ff : m->n_embd; }
+static int widest(const hs_model *m) {
+    const int heads = m->n_head * m->head_dim, w = m->n_ff > m->n_embd ? m->n_ff : m->n_embd;
+    return heads > w ? heads : w;
+}
 
 /* Floats of scratch memory a forward pass needs. */
 long hs_work_floats(const hs_model *m) {
@@ -386,13 +425,12 @@ int hs_forward(const hs_model *m, int token, int pos, float *logits) {
     xq.qsum = (int32_t *)(xq.sum + widest(m) / BLOCK);
     float *scores = (float *)(xq.qsum + widest(m) / BLOCK);
 
-    float cos_t[128], sin_t[128];
-    for (int i = 0; i < hd / 2; i++) {
-        const float angle = (float)pos * powf(m->rope_base, -2.0f * (float)i / (float)hd);
-        cos_t[i] = cosf(angle);
-        sin_t[i] = sinf(angle);
-    }
+    float cos_g[128], sin_g[128], cos_l[128], sin_l[128];    /* global and local (sliding) rope */
+    rope_angles(pos, m->rope_base, hd, cos_g, sin_g);
+    if (m->window > 0) rope_angles(pos, m->rope_base_local, hd, cos_l, sin_l);
     dequantize_row(&m->embd, token, x);
+    if (m->embd_scale != 1.0f)
+        for (int i = 0; i < E; i++) x[i] *= m->embd_scale;
     for (int l = 0; l < m->n_layer; l++) {
         const hs_layer *L = m->layers + l;
         uint16_t *kc = m->kcache + (size_t)l * m->n_ctx * kv_dim, *vc = m->vcache + (size_t)l * m->n_ctx * kv_dim;
@@ -401,24 +439,33 @@ int hs_forward(const hs_model *m, int token, int pos, float *logits) {
         matvec(&L->wq, &xq, q);
         matvec(&L->wk, &xq, k);
         matvec(&L->wv, &xq, v);
-        rope(q, m->n_head, hd, cos_t, sin_t);
-        rope(k, m->n_kv, hd, cos_t, sin_t);
+        if (L->q_norm)
+            for (int i = 0; i < m->n_head; i++) rms_norm(q + i * hd, L->q_norm, hd, m->eps, q + i * hd);
+        if (L->k_norm)
+            for (int i = 0; i < m->n_kv; i++) rms_norm(k + i * hd, L->k_norm, hd, m->eps, k + i * hd);
+        const float *cos_t = L->sliding ? cos_l : cos_g, *sin_t = L->sliding ? sin_l : sin_g;
+        void (*turn)(float *, int, int, const float *, const float *) = m->neox_rope ? rope_halves : rope;
+        turn(q, m->n_head, hd, cos_t, sin_t);
+        turn(k, m->n_kv, hd, cos_t, sin_t);
         for (int g = 0; g < m->n_kv; g++) {
             to_half(k + g * hd, hd, kc + ((size_t)g * m->n_ctx + pos) * hd);
             to_half(v + g * hd, hd, vc + ((size_t)g * m->n_ctx + pos) * hd);
         }
-        attend(m, q, kc, vc, pos + 1, scores, att);
+        const int first = L->sliding && pos + 1 > m->window ? pos + 1 - m->window : 0;
+        attend(m, q, kc + (size_t)first * hd, vc + (size_t)first * hd, pos + 1 - first, scores, att);
         quantize(att, heads, &xq);
         matvec(&L->wo, &xq, h);
+        if (L->post_attn_norm) rms_norm(h, L->post_attn_norm, E, m->eps, h);
         for (int i = 0; i < E; i++) x[i] += h[i];
 
         rms_norm(x, L->ffn_norm, E, m->eps, h);
         quantize(h, E, &xq);
         matvec(&L->gate, &xq, gate);
         matvec(&L->up, &xq, up);
-        swiglu(gate, up, m->n_ff);
+        gated(gate, up, m->n_ff, m->gelu);
         quantize(gate, m->n_ff, &xq);
         matvec(&L->down, &xq, h);
+        if (L->post_ffn_norm) rms_norm(h, L->post_ffn_norm, E, m->eps, h);
         for (int i = 0; i < E; i++) x[i] += h[i];
     }
     if (logits) {

@@ -1,6 +1,9 @@
-"""The native draft: a Llama-architecture GGUF model run by workers/native_draft.c.
+"""The native draft: a Llama- or Gemma-3-architecture GGUF model run by
+workers/native_draft.c.
 
-It reads the file's own Q8_0/Q4_0/Q4_1 blocks, one token per forward pass,
+It reads the file's own Q8_0/Q4_0/Q4_1 blocks, and holds other block types
+(Gemma 3's Q5_0, Q4_K, Q6_K) as Q8_0: exactly for Q5_0, to within half a step
+of an 8-bit grid for the K-quants. One token per forward pass,
 with the same interface as LlamaCppModel (forward, kv_geometry, import_kv), so
 the drafter and the KV handover work with either. Its cache is positional: a
 forward at `pos` simply overwrites from there, which is all a rollback needs.
@@ -14,11 +17,16 @@ from collections.abc import Sequence
 import numpy as np
 
 from workers.gguf_tensors import read_gguf
+from workers.llama_kv_state import ROPE_NEOX, ROPE_NORM, to_llama_order
 from workers.native_build import KernelUnavailable, built
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_draft.c")
 FORMATS = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}
 LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+GEMMA3_NORMS = {"q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "post_attn_norm": "post_attention_norm",
+                "post_ffn_norm": "post_ffw_norm"}
+GEMMA3_GLOBAL_EVERY = 6          # every sixth layer attends fully, the others to a window (as llama.cpp)
+GEMMA3_LOCAL_ROPE_BASE = 10000.0  # the sliding layers' rope base, which Gemma 3 files do not record
 
 
 class Unsupported(ValueError):
@@ -32,7 +40,7 @@ class _Mat(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [(name, _Mat) for name in ("wq", "wk", "wv", "wo", "gate", "up", "down")] + [
-        ("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p)]
+        (name, ctypes.c_void_p) for name in ("attn_norm", "ffn_norm", *GEMMA3_NORMS)] + [("sliding", ctypes.c_int)]
 
 
 class _Model(ctypes.Structure):
@@ -40,16 +48,20 @@ class _Model(ctypes.Structure):
                 ("n_layer", "n_embd", "n_head", "n_kv", "head_dim", "n_ff", "n_vocab", "n_ctx")] + [
         ("eps", ctypes.c_float), ("rope_base", ctypes.c_float), ("embd", _Mat), ("out", _Mat),
         ("out_norm", ctypes.c_void_p), ("layers", ctypes.POINTER(_Layer)),
-        ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p), ("work", ctypes.c_void_p)]
+        ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p), ("work", ctypes.c_void_p),
+        ("neox_rope", ctypes.c_int), ("gelu", ctypes.c_int), ("window", ctypes.c_int),
+        ("embd_scale", ctypes.c_float), ("rope_base_local", ctypes.c_float)]
 
 
 class NativeDraftModel:
     def __init__(self, path: str, n_ctx: int, cache_root: str = ""):
         """KernelUnavailable when the C file cannot be built here, Unsupported
-        when the file is not a Llama model in Q8_0/Q4_0/Q4_1 blocks."""
+        when the file is not a Llama or Gemma 3 model of block types it reads."""
         meta, tensors = read_gguf(path)
         self._arrays = []                            # what the C side reads: keep alive
-        model, self._layers = _describe(meta, tensors, n_ctx, self._arrays)
+        formats: dict[str, int] = {}
+        model, self._layers = _describe(meta, tensors, n_ctx, self._arrays, formats)
+        self._rope = ROPE_NEOX if model.neox_rope else ROPE_NORM
         self._kcache = np.zeros((model.n_layer, model.n_kv, n_ctx, model.head_dim), np.float16)
         self._vcache = np.zeros_like(self._kcache)
         model.kcache, model.vcache = self._kcache.ctypes.data, self._vcache.ctypes.data
@@ -65,7 +77,7 @@ class NativeDraftModel:
         self._logits = np.zeros(model.n_vocab, np.float32)
         self.n_vocab, self.n_ctx = model.n_vocab, n_ctx
         self.n_cached = 0
-        self.description = f"native, {_formats(tensors)}"
+        self.description = "native, " + ", ".join(f"{n} {kind}" for kind, n in sorted(formats.items()))
 
     def forward(self, tokens: Sequence[int], pos: int) -> np.ndarray:
         """Evaluate `tokens` at positions pos..; the logits after the last one
@@ -89,20 +101,22 @@ class NativeDraftModel:
         return self._logits
 
     def kv_geometry(self) -> list[int]:
-        """[layers, kv_heads, head_dim, full-attention layers]: every layer attends fully."""
+        """[layers, kv_heads, head_dim, full-attention layers]."""
         m = self._model
-        return [m.n_layer, m.n_kv, m.head_dim, m.n_layer]
+        return [m.n_layer, m.n_kv, m.head_dim, sum(not layer.sliding for layer in self._layers)]
 
     def import_kv(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Positions 0..T-1 from (layers, kv_heads, T, head_dim) float16 keys (post-RoPE,
-        transformers' order) and values; see llama_kv_state.to_llama_order."""
-        from workers.llama_kv_state import ROPE_NORM, to_llama_order
-
+        transformers' order) and values, the full-attention layers first, then the
+        sliding ones (as KVModel.layer_kv hands them over); see llama_kv_state.to_llama_order."""
         layers, heads, t, d = keys.shape
         if [layers, heads, d] != self.kv_geometry()[:3] or values.shape != keys.shape or t > self.n_ctx:
             raise ValueError(f"KV of shape {keys.shape} does not fit this draft's cache {self.kv_geometry()}")
-        self._kcache[:, :, :t] = to_llama_order(keys, ROPE_NORM)
-        self._vcache[:, :, :t] = values
+        keys = to_llama_order(keys, self._rope)
+        order = sorted(range(layers), key=lambda i: bool(self._layers[i].sliding))
+        for j, layer in enumerate(order):
+            self._kcache[layer, :, :t] = keys[j]
+            self._vcache[layer, :, :t] = values[j]
         self.n_cached = t
 
     def set_threads(self, n_threads: int) -> None:
@@ -112,70 +126,108 @@ class NativeDraftModel:
         self._arrays = None
 
 
-def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list):
+def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list, formats: dict):
     arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise Unsupported(f"the native draft runs Llama-architecture files, not {arch!r}")
+    if arch not in ("llama", "gemma3"):
+        raise Unsupported(f"the native draft runs Llama and Gemma 3 files, not {arch!r}")
+    gemma = arch == "gemma3"
 
     def number(key: str, default=None):
-        value = meta.get(f"llama.{key}", default)
+        value = meta.get(f"{arch}.{key}", default)
         if value is None:
-            raise Unsupported(f"the file has no llama.{key}")
+            raise Unsupported(f"the file has no {arch}.{key}")
         return value
 
     n_embd, n_head = number("embedding_length"), number("attention.head_count")
-    head_dim = n_embd // n_head
-    if number("attention.key_length", head_dim) != head_dim or number("attention.value_length", head_dim) != head_dim:
-        raise Unsupported("the native draft needs heads of embedding_length / head_count values")
-    if number("rope.dimension_count", head_dim) != head_dim or "llama.rope.scaling.type" in meta:
+    head_dim = number("attention.key_length", n_embd // n_head)
+    if number("attention.value_length", head_dim) != head_dim or (not gemma and head_dim != n_embd // n_head):
+        raise Unsupported("the native draft needs keys and values of one head size "
+                          "(embedding_length / head_count for Llama)")
+    if number("rope.dimension_count", head_dim) != head_dim or f"{arch}.rope.scaling.type" in meta:
         raise Unsupported("the native draft needs plain rope over whole heads")
+    rope_base = number("rope.freq_base", 10000.0)
     model = _Model(n_layer=number("block_count"), n_embd=n_embd, n_head=n_head,
                    n_kv=number("attention.head_count_kv", n_head), head_dim=head_dim,
                    n_ff=number("feed_forward_length"), n_ctx=n_ctx,
-                   eps=number("attention.layer_norm_rms_epsilon"), rope_base=number("rope.freq_base", 10000.0))
+                   eps=number("attention.layer_norm_rms_epsilon"), rope_base=rope_base,
+                   neox_rope=int(gemma), gelu=int(gemma), window=number("attention.sliding_window") if gemma else 0,
+                   embd_scale=float(np.sqrt(np.float32(n_embd))) if gemma else 1.0,
+                   rope_base_local=GEMMA3_LOCAL_ROPE_BASE if gemma else rope_base)
     if head_dim % 8 or head_dim > 256 or n_embd % 32 or model.n_ff % 32 or n_head % model.n_kv:
         raise Unsupported(f"the native draft cannot run heads of {head_dim} or widths {n_embd}/{model.n_ff}")
-    model.embd = _mat(tensors, "token_embd.weight", keep)
-    model.out = _mat(tensors, "output.weight", keep) if "output.weight" in tensors else model.embd
+    model.embd = _mat(tensors, "token_embd.weight", keep, formats)
+    model.out = _mat(tensors, "output.weight", keep, formats) if "output.weight" in tensors else model.embd
     model.n_vocab = model.embd.rows
     model.out_norm = _norm(tensors, "output_norm.weight", n_embd, keep)
     layers = (_Layer * model.n_layer)()
     for i, layer in enumerate(layers):
         for field, name in zip(("wq", "wk", "wv", "wo", "gate", "up", "down"), LAYER_MATRICES):
-            setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight", keep))
+            setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight", keep, formats))
         layer.attn_norm = _norm(tensors, f"blk.{i}.attn_norm.weight", n_embd, keep)
         layer.ffn_norm = _norm(tensors, f"blk.{i}.ffn_norm.weight", n_embd, keep)
-    kv_dim = model.n_kv * head_dim
-    shapes = {"wq": (n_embd, n_embd), "wk": (kv_dim, n_embd), "wv": (kv_dim, n_embd), "wo": (n_embd, n_embd),
+        if gemma:
+            for field, name in GEMMA3_NORMS.items():
+                width = head_dim if field in ("q_norm", "k_norm") else n_embd
+                setattr(layer, field, _norm(tensors, f"blk.{i}.{name}.weight", width, keep))
+            layer.sliding = int((i + 1) % GEMMA3_GLOBAL_EVERY != 0)
+    q_dim, kv_dim = n_head * head_dim, model.n_kv * head_dim
+    shapes = {"wq": (q_dim, n_embd), "wk": (kv_dim, n_embd), "wv": (kv_dim, n_embd), "wo": (n_embd, q_dim),
               "gate": (model.n_ff, n_embd), "up": (model.n_ff, n_embd), "down": (n_embd, model.n_ff)}
     for field, (rows, cols) in shapes.items():
         mat = getattr(layers[0], field)
         if (mat.rows, mat.cols) != (rows, cols):
-            raise Unsupported(f"blk.0 {field} is {mat.rows} x {mat.cols}, not the {rows} x {cols} of a Llama layer")
+            raise Unsupported(f"blk.0 {field} is {mat.rows} x {mat.cols}, not the {rows} x {cols} of a {arch} layer")
     if model.embd.cols != n_embd or model.out.cols != n_embd or model.out.rows != model.n_vocab:
         raise Unsupported("the embedding and output matrices do not match the model's width and vocabulary")
     model.layers = layers
     return model, layers
 
 
-def _mat(tensors: dict, name: str, keep: list) -> _Mat:
+def _mat(tensors: dict, name: str, keep: list, formats: dict) -> _Mat:
     """The tensor's blocks taken apart into quants, scales and offsets (one
     array each, row by row): the kernel then reads eight blocks' scales at once."""
     tensor = tensors.get(name)
     if tensor is None:
         raise Unsupported(f"the file has no tensor {name}")
-    if tensor.type_name not in FORMATS:
-        raise Unsupported(f"{name} is stored as GGML type {tensor.ggml_type}; the native draft reads "
-                          f"{', '.join(FORMATS)}")
     cols, rows = tensor.shape[0], int(np.prod(tensor.shape[1:]))
     fmt = tensor.type_name
-    blocks = tensor.data.reshape(rows, cols // 32, -1)
-    first = 4 if fmt == "Q4_1" else 2                      # d (and m) come before the quants
-    parts = [np.ascontiguousarray(blocks[:, :, first:]), np.ascontiguousarray(blocks[:, :, :2]).view(np.uint16)]
-    parts.append(np.ascontiguousarray(blocks[:, :, 2:4]).view(np.uint16) if fmt == "Q4_1" else None)
+    if fmt in FORMATS:
+        blocks = tensor.data.reshape(rows, cols // 32, -1)
+        first = 4 if fmt == "Q4_1" else 2                  # d (and m) come before the quants
+        parts = [np.ascontiguousarray(blocks[:, :, first:]), np.ascontiguousarray(blocks[:, :, :2]).view(np.uint16)]
+        parts.append(np.ascontiguousarray(blocks[:, :, 2:4]).view(np.uint16) if fmt == "Q4_1" else None)
+        formats[fmt] = formats.get(fmt, 0) + 1
+    else:
+        parts = [*_as_q8_0(tensor, rows, cols), None]
+        formats[f"Q8_0 from {fmt}"] = formats.get(f"Q8_0 from {fmt}", 0) + 1
+        fmt = "Q8_0"
     keep.extend(p for p in parts if p is not None)
     qs, d, m = (p.ctypes.data if p is not None else None for p in parts)
     return _Mat(qs, d, m, FORMATS[fmt], rows, cols)
+
+
+def _as_q8_0(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 quants, float16 scales) of a tensor of another block type. Q5_0's
+    values d * (q - 16) keep their scale and are exact; the K-quants' 16- and
+    32-value sub-blocks get one scale per 32 values, max |w| / 127."""
+    import gguf
+
+    if tensor.data is None or cols % 32:
+        raise Unsupported(f"{tensor.name} is stored as GGML type {tensor.ggml_type}, which the native draft "
+                          f"cannot read")
+    try:
+        kind = gguf.GGMLQuantizationType(tensor.ggml_type)
+        values = gguf.quants.dequantize(np.asarray(tensor.data), kind).reshape(rows, cols // 32, 32)
+    except (ValueError, NotImplementedError) as exc:
+        raise Unsupported(f"{tensor.name}: GGML type {tensor.ggml_type} cannot be read ({exc})") from None
+    if tensor.type_name == "Q5_0":
+        d = np.ascontiguousarray(tensor.data.reshape(rows, cols // 32, 22)[:, :, :2]).view(np.float16)[..., 0]
+    else:
+        d = (np.abs(values).max(axis=2) / 127).astype(np.float16)
+    scale = d.astype(np.float32)
+    inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale != 0)
+    q = np.clip(np.rint(values * inverse[..., None]), -127, 127).astype(np.int8)
+    return q.reshape(rows, cols), np.ascontiguousarray(d).view(np.uint16)
 
 
 def _norm(tensors: dict, name: str, n: int, keep: list) -> int:
@@ -184,14 +236,6 @@ def _norm(tensors: dict, name: str, n: int, keep: list) -> int:
         raise Unsupported(f"{name} must be {n} float32 values")
     keep.append(np.array(tensor.data).view(np.float32))
     return keep[-1].ctypes.data
-
-
-def _formats(tensors: dict) -> str:
-    counts = {}
-    for tensor in tensors.values():
-        if tensor.type_name in FORMATS:
-            counts[tensor.type_name] = counts.get(tensor.type_name, 0) + 1
-    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
 
 
 __all__ = ["KernelUnavailable", "NativeDraftModel", "Unsupported"]
