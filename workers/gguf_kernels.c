@@ -108,9 +108,11 @@ static inline vf no_min(const uint8_t *b) { (void)b; return VZERO(); }
 static inline vf q4_1_min(const uint8_t *b) { return VSET1(half_at(b + 2)); }
 
 /* One tile: R weight rows by TN activation rows, every accumulator in a register. */
+#define TILE_NAME_(NAME, R, TN) NAME##_##R##x##TN
+#define TILE_NAME(NAME, R, TN) TILE_NAME_(NAME, R, TN)     /* R may be a macro: expanded first */
 #define TILE(NAME, PART, MIN, BYTES, R, TN)                                                    \
-    static void NAME##_##R##x##TN(const float *x, int K, const uint8_t *w, int n0, float *y,  \
-                                  int N) {                                                      \
+    static void TILE_NAME(NAME, R, TN)(const float *x, int K, const uint8_t *w, int n0, float *y, \
+                                       int N) {                                                 \
         const int nb = K / BLOCK;                                                               \
         vf acc[R][TN];                                                                          \
         for (int r = 0; r < R; r++)                                                             \
@@ -151,22 +153,18 @@ static inline vf q4_1_min(const uint8_t *b) { return VSET1(half_at(b + 2)); }
     TILE(NAME, PART, MIN, BYTES, 2, 5) TILE(NAME, PART, MIN, BYTES, 2, 6)                       \
     TILE(NAME, PART, MIN, BYTES, 2, 7) TILE(NAME, PART, MIN, BYTES, 2, 8)
 #if defined(__AVX512F__)
-#define TILES(NAME, PART, MIN, BYTES)                                                           \
-    SINGLES(NAME, PART, MIN, BYTES) PAIRS(NAME, PART, MIN, BYTES)                               \
-    TILE(NAME, PART, MIN, BYTES, 4, 1) TILE(NAME, PART, MIN, BYTES, 4, 2)                       \
-    TILE(NAME, PART, MIN, BYTES, 4, 3) TILE(NAME, PART, MIN, BYTES, 4, 4)                       \
-    static const tile NAME##_tiles[MAX_TILE_ROWS + 1] = {{0, 0}, {NAME##_4x1, 4}, {NAME##_4x2, 4}, \
-        {NAME##_4x3, 4}, {NAME##_4x4, 4}, {NAME##_2x5, 2}, {NAME##_2x6, 2}, {NAME##_2x7, 2},     \
-        {NAME##_2x8, 2}};
+#define WIDE 4
 #else
+#define WIDE 2
+#endif
 #define TILES(NAME, PART, MIN, BYTES)                                                           \
     SINGLES(NAME, PART, MIN, BYTES) PAIRS(NAME, PART, MIN, BYTES)                               \
-    TILE(NAME, PART, MIN, BYTES, 2, 1) TILE(NAME, PART, MIN, BYTES, 2, 2)                       \
-    TILE(NAME, PART, MIN, BYTES, 2, 3) TILE(NAME, PART, MIN, BYTES, 2, 4)                       \
-    static const tile NAME##_tiles[MAX_TILE_ROWS + 1] = {{0, 0}, {NAME##_2x1, 2}, {NAME##_2x2, 2}, \
-        {NAME##_2x3, 2}, {NAME##_2x4, 2}, {NAME##_2x5, 2}, {NAME##_2x6, 2}, {NAME##_2x7, 2},     \
-        {NAME##_2x8, 2}};
-#endif
+    TILE(NAME, PART, MIN, BYTES, WIDE, 1) TILE(NAME, PART, MIN, BYTES, WIDE, 2)                 \
+    TILE(NAME, PART, MIN, BYTES, WIDE, 3) TILE(NAME, PART, MIN, BYTES, WIDE, 4)                 \
+    static const tile NAME##_tiles[MAX_TILE_ROWS + 1] = {{0, 0},                                \
+        {TILE_NAME(NAME, WIDE, 1), WIDE}, {TILE_NAME(NAME, WIDE, 2), WIDE},                     \
+        {TILE_NAME(NAME, WIDE, 3), WIDE}, {TILE_NAME(NAME, WIDE, 4), WIDE}, {NAME##_2x5, 2},   \
+        {NAME##_2x6, 2}, {NAME##_2x7, 2}, {NAME##_2x8, 2}};
 
 typedef void (*tile_fn)(const float *, int, const uint8_t *, int, float *, int);
 typedef struct { tile_fn fn; int rows; } tile;
