@@ -440,6 +440,7 @@ int hs_forward(const hs_model *m, int token, int pos, float *logits) {
     float cos_g[128], sin_g[128], cos_l[128], sin_l[128];    /* global and local (sliding) rope */
     rope_angles(pos, m->rope_base, hd, cos_g, sin_g);
     if (m->window > 0) rope_angles(pos, m->rope_base_local, hd, cos_l, sin_l);
+    void (*turn)(float *, int, int, const float *, const float *) = m->neox_rope ? rope_halves : rope;
     dequantize_row(&m->embd, token, x);
     if (m->embd_scale != 1.0f)
         for (int i = 0; i < E; i++) x[i] *= m->embd_scale;
@@ -456,7 +457,6 @@ int hs_forward(const hs_model *m, int token, int pos, float *logits) {
         if (L->k_norm)
             for (int i = 0; i < m->n_kv; i++) rms_norm(k + i * hd, L->k_norm, hd, m->eps, k + i * hd);
         const float *cos_t = L->sliding ? cos_l : cos_g, *sin_t = L->sliding ? sin_l : sin_g;
-        void (*turn)(float *, int, int, const float *, const float *) = m->neox_rope ? rope_halves : rope;
         turn(q, m->n_head, hd, cos_t, sin_t);
         turn(k, m->n_kv, hd, cos_t, sin_t);
         for (int g = 0; g < m->n_kv; g++) {
