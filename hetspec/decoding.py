@@ -115,16 +115,18 @@ class Decoder:
     # ---- the loop ------------------------------------------------------------
 
     def run(self, emit) -> Stats:
-        """Decode until a stop condition; emit(tokens, text) after every round."""
+        """Decode until a stop condition; emit(tokens, text) once a round's tokens
+        are committed (a pipelined round's, once the next round has started)."""
         self._prefill(emit)
         self._draft_catches_up(emit)
         window, window_probs = EMPTY, None
         while not self.out.done:
             if self.policy.mode == "sequential":
                 self._sequential_round()
+                emit(*self.out.take_round())
             else:
-                window, window_probs = self._duodec_round(window, window_probs)
-            emit(*self.out.take_round())
+                window, window_probs = self._duodec_round(window, window_probs, emit)
+        emit(*self.out.take_round())
         self.draft.settle()
         return self.stats
 
@@ -174,26 +176,31 @@ class Decoder:
         if self.draft.busy:
             self.draft.finish_draft(self.sampling)
 
-    def _duodec_round(self, window: np.ndarray, window_probs):
+    def _duodec_round(self, window: np.ndarray, window_probs, emit):
         started = time.perf_counter()
         restart = NO_DRAFT
         if len(window) == 0:
             window, window_probs, restart = self._restart_window()
         context = self.out.context
         n_draft = self._draft_length(len(window))
-        self._start_verify(window)
+        # Between two rounds both workers wait for the scheduler, so it starts them
+        # first, and only then streams the last round's tokens; it commits this
+        # round's as soon as the target's verdict is in, while the draft may
+        # still be drafting.
         if n_draft > 0:
             self.draft.start_draft(self.id, np.concatenate([context, window]), n_draft, True, self.policy.sequences,
                                    self.policy.max_sequences, self.sampling, self.policy.seed, self.stats.acceptance,
                                    self._extend_to(len(window)))
+        self._start_verify(window)
+        emit(*self.out.take_round())
         verification = self.target.finish_verify(len(window) + 1, self.sampling)
+        n_accepted, token, kept = self._accept_and_commit(window, window_probs, verification)
         draft = self.draft.finish_draft(self.sampling) if n_draft > 0 else NO_DRAFT
-        n_accepted, token = self._verify_and_commit(window, window_probs, verification, draft, started, True,
-                                                    restart)
+        self._record_round(started, window, verification, draft, n_accepted, kept, True, restart)
         if draft.branches:
             self.stats.sequences_hist[len(draft.branches)] += 1
-        if n_accepted < len(window):
-            return EMPTY, None                 # rejected: the next window was drafted for nothing
+        if n_accepted < len(window) or self.out.done:
+            return EMPTY, None                 # rejected (or finished): the next window was drafted for nothing
         chosen = pick_branch(draft.branches, token)
         if chosen is None:
             return EMPTY, None
@@ -219,7 +226,8 @@ class Decoder:
             self.stats.sequences_hist[1] += 1
         self._start_verify(window)
         verification = self.target.finish_verify(len(window) + 1, self.sampling)
-        self._verify_and_commit(window, window_probs, verification, draft, started, False)
+        n_accepted, _, kept = self._accept_and_commit(window, window_probs, verification)
+        self._record_round(started, window, verification, draft, n_accepted, kept, False)
 
     def _draft_window(self, n: int) -> tuple[np.ndarray, np.ndarray | None, Draft]:
         """n tokens drafted after the committed context while the target waits
@@ -237,20 +245,23 @@ class Decoder:
         self.target.start_verify(self.id, np.concatenate([context[-1:], window]), len(context) - 1,
                                  len(window) + 1, self.sampling)
 
-    def _verify_and_commit(self, window, window_probs, verification, draft: Draft, started: float,
-                           parallel: bool, restart: Draft = NO_DRAFT) -> tuple[int, int]:
+    def _accept_and_commit(self, window, window_probs, verification: Verification) -> tuple[int, int, int]:
+        """(draft tokens accepted, the target's own token, tokens actually committed:
+        fewer if EOS, a stop string or the limit came first)."""
+        n_accepted, token = self._accept(window, window_probs, verification)
+        before = self.out.length
+        self.out.commit([*window[:n_accepted], token])
+        return n_accepted, token, self.out.length - before
+
+    def _record_round(self, started: float, window, verification: Verification, draft: Draft, n_accepted: int,
+                      kept: int, parallel: bool, restart: Draft = NO_DRAFT) -> None:
         if self.costs is not None:
             if restart.branches:
                 self.costs.observe(len(restart.branches[0]), restart.seconds, 0, 0.0)
             self.costs.observe(sum(len(b) for b in draft.branches), draft.seconds, len(window) + 1,
                                verification.seconds)
-        n_accepted, token = self._accept(window, window_probs, verification)
-        before = self.out.length
-        self.out.commit([*window[:n_accepted], token])
-        kept = self.out.length - before        # fewer if EOS, a stop string or the limit came first
         self.stats.spec_round(time.perf_counter() - started, draft.seconds, verification.seconds,
                               len(window), min(n_accepted, kept), kept, parallel, restart.seconds)
-        return n_accepted, token
 
     # ---- small decisions -------------------------------------------------------
 

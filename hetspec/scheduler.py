@@ -51,6 +51,7 @@ class Scheduler:
     def __init__(self, run: dict):
         self.run = run
         self.config = load_config(run["config"])
+        pin_process(self.config.server.cores)   # before zmq starts its threads, which inherit it
         self.models = {k: ResolvedModel(**v) for k, v in run["models"].items()}
         self.context = zmq.Context()
         self.draft = DraftLink("draft", Channel(self.context, run["endpoints"]["draft"], bind=True))
@@ -186,8 +187,9 @@ class Scheduler:
                                                  _stats(stats, decoder, out)))
 
     def _emit(self, identity: bytes, event: TokensEvent) -> None:
-        """Stream a round's tokens, and answer or queue whatever clients sent meanwhile."""
-        self.clients.send(identity, event)
+        """Stream a round's tokens (if any), and answer or queue whatever clients sent meanwhile."""
+        if event.token_ids or event.text:
+            self.clients.send(identity, event)
         self._read_clients(timeout_ms=0)
         if self.stopping or os.getppid() != self.parent:   # asked to stop, or orphaned: do not finish first
             raise EngineDeadError("the engine was stopped while this request was running")
@@ -256,6 +258,18 @@ class Scheduler:
         self.target.channel.close()
         self.clients.close()
         self.context.term()
+
+
+def pin_process(cores) -> None:
+    """Every thread of this process onto `cores` (threads started later inherit it)."""
+    if not hasattr(os, "sched_setaffinity"):   # not Linux: leave it to the OS
+        return
+    tids = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except (ProcessLookupError, PermissionError):   # a thread that just ended
+            pass
 
 
 def _worker_info(hello: WorkerHello) -> dict:

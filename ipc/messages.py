@@ -7,7 +7,7 @@ travels in shared memory (ipc/shm.py); a message only says where to look.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 # ---- worker lifecycle (scheduler <-> draft and target workers) -------------
 
@@ -242,10 +242,12 @@ _TYPES = [
 ]
 _TAG_OF = {cls: bytes([i]) for i, cls in enumerate(_TYPES)}
 _CLASS_OF = {tag: cls for cls, tag in _TAG_OF.items()}
+_FIELD_NAMES = {cls: frozenset(f.name for f in fields(cls)) for cls in _TYPES}
 
 
 def encode(message) -> list[bytes]:
-    return [_TAG_OF[type(message)], json.dumps(asdict(message)).encode()]
+    # Every field is a plain value (no nested dataclass): the instance dict is the message.
+    return [_TAG_OF[type(message)], json.dumps(vars(message)).encode()]
 
 
 def decode(frames: list[bytes]):
@@ -253,7 +255,9 @@ def decode(frames: list[bytes]):
         raise ValueError(f"malformed message: {len(frames)} frame(s)")
     cls = _CLASS_OF[frames[0]]
     values = json.loads(frames[1])
-    names = {f.name for f in fields(cls)}
-    if set(values) - names:
-        raise ValueError(f"malformed {cls.__name__}: unexpected fields {sorted(set(values) - names)}")
+    if not isinstance(values, dict):
+        raise TypeError(f"malformed {cls.__name__}: not a JSON object")
+    unexpected = values.keys() - _FIELD_NAMES[cls]
+    if unexpected:
+        raise ValueError(f"malformed {cls.__name__}: unexpected fields {sorted(unexpected)}")
     return cls(**values)

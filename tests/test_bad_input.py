@@ -196,9 +196,10 @@ SHUTDOWN_TAG = encode(Shutdown())[0]
     ([b"\xff", b"{}"], r"malformed"),
     ([GENERATE_TAG, b"not json"], r"malformed"),
     ([GENERATE_TAG, b'{"request_id": 1, "bogus": 1}'], r"malformed.*bogus"),
+    ([GENERATE_TAG, b'[1, 2]'], r"malformed.*not a JSON object"),
     ([GENERATE_TAG, b'{"prompt": "hi"}'], r"malformed.*request_id"),
     ([SHUTDOWN_TAG, b"{}"], r"unexpected Shutdown"),
-], ids=["one-frame", "unknown-tag", "bad-json", "unknown-field", "missing-field", "worker-message"])
+], ids=["one-frame", "unknown-tag", "bad-json", "unknown-field", "json-list", "missing-field", "worker-message"])
 def test_scheduler_survives_malformed_messages(engine, reference, frames, pattern):
     answer = raw_exchange(engine.endpoint, frames)
     assert isinstance(answer, RequestFailed), answer
@@ -223,6 +224,7 @@ BAD_CONFIGS = {
     "missing-model-dir": (config(target={"model": "/nonexistent/checkpoint"}), r"/nonexistent/checkpoint"),
     "draft-cores-do-not-exist": (config(draft={"cores": [99]}), r"\[draft\] cores \[99\] do not exist"),
     "target-cores-do-not-exist": (config(target={"cores": [0, 99]}), r"\[target\] cores \[99\] do not exist"),
+    "scheduler-cores-do-not-exist": (config(server={"cores": [99]}), r"\[server\] cores \[99\] do not exist"),
     "cores-empty": (config(draft={"cores": []}), r"\[draft\] cores"),
     "cores-repeated": (config(draft={"cores": [0, 0]}), r"\[draft\] cores"),
     "bad-backend": (config(draft={"backend": "onnx"}), r"backend.*'onnx'"),

@@ -304,6 +304,17 @@ def test_connect_shares_the_engine_and_its_close_does_not_stop_it(engine, refere
     again.close()
 
 
+def test_each_process_is_pinned_where_the_config_says(engine):
+    """Draft and target on cores of their own; the scheduler beside the target ("auto")."""
+    info = engine.info
+    affinity = {role: sorted(psutil.Process(pid).cpu_affinity())
+                for role, pid in (("scheduler", info["pid"]), ("draft", info["draft"]["pid"]),
+                                  ("target", info["target"]["pid"]))}
+    assert affinity["draft"] == info["draft"]["cores"]
+    assert affinity["target"] == info["target"]["cores"]
+    assert affinity["scheduler"] == info["config"]["server"]["cores"] == info["target"]["cores"]
+
+
 def test_stream_pieces_join_to_the_generated_text(engine):
     prompt = "Stream me some text"
     result = engine.generate(prompt, max_new_tokens=48)
