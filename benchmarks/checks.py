@@ -114,7 +114,8 @@ def _check_cell(cell: dict, method: str, doc: dict) -> list[str]:
     if rate is not None and not 0 <= rate <= 1:
         out.append(f"acceptance_rate = {rate}")
     per_round = cell.get("mean_accepted_per_round")
-    gamma = doc["methods"].get(method, {}).get("gamma") or cell.get("gamma")
+    info = doc["methods"].get(method, {})
+    gamma = None if info.get("rebalanced") else info.get("gamma") or cell.get("gamma")   # rebalanced: no cap
     if per_round is not None and not (1 <= per_round <= (gamma or per_round) + 1 + 1e-9):
         out.append(f"mean_accepted_per_round = {per_round} (gamma {gamma})")
     return out

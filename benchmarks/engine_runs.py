@@ -20,8 +20,9 @@ class EngineHolder:
     A long run should not be lost to one crashed worker (or to a neighbour on a
     shared machine killing it): the failed generation is recorded as an error,
     the engine is started again with the same config, and the suite goes on.
-    Requests carry the gamma chosen at the first start, so a restart that would
-    measure another budget changes nothing."""
+    The sweep's requests carry gammas around the one chosen at the first start;
+    the other methods run the engine's own budget, so a restart may move theirs
+    (restarts are listed in the report)."""
 
     def __init__(self, config: dict):
         import hetspec
@@ -65,7 +66,7 @@ def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int],
     # draft would otherwise keep the prompt from the previous method's run of it.
     request = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": 0,
                "seed": seed, "mode": method.mode, "cache_prompt": False}
-    if method.mode != "target":
+    if method.gamma_offset is not None:   # the sweep fixes gamma; the others run the engine's own budget
         request["gamma"] = gamma
     if method.mode == "duodec":
         request["sequences"] = method.sequences

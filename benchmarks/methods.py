@@ -25,6 +25,11 @@ class Method:
             return None
         return min(max(1, chosen + (self.gamma_offset or 0)), max_gamma)
 
+    def rebalanced(self, measured_budget: bool) -> bool:
+        """DuoDecoding on the engine's own measured budget redraws each round's
+        length from the rounds' timings: its windows may pass gamma."""
+        return self.mode == "duodec" and self.gamma_offset is None and measured_budget
+
     @property
     def speculative(self) -> bool:
         return self.mode in ("duodec", "sequential", "pld")

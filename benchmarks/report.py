@@ -84,7 +84,9 @@ def _budget_detail(budget: dict) -> str:
         return ""
     verify = ", ".join(f"{n}: {1000 * t:.0f}" for n, t in budget.get("verify_s", {}).items())
     return (f": draft {1000 * budget['draft_s_per_token']:.1f} ms/token; verify ms by tokens {{{verify}}} "
-            f"at a {budget.get('context')}-token context")
+            f"at a {budget.get('context')}-token context. SpS drafts gamma tokens a round; `duodec` and the "
+            f"`duodec-s*` methods start there and then draft each round for as long as the target verifies, from "
+            f"the rounds' own timings; the sweep (`gamma-2` .. `gamma+2`) fixes gamma")
 
 
 def _prompt_count(doc: dict) -> str:
@@ -106,7 +108,7 @@ def _methods_table(doc: dict) -> list[str]:
                      f"cores {m['target_cores']}, {m['target_threads']} thread(s)")
         else:
             where = f"target: {m['device']}, cores {m['target_cores']}, {m['target_threads']} thread(s)"
-        gamma = "-" if m.get("gamma") is None else m["gamma"]
+        gamma = "-" if m.get("gamma") is None else f"{m['gamma']}, rebalanced" if m.get("rebalanced") else m["gamma"]
         seqs = "-" if m.get("sequences") is None else m["sequences"]
         rows.append([f"`{name}`", m["label"], str(gamma), str(seqs), m["dtype"], where])
     return ["## Methods and resources", "",
@@ -179,7 +181,8 @@ def _table3(doc: dict) -> list[str]:
     if len(present) < 2:
         return []
     gammas = [doc["methods"][n]["gamma"] for n in present]
-    header = ["", *[f"{n} (gamma {g})" if n != "duodec" else f"**chosen (gamma {g})**"
+    header = ["", *[f"{n} (gamma {g})" if n != "duodec" else
+                    f"**chosen (gamma {g}{', rebalanced' if doc['methods'][n].get('rebalanced') else ''})**"
                     for n, g in zip(present, gammas, strict=True)]]
     rows = []
     for d in doc["settings"]["decodings"]:

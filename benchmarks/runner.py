@@ -58,6 +58,7 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
         clock.stop("engine_start")
         info = holder.info
         chosen, max_gamma = int(info["gamma"]), config.decoding.max_gamma
+        measured = (info.get("budget") or {}).get("source") == "measured"
         baselines = None
         if any(m.kind == "baseline" for m in methods):
             with clock("baselines_load"):
@@ -121,7 +122,8 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
         "engine": {"gamma": chosen, "budget": info.get("budget"), "draft": info.get("draft"),
                    "target": info.get("target"), "prompt_kv": info.get("prompt_kv")},
         "methods": {m.name: {"label": m.label, "kind": m.kind, "mode": m.mode, "sequences": m.sequences,
-                             "gamma": m.gamma(chosen, max_gamma), **resources[m.name]} for m in methods},
+                             "gamma": m.gamma(chosen, max_gamma), "rebalanced": m.rebalanced(measured),
+                             **resources[m.name]} for m in methods},
         "draft_ceiling": ceiling,
         "engine_restarts": holder.restarts,
         "runs": runs,

@@ -51,6 +51,7 @@ class Policy:
     draft_borrows_cores: bool = True  # the draft prefills on the target's cores too, the target waiting
     keep_drafting: bool = False  # the draft grows the next window until the target's verdict is in
     max_window: int = 0        # ... up to this many tokens (the shared buffers' size)
+    rebalance: bool = False    # gamma "auto": a round drafts for as long as the target verifies, past gamma too
     kv_handover: bool = False  # the draft takes the target's cache of a long prompt instead of prefilling it
 
     @property
@@ -268,8 +269,13 @@ class Decoder:
     def _draft_length(self, pending: int) -> int:
         """gamma, or less when the target will be done sooner (see CostModel), and
         no more than could still be committed after the pending window and the
-        target's own next token (0: drafting would be wasted)."""
-        gamma = self.policy.gamma
+        target's own next token (0: drafting would be wasted).
+
+        With an automatic budget, gamma is only where the first round starts: the
+        start-up measurement put it at the balance point, where a little drift
+        (longer contexts, a busy neighbour) leaves the draft short and the target
+        waiting for it. The rounds' own timings then set it (up to max_window)."""
+        gamma = self.policy.max_window if self.policy.rebalance else self.policy.gamma
         if self.costs is not None:
             gamma = self.costs.draft_length(gamma, pending, self.policy.timing_may_shape_windows)
         return min(gamma, self.out.remaining - pending - 1)

@@ -227,7 +227,7 @@ class Scheduler:
                         draft_borrows_cores=(self.config.draft.prefill_borrows_target_cores
                                              and self.draft.hello.prefill_threads),
                         keep_drafting=self.keep_drafting, max_window=decoding.max_gamma,
-                        kv_handover=self.kv_handover)
+                        rebalance=self.costs is not None and not request.gamma, kv_handover=self.kv_handover)
         output = Output(prompt_ids, max_new, self.eos, request.stop, self.tokenizer)
         return Decoder(request.request_id, policy, self.draft, self.target, output, self.costs)
 

@@ -43,6 +43,20 @@ def test_acceptance_reflects_the_draft(engine):
         assert stats["acceptance_rate"] < 0.5 and stats["spec_rounds"] > 10
 
 
+@pytest.mark.parametrize("draft", [TARGET, WEAK_DRAFT], ids=["same-draft", "weak-draft"])
+def test_an_automatic_budget_rebalanced_every_round_stays_exact(target_model, draft):
+    """gamma = "auto": each round's draft follows the measured costs, past the start-up gamma."""
+    config = random_engine_config(draft=draft)
+    config["decoding"]["gamma"] = "auto"
+    with hetspec.launch(config) as engine:
+        assert engine.get_info()["budget"]["source"] == "measured"
+        for prompt in PROMPTS:
+            expected = reference_greedy(target_model, prompt, 40)
+            for sequences in (1, "dynamic"):
+                result = engine.generate(prompt, max_new_tokens=40, sequences=sequences)
+                assert result.token_ids == expected, explain_mismatch(target_model, prompt, result.token_ids, expected)
+
+
 def test_sliding_window_target_with_rollbacks():
     """Gemma 3 style sliding-window attention: rollbacks far past the window stay exact."""
     target = "random:arch=gemma3,window=8,layers=4,seed=0"
