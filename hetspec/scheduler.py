@@ -261,7 +261,8 @@ class Scheduler:
 
 
 def pin_process(cores) -> None:
-    """Every thread of this process onto `cores` (threads started later inherit it)."""
+    """Every thread of this process onto `cores` (threads started later inherit it).
+    workers/pinning.pin does the same for the workers; hetspec/ may not import workers/."""
     if not hasattr(os, "sched_setaffinity"):   # not Linux: leave it to the OS
         return
     tids = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
