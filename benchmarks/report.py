@@ -299,8 +299,8 @@ def _definitions(doc: dict) -> list[str]:
             ("- tok/s: new tokens / wall seconds, pooled over a category's prompts, measured by the caller "
              "(the engine's figures include the request's trip through the scheduler)."),
             "- Avg.: mean of the per-category figures. Speedup: tok/s over vanilla's, same category and decoding.",
-            ("- TTFT: time until the first new token exists (baselines: a generate streamer; engine: the "
-             "scheduler's prefill time plus the request's overhead)."),
+            ("- TTFT: time until the first new token is out (baselines: a generate streamer; engine: the "
+             "client's first streamed text)."),
             ("- Vanilla and PLD run in the benchmark process and may use every core; the engine's draft and target "
              f"each own their cores{borrow}. A busy machine (see the load average) hurts multi-threaded "
              "baselines most: compare runs made under similar load."), ""]

@@ -11,7 +11,7 @@ import numpy as np
 
 from ipc.messages import CalibrateDraft, DraftCalibration, DraftCommand, Drafted, DraftExtended, WorkerHello
 from workers.drafting import Drafter, DraftParams
-from workers.pinning import borrowed_cores, pin, set_torch_threads
+from workers.pinning import borrowed_cores, pin, pin_threads, set_torch_threads
 from workers.process import exit_now, parse_args, serve
 
 
@@ -96,6 +96,7 @@ def load(spec: dict):
     pin(spec["cores"])
     start = time.perf_counter()
     state = DraftState(spec)
+    pin_threads(spec["cores"], spec["threads"])   # the model's thread pool exists now
     hello = WorkerHello(role="draft", pid=os.getpid(), n_vocab=state.model.n_vocab, device="cpu",
                         cores=spec["cores"], threads=spec["threads"], load_s=time.perf_counter() - start,
                         kernels=state.kernels, kv_geometry=state.kv_geometry,

@@ -2,13 +2,20 @@
 
 sched_setaffinity on a pid only moves that one thread on Linux, so every
 thread of the process is moved (torch's OpenMP pool may already exist).
+Then each OpenMP thread is given a core of its own: allowed a set of cores,
+two compute threads were often left on one of them (a 2-thread prefill on
+the 2-core machine took 75-190 ms, its OpenMP worker sharing the main
+thread's core), since the kernel places a woken thread where it last ran.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from contextlib import contextmanager
 
 import psutil
+
+_TEAM_BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 def pin(cores: list[int]) -> None:
@@ -24,24 +31,69 @@ def pin(cores: list[int]) -> None:
             pass
 
 
+def spread_openmp_threads(cores: list[int], threads: int) -> int:
+    """Pin OpenMP thread i (of every GNU OpenMP runtime loaded: torch's, or
+    llama.cpp's) to cores[i % len(cores)], thread 0 being the caller. The
+    runtime hands the same pool threads to every later parallel region of up
+    to `threads` threads, in the same order. Returns how many runtimes."""
+    runtimes = _openmp_runtimes()
+    for gomp in runtimes:
+        def body(_, gomp=gomp):
+            try:
+                os.sched_setaffinity(0, [cores[gomp.omp_get_thread_num() % len(cores)]])
+            except OSError:     # a core taken away meanwhile: the thread keeps the whole set
+                pass
+        gomp.GOMP_parallel(_TEAM_BODY(body), None, threads, 0)
+    return len(runtimes)
+
+
+def _openmp_runtimes() -> list:
+    """The GNU OpenMP libraries mapped into this process (a wheel may bundle its own)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libgomp" in line}
+    except FileNotFoundError:
+        return []
+    runtimes = []
+    for path in sorted(paths):
+        if path not in _loaded:
+            gomp = ctypes.CDLL(path)   # already mapped: the same instance, not a second runtime
+            gomp.GOMP_parallel.argtypes = [_TEAM_BODY, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+            gomp.omp_get_thread_num.restype = ctypes.c_int
+            _loaded[path] = gomp
+        runtimes.append(_loaded[path])
+    return runtimes
+
+
+_loaded: dict[str, ctypes.CDLL] = {}
+
+
 def set_torch_threads(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
 
 
+def pin_threads(cores: list[int], threads: int) -> None:
+    """Every thread on these cores, each compute thread on one of its own."""
+    pin(cores)
+    if threads > 1 and len(cores) > 1:
+        spread_openmp_threads(cores, threads)
+
+
 @contextmanager
 def borrowed_cores(cores: list[int], lent: list[int], set_threads, threads: int):
     """Run on `lent` cores too (one thread each) while the other worker waits; then
-    back to the worker's own cores and thread count. Nothing lent: no change."""
-    borrow = sorted(set(cores) | set(lent))
+    back to the worker's own cores and thread count. Nothing lent: no change.
+    The worker's main thread stays on its own first core."""
+    borrow = list(cores) + [c for c in lent if c not in cores]
     if len(borrow) == len(cores):
         yield
         return
-    pin(borrow)
     set_threads(len(borrow))
+    pin_threads(borrow, len(borrow))
     try:
         yield
     finally:
         set_threads(threads)
-        pin(cores)
+        pin_threads(cores, threads)

@@ -15,7 +15,7 @@ from workers.gguf_linear import use_gguf_blocks
 from workers.hf_loading import eos_token_ids, load_causal_lm
 from workers.kv_model import KVModel
 from workers.packed_linear import pack_linears
-from workers.pinning import borrowed_cores, pin, set_torch_threads
+from workers.pinning import borrowed_cores, pin_threads, set_torch_threads
 from workers.process import exit_now, parse_args, serve
 from workers.sampling import probabilities
 
@@ -56,8 +56,8 @@ class TargetState:
 
 
 def load(spec: dict):
-    pin(spec["cores"])
     set_torch_threads(spec["threads"])
+    pin_threads(spec["cores"], spec["threads"])
     start = time.perf_counter()
     state = TargetState(spec)
     hello = WorkerHello(role="target", pid=os.getpid(), n_vocab=state.kv.n_vocab, device=state.device,
