@@ -58,14 +58,24 @@ def test_budget_split_keeps_total():
 def test_dynamic_budget_goes_where_tokens_are_likely_accepted():
     # A sure draft: the alternative is never worth a pass, whatever its first-token probability.
     assert allocate_budget(8, [0.6, 0.4], 0.99) == [8]
-    # An unsure draft: 0.5 * 0.6**n falls below 0.4 after one pass, then they alternate.
-    assert allocate_budget(8, [0.5, 0.4], 0.6) == [5, 4]
-    # Passes (tokens minus branches) always add up to the budget's n_tokens - 1.
+    # An unsure draft: 0.5 * 0.6**n falls below 0.4 after one pass, then they alternate
+    # over the 6 passes left once the rewind's is paid; worth 1.06 tokens against 0.73 alone.
+    assert allocate_budget(8, [0.5, 0.4], 0.6) == [4, 4]
+    # Passes (tokens minus branches) add up to n_tokens - 2: one goes to the rewind.
     lengths = allocate_budget(10, [0.4, 0.3, 0.2], 0.7)
-    assert sum(n - 1 for n in lengths) == 9 and lengths == sorted(lengths, reverse=True)
+    assert len(lengths) > 1 and sum(n - 1 for n in lengths) == 8 and lengths == sorted(lengths, reverse=True)
     # A branch that gets no pass is dropped: it would be a bare guess.
-    assert allocate_budget(3, [0.7, 0.2, 0.1], 0.8) == [3]
+    assert allocate_budget(5, [0.7, 0.2, 0.1], 0.8) == [5]
+    assert allocate_budget(3, [0.45, 0.45], 0.5) == [3]      # too short to pay for a rewind
     assert allocate_budget(1, [0.7, 0.3], 0.8) == [1]
+
+
+def test_alternatives_must_pay_for_the_rewind():
+    # a = 0.9, nearly even candidates: alone, the 5 passes are worth 0.45 * 4.10 = 1.84 tokens;
+    # two branches of 3 share 4 passes, worth 0.89 * 1.9 = 1.69: one branch.
+    assert allocate_budget(6, [0.45, 0.44], 0.9) == [6]
+    # a = 0.7: alone 0.45 * 2.77 = 1.25, two branches 0.89 * 1.7 = 1.51: two.
+    assert allocate_budget(6, [0.45, 0.44], 0.7) == [3, 3]
 
 
 def test_first_tokens_most_likely_first():
