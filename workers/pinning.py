@@ -5,7 +5,7 @@ thread of the process is moved (torch's OpenMP pool may already exist).
 Then each OpenMP thread is given a core of its own: allowed a set of cores,
 two compute threads were often left on one of them (a 2-thread prefill on
 the 2-core machine took 75-190 ms, its OpenMP worker sharing the main
-thread's core), since the kernel places a woken thread where it last ran.
+thread's core), as the kernel tends to wake a thread where it last ran.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import psutil
 
 _TEAM_BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_runtimes: dict[str, ctypes.CDLL] = {}     # GNU OpenMP libraries by path, once opened
 
 
 def pin(cores: list[int]) -> None:
@@ -56,16 +57,13 @@ def _openmp_runtimes() -> list:
         return []
     runtimes = []
     for path in sorted(paths):
-        if path not in _loaded:
+        if path not in _runtimes:
             gomp = ctypes.CDLL(path)   # already mapped: the same instance, not a second runtime
             gomp.GOMP_parallel.argtypes = [_TEAM_BODY, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
             gomp.omp_get_thread_num.restype = ctypes.c_int
-            _loaded[path] = gomp
-        runtimes.append(_loaded[path])
+            _runtimes[path] = gomp
+        runtimes.append(_runtimes[path])
     return runtimes
-
-
-_loaded: dict[str, ctypes.CDLL] = {}
 
 
 def set_torch_threads(threads: int) -> None:
