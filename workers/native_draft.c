@@ -199,10 +199,14 @@ static float row_q8_0(const uint8_t *qs, int nb, const int16_t *xq, const float 
 }
 
 /* A row's quants and scales are fetched this many rows before they are
-   multiplied: a SmolLM2 step went from 7.3-8.0 to 6.7-7.4 ms (context 100-380;
-   Gemma 3's, bound by its 262k-row output layer, 15.4-16.0 to 14.7-15.9). */
+   multiplied, past a matrix's end from the next one's first rows. At 4 rows
+   ahead (one four-row tile) a SmolLM2 step went from 7.3-8.0 to 6.7-7.4 ms on
+   the first development machine (context 100-380); on the AVX-512 one, 16
+   rows with the next matrix's took it from 4.35-5.10 to 4.23-4.83 ms and
+   Gemma 3's from 9.96-10.10 to 9.24-9.53 (alternating builds, best of 5 x 30
+   steps each; 32 and 64 rows were no better). */
 #ifndef AHEAD
-#define AHEAD 4
+#define AHEAD 16
 #endif
 
 /* Each row's scales and offsets, Q4_0's 8 * scale * sum(xq) per block folded in. */
@@ -213,11 +217,21 @@ static inline __attribute__((always_inline)) float row_setup(const hs_mat *w, in
     return offsets;
 }
 
-static inline __attribute__((always_inline)) void prefetch_rows(const hs_mat *w, int r, int n, int nb, int row_bytes) {
-    if (r + n > w->rows) return;
-    const char *next = (const char *)(w->qs + (size_t)r * row_bytes);
-    for (int i = 0; i < n * row_bytes; i += 64) _mm_prefetch(next + i, _MM_HINT_T0);
+static inline __attribute__((always_inline)) void prefetch_rows(const hs_mat *w, int r, int n) {
+    const int nb = w->cols / BLOCK, row_bytes = nb * (w->fmt == FMT_Q8_0 ? 32 : 16);
+    const char *rows = (const char *)(w->qs + (size_t)r * row_bytes);
+    for (int i = 0; i < n * row_bytes; i += 64) _mm_prefetch(rows + i, _MM_HINT_T0);
     for (int i = 0; i < n * nb * 2; i += 64) _mm_prefetch((const char *)(w->d + (size_t)r * nb) + i, _MM_HINT_T0);
+    if (w->m)
+        for (int i = 0; i < n * nb * 2; i += 64) _mm_prefetch((const char *)(w->m + (size_t)r * nb) + i, _MM_HINT_T0);
+}
+
+/* Rows r..r+n of w fetched early, or past its end the first rows of `next`,
+   the matrix multiplied after it: a forward's matrices are small (SmolLM2's
+   wk has 192 rows), and each one's first rows would come in cold. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const hs_mat *w, const hs_mat *next, int r, int n) {
+    if (r + n <= w->rows) prefetch_rows(w, r, n);
+    else if (next && r >= w->rows && r - w->rows + n <= next->rows) prefetch_rows(next, r - w->rows, n);
 }
 
 #if PAIRED
@@ -276,14 +290,14 @@ static inline __attribute__((always_inline)) void rows_q4_wide(const hs_mat *w, 
 #endif
 
 /* y = W x for x already rounded. */
-static void matvec(const hs_mat *w, const quantized *x, float *y) {
+static void matvec(const hs_mat *w, const quantized *x, float *y, const hs_mat *next) {
     const int nb = w->cols / BLOCK, row_bytes = nb * (w->fmt == FMT_Q8_0 ? 32 : 16);
     int r = 0;
 #if PAIRED
     float scale[TILE * nb];
     if (w->fmt != FMT_Q8_0) {    /* Q8_0 rows gained nothing from 512-bit steps (Gemma 3's lost 5%) */
         for (; r + TILE <= w->rows; r += TILE) {
-            prefetch_rows(w, r + AHEAD, TILE, nb, row_bytes);
+            prefetch_ahead(w, next, r + AHEAD, TILE);
             rows_q4_wide(w, r, TILE, x, scale, y);
         }
         for (; r < w->rows; r++) rows_q4_wide(w, r, 1, x, scale, y);
@@ -293,7 +307,7 @@ static void matvec(const hs_mat *w, const quantized *x, float *y) {
     float scale[nb];
 #endif
     for (; r < w->rows; r++) {
-        prefetch_rows(w, r + AHEAD, 1, nb, row_bytes);
+        prefetch_ahead(w, next, r + AHEAD, 1);
         const float offsets = row_setup(w, r, nb, x, scale);
         const uint8_t *qs = w->qs + (size_t)r * row_bytes;
         y[r] = (w->fmt == FMT_Q8_0 ? row_q8_0(qs, nb, x->q, scale) : row_q4(qs, nb, x->q, scale)) + offsets;
@@ -528,7 +542,7 @@ void hs_matvec(const hs_mat *w, const float *x, float *y, float *work) {
     xq.sum = xq.scale + w->cols / BLOCK;
     xq.qsum = (int32_t *)(xq.sum + w->cols / BLOCK);
     quantize(x, w->cols, &xq);
-    matvec(w, &xq, y);
+    matvec(w, &xq, y, NULL);
 }
 
 /* Evaluate `token` at position `pos` (the cache holds 0..pos-1 and gets pos);
@@ -558,9 +572,9 @@ int hs_forward(const hs_model *m, int token, int pos, float *logits) {
         uint16_t *kc = m->kcache + (size_t)l * m->n_ctx * kv_dim, *vc = m->vcache + (size_t)l * m->n_ctx * kv_dim;
         rms_norm(x, L->attn_norm, E, m->eps, h);
         quantize(h, E, &xq);
-        matvec(&L->wq, &xq, q);
-        matvec(&L->wk, &xq, k);
-        matvec(&L->wv, &xq, v);
+        matvec(&L->wq, &xq, q, &L->wk);
+        matvec(&L->wk, &xq, k, &L->wv);
+        matvec(&L->wv, &xq, v, &L->wo);
         if (L->q_norm)
             for (int i = 0; i < m->n_head; i++) rms_norm(q + i * hd, L->q_norm, hd, m->eps, q + i * hd);
         if (L->k_norm)
@@ -575,24 +589,24 @@ int hs_forward(const hs_model *m, int token, int pos, float *logits) {
         const int first = L->sliding && pos + 1 > m->window ? pos + 1 - m->window : 0;
         attend(m, q, kc + (size_t)first * hd, vc + (size_t)first * hd, pos + 1 - first, scores, att);
         quantize(att, heads, &xq);
-        matvec(&L->wo, &xq, h);
+        matvec(&L->wo, &xq, h, &L->gate);
         if (L->post_attn_norm) rms_norm(h, L->post_attn_norm, E, m->eps, h);
         for (int i = 0; i < E; i++) x[i] += h[i];
 
         rms_norm(x, L->ffn_norm, E, m->eps, h);
         quantize(h, E, &xq);
-        matvec(&L->gate, &xq, gate);
-        matvec(&L->up, &xq, up);
+        matvec(&L->gate, &xq, gate, &L->up);
+        matvec(&L->up, &xq, up, &L->down);
         gated(gate, up, m->n_ff, m->gelu);
         quantize(gate, m->n_ff, &xq);
-        matvec(&L->down, &xq, h);
+        matvec(&L->down, &xq, h, l + 1 < m->n_layer ? &m->layers[l + 1].wq : &m->out);
         if (L->post_ffn_norm) rms_norm(h, L->post_ffn_norm, E, m->eps, h);
         for (int i = 0; i < E; i++) x[i] += h[i];
     }
     if (logits) {
         rms_norm(x, m->out_norm, E, m->eps, h);
         quantize(h, E, &xq);
-        matvec(&m->out, &xq, logits);
+        matvec(&m->out, &xq, logits, NULL);
     }
     return 0;
 }
