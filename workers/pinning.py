@@ -10,13 +10,13 @@ thread's core), as the kernel tends to wake a thread where it last ran.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from contextlib import contextmanager
 
 import psutil
 
 _TEAM_BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_runtimes: dict[str, ctypes.CDLL] = {}     # GNU OpenMP libraries by path, once opened
 
 
 def pin(cores: list[int]) -> None:
@@ -48,22 +48,24 @@ def spread_openmp_threads(cores: list[int], threads: int) -> int:
     return len(runtimes)
 
 
-def _openmp_runtimes() -> list:
-    """The GNU OpenMP libraries mapped into this process (a wheel may bundle its own)."""
+@functools.cache
+def _openmp_runtimes() -> tuple:
+    """The GNU OpenMP libraries mapped into this process (a wheel may bundle its
+    own). Looked up once (reading /proc/self/maps took ~1 ms, on the way to a
+    first token): by a worker's first spread, the libraries that bring them
+    (torch, imported first; llama.cpp, loaded with the draft) are loaded."""
     try:
         with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/libgomp" in line}
+            paths = sorted({line.split()[-1] for line in maps if "/libgomp" in line})
     except FileNotFoundError:
-        return []
+        return ()
     runtimes = []
-    for path in sorted(paths):
-        if path not in _runtimes:
-            gomp = ctypes.CDLL(path)   # already mapped: the same instance, not a second runtime
-            gomp.GOMP_parallel.argtypes = [_TEAM_BODY, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
-            gomp.omp_get_thread_num.restype = ctypes.c_int
-            _runtimes[path] = gomp
-        runtimes.append(_runtimes[path])
-    return runtimes
+    for path in paths:
+        gomp = ctypes.CDLL(path)   # already mapped: the same instance, not a second runtime
+        gomp.GOMP_parallel.argtypes = [_TEAM_BODY, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+        gomp.omp_get_thread_num.restype = ctypes.c_int
+        runtimes.append(gomp)
+    return tuple(runtimes)
 
 
 def set_torch_threads(threads: int) -> None:
