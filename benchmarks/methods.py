@@ -26,9 +26,9 @@ class Method:
         return min(max(1, chosen + (self.gamma_offset or 0)), max_gamma)
 
     def rebalanced(self, measured_budget: bool) -> bool:
-        """DuoDecoding on the engine's own measured budget redraws each round's
-        length from the rounds' timings: its windows may pass gamma."""
-        return self.mode == "duodec" and self.gamma_offset is None and measured_budget
+        """DuoDecoding and SpS on the engine's own measured budget redraw each
+        round's length from the rounds' timings: their windows may pass gamma."""
+        return self.mode in ("duodec", "sequential") and self.gamma_offset is None and measured_budget
 
     @property
     def speculative(self) -> bool:
@@ -39,6 +39,7 @@ METHODS = {m.name: m for m in [
     Method("vanilla", "baseline", "Vanilla (transformers generate)", "vanilla"),
     Method("target", "engine", "Engine, target only", "target"),
     Method("sps", "engine", "SpS (engine, sequential)", "sequential"),
+    Method("sps-fixed", "engine", "SpS, gamma fixed at the budget", "sequential", None, 0),
     Method("pld", "baseline", "PLD (transformers prompt lookup)", "pld"),
     Method("duodec-s1", "engine", "DuoDecoding, 1 sequence", "duodec", 1),
     Method("duodec-s2", "engine", "DuoDecoding, 2 sequences", "duodec", 2),
@@ -54,7 +55,7 @@ METHODS = {m.name: m for m in [
 SWEEP = ("gamma-2", "gamma-1", "duodec", "gamma+1", "gamma+2")
 GROUPS = {
     "all": tuple(METHODS),
-    "baselines": ("vanilla", "target", "sps", "pld"),
+    "baselines": ("vanilla", "target", "sps", "sps-fixed", "pld"),
     "sequences": ("duodec-s1", "duodec-s2", "duodec-s3", "duodec"),
     "sweep": SWEEP,
 }

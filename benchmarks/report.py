@@ -84,9 +84,10 @@ def _budget_detail(budget: dict) -> str:
         return ""
     verify = ", ".join(f"{n}: {1000 * t:.0f}" for n, t in budget.get("verify_s", {}).items())
     return (f": draft {1000 * budget['draft_s_per_token']:.1f} ms/token; verify ms by tokens {{{verify}}} "
-            f"at a {budget.get('context')}-token context. SpS drafts gamma tokens a round; `duodec` and the "
-            f"`duodec-s*` methods start there and then draft each round for as long as the target verifies, from "
-            f"the rounds' own timings; the sweep (`gamma-2` .. `gamma+2`) fixes gamma")
+            f"at a {budget.get('context')}-token context. `duodec` and the `duodec-s*` methods start at gamma and "
+            f"then draft each round for as long as the target verifies, from the rounds' own timings; SpS drafts "
+            f"each round the window of least expected time per token, from the same timings and the acceptance "
+            f"seen so far; the sweep (`gamma-2` .. `gamma+2`) fixes gamma")
 
 
 def _prompt_count(doc: dict) -> str:

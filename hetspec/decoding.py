@@ -35,6 +35,7 @@ from hetspec.worker_links import Draft, DraftLink, Sampling, TargetLink, Verific
 EMPTY = np.zeros(0, dtype=np.int32)
 NO_DRAFT = Draft([], None, 0.0)
 BORROW_MIN_PROMPT = 16   # shorter prompts prefill fast anyway: both workers prefill at once
+PRIOR_WEIGHT = 5         # tokens' worth of belief in the acceptance prior
 
 
 @dataclass
@@ -51,8 +52,10 @@ class Policy:
     draft_borrows_cores: bool = True  # the draft prefills on the target's cores too, the target waiting
     keep_drafting: bool = False  # the draft grows the next window until the target's verdict is in
     max_window: int = 0        # ... up to this many tokens (the shared buffers' size)
-    rebalance: bool = False    # gamma "auto": a round drafts for as long as the target verifies, past gamma too
+    rebalance: bool = False    # gamma "auto": each round's length from the costs, past gamma too (see _draft_length,
+    #                            _sequential_round)
     kv_handover: bool = False  # the draft takes the target's cache of a long prompt instead of prefilling it
+    acceptance_prior: float = 0.8  # where the acceptance estimate starts (the engine's past requests, when online)
 
     @property
     def timing_may_shape_windows(self) -> bool:
@@ -79,11 +82,12 @@ class Stats:
     busy_s: float = 0.0         # ... of which a worker computed: the longer side, or both in sequence
     sequences_hist: Counter = field(default_factory=Counter)
     draft_prompt_kv: str = "own"  # how the draft got the prompt's cache: its own prefill, or the "target"'s
+    prior: float = 0.8
 
     @property
     def acceptance(self) -> float:
-        """Per-token acceptance so far (accepted / tokens decided), from a prior of 0.8."""
-        return (self.accepted + 4) / (self.accepted + self.rejections + 5)
+        """Per-token acceptance so far (accepted / tokens decided), from the prior."""
+        return (self.accepted + PRIOR_WEIGHT * self.prior) / (self.accepted + self.rejections + PRIOR_WEIGHT)
 
     def spec_round(self, wall: float, draft_s: float, verify_s: float, drafted: int, accepted: int,
                    committed: int, parallel: bool, serial_draft_s: float = 0.0) -> None:
@@ -110,7 +114,7 @@ class Decoder:
         self.target = target
         self.out = output
         self.rng = np.random.default_rng([policy.seed, 0])
-        self.stats = Stats()
+        self.stats = Stats(prior=policy.acceptance_prior)
         self.costs = costs                     # None: every round drafts gamma tokens
 
     # ---- the loop ------------------------------------------------------------
@@ -219,10 +223,15 @@ class Decoder:
 
     def _sequential_round(self) -> None:
         """Ordinary speculative decoding (SpS): draft gamma tokens, then verify them,
-        never both at once. (The pipelined budget's shortening does not apply:
-        no verify runs alongside to be matched.)"""
+        never both at once. With an automatic budget each round takes the gamma
+        of least expected time per token (budget.sequential_gamma), not the
+        pipelined balance point: no verify runs alongside to be matched."""
         started = time.perf_counter()
-        window, window_probs, draft = self._draft_window(min(self.policy.gamma, self.out.remaining - 1))
+        gamma = self.policy.gamma
+        if self.policy.rebalance and self.costs is not None:
+            gamma = self.costs.sequential_gamma(self.policy.max_window, self.stats.acceptance,
+                                                self.policy.timing_may_shape_windows)
+        window, window_probs, draft = self._draft_window(min(gamma, self.out.remaining - 1))
         if draft.branches:
             self.stats.sequences_hist[1] += 1
         self._start_verify(window)

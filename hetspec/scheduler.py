@@ -18,6 +18,7 @@ from collections import deque
 import numpy as np
 import zmq
 
+from hetspec.acceptance_prior import AcceptancePrior
 from hetspec.budget import CostModel, choose_gamma, monotone
 from hetspec.config import load_config
 from hetspec.decoding import Decoder, Policy
@@ -65,6 +66,7 @@ class Scheduler:
         self.stopping = False
         self.parent = os.getppid()         # the launcher: if it goes, so do we
         self.kv_buffer = None              # the target's prompt cache on its way to the draft, if handed over
+        self.acceptance = AcceptancePrior()
 
     @property
     def kv_handover(self) -> bool:
@@ -182,6 +184,7 @@ class Scheduler:
             self.dead = self._dead_worker() or "a worker stopped accepting commands"
             self.clients.send(identity, RequestFailed(rid, "dead", self.dead))
         else:
+            self.acceptance.learn(decoder.policy, stats)
             out = decoder.out
             self.clients.send(identity, Finished(rid, out.new_ids, out.text, out.finish_reason,
                                                  _stats(stats, decoder, out)))
@@ -228,6 +231,7 @@ class Scheduler:
                                              and self.draft.hello.prefill_threads),
                         keep_drafting=self.keep_drafting, max_window=decoding.max_gamma,
                         rebalance=self.costs is not None and not request.gamma, kv_handover=self.kv_handover)
+        policy.acceptance_prior = self.acceptance.prior(policy)
         output = Output(prompt_ids, max_new, self.eos, request.stop, self.tokenizer)
         return Decoder(request.request_id, policy, self.draft, self.target, output, self.costs)
 

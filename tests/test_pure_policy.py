@@ -2,8 +2,11 @@
 import numpy as np
 import pytest
 
+from hetspec.acceptance_prior import AcceptancePrior
 from hetspec.branches import pick_branch, split_branches
-from hetspec.budget import CostModel, choose_gamma, interpolate, monotone, restart_length
+from hetspec.budget import CostModel, choose_gamma, interpolate, monotone, restart_length, sequential_gamma
+from hetspec.decoding import Policy, Stats
+from hetspec.worker_links import Sampling
 from workers.multi_sequence import allocate_budget, count_sequences, first_tokens, split_budget
 from workers.sampling import probabilities
 
@@ -163,3 +166,38 @@ def test_pipeline_pace_from_the_cost_model():
     assert costs.s_per_token(4, 0.5) == pytest.approx(0.055 / 1.875)
     # gamma 8: drafting (80 ms) outlasts verifying (75 ms); every token accepted.
     assert costs.s_per_token(8, 1.0) == pytest.approx(0.080 / 8)
+
+
+def test_sps_gamma_minimises_time_per_token():
+    # The quick report's calibration: 4.6 ms a draft step; verify ms by pass size.
+    verify = {n: t / 1000 for n, t in {1: 14, 2: 16, 4: 18, 6: 21, 8: 25, 10: 50, 16: 56, 32: 76}.items()}
+    assert choose_gamma(0.0046, verify, 32) == 4                # the pipelined balance point
+    # At 99% acceptance SpS drafts longer: 7 tokens, a pass of 8 (25 ms) before the costly sizes.
+    assert sequential_gamma(0.0046, verify, 0.99, 32) == 7
+    assert sequential_gamma(0.0046, verify, 0.6, 32) == 1       # most of a long window would be lost
+    gammas = [sequential_gamma(0.0046, verify, a, 32) for a in (0.5, 0.7, 0.9, 0.95, 0.99)]
+    assert gammas == sorted(gammas)
+    assert sequential_gamma(0.0046, verify, 0.99, 5) == 5       # never above the cap
+    costs = CostModel(0.0046, verify)
+    assert costs.sequential_gamma(32, 0.9) == 3
+    for _ in range(50):                                         # the target got twice as slow
+        costs.observe(4, 4 * 0.0046, 5, 2 * interpolate(verify, 5))
+    assert costs.sequential_gamma(32, 0.9) == 5                 # each pass is worth more tokens
+    assert costs.sequential_gamma(32, 0.9, online=False) == 3   # seeded runs ignore timings
+
+
+def test_acceptance_prior_learns_from_earlier_requests_of_its_kind():
+    greedy = Policy("sequential", 4, 1, 3, Sampling(0.0, 1.0, 0), seed=1)
+    seeded = Policy("duodec", 4, 1, 3, Sampling(0.7, 0.9, 0), seed=1, seeded=True)
+    history = AcceptancePrior()
+    assert history.prior(greedy) == 0.8                      # nothing seen yet
+    history.learn(greedy, Stats(accepted=200, rejections=2))  # 99% of 202 tokens
+    assert 0.95 < history.prior(greedy) <= 0.99
+    for _ in range(20):
+        history.learn(greedy, Stats(accepted=500, rejections=0))
+    assert history.prior(greedy) == 0.99                     # never certainty
+    assert Stats(prior=0.99).acceptance == pytest.approx(0.99)
+    history.learn(seeded, Stats(accepted=10, rejections=90))
+    assert history.prior(seeded) == 0.8                      # a seeded run neither learns nor is taught
+    unseeded = Policy("duodec", 4, 1, 3, Sampling(0.7, 0.9, 0), seed=1)
+    assert history.prior(unseeded) == 0.8                    # sampling keeps its own history
