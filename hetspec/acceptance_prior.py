@@ -3,7 +3,8 @@ requests of the same kind (greedy or sampling) saw.
 
 The estimate sets window lengths (SpS's gamma, restarts, branch budgets).
 Starting every request at a generic 0.8 made its first rounds short: SpS at
-gamma 2-3 for a pair that agrees on 99% of tokens, where 7 is its best. A
+gamma 2-3 for a pair that agrees on 99% of tokens, whose best windows are
+far longer (budget.sequential_gamma). A
 seeded sampling request starts at the generic prior, and teaches nothing:
 its windows must not depend on what ran before it."""
 from __future__ import annotations
