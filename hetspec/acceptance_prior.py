@@ -26,7 +26,7 @@ class AcceptancePrior:
     def learn(self, policy, stats) -> None:
         """Move the history toward this request's rate, by how many tokens it decided."""
         decided = stats.accepted + stats.rejections
-        if not policy.timing_may_shape_windows or decided == 0 or policy.mode == "target":
+        if not policy.timing_may_shape_windows or decided == 0:   # seeded, or nothing drafted (target mode)
             return
         rate = self._rates.get(policy.sampling.greedy, GENERIC)
         rate += decided / (decided + LEARNING) * (stats.accepted / decided - rate)

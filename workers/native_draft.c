@@ -575,6 +575,9 @@ static int widest(const hs_model *m) {
     return heads > w ? heads : w;
 }
 
+/* Positions per block of the key cache, for the caller that allocates it. */
+int hs_key_block(void) { return KEY_BLOCK; }
+
 /* Floats of scratch memory a forward pass needs. */
 long hs_work_floats(const hs_model *m) {
     const long w = widest(m), heads = (long)m->n_head * m->head_dim;

@@ -23,7 +23,6 @@ from workers.native_build import KernelUnavailable, built
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_draft.c")
 FORMATS = {"Q8_0": 0, "Q4_0": 1, "Q4_1": 2}
 LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-KEY_BLOCK = 8   # positions per block of the key cache: native_draft.c's KEY_BLOCK
 GEMMA3_NORMS = {"q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "post_attn_norm": "post_attention_norm",
                 "post_ffn_norm": "post_ffw_norm"}
 GEMMA3_GLOBAL_EVERY = 6          # every sixth layer attends fully, the others to a window (as llama.cpp)
@@ -63,13 +62,14 @@ class NativeDraftModel:
         formats: dict[str, int] = {}
         model, self._layers = _describe(meta, tensors, n_ctx, self._arrays, formats)
         self._rope = ROPE_NEOX if model.neox_rope else ROPE_NORM
-        # Keys in blocks of KEY_BLOCK positions, dimension-major (native_draft.c, attend).
-        blocks = -(-n_ctx // KEY_BLOCK)
-        self._kcache = np.zeros((model.n_layer, model.n_kv, blocks, model.head_dim, KEY_BLOCK), np.float16)
-        self._vcache = np.zeros((model.n_layer, model.n_kv, n_ctx, model.head_dim), np.float16)
-        model.kcache, model.vcache = self._kcache.ctypes.data, self._vcache.ctypes.data
         with built(SOURCE, "native draft kernels", cache_root) as library:
             self._lib = ctypes.CDLL(library)
+        # Keys in blocks of key_block positions, dimension-major (native_draft.c, attend).
+        self._key_block = self._lib.hs_key_block()
+        blocks = -(-n_ctx // self._key_block)
+        self._kcache = np.zeros((model.n_layer, model.n_kv, blocks, model.head_dim, self._key_block), np.float16)
+        self._vcache = np.zeros((model.n_layer, model.n_kv, n_ctx, model.head_dim), np.float16)
+        model.kcache, model.vcache = self._kcache.ctypes.data, self._vcache.ctypes.data
         self._lib.hs_work_floats.restype = ctypes.c_long
         self._lib.hs_work_floats.argtypes = [ctypes.POINTER(_Model)]
         self._lib.hs_forward.restype = ctypes.c_int
@@ -117,12 +117,13 @@ class NativeDraftModel:
             raise ValueError(f"KV of shape {keys.shape} does not fit this draft's cache {self.kv_geometry()}")
         keys = to_llama_order(keys, self._rope)
         order = sorted(range(layers), key=lambda i: bool(self._layers[i].sliding))
-        full, rest = divmod(t, KEY_BLOCK)      # whole blocks of keys, and positions in a last one
-        blocked = keys[:, :, :full * KEY_BLOCK].reshape(layers, heads, full, KEY_BLOCK, d).transpose(0, 1, 2, 4, 3)
+        block = self._key_block
+        full, rest = divmod(t, block)          # whole blocks of keys, and positions in a last one
+        blocked = keys[:, :, :full * block].reshape(layers, heads, full, block, d).transpose(0, 1, 2, 4, 3)
         for j, layer in enumerate(order):
             self._kcache[layer, :, :full] = blocked[j]
             if rest:
-                self._kcache[layer, :, full, :, :rest] = keys[j, :, full * KEY_BLOCK:].transpose(0, 2, 1)
+                self._kcache[layer, :, full, :, :rest] = keys[j, :, full * block:].transpose(0, 2, 1)
             self._vcache[layer, :, :t] = values[j]
         self.n_cached = t
 
