@@ -3,7 +3,8 @@ workers/native_draft.c.
 
 It reads the file's own Q8_0/Q4_0/Q4_1 blocks, and holds other block types
 (Gemma 3's Q5_0, Q4_K, Q6_K) as Q8_0: exactly for Q5_0, to within half a step
-of an 8-bit grid for the K-quants. One token per forward pass,
+of an 8-bit grid for the K-quants; a Q8_0 output layer is read mostly in a
+Q4_1 copy made at load (head() in the C file). One token per forward pass,
 with the same interface as LlamaCppModel (forward, kv_geometry, import_kv), so
 the drafter and the KV handover work with either. Its cache is positional: a
 forward at `pos` simply overwrites from there, which is all a rollback needs.
@@ -50,13 +51,15 @@ class _Model(ctypes.Structure):
         ("out_norm", ctypes.c_void_p), ("layers", ctypes.POINTER(_Layer)),
         ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p), ("work", ctypes.c_void_p),
         ("neox_rope", ctypes.c_int), ("gelu", ctypes.c_int), ("window", ctypes.c_int),
-        ("embd_scale", ctypes.c_float), ("rope_base_local", ctypes.c_float)]
+        ("embd_scale", ctypes.c_float), ("rope_base_local", ctypes.c_float), ("out_fast", _Mat)]
 
 
 class NativeDraftModel:
-    def __init__(self, path: str, n_ctx: int, cache_root: str = ""):
+    def __init__(self, path: str, n_ctx: int, cache_root: str = "", fast_head: bool = True):
         """KernelUnavailable when the C file cannot be built here, Unsupported
-        when the file is not a Llama or Gemma 3 model of block types it reads."""
+        when the file is not a Llama or Gemma 3 model of block types it reads.
+        fast_head: read a Q8_0 output layer mostly in a Q4_1 copy (see head()
+        in native_draft.c); False reads all of it."""
         meta, tensors = read_gguf(path)
         self._arrays = []                            # what the C side reads: keep alive
         formats: dict[str, int] = {}
@@ -81,6 +84,17 @@ class NativeDraftModel:
         self.n_vocab, self.n_ctx = model.n_vocab, n_ctx
         self.n_cached = 0
         self.description = "native, " + ", ".join(f"{n} {kind}" for kind, n in sorted(formats.items()))
+        if fast_head and model.out.fmt == FORMATS["Q8_0"]:
+            model.out_fast = self._q4_1_copy(model.out)
+            self.description += ", output layer read in a Q4_1 copy, its 64 largest logits in Q8_0"
+
+    def _q4_1_copy(self, out: _Mat) -> _Mat:
+        blocks = out.rows * (out.cols // 32)
+        qs, d, m = np.empty((blocks, 16), np.uint8), np.empty(blocks, np.uint16), np.empty(blocks, np.uint16)
+        self._lib.hs_q4_1_from_q8_0.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_void_p] * 3
+        self._lib.hs_q4_1_from_q8_0(out.qs, out.d, blocks, qs.ctypes.data, d.ctypes.data, m.ctypes.data)
+        self._arrays.extend((qs, d, m))
+        return _Mat(qs.ctypes.data, d.ctypes.data, m.ctypes.data, FORMATS["Q4_1"], out.rows, out.cols)
 
     def forward(self, tokens: Sequence[int], pos: int) -> np.ndarray:
         """Evaluate `tokens` at positions pos..; the logits after the last one
