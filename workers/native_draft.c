@@ -646,6 +646,9 @@ static int widest(const hs_model *m) {
     return heads > w ? heads : w;
 }
 
+/* Logits an output layer's Q4_1 copy leaves to its Q8_0 rows (see head), for the description. */
+int hs_refined_logits(void) { return REFINE; }
+
 /* Positions per block of the key cache, for the caller that allocates it. */
 int hs_key_block(void) { return KEY_BLOCK; }
 

@@ -86,7 +86,8 @@ class NativeDraftModel:
         self.description = "native, " + ", ".join(f"{n} {kind}" for kind, n in sorted(formats.items()))
         if fast_head and model.out.fmt == FORMATS["Q8_0"]:
             model.out_fast = self._q4_1_copy(model.out)
-            self.description += ", output layer read in a Q4_1 copy, its 64 largest logits in Q8_0"
+            self.description += (f", output layer read in a Q4_1 copy, its {self._lib.hs_refined_logits()} "
+                                 "largest logits in Q8_0")
 
     def _q4_1_copy(self, out: _Mat) -> _Mat:
         blocks = out.rows * (out.cols // 32)
