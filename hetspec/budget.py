@@ -103,17 +103,22 @@ class CostModel:
             ratio = verify_s / interpolate(self.verify_s, n_verify)
             self.verify_scale += self.SMOOTHING * (ratio - self.verify_scale)
 
+    def rates(self, online: bool = True) -> tuple[float, float]:
+        """(verify time scale, seconds per draft token): from the rounds so far, or
+        with online=False from the start-up measurement alone (see draft_length)."""
+        return (self.verify_scale, self.draft_s) if online else (1.0, self.measured_draft_s)
+
     def s_per_token(self, gamma: int, acceptance: float, online: bool = True) -> float:
         """A pipelined round's expected seconds per committed token: it lasts the
         longer of gamma draft steps and a verify of gamma tokens, and commits
         1 + a + ... + a**(gamma - 1) tokens at per-token acceptance a."""
-        scale, draft_s = (self.verify_scale, self.draft_s) if online else (1.0, self.measured_draft_s)
+        scale, draft_s = self.rates(online)
         round_s = max(gamma * draft_s, scale * interpolate(self.verify_s, gamma))
         return round_s / sum(acceptance ** j for j in range(gamma))
 
     def sequential_gamma(self, max_gamma: int, acceptance: float, online: bool = True) -> int:
         """See sequential_gamma, at the costs measured so far (online=False: see draft_length)."""
-        scale, draft_s = (self.verify_scale, self.draft_s) if online else (1.0, self.measured_draft_s)
+        scale, draft_s = self.rates(online)
         verify = {n: scale * t for n, t in self.verify_s.items()}
         return sequential_gamma(draft_s, verify, acceptance, max_gamma)
 
@@ -123,6 +128,6 @@ class CostModel:
         (nothing pending) that is a short draft, not a full gamma the target
         would wait for. online=False uses the start-up measurement alone, so the
         rounds of a seeded sampling request do not depend on timing."""
-        scale, draft_s = (self.verify_scale, self.draft_s) if online else (1.0, self.measured_draft_s)
+        scale, draft_s = self.rates(online)
         verify = scale * interpolate(self.verify_s, pending + 1)
         return max(1, min(gamma, math.ceil(verify / draft_s)))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hetspec.acceptance import accept_greedy, accept_sampled, sample
+from hetspec.acceptance_prior import GENERIC
 from hetspec.branches import pick_branch
 from hetspec.budget import CostModel, restart_length
 from hetspec.output import Output
@@ -55,7 +56,7 @@ class Policy:
     rebalance: bool = False    # gamma "auto": each round's length from the costs, past gamma too (see _draft_length,
     #                            _sequential_round)
     kv_handover: bool = False  # the draft takes the target's cache of a long prompt instead of prefilling it
-    acceptance_prior: float = 0.8  # where the acceptance estimate starts (the engine's past requests, when online)
+    acceptance_prior: float = GENERIC  # where the acceptance estimate starts (the engine's past requests, when online)
 
     @property
     def timing_may_shape_windows(self) -> bool:
@@ -82,7 +83,7 @@ class Stats:
     busy_s: float = 0.0         # ... of which a worker computed: the longer side, or both in sequence
     sequences_hist: Counter = field(default_factory=Counter)
     draft_prompt_kv: str = "own"  # how the draft got the prompt's cache: its own prefill, or the "target"'s
-    prior: float = 0.8
+    prior: float = GENERIC
 
     @property
     def acceptance(self) -> float:
@@ -302,7 +303,7 @@ class Decoder:
             pace = self.stats.round_s / max(self.stats.committed_in_spec_rounds, 1)
         else:
             pace = self.costs.s_per_token(self.policy.gamma, acceptance, online)
-        draft_s = self.costs.draft_s if online else self.costs.measured_draft_s
+        _, draft_s = self.costs.rates(online)
         return restart_length(acceptance, draft_s, pace, limit)
 
     def _extend_to(self, pending: int) -> int:

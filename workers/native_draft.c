@@ -294,9 +294,16 @@ static inline __attribute__((always_inline)) void rows_q4_wide(const hs_mat *w, 
 }
 #endif
 
+/* Row r of W times x already rounded (scale: the row's nb block scales, scratch). */
+static float one_row(const hs_mat *w, int r, int nb, const quantized *x, float *scale) {
+    const float offsets = row_setup(w, r, nb, x, scale);
+    const uint8_t *qs = w->qs + (size_t)r * nb * (w->fmt == FMT_Q8_0 ? 32 : 16);
+    return (w->fmt == FMT_Q8_0 ? row_q8_0(qs, nb, x->q, scale) : row_q4(qs, nb, x->q, scale)) + offsets;
+}
+
 /* y = W x for x already rounded. */
 static void matvec(const hs_mat *w, const quantized *x, float *y, const hs_mat *next) {
-    const int nb = w->cols / BLOCK, row_bytes = nb * (w->fmt == FMT_Q8_0 ? 32 : 16);
+    const int nb = w->cols / BLOCK;
     int r = 0;
 #if PAIRED
     float scale[TILE * nb];
@@ -313,9 +320,7 @@ static void matvec(const hs_mat *w, const quantized *x, float *y, const hs_mat *
 #endif
     for (; r < w->rows; r++) {
         prefetch_ahead(w, next, r + AHEAD, 1);
-        const float offsets = row_setup(w, r, nb, x, scale);
-        const uint8_t *qs = w->qs + (size_t)r * row_bytes;
-        y[r] = (w->fmt == FMT_Q8_0 ? row_q8_0(qs, nb, x->q, scale) : row_q4(qs, nb, x->q, scale)) + offsets;
+        y[r] = one_row(w, r, nb, x, scale);
     }
 }
 
@@ -382,10 +387,7 @@ static void head(const hs_model *m, const quantized *x, float *logits) {
     }
     const int nb = m->out.cols / BLOCK;
     float scale[nb];
-    for (int k = 0; k < kept; k++) {
-        const float offsets = row_setup(&m->out, top[k], nb, x, scale);
-        logits[top[k]] = row_q8_0(m->out.qs + (size_t)top[k] * nb * 32, nb, x->q, scale) + offsets;
-    }
+    for (int k = 0; k < kept; k++) logits[top[k]] = one_row(&m->out, top[k], nb, x, scale);
 }
 
 /* A Q4_1 copy of Q8_0 blocks (blocks of 32 values): per block the step

@@ -77,6 +77,7 @@ class NativeDraftModel:
         self._lib.hs_work_floats.argtypes = [ctypes.POINTER(_Model)]
         self._lib.hs_forward.restype = ctypes.c_int
         self._lib.hs_forward.argtypes = [ctypes.POINTER(_Model), ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        self._lib.hs_q4_1_from_q8_0.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_void_p] * 3
         self._work = np.zeros(self._lib.hs_work_floats(ctypes.byref(model)), np.float32)
         model.work = self._work.ctypes.data
         self._model = model
@@ -92,7 +93,6 @@ class NativeDraftModel:
     def _q4_1_copy(self, out: _Mat) -> _Mat:
         blocks = out.rows * (out.cols // 32)
         qs, d, m = np.empty((blocks, 16), np.uint8), np.empty(blocks, np.uint16), np.empty(blocks, np.uint16)
-        self._lib.hs_q4_1_from_q8_0.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_void_p] * 3
         self._lib.hs_q4_1_from_q8_0(out.qs, out.d, blocks, qs.ctypes.data, d.ctypes.data, m.ctypes.data)
         self._arrays.extend((qs, d, m))
         return _Mat(qs.ctypes.data, d.ctypes.data, m.ctypes.data, FORMATS["Q4_1"], out.rows, out.cols)
