@@ -1,6 +1,6 @@
-"""hetspec's benchmark suite (DESIGN.md section 8): the DuoDecoding paper's protocol, adapted.
+"""hetspec's benchmark suite (docs/design.md, "Measuring"): the DuoDecoding paper's protocol, adapted.
 
-`hetspec-bench` (benchmarks.cli) runs every method on the Spec-Bench prompts
+`hetspec-bench` (hetspec.benchmarks.cli) runs every method on the Spec-Bench prompts
 with one engine and writes report.md, results.json and PNG plots;
 benchmarks/micro/ holds pytest-benchmark micro-benchmarks of the pieces a
 round is made of (IPC round trip, draft step, verify pass, whole round).
@@ -11,7 +11,7 @@ One concept per module:
     settings    what a run does (engine config, limit, methods, dtype)
     baselines   transformers vanilla and prompt lookup, in-process
     engine_runs one request to the engine as a record
-    ceiling     the draft model alone (llama.cpp), in a pinned child process
+    ceiling     the draft model alone (its configured backend), in a pinned child process
     runner      the whole suite
     metrics     per-run records -> per-category and average figures
     checks      consistency of a results document

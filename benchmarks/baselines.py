@@ -3,9 +3,9 @@
 Vanilla is plain autoregressive `generate` (the denominator of every speedup);
 PLD is transformers' prompt lookup decoding (`prompt_lookup_num_tokens`). Both
 load the target exactly as the engine's target worker does
-(workers.hf_loading.load_causal_lm on the resolved model spec), in the same
+(hetspec.workers.target.hf_loading.load_causal_lm on the resolved model spec), in the same
 dtype, so the comparison is between decoding methods, not between loaders.
-They may use every core (DESIGN.md section 8): they run while the engine's
+They may use every core (docs/design.md, "Measuring"): they run while the engine's
 processes sit idle waiting on their sockets.
 
 Time to first token comes from a streamer that notes when generate pushes its
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hetspec.models import resolve_model
-from workers.hf_loading import eos_token_ids, load_causal_lm
+from hetspec.workers.target.hf_loading import eos_token_ids, load_causal_lm
 
 PLD_NUM_TOKENS = 10    # transformers' documented default for prompt lookup
 
@@ -109,7 +109,7 @@ class Baselines:
         self.threads = torch.get_num_threads()
         start = time.perf_counter()
         with contextlib.redirect_stderr(io.StringIO()):   # the GGUF loader's own progress bar
-            self.model = load_causal_lm(resolve_model(model_spec, "target").to_dict(), dtype, device)
+            self.model = load_causal_lm(resolve_model(model_spec, "target"), dtype, device)
         self.load_s = time.perf_counter() - start
         self.eos = sorted(set(eos_token_ids(self.model)) | set(extra_eos))
 

@@ -7,7 +7,7 @@ the ceiling of the default pair and the report states DuoDecoding's speed as a
 fraction of it. It runs in a child process pinned like the draft worker (same
 cores, same threads), after the engine has stopped, so nothing competes.
 
-python -m benchmarks.ceiling --model FILE.gguf --cores 0 --threads 1 --n-ctx N [--weights q8_0]
+python -m hetspec.benchmarks.ceiling --model FILE.gguf --cores 0 --threads 1 --n-ctx N [--weights q8_0]
     [--backend native] < prompts.json
 (prompts.json: [{"ids": [...], "max_new_tokens": n}, ...]; prints one JSON object)
 """
@@ -27,7 +27,7 @@ def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: li
     backend, weights: the draft's [draft] settings, so the draft runs as in the engine."""
     n_ctx = max(len(p["ids"]) + p["max_new_tokens"] for p in prompts) + 8
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    command = [sys.executable, "-m", "benchmarks.ceiling", "--model", model_file, "--threads", str(threads),
+    command = [sys.executable, "-m", "hetspec.benchmarks.ceiling", "--model", model_file, "--threads", str(threads),
                "--n-ctx", str(n_ctx), "--cores", ",".join(map(str, cores)), "--weights", weights,
                "--backend", backend]
     try:
@@ -43,12 +43,12 @@ def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: li
 def _load(model_file: str, threads: int, n_ctx: int, weights: str, backend: str, scratch: str):
     """(model, what runs it), loaded by the draft worker's own code: the native
     draft where the engine's would run, else llama.cpp with the config's weights."""
+    from hetspec.ipc.specs import DraftSpec
     from hetspec.models import resolve_model
-    from workers.draft_worker import DraftState
+    from hetspec.workers.draft.worker import DraftState
 
-    state = DraftState({"backend": backend, "model": resolve_model(model_file, "draft").to_dict(), "cores": [],
-                        "threads": threads, "n_ctx": n_ctx, "weights": weights, "prefill_weights": "same",
-                        "prompt_kv": "own", "scratch_dir": scratch})
+    state = DraftState(DraftSpec(backend=backend, model=resolve_model(model_file, "draft"), cores=[],
+                                 threads=threads, n_ctx=n_ctx, weights=weights, scratch_dir=scratch))
     return state.model, state.backend
 
 
@@ -58,7 +58,7 @@ def _run(model_file: str, cores: list[int], threads: int, n_ctx: int, prompts: l
 
     import numpy as np
 
-    from workers.pinning import pin
+    from hetspec.workers.common.pinning import pin
 
     pin(cores)
     with tempfile.TemporaryDirectory(prefix="hetspec-ceiling-") as scratch:

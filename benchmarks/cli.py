@@ -15,14 +15,14 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.checks import check_results, engine_stat_warnings
-from benchmarks.data import CATEGORIES
-from benchmarks.methods import GROUPS, METHODS
-from benchmarks.plots import write_plots
-from benchmarks.report import write_report
-from benchmarks.runner import run_suite
-from benchmarks.settings import DECODINGS, BenchSettings, split_config
-from hetspec.errors import HetspecError
+from hetspec.benchmarks.checks import check_results, engine_stat_warnings
+from hetspec.benchmarks.data import CATEGORIES
+from hetspec.benchmarks.methods import GROUPS, METHODS
+from hetspec.benchmarks.plots import write_plots
+from hetspec.benchmarks.report import write_report
+from hetspec.benchmarks.runner import run_suite
+from hetspec.benchmarks.settings import DECODINGS, BenchSettings, split_config
+from hetspec.core.errors import HetspecError
 
 
 def build_parser() -> argparse.ArgumentParser:

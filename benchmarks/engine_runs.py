@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.methods import Method
+from hetspec.benchmarks.methods import Method
 
 MAX_RESTARTS = 3
 
@@ -71,7 +71,7 @@ def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int],
     if method.mode == "duodec":
         request["sequences"] = method.sequences
     if engine is None:
-        from hetspec.errors import EngineDeadError
+        from hetspec.core.errors import EngineDeadError
 
         raise EngineDeadError("the engine died and could not be restarted")
     start = time.perf_counter()

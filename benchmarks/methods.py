@@ -1,4 +1,4 @@
-"""The methods compared side by side (DESIGN.md section 8), by name.
+"""The methods compared side by side (docs/design.md, "Measuring"), by name.
 
 Baselines run in the benchmark process with transformers; everything else is
 a request to one running engine, differing only in mode, sequences and gamma.

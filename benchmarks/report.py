@@ -3,7 +3,7 @@
 Everything here reads results.json only, so a report can be rebuilt (or
 restyled) without re-running anything:
 
-    python -m benchmarks.report bench-out/quick/results.json
+    python -m hetspec.benchmarks.report bench-out/quick/results.json
 """
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.checks import check_results
-from benchmarks.data import TITLES
-from benchmarks.methods import SWEEP
+from hetspec.benchmarks.checks import check_results
+from hetspec.benchmarks.data import TITLES
+from hetspec.benchmarks.methods import SWEEP
 
 
 def render_report(doc: dict, plots: list[str] = ()) -> str:

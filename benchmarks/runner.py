@@ -15,18 +15,18 @@ import time
 import zlib
 from datetime import UTC, datetime
 
-from benchmarks.baselines import Baselines
-from benchmarks.ceiling import measure_ceiling
-from benchmarks.data import load_prompts
-from benchmarks.engine_runs import EngineHolder, run_engine
-from benchmarks.machine import describe_machine
-from benchmarks.methods import Method, select_methods
-from benchmarks.metrics import aggregate
-from benchmarks.settings import DECODINGS, BenchSettings, engine_config, split_config
+from hetspec.benchmarks.baselines import Baselines
+from hetspec.benchmarks.ceiling import measure_ceiling
+from hetspec.benchmarks.data import load_prompts
+from hetspec.benchmarks.engine_runs import EngineHolder, run_engine
+from hetspec.benchmarks.machine import describe_machine
+from hetspec.benchmarks.methods import Method, select_methods
+from hetspec.benchmarks.metrics import aggregate
+from hetspec.benchmarks.settings import DECODINGS, BenchSettings, engine_config, split_config
 from hetspec.config import load_config
-from hetspec.errors import EngineDeadError
+from hetspec.core.errors import EngineDeadError
 from hetspec.models import resolve_model
-from hetspec.tokenizer import Tokenizer
+from hetspec.scheduler.tokenizer import Tokenizer
 
 SCHEMA = "hetspec-bench/1"
 WARMUP_TOKENS = 8

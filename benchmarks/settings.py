@@ -12,8 +12,8 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from benchmarks.data import CATEGORIES
-from benchmarks.methods import select_methods
+from hetspec.benchmarks.data import CATEGORIES
+from hetspec.benchmarks.methods import select_methods
 from hetspec.config import SHIPPED_CONFIGS, load_config
 
 # The paper's two settings: greedy, and nucleus sampling.
@@ -36,7 +36,7 @@ class BenchSettings:
     baseline_threads: int = 0                 # 0: the faster of every core and one (measured)
     out: str = "bench-out"
     warmup: bool = True
-    ceiling: bool = True                      # time the draft model alone (llama.cpp)
+    ceiling: bool = True                      # time the draft model alone (its configured backend)
     progress: bool = True
 
     def validate(self) -> BenchSettings:

@@ -13,8 +13,8 @@ import sys
 import threading
 
 from hetspec.client import launch
-from hetspec.errors import HetspecError
-from hetspec.request import build_request
+from hetspec.core.errors import HetspecError
+from hetspec.core.params import SamplingParams, check_prompt
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,7 +54,8 @@ def main(argv=None) -> int:
         signal.signal(sig, on_signal)
     try:
         if args.prompt is not None:
-            build_request(0, **_request(args))     # a bad request fails before the engine starts
+            request = _request(args)               # a bad request fails before the engine starts
+            check_prompt(request.get("prompt"), request.get("messages"))
         with launch(args.config) as engine:
             if args.prompt is None:
                 serving = True
@@ -71,8 +72,9 @@ def main(argv=None) -> int:
 
 
 def _request(args) -> dict:
-    request = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                   seed=args.seed, mode=args.mode)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            seed=args.seed, mode=args.mode)
+    request = dict(params=params)
     if args.chat:
         request["messages"] = [{"role": "user", "content": args.prompt}]
     else:

@@ -6,6 +6,7 @@ threads, and several clients may submit at once: the scheduler queues them.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import itertools
 import os
 import threading
@@ -16,11 +17,11 @@ import psutil
 import zmq
 
 from hetspec.config import load_config
-from hetspec.errors import EngineDeadError, EngineStartError, HetspecError, error_from_kind
+from hetspec.core.errors import EngineDeadError, EngineStartError, HetspecError, error_from_kind
+from hetspec.core.params import SamplingParams, check_prompt
+from hetspec.ipc.channel import Channel
+from hetspec.ipc.messages import EngineInfo, Finished, GenerateRequest, InfoRequest, RequestFailed, StopEngine, TokensEvent
 from hetspec.launcher import Launcher
-from hetspec.request import build_request
-from ipc.channel import Channel
-from ipc.messages import EngineInfo, Finished, InfoRequest, RequestFailed, StopEngine, TokensEvent
 
 POLL_S = 0.5
 CONNECT_TIMEOUT_S = 60.0
@@ -47,27 +48,26 @@ class Engine:
 
     # ---- requests --------------------------------------------------------------
 
-    def generate(self, prompt=None, *, messages=None, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
-                 seed=None, stop=None, mode="duodec", gamma=None, sequences=None, cache_prompt=True) -> Result:
-        """Generate a completion; returns when it is finished."""
-        pieces = self.stream(prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
-                             top_p=top_p, top_k=top_k, seed=seed, stop=stop, mode=mode, gamma=gamma,
-                             sequences=sequences, cache_prompt=cache_prompt)
+    def generate(self, prompt=None, *, messages=None, params: SamplingParams | None = None, **overrides) -> Result:
+        """Generate a completion of a prompt (text or token ids) or of chat messages;
+        returns when it is finished. Parameters: a SamplingParams, and/or its fields
+        as keywords (max_new_tokens=32, temperature=0.7, ...)."""
+        pieces = self.stream(prompt, messages=messages, params=params, **overrides)
         while True:   # this call's own Result (self.last_result may be another thread's by now)
             try:
                 next(pieces)
             except StopIteration as done:
                 return done.value
 
-    def stream(self, prompt=None, *, messages=None, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
-               seed=None, stop=None, mode="duodec", gamma=None, sequences=None,
-               cache_prompt=True) -> Iterator[str]:
-        """Yield text pieces as tokens are committed; the whole Result is then in self.last_result."""
+    def stream(self, prompt=None, *, messages=None, params: SamplingParams | None = None,
+               **overrides) -> Iterator[str]:
+        """As generate, yielding text pieces as tokens are committed; the generator's
+        return value (and self.last_result) is the whole Result."""
+        params = SamplingParams.make(params, **overrides)
+        prompt = check_prompt(prompt, messages)
         with _ids_lock:
             request_id = next(_ids)
-        request = build_request(request_id, prompt, messages=messages, max_new_tokens=max_new_tokens,
-                                temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
-                                mode=mode, gamma=gamma, sequences=sequences, cache_prompt=cache_prompt)
+        request = GenerateRequest(request_id, prompt, messages, dataclasses.asdict(params))
         channel = self._channel()
         try:
             channel.send(request)

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from hetspec.errors import ConfigError
+from hetspec.core.errors import ConfigError
 from hetspec.models import resolve_model
 
 SHIPPED_CONFIGS = {"smollm2": "smollm2.toml", "gemma3-270m": "gemma3-270m.toml"}
@@ -29,16 +29,16 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class DraftConfig:
-    backend: str = "llama.cpp"          # "native" (a Llama GGUF's own blocks, workers/native_draft.c; where it
-                                        # cannot run, llama.cpp does), "llama.cpp" (a GGUF file) or "torch"
+    backend: str = "native"             # "native" (a Llama or Gemma 3 GGUF file's blocks, workers/kernels/native_draft.c;
+                                        # where it cannot run, llama.cpp does), "llama.cpp" (a GGUF file) or "torch"
     model: str = "builtin:smollm2"
     cores: tuple[int, ...] | str = "auto"
     threads: int = 0                    # 0: one thread per pinned core
     n_ctx: int = 0                      # 0: [server] max_context + max_gamma + 1
-    weights: str = "as-is"              # llama.cpp (and native's fallback): "as-is", or a type to convert to at load
-    prefill_weights: str = "same"       # ditto: "same", or a type for a second copy that prefills prompts
+    weights: str = "q8_0"               # llama.cpp (and native's fallback): "as-is", or a type to convert to at load
+    prefill_weights: str = "bf16"       # ditto: "same", or a type for a second copy that prefills long prompts
     prefill_borrows_target_cores: bool = True
-    prompt_kv: str = "own"              # "auto": take the target's KV cache of a long prompt when the
+    prompt_kv: str = "auto"             # "auto": take the target's KV cache of a long prompt when the
                                         # models' caches have one layout (a quantized copy), else prefill it
 
 
@@ -147,26 +147,31 @@ def _build(data: dict) -> EngineConfig:
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in section.items()}
         parts[name] = cls(**values)
     config = EngineConfig(**parts)
-    return _validated(config)
+    return _validated(config, set(data.get("draft", {})))
 
 
-def _validated(c: EngineConfig) -> EngineConfig:
+def _validated(c: EngineConfig, draft_keys: set[str]) -> EngineConfig:
+    """draft_keys: the [draft] keys the config sets (llama.cpp's weight options are
+    refused with another backend only when set, not at their defaults)."""
     d, t, dec, s = c.draft, c.target, c.decoding, c.server
     if d.backend not in ("native", "llama.cpp", "torch"):
         raise ConfigError(f"[draft] backend must be 'native', 'llama.cpp' or 'torch', got {d.backend!r}")
     for section, model in (("draft", d.model), ("target", t.model)):
         resolve_model(model, section)   # raises ConfigError for a missing file
     if d.backend in ("native", "llama.cpp") and not resolve_model(d.model, "draft").gguf_file:
-        raise ConfigError(f"[draft] backend {d.backend!r} needs a GGUF file, got model {d.model!r}")
+        raise ConfigError(f"[draft] backend {d.backend!r} needs a GGUF file, got model {d.model!r} "
+                          "(backend = \"torch\" runs a transformers checkpoint or a random model)")
     if d.weights not in DRAFT_WEIGHTS:
         raise ConfigError(f"[draft] weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {d.weights!r}")
-    if d.weights != "as-is" and d.backend == "torch":
+    if "weights" in draft_keys and d.weights != "as-is" and d.backend == "torch":
         raise ConfigError(f"[draft] weights = {d.weights!r} needs backend 'llama.cpp' (it converts the GGUF file)")
     if d.prefill_weights != "same" and d.prefill_weights not in DRAFT_WEIGHTS:
         raise ConfigError(f"[draft] prefill_weights must be 'same' or one of {', '.join(DRAFT_WEIGHTS)}, "
                           f"got {d.prefill_weights!r}")
-    if d.prefill_weights != "same" and d.backend == "torch":
+    if "prefill_weights" in draft_keys and d.prefill_weights != "same" and d.backend == "torch":
         raise ConfigError(f"[draft] prefill_weights = {d.prefill_weights!r} needs backend 'llama.cpp'")
+    if d.backend == "torch":   # llama.cpp's weight options do not apply: resolved to "no conversion"
+        d = dataclasses.replace(d, weights="as-is", prefill_weights="same")
     if d.prompt_kv not in ("own", "auto"):
         raise ConfigError(f"[draft] prompt_kv must be 'own' or 'auto', got {d.prompt_kv!r}")
     if t.cpu_kernels not in CPU_KERNELS:
@@ -222,11 +227,10 @@ def assign_cores(draft: tuple[int, ...] | str, target: tuple[int, ...] | str,
     (on a 2-core machine: draft on core 0, target on core 1), and the scheduler
     shares the target's.
 
-    Between rounds the scheduler starts the draft first, then the target, then
-    streams and keeps its books while both compute. That work must land beside
-    the side with time to spare, and the budget makes the draft the longer side:
-    beside the draft it lengthened every round (measured: 11-13% of a round
-    against 4-5% beside the target; unpinned 5%)."""
+    The scheduler's own work (starting both workers, streaming, bookkeeping)
+    runs while both compute, so it must sit beside the side with time to
+    spare; the budget makes the draft the longer side, so beside the target
+    (docs/performance.md, "Where the scheduler sits")."""
     cores = available_cores()
     for name, value in (("draft", draft), ("target", target), ("server", scheduler)):
         if value == "auto":

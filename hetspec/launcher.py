@@ -7,6 +7,7 @@ reaches only the launcher, which then shuts them down in order.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,12 +18,11 @@ import tempfile
 import time
 
 from hetspec.config import EngineConfig
-from hetspec.errors import EngineStartError
+from hetspec.core.errors import EngineStartError
+from hetspec.ipc.channel import ipc_endpoint, make_runtime_dir
+from hetspec.ipc.shm import new_run_id, remove_leftovers
+from hetspec.ipc.specs import DraftSpec, TargetSpec
 from hetspec.models import resolve_model
-from ipc.channel import ipc_endpoint, make_runtime_dir
-from ipc.shm import new_run_id, remove_leftovers
-
-ROLES = ("scheduler", "draft", "target")
 
 
 class Launcher:
@@ -41,30 +41,29 @@ class Launcher:
 
     def start(self) -> None:
         c = self.config
-        draft_model = resolve_model(c.draft.model, "draft").to_dict()
-        target_model = resolve_model(c.target.model, "target").to_dict()
+        draft_model, target_model = resolve_model(c.draft.model, "draft"), resolve_model(c.target.model, "target")
         run = {"run_id": self.run_id, "config": c.to_dict(), "endpoints": self.endpoints,
-               "models": {"draft": draft_model, "target": target_model}}
+               "models": {"draft": dataclasses.asdict(draft_model), "target": dataclasses.asdict(target_model)}}
         run_file = os.path.join(self.runtime_dir, "run.json")
         with open(run_file, "w") as f:
             json.dump(run, f)
-        draft_spec = {"backend": c.draft.backend, "model": draft_model, "cores": list(c.draft.cores),
-                      "threads": c.draft.threads, "n_ctx": c.draft.n_ctx, "weights": c.draft.weights,
-                      "prefill_weights": c.draft.prefill_weights, "prompt_kv": c.draft.prompt_kv,
-                      "scratch_dir": self.runtime_dir,
-                      "borrow_cores": list(c.target.cores) if c.draft.prefill_borrows_target_cores else []}
-        target_spec = {"model": target_model, "dtype": c.target.dtype, "device": c.target.device,
-                       "cores": list(c.target.cores), "threads": c.target.threads, "cpu_kernels": c.target.cpu_kernels,
-                       "borrow_cores": list(c.draft.cores) if c.target.prefill_borrows_draft_cores else []}
+        draft = DraftSpec(backend=c.draft.backend, model=draft_model, cores=list(c.draft.cores),
+                          threads=c.draft.threads, n_ctx=c.draft.n_ctx, weights=c.draft.weights,
+                          prefill_weights=c.draft.prefill_weights, prompt_kv=c.draft.prompt_kv,
+                          scratch_dir=self.runtime_dir,
+                          borrow_cores=list(c.target.cores) if c.draft.prefill_borrows_target_cores else [])
+        target = TargetSpec(model=target_model, dtype=c.target.dtype, device=c.target.device,
+                            cores=list(c.target.cores), threads=c.target.threads, cpu_kernels=c.target.cpu_kernels,
+                            borrow_cores=list(c.draft.cores) if c.target.prefill_borrows_draft_cores else [])
         self._spawn("scheduler", ["-m", "hetspec.scheduler", run_file], threads=1)
-        self._spawn("draft", ["-m", "workers.draft_worker", "--endpoint", self.endpoints["draft"],
-                              "--spec", json.dumps(draft_spec)], threads=c.draft.threads)
-        self._spawn("target", ["-m", "workers.target_worker", "--endpoint", self.endpoints["target"],
-                               "--spec", json.dumps(target_spec)], threads=c.target.threads)
+        self._spawn("draft", ["-m", "hetspec.workers.draft", "--endpoint", self.endpoints["draft"],
+                              "--spec", draft.to_json()], threads=c.draft.threads)
+        self._spawn("target", ["-m", "hetspec.workers.target", "--endpoint", self.endpoints["target"],
+                               "--spec", target.to_json()], threads=c.target.threads)
 
     def _spawn(self, role: str, args: list[str], threads: int) -> None:
         # One OpenMP/MKL thread per owned core; a prefill on borrowed cores asks for more
-        # explicitly and re-pins every thread afterwards (workers/pinning.py).
+        # explicitly and re-pins every thread afterwards (workers/common/pinning.py).
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                    TOKENIZERS_PARALLELISM="false",
                    HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"), PYTHONUNBUFFERED="1")

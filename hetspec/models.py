@@ -21,54 +21,38 @@ import hashlib
 import importlib
 import importlib.metadata
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hetspec.errors import ConfigError
+from hetspec.core.errors import ConfigError
+from hetspec.ipc.specs import ModelSpec
 
 RANDOM_DEFAULTS = {"arch": "llama", "vocab": 320, "hidden": 64, "layers": 2, "heads": 4, "seed": 0,
                    "intermediate": 128, "window": 8}
 RANDOM_ARCHS = ("llama", "gemma3")   # gemma3: sliding-window attention of `window` tokens
 
 
-@dataclass(frozen=True)
-class ResolvedModel:
-    kind: str                  # "gguf", "dir", "hub" or "random"
-    path: str = ""             # directory (gguf/dir), hub id, or "" for random
-    gguf_file: str = ""        # file name inside `path` for kind "gguf"
-    random: dict | None = None  # config values for kind "random"
-    cache_dir: str = ""        # kind "gguf": where its transformers form is kept ("" keeps none)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @property
-    def file(self) -> str:
-        return str(Path(self.path) / self.gguf_file) if self.gguf_file else self.path
-
-
-def resolve_model(spec: str, section: str = "model") -> ResolvedModel:
+def resolve_model(spec: str, section: str = "model") -> ModelSpec:
     if not isinstance(spec, str) or not spec:
         raise ConfigError(f"[{section}] model must be a non-empty string, got {spec!r}")
     if spec.startswith("builtin:"):
         return _gguf(_builtin_path(spec[len("builtin:"):], section), section)
     if spec.startswith("random:") or spec == "random":
-        return ResolvedModel(kind="random", random=_parse_random(spec, section))
+        return ModelSpec(kind="random", random=_parse_random(spec, section))
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         return _gguf(path, section)
     if path.is_dir():
-        return ResolvedModel(kind="dir", path=str(path.resolve()))
+        return ModelSpec(kind="dir", path=str(path.resolve()))
     if spec.startswith(("/", ".", "~")) or spec.count("/") != 1:
         raise ConfigError(f"[{section}] model {spec!r}: no such file or directory")
-    return ResolvedModel(kind="hub", path=spec)
+    return ModelSpec(kind="hub", path=spec)
 
 
-def _gguf(path: Path, section: str) -> ResolvedModel:
+def _gguf(path: Path, section: str) -> ModelSpec:
     if not path.is_file():
         raise ConfigError(f"[{section}] model file not found: {path}")
     path = path.resolve()
-    return ResolvedModel(kind="gguf", path=str(path.parent), gguf_file=path.name, cache_dir=_cache_dir(path))
+    return ModelSpec(kind="gguf", path=str(path.parent), gguf_file=path.name, cache_dir=_cache_dir(path))
 
 
 def _cache_dir(path: Path) -> str:

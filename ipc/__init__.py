@@ -1,4 +1,6 @@
-"""Transport between hetspec's processes: message schema, zmq channels, shared memory.
+"""Transport between hetspec's processes: message schema, zmq channels, shared
+memory, and the typed specs a worker is started with.
 
-Imports neither hetspec nor workers: it is the only thing they share.
+Installed as hetspec.ipc. It imports only hetspec.core (the parameter types that
+messages carry), never the engine side or the workers.
 """

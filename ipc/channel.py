@@ -1,4 +1,4 @@
-"""zmq sockets that carry ipc.messages, with timeouts instead of blocking forever.
+"""zmq sockets that carry hetspec.ipc.messages, with timeouts instead of blocking forever.
 
 A Channel is one end of a one-to-one link (DEALER to DEALER: either side may
 send at any time). A Router is the scheduler's side of the client link, where
@@ -11,7 +11,7 @@ import stat
 
 import zmq
 
-from ipc.messages import decode, encode
+from hetspec.ipc.messages import decode, encode
 
 
 def make_runtime_dir(path: str) -> str:

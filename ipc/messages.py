@@ -1,13 +1,17 @@
 """Every message that crosses a process boundary, as a plain dataclass.
 
 A message travels as two zmq frames: a one-byte type tag and a small JSON
-header. Anything large (token windows, draft branches, probability rows)
+header (nested dataclasses, such as SamplingParams, as JSON objects). Anything large (token windows, draft branches, probability rows)
 travels in shared memory (ipc/shm.py); a message only says where to look.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field, fields
+
+from hetspec.core.params import SamplingParams
 
 # ---- worker lifecycle (scheduler <-> draft and target workers) -------------
 
@@ -57,50 +61,64 @@ class Shutdown:
 # ---- draft worker ----------------------------------------------------------
 
 @dataclass
-class DraftCommand:
-    """Draft after the `context_len` tokens in the draft's context buffer.
-
-    speculative=True: the next window of the pipeline; its first token is left
-    to the target, so the draft proposes up to `sequences` branches, each
-    starting with a different candidate first token. speculative=False: one
-    ordinary draft sequence (sequential decoding)."""
+class PrefillDraft:
+    """Bring the draft's cache up to date with the `context_len` tokens in its
+    context buffer, drafting nothing. Answered by Prefilled."""
     request_id: int
     context_len: int
-    n_tokens: int
-    speculative: bool
-    sequences: int | str       # an integer, or "dynamic"
-    max_sequences: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int
-    slot: int                  # which half of the double-buffered output to write
-    acceptance: float = 0.8    # the request's per-token acceptance so far: sizes dynamic branches
+    seed: int                  # the request's: the draft's random stream for its windows
     reuse_cache: bool = True   # False: evaluate the whole context afresh (no prefix kept from before)
-    borrow_cores: bool = False  # run on the target's cores as well (a prefill while the target waits)
-    extend_to: int = 0         # > n_tokens: after replying, keep extending the likeliest branch up to
-                               # this many tokens, one DraftExtended each, until the next message arrives
-    command: int = 0           # numbers the command, so a late DraftExtended is recognised as stale
-    kv_length: int = 0         # > 0: first take the cache of the context's first kv_length tokens from the
-                               # shared "kv" buffer (the target's, ExportKV), and evaluate only the rest
+    borrow_cores: bool = False  # run on the target's cores as well, the target waiting
+    kv_length: int = 0         # > 0: first take the cache of the first kv_length tokens from the shared
+                               # "kv" buffer (the target's, see ExportKV), and evaluate only the rest
+
+
+@dataclass
+class Prefilled:
+    request_id: int
+    seconds: float
+
+
+@dataclass
+class BranchPlan:
+    """How a pipelined window branches: its first token is the target's to choose
+    (it comes out of the verify pass running meanwhile), so the draft proposes up
+    to `max_sequences` branches, each starting with a different candidate."""
+    sequences: int | str       # a number, or "dynamic" (hetspec.core.branches)
+    max_sequences: int
+    acceptance: float          # the request's per-token acceptance so far: sizes dynamic branches
+    extend_to: int = 0         # > n_tokens: after replying, keep growing the likeliest branch up to this
+                               # many tokens, one DraftExtended each, until the next message arrives
+
+
+@dataclass
+class DraftWindow:
+    """Draft `n_tokens` after the `context_len` tokens in the context buffer into
+    output slot `slot`: one plain sequence, or with `branches` the pipeline's next
+    window. Answered by Drafted."""
+    request_id: int
+    command: int               # numbers the command, so a late DraftExtended is recognised as stale
+    context_len: int
+    n_tokens: int
+    params: SamplingParams
+    slot: int                  # which half of the double-buffered output to write
+    branches: BranchPlan | None = None
 
 
 @dataclass
 class Drafted:
-    """Branch lengths, in slot order: the likeliest branch is the last one, so an
-    extension (DraftExtended) grows the end of the slot. Tokens and probability
-    rows are in the output slot."""
+    """Branch lengths in slot order (hetspec.core.branches.to_slot); tokens and,
+    when sampling, probability rows are in the output slot."""
     request_id: int
     slot: int
     lengths: list[int]
     seconds: float
-    forward_passes: int
 
 
 @dataclass
 class DraftExtended:
-    """The likeliest branch of command `command` grew by one token while the
-    draft waited for its next command: `total` tokens are now in the slot,
+    """The likeliest (last) branch of command `command` grew by one token while
+    the draft waited for its next command: `total` tokens are now in the slot,
     drafted in `seconds` since the command arrived."""
     command: int
     slot: int
@@ -137,9 +155,7 @@ class VerifyCommand:
     keep: int
     n_tokens: int
     rows: int                    # how many trailing positions need an answer
-    temperature: float
-    top_p: float
-    top_k: int
+    params: SamplingParams
     borrow_cores: bool = False   # use the draft's cores too (prompt prefill)
 
 
@@ -178,19 +194,13 @@ class TargetCalibration:
 
 @dataclass
 class GenerateRequest:
+    """A prompt (text or token ids) or chat messages, and the request's parameters
+    as a SamplingParams dict: the scheduler builds (and so checks) them itself, and
+    can name the request in its answer however a client filled them."""
     request_id: int
     prompt: str | list[int] | None = None
     messages: list[dict] | None = None
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] | None = None
-    mode: str = "duodec"
-    gamma: int | None = None
-    sequences: int | str | None = None
-    cache_prompt: bool = True     # the draft may reuse its cache of an earlier request's matching prefix
+    params: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -213,7 +223,7 @@ class Finished:
 @dataclass
 class RequestFailed:
     request_id: int
-    kind: str                 # see hetspec.errors.ERROR_KINDS
+    kind: str                 # see hetspec.core.errors.ERROR_KINDS
     message: str
 
 
@@ -234,20 +244,16 @@ class StopEngine:
 
 _TYPES = [
     WorkerHello, WorkerFailed, AttachBuffers, Attached, Shutdown,
-    DraftCommand, Drafted, CalibrateDraft, DraftCalibration,
-    VerifyCommand, Verified, CalibrateTarget, TargetCalibration,
+    PrefillDraft, Prefilled, DraftWindow, Drafted, DraftExtended, Idle, CalibrateDraft, DraftCalibration,
+    VerifyCommand, Verified, ExportKV, KVExported, CalibrateTarget, TargetCalibration,
     GenerateRequest, TokensEvent, Finished, RequestFailed, InfoRequest, EngineInfo, StopEngine,
-    DraftExtended, Idle,   # appended: the tags of the others stay as they were
-    ExportKV, KVExported,
 ]
 _TAG_OF = {cls: bytes([i]) for i, cls in enumerate(_TYPES)}
 _CLASS_OF = {tag: cls for cls, tag in _TAG_OF.items()}
-_FIELD_NAMES = {cls: frozenset(f.name for f in fields(cls)) for cls in _TYPES}
 
 
 def encode(message) -> list[bytes]:
-    # Every field is a plain value (no nested dataclass): the instance dict is the message.
-    return [_TAG_OF[type(message)], json.dumps(vars(message)).encode()]
+    return [_TAG_OF[type(message)], json.dumps(dataclasses.asdict(message)).encode()]
 
 
 def decode(frames: list[bytes]):
@@ -257,7 +263,28 @@ def decode(frames: list[bytes]):
     values = json.loads(frames[1])
     if not isinstance(values, dict):
         raise TypeError(f"malformed {cls.__name__}: not a JSON object")
-    unexpected = values.keys() - _FIELD_NAMES[cls]
+    return build(cls, values)
+
+
+def build(cls, values: dict):
+    """A dataclass from its JSON fields, nested dataclasses (SamplingParams, BranchPlan) included."""
+    names = {f.name for f in fields(cls)}
+    unexpected = values.keys() - names
     if unexpected:
         raise ValueError(f"malformed {cls.__name__}: unexpected fields {sorted(unexpected)}")
+    for name, kind in _nested(cls).items():
+        if isinstance(values.get(name), dict):
+            values[name] = build(kind, values[name])
     return cls(**values)
+
+
+def _nested(cls) -> dict[str, type]:
+    """Fields whose type is (or may be) a dataclass, by name."""
+    if cls not in _NESTED:
+        hints = typing.get_type_hints(cls)
+        _NESTED[cls] = {name: kind for name, hint in hints.items()
+                        for kind in (typing.get_args(hint) or (hint,)) if dataclasses.is_dataclass(kind)}
+    return _NESTED[cls]
+
+
+_NESTED: dict[type, dict[str, type]] = {}

@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random models (no files) and engines built on them."""
 import numpy as np
 import pytest
+
 from helpers import TARGET, load_reference
 
 

@@ -2,7 +2,7 @@
 import torch
 
 from hetspec.models import resolve_model
-from workers.hf_loading import load_causal_lm
+from hetspec.workers.target.hf_loading import load_causal_lm
 
 TARGET = "random:seed=0"
 WEAK_DRAFT = "random:seed=1"          # a different random model: disagrees often
@@ -14,7 +14,7 @@ def random_engine_config(draft=TARGET, target=TARGET, **decoding):
 
 
 def load_reference(spec: str):
-    return load_causal_lm(resolve_model(spec).to_dict(), "float32", "cpu")
+    return load_causal_lm(resolve_model(spec), "float32", "cpu")
 
 
 def reference_greedy(model, prompt_ids, max_new_tokens):

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hetspec.acceptance import accept_greedy, accept_sampled, sample
+from hetspec.core.acceptance import accept_greedy, accept_sampled, sample
 
 
 def test_greedy_all_accepted_gives_bonus():

@@ -23,8 +23,8 @@ import zmq
 import hetspec
 import hetspec.client
 from hetspec import ConfigError, EngineStartError, RequestError
-from ipc.channel import Channel
-from ipc.messages import Finished, GenerateRequest, RequestFailed, Shutdown, TokensEvent, encode
+from hetspec.ipc.channel import Channel
+from hetspec.ipc.messages import Finished, GenerateRequest, RequestFailed, Shutdown, TokensEvent, encode
 
 DRAFT = "random:seed=1"
 TARGET = "random:seed=0"
@@ -76,6 +76,7 @@ BAD_REQUESTS = {
     "prompt-longer-than-context-ids": ({"prompt": [7] * 100}, rf"100 tokens.*{MAX_CONTEXT}"),
     "prompt-exactly-context": ({"prompt": [7] * MAX_CONTEXT}, rf"{MAX_CONTEXT} tokens.*context holds {MAX_CONTEXT}"),
     "max-new-tokens-zero": (hello(max_new_tokens=0), r"max_new_tokens.*got 0"),
+    "unknown-keyword": (hello(temprature=0.5), r"unknown parameter\(s\) 'temprature'; known: .*temperature"),
     "max-new-tokens-negative": (hello(max_new_tokens=-5), r"max_new_tokens.*got -5"),
     "max-new-tokens-float": (hello(max_new_tokens=2.5), r"max_new_tokens.*got 2\.5"),
     "temperature-negative": (hello(temperature=-0.5), r"temperature.*got -0\.5"),
@@ -152,8 +153,11 @@ def raw_exchange(endpoint: str, frames: list[bytes], timeout_s: float = 30.0):
 
 
 def raw_request(endpoint: str, **fields):
-    values = {"request_id": 77, "prompt": "hello", "max_new_tokens": 4, **fields}
-    return raw_exchange(endpoint, encode(GenerateRequest(**values)))
+    """A GenerateRequest as any client could send it: parameters unchecked."""
+    message, params = {"request_id": 77, "prompt": "hello", "messages": None}, {"max_new_tokens": 4}
+    for key, value in fields.items():
+        (message if key in message else params)[key] = value
+    return raw_exchange(endpoint, encode(GenerateRequest(**message, params=params)))
 
 
 RAW_BAD = {
@@ -167,6 +171,7 @@ RAW_BAD = {
     "top-p-zero": ({"top_p": 0.0}, r"top_p"),
     "top-p-above-one": ({"top_p": 1.5}, r"top_p"),
     "unknown-mode": ({"mode": "turbo"}, r"unknown mode 'turbo'"),
+    "unknown-parameter": ({"tempreature": 0.5}, r"unknown parameter\(s\) 'tempreature'; known: .*temperature"),
     "messages-not-a-list": ({"prompt": None, "messages": "hi"}, r"messages must be"),
 }
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from benchmarks.checks import check_results
-from benchmarks.methods import METHODS
+from hetspec.benchmarks.checks import check_results
+from hetspec.benchmarks.methods import METHODS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -21,7 +21,7 @@ NEW_TOKENS = 8
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    command = [sys.executable, "-m", "benchmarks.cli", "--limit", "1", "--categories", "qa", "--methods", "all",
+    command = [sys.executable, "-m", "hetspec.benchmarks.cli", "--limit", "1", "--categories", "qa", "--methods", "all",
                "--max-new-tokens", str(NEW_TOKENS), "--out", str(out), "--quiet"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=540, check=False)
     assert done.returncode == 0, f"hetspec-bench failed ({done.returncode}):\n{done.stderr[-3000:]}"
@@ -77,7 +77,7 @@ def test_results_json_schema(smoke):
 # ---- the checks themselves, on a synthetic document (no models, instant) -----------
 
 def _synthetic_doc() -> dict:
-    from benchmarks.metrics import aggregate
+    from hetspec.benchmarks.metrics import aggregate
 
     def run(method, decoding, seconds, **extra):
         return {"method": method, "category": "qa", "question_id": 1, "decoding": decoding, "prompt_tokens": 10,
@@ -96,8 +96,8 @@ def _synthetic_doc() -> dict:
 
 
 def test_engine_stat_disagreement_is_a_warning():
-    from benchmarks.checks import engine_stat_warnings
-    from benchmarks.metrics import aggregate
+    from hetspec.benchmarks.checks import engine_stat_warnings
+    from hetspec.benchmarks.metrics import aggregate
 
     doc = _synthetic_doc()      # the engine counted a token past the end (EOS or the length limit)
     doc["runs"][2].update(accepted=3, engine_committed_in_spec_rounds=4)
@@ -125,7 +125,7 @@ def test_checks_pass_a_consistent_document():
     (lambda r: r.update(error="RequestError: boom"), "failed: RequestError: boom"),
 ])
 def test_checks_catch_inconsistencies(damage, message):
-    from benchmarks.metrics import aggregate
+    from hetspec.benchmarks.metrics import aggregate
 
     doc = _synthetic_doc()
     damage(doc["runs"][2])

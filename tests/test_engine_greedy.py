@@ -3,9 +3,10 @@
 budget and branch count, with a draft that always agrees and one that rarely does
 (and keeps drafting while the target verifies)."""
 import pytest
-from helpers import TARGET, WEAK_DRAFT, explain_mismatch, load_reference, random_engine_config, reference_greedy
 
 import hetspec
+
+from helpers import TARGET, WEAK_DRAFT, explain_mismatch, load_reference, random_engine_config, reference_greedy
 
 PROMPTS = [[1, 2, 3, 4, 5], list(range(100, 140)), [7]]
 SETTINGS = [dict(mode="target"), dict(mode="sequential", gamma=3), dict(mode="duodec", gamma=1),

@@ -4,10 +4,11 @@ makes a request reproducible."""
 import numpy as np
 import pytest
 import torch
-from helpers import load_reference, random_engine_config
 
 import hetspec
-from workers.sampling import probabilities
+from hetspec.core.sampling import probabilities
+
+from helpers import load_reference, random_engine_config
 
 VOCAB = 8
 TARGET = f"random:vocab={VOCAB},seed=0"

@@ -1,17 +1,22 @@
 """The GGUF block kernels rebuild every weight exactly and multiply like torch,
 and a GGUF target takes them only where its weights are the blocks' values."""
 import copy
+import re
+from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 import torch
 
+from hetspec.core.gguf_formats import BLOCK, GGML_TYPES, KERNEL_FORMATS
 from hetspec.models import resolve_model
-from workers.gguf_kernels import FORMATS, KernelUnavailable, load
-from workers.gguf_linear import MAX_ROWS, GGUFLinear, attach_gguf_blocks
-from workers.gguf_tensors import read_tensors
-from workers.hf_loading import load_causal_lm
+from hetspec.workers.kernels.gguf_kernels import FORMATS, KernelUnavailable, load
+from hetspec.workers.kernels.gguf_tensors import read_tensors
+from hetspec.workers.target.gguf_linear import MAX_ROWS, GGUFLinear, attach_gguf_blocks
+from hetspec.workers.target.hf_loading import load_causal_lm
+
+HEADER = Path(__file__).resolve().parent.parent / "workers" / "kernels" / "formats.h"
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +63,24 @@ def test_products_match_torch_for_every_window_size(kernels, fmt):
         assert ((kernels.matmul(fmt, x, blocks, rows) - want).abs() <= bound).all()
 
 
+def test_python_and_c_agree_on_the_block_formats():
+    """hetspec.core.gguf_formats and workers/kernels/formats.h describe the same formats."""
+    constants = {name: int(value) for name, value in re.findall(r"\b([A-Z][A-Z0-9_]*) = (\d+)", HEADER.read_text())}
+    assert {name: constants[f"FMT_{name}"] for name in KERNEL_FORMATS} == {n: f.code for n, f in KERNEL_FORMATS.items()}
+    assert {name: constants[f"{name}_BYTES"] for name in KERNEL_FORMATS} == {
+        n: f.block_bytes for n, f in KERNEL_FORMATS.items()}
+    assert sorted(k for k in constants if k.startswith("FMT_")) == sorted(f"FMT_{n}" for n in KERNEL_FORMATS)
+    assert constants["BLOCK"] == BLOCK
+
+
+def test_the_ggml_type_table_matches_gguf():
+    for code, (name, per_block, block_bytes) in GGML_TYPES.items():
+        kind = gguf.GGMLQuantizationType(code)
+        assert kind.name == name
+        assert gguf.GGML_QUANT_SIZES[kind] == (per_block, block_bytes)
+    assert all(GGML_TYPES[gguf.GGMLQuantizationType[name]].per_block == BLOCK for name in KERNEL_FORMATS)
+
+
 def test_a_row_length_of_partial_blocks_is_refused(kernels):
     with pytest.raises(ValueError, match="refused a Q8_0 product"):
         kernels.matmul("Q8_0", torch.zeros(1, 40), np.zeros((2, 68), np.uint8), 2)
@@ -89,7 +112,7 @@ def test_tensor_index_matches_gguf_reader():
 @pytest.mark.integration
 def test_smollm2_target_verifies_from_its_blocks(kernels):
     spec = resolve_model("builtin:smollm2")
-    plain = load_causal_lm(spec.to_dict())
+    plain = load_causal_lm(spec)
     swapped = copy.deepcopy(plain)
     with torch.no_grad():                      # one layer no longer holds its blocks' values exactly
         layer = swapped.model.layers[3].mlp.up_proj.weight

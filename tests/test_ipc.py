@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import zmq
 
-from ipc import messages
-from ipc.channel import Channel, Router, ipc_endpoint, make_runtime_dir
-from ipc.shm import SharedArray, new_run_id, remove_leftovers, segment_name
+from hetspec.ipc import messages
+from hetspec.ipc.channel import Channel, Router, ipc_endpoint, make_runtime_dir
+from hetspec.ipc.shm import SharedArray, new_run_id, remove_leftovers, segment_name
 
 
 def _example(cls):
@@ -66,7 +66,7 @@ def test_shared_array_is_seen_by_another_process_and_unlinked_by_its_owner():
     owner.array[:] = np.arange(32).reshape(4, 8)
     name, shape, dtype = owner.spec()
     code = (
-        "import sys, numpy as np; from ipc.shm import SharedArray\n"
+        "import sys, numpy as np; from hetspec.ipc.shm import SharedArray\n"
         f"a = SharedArray.attach({name!r}, {shape!r}, {dtype!r})\n"
         "a.array[0, 0] = -1.0; print(float(a.array.sum())); a.close()\n"
     )
@@ -83,7 +83,7 @@ def test_shared_array_is_seen_by_another_process_and_unlinked_by_its_owner():
 def test_leftovers_of_a_crashed_owner_are_removed():
     run_id = new_run_id()
     code = (
-        "from ipc.shm import SharedArray; import numpy as np, os\n"
+        "from hetspec.ipc.shm import SharedArray; import numpy as np, os\n"
         "from multiprocessing import resource_tracker\n"
         f"a = SharedArray.create('{segment_name(run_id, 'x')}', (16,), np.int32)\n"
         "resource_tracker.unregister(a._shm._name, 'shared_memory')\n"   # as if the tracker died too

@@ -1,4 +1,4 @@
-"""The draft taking the target's cache of a prompt (workers/llama_kv_state.py),
+"""The draft taking the target's cache of a prompt (workers/draft/llama_kv_state.py),
 with the real SmolLM2 and Gemma 3 pairs: the state format round-trips through
 llama.cpp byte for byte (Gemma 3's with its two caches, full-attention and
 sliding-window), the target's cache stands in for the draft's own prefill,
@@ -12,12 +12,12 @@ import torch
 
 import hetspec
 from hetspec.models import resolve_model
-from hetspec.tokenizer import Tokenizer
-from workers.gguf_conversion import convert_gguf
-from workers.hf_loading import load_causal_lm
-from workers.kv_model import KVModel
-from workers.llama_cpp_model import LlamaCppModel
-from workers.llama_kv_state import ROPE_NEOX, ROPE_NORM, build_state, read_layout, to_llama_order
+from hetspec.scheduler.tokenizer import Tokenizer
+from hetspec.workers.draft.gguf_conversion import convert_gguf
+from hetspec.workers.draft.llama_cpp import LlamaCppModel
+from hetspec.workers.draft.llama_kv_state import ROPE_NEOX, ROPE_NORM, build_state, read_layout, to_llama_order
+from hetspec.workers.target.hf_loading import load_causal_lm
+from hetspec.workers.target.kv_model import KVModel
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +81,7 @@ def test_built_state_round_trips_through_llama_cpp(model, request):
 def test_target_cache_stands_in_for_the_draft_prefill(name, model, geometry, request):
     draft = request.getfixturevalue(model)
     resolved = resolve_model(f"builtin:{name}")
-    target = KVModel(load_causal_lm(resolved.to_dict(), "float32", "cpu"))
+    target = KVModel(load_causal_lm(resolved, "float32", "cpu"))
     # Gemma 3: 3 full-attention layers of 18, handed over first, as llama.cpp keeps them
     assert target.geometry() == draft.kv_geometry() == geometry
     for text in (LONG_CHAT, "What is the capital of France?"):

@@ -3,11 +3,27 @@ including Gemma 3's sliding-window layers once the window is full."""
 import numpy as np
 import pytest
 import torch
+
+from hetspec.core.params import SamplingParams
+from hetspec.ipc.messages import BranchPlan
+from hetspec.ipc.specs import ModelSpec
+from hetspec.workers.draft.drafter import Drafter
+from hetspec.workers.draft.torch_model import TorchDraftModel
+from hetspec.workers.target import kv_cache
+from hetspec.workers.target.kv_model import KVModel
+
 from helpers import load_reference
 
-from workers.drafting import Drafter, DraftParams
-from workers.kv_model import KVModel
-from workers.torch_draft_model import TorchDraftModel
+GREEDY = SamplingParams()
+
+
+class CountingModel(TorchDraftModel):
+    """Counts forward passes, to check what the drafter re-runs."""
+    passes = 0
+
+    def forward(self, tokens, pos):
+        self.passes += 1
+        return super().forward(tokens, pos)
 
 
 @pytest.mark.parametrize("spec", ["random:seed=3", "random:arch=gemma3,window=8,layers=4,seed=3"])
@@ -43,23 +59,24 @@ def _greedy_chain(spec, context, n):
 
 def test_drafter_syncs_by_longest_common_prefix():
     spec = "random:seed=4"
-    drafter = Drafter(TorchDraftModel({"kind": "random", "random": _spec(4)}), 256)
-    params = DraftParams(5, False, 1, 1, 0.0, 1.0, 0)
+    model = CountingModel(ModelSpec("random", random=_spec(4)))
+    drafter = Drafter(model, 256)
     context = np.arange(10, 30, dtype=np.int32)
-    first = drafter.draft(context, params).branches[0]
+    first = drafter.draft(context, 5, GREEDY).branches[0]
     assert first == _greedy_chain(spec, context.tolist(), 5)
     # the scheduler's context diverges from what the draft cached: it must re-run only the tail
     changed = np.concatenate([context[:12], [7, 8, 9]]).astype(np.int32)
-    out = drafter.draft(changed, params)
+    model.passes = 0
+    out = drafter.draft(changed, 5, GREEDY)
     assert out.branches[0] == _greedy_chain(spec, changed.tolist(), 5)
-    assert out.forward_passes == 5        # one pass re-runs the changed tail, then one per new token
+    assert model.passes == 5              # one pass re-runs the changed tail, then one per new token
 
 
 def test_speculative_branches_start_with_top_candidates():
     spec = "random:seed=5"
-    drafter = Drafter(TorchDraftModel({"kind": "random", "random": _spec(5)}), 256)
+    drafter = Drafter(TorchDraftModel(ModelSpec("random", random=_spec(5))), 256)
     context = np.arange(40, 60, dtype=np.int32)
-    out = drafter.draft(context, DraftParams(9, True, 3, 4, 0.0, 1.0, 0))
+    out = drafter.draft(context, 9, GREEDY, BranchPlan(3, 4, 0.8))
     assert [len(b) for b in out.branches] == [3, 3, 3]
     first_logits = KVModel(load_reference(spec)).forward(context.tolist(), 0)[-1]
     top3 = torch.argsort(first_logits, descending=True)[:3].tolist()
@@ -77,9 +94,9 @@ def _spec(seed):
 
 def test_extension_continues_the_likeliest_branch():
     spec = "random:seed=5"
-    drafter = Drafter(TorchDraftModel({"kind": "random", "random": _spec(5)}), 256)
+    drafter = Drafter(TorchDraftModel(ModelSpec("random", random=_spec(5))), 256)
     context = np.arange(40, 60, dtype=np.int32)
-    out = drafter.draft(context, DraftParams(6, True, 2, 4, 0.0, 1.0, 0))
+    out = drafter.draft(context, 6, GREEDY, BranchPlan(2, 4, 0.8))
     likeliest = list(out.branches[0])
     grown = [token for token, _ in drafter.extend(len(likeliest) + 3)]
     assert len(grown) == 3
@@ -92,8 +109,6 @@ def test_growing_cache_computes_what_transformers_cache_does(spec):
     """Same logits, bit for bit, as transformers' own DynamicCache, through growth
     past the first buffer, rollbacks, and passes of one and several tokens."""
     from transformers import DynamicCache
-
-    from workers import kv_cache
 
     rng = np.random.default_rng(1)
     ours, theirs = KVModel(load_reference(spec)), KVModel(load_reference(spec))

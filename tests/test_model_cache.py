@@ -1,5 +1,5 @@
 """The transformers form of a GGUF file, kept after the first load (hetspec/models.py,
-workers/hf_loading.py, hetspec/tokenizer.py): the kept copy is the same model and
+workers/target/hf_loading.py, hetspec/scheduler/tokenizer.py): the kept copy is the same model and
 tokenizer, a damaged one is rebuilt, and HETSPEC_CACHE=off keeps nothing."""
 import os
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hetspec.models import resolve_model
-from hetspec.tokenizer import Tokenizer
-from workers.hf_loading import eos_token_ids, load_causal_lm
+from hetspec.scheduler.tokenizer import Tokenizer
+from hetspec.workers.target.hf_loading import eos_token_ids, load_causal_lm
 
 pytestmark = pytest.mark.integration
 
@@ -16,7 +16,7 @@ TEXT = "The three primary colours are"
 
 
 def _run(model):
-    lm = load_causal_lm(model.to_dict(), "float32")
+    lm = load_causal_lm(model, "float32")
     tokenizer = Tokenizer(model)
     ids = tokenizer.encode_chat([{"role": "user", "content": TEXT}])
     with torch.inference_mode():

@@ -1,4 +1,4 @@
-"""The native draft (workers/native_draft.c) with the real SmolLM2 and Gemma 3
+"""The native draft (workers/kernels/native_draft.c) with the real SmolLM2 and Gemma 3
 GGUF files: it follows the float32 target's greedy path, rewinds and takes the
 target's prompt cache like llama.cpp's draft (Gemma's sliding-window layers
 past their window too), refuses what it cannot run, and the draft worker then
@@ -9,13 +9,14 @@ import pytest
 import torch
 
 import hetspec
+from hetspec.ipc.specs import DraftSpec
 from hetspec.models import resolve_model
-from hetspec.tokenizer import Tokenizer
-from workers.draft_worker import DraftState
-from workers.gguf_tensors import GGUFTensor
-from workers.hf_loading import load_causal_lm
-from workers.kv_model import KVModel
-from workers.native_draft import NativeDraftModel, Unsupported, _as_q8_0
+from hetspec.scheduler.tokenizer import Tokenizer
+from hetspec.workers.draft.native import NativeDraftModel, Unsupported, _as_q8_0
+from hetspec.workers.draft.worker import DraftState
+from hetspec.workers.kernels.gguf_tensors import GGUFTensor
+from hetspec.workers.target.hf_loading import load_causal_lm
+from hetspec.workers.target.kv_model import KVModel
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +33,7 @@ def smollm2():
 def target_path(smollm2):
     """The float32 target's prompt, its greedy continuation, its logits along it and its prompt cache."""
     torch.set_num_threads(2)
-    kv = KVModel(load_causal_lm(smollm2.to_dict(), "float32"))
+    kv = KVModel(load_causal_lm(smollm2, "float32"))
     prompt = [int(t) for t in Tokenizer(smollm2).encode_chat(CHAT)]
     logits = [kv.forward(prompt, 0)[-1]]
     tokens = []
@@ -128,9 +129,8 @@ def test_another_architecture_is_refused(tmp_path):
 
 def test_without_a_compiler_the_worker_falls_back_to_llama_cpp(smollm2, tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "no-such-compiler")
-    state = DraftState({"backend": "native", "model": smollm2.to_dict(), "cores": [0], "threads": 1, "n_ctx": 256,
-                        "weights": "as-is", "prefill_weights": "same", "prompt_kv": "own",
-                        "scratch_dir": str(tmp_path)})
+    state = DraftState(DraftSpec(backend="native", model=smollm2, cores=[0], threads=1, n_ctx=256,
+                                 scratch_dir=str(tmp_path)))
     assert state.backend == "llama.cpp"
     assert state.kernels.startswith("llama.cpp, weights as-is (no native draft: no C compiler ('no-such-compiler')")
     assert state.model.forward([1, 100], 0).shape == (state.model.n_vocab,)
@@ -163,7 +163,7 @@ def gemma_run(tmp_path_factory):
     the native draft of the same file."""
     gemma = resolve_model("builtin:gemma3-270m")
     torch.set_num_threads(2)
-    kv = KVModel(load_causal_lm(gemma.to_dict(), "float32"))
+    kv = KVModel(load_causal_lm(gemma, "float32"))
     sentence = "the river carried salt and timber past the old mill every spring while the town slept "
     prompt = [int(t) for t in Tokenizer(gemma).encode_prompt(sentence * (LONG // 10))][:LONG]
     logits = [kv.forward(prompt, 0)[-1]]

@@ -1,15 +1,17 @@
-"""The native draft's matrix-vector product (workers/native_draft.c, hs_matvec)
+"""The native draft's matrix-vector product (workers/kernels/native_draft.c, hs_matvec)
 against float64, for every block format it reads, with block counts that are
 odd (a last 4-bit block without a partner for the two-block steps) and row
 counts that do not fill its four-row tiles. The only error allowed is the one
 of rounding the activations to int16 per block, plus float32 summation."""
 import ctypes
+import os
+import shutil
 
 import numpy as np
 import pytest
 
-from workers.native_build import KernelUnavailable, built
-from workers.native_draft import FORMATS, SOURCE, _Mat
+from hetspec.workers.draft.native import FORMATS, SOURCE, _Mat
+from hetspec.workers.kernels.build import KernelUnavailable, _build_key, built
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +64,15 @@ def test_matvec_is_the_product_up_to_rounding_the_activations(library, fmt, rows
     summation = 1e-5 * np.abs(weights) @ np.abs(x.astype(np.float64))
     assert np.all(np.abs(y - want) <= rounding + summation), np.abs(y - want) / (rounding + summation)
     assert np.abs(y - want).max() > 0   # not vacuous: float32 and the rounding show
+
+
+def test_a_changed_header_builds_afresh(tmp_path):
+    """The cached library's name covers the headers the C file includes (formats.h)."""
+    folder = tmp_path / "kernels"
+    shutil.copytree(os.path.dirname(SOURCE), folder, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    source = str(folder / "native_draft.c")
+    before = _build_key(source, "cc")
+    assert _build_key(source, "cc") == before
+    with open(folder / "formats.h", "a") as f:
+        f.write("/* changed */\n")
+    assert _build_key(source, "cc") != before

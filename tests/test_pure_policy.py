@@ -2,13 +2,21 @@
 import numpy as np
 import pytest
 
-from hetspec.acceptance_prior import AcceptancePrior
-from hetspec.branches import pick_branch, split_branches
-from hetspec.budget import CostModel, choose_gamma, interpolate, monotone, restart_length, sequential_gamma
-from hetspec.decoding import Policy, Stats
-from hetspec.worker_links import Sampling
-from workers.multi_sequence import allocate_budget, count_sequences, first_tokens, split_budget
-from workers.sampling import probabilities
+from hetspec.core.branches import (
+    allocate_budget,
+    count_sequences,
+    first_tokens,
+    from_slot,
+    pick_branch,
+    split_budget,
+    to_slot,
+)
+from hetspec.core.params import SamplingParams
+from hetspec.core.sampling import probabilities
+from hetspec.scheduler.acceptance_prior import AcceptancePrior
+from hetspec.scheduler.budget import CostModel, choose_gamma, interpolate, monotone, restart_length, sequential_gamma
+from hetspec.scheduler.decoder import Request
+from hetspec.scheduler.stats import Stats
 
 
 def test_gamma_balances_draft_against_verify():
@@ -100,8 +108,11 @@ def test_first_tokens_of_a_top_p_distribution():
 
 
 def test_branch_choice_by_target_token():
-    branches = split_branches(np.array([5, 6, 7, 9, 1, 2]), [3, 3])
+    branches = from_slot(np.array([5, 6, 7, 9, 1, 2]), [3, 3])
     assert [b.tolist() for b in branches] == [[5, 6, 7], [9, 1, 2]]
+    assert [b.tolist() for b in from_slot(np.array([5, 6, 7, 9, 1, 2, 4]), [3, 3], grown_to=7)] == \
+        [[5, 6, 7], [9, 1, 2, 4]]                        # the last (likeliest) branch grew after the reply
+    assert to_slot([[1], [2], [3]]) == [[3], [2], [1]]   # the drafter's likeliest-first order, reversed
     assert pick_branch(branches, 9) == 1
     assert pick_branch(branches, 5) == 0
     assert pick_branch(branches, 4) is None
@@ -187,8 +198,8 @@ def test_sps_gamma_minimises_time_per_token():
 
 
 def test_acceptance_prior_learns_from_earlier_requests_of_its_kind():
-    greedy = Policy("sequential", 4, 1, 3, Sampling(0.0, 1.0, 0), seed=1)
-    seeded = Policy("duodec", 4, 1, 3, Sampling(0.7, 0.9, 0), seed=1, seeded=True)
+    greedy = Request(0, SamplingParams(mode="sequential", seed=1), 4, 1, seeded=False, rebalance=False)
+    seeded = Request(0, SamplingParams(temperature=0.7, top_p=0.9, seed=1), 4, 1, seeded=True, rebalance=False)
     history = AcceptancePrior()
     assert history.prior(greedy) == 0.8                      # nothing seen yet
     history.learn(greedy, Stats(accepted=200, rejections=2))  # 99% of 202 tokens
@@ -199,5 +210,5 @@ def test_acceptance_prior_learns_from_earlier_requests_of_its_kind():
     assert Stats(prior=0.99).acceptance == pytest.approx(0.99)
     history.learn(seeded, Stats(accepted=10, rejections=90))
     assert history.prior(seeded) == 0.8                      # a seeded run neither learns nor is taught
-    unseeded = Policy("duodec", 4, 1, 3, Sampling(0.7, 0.9, 0), seed=1)
+    unseeded = Request(0, SamplingParams(temperature=0.7, top_p=0.9, seed=1), 4, 1, seeded=False, rebalance=False)
     assert history.prior(unseeded) == 0.8                    # sampling keeps its own history

@@ -1,4 +1,4 @@
-"""The worker processes: one draft model, one target model, each in its own process.
-
-They know nothing of the scheduler's code; they answer ipc.messages.
+"""The worker processes, installed as hetspec.workers: the draft, the target,
+their kernels, and the process plumbing both share. They talk to the scheduler
+only through hetspec.ipc messages and never import the engine side.
 """

@@ -1,10 +1,10 @@
 """pytest-benchmark micro-benchmarks of what one DuoDecoding round is made of.
 
-    /work/venv/bin/pytest benchmarks/micro --benchmark-only          (or: pytest benchmarks/micro)
+    .venv/bin/python -m pytest benchmarks/micro --benchmark-only          (or: pytest benchmarks/micro)
 
 - test_ipc.py         one IPC round trip (zmq + shared memory) with a peer process:
                       a token window, and vocabulary-sized probability rows
-- test_draft_step.py  one draft step (llama.cpp, one token, 1 thread)
+- test_draft_step.py  one draft step (the configured backend, one token, 1 thread)
 - test_verify.py      one verify pass of the target (1 token and gamma + 1 tokens, 1 thread)
 - test_round.py       one whole round through the real workers: verify and draft at once,
                       then acceptance and branch choice in the scheduler

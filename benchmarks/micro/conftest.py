@@ -5,13 +5,13 @@ import os
 
 import pytest
 
-from benchmarks.data import load_prompts
-from benchmarks.settings import engine_config, split_config
+from hetspec.benchmarks.data import load_prompts
+from hetspec.benchmarks.settings import engine_config, split_config
 from hetspec.config import load_config
 from hetspec.models import resolve_model
-from hetspec.tokenizer import Tokenizer
+from hetspec.scheduler.tokenizer import Tokenizer
 
-CONTEXT_TOKENS = 256     # the engine's own calibration context (hetspec.scheduler.CALIBRATION_CONTEXT)
+CONTEXT_TOKENS = 256     # the engine's own calibration context (hetspec.scheduler.service.CALIBRATION_CONTEXT)
 GAMMA = 5                # the budget the committed SmolLM2 reports chose (4-5); a verify pass holds GAMMA + 1 tokens
 
 

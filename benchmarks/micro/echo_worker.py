@@ -1,40 +1,53 @@
 """A stand-in target worker that does no compute, for timing IPC alone.
 
-It runs the real worker loop (workers.process.serve) and answers a
+It runs the real worker loop (hetspec.workers.common.process.serve) and answers a
 VerifyCommand the way the target worker does, reading the window from
 shared memory and writing choices (and, when sampling, probability rows)
 back, so a round trip through it costs exactly the engine's messaging.
 
-python -m benchmarks.micro.echo_worker --endpoint ENDPOINT --spec '{"vocab": N}'
+python -m hetspec.benchmarks.micro.echo_worker --endpoint ENDPOINT --spec '{"vocab": N, "rows": R}'
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
-from ipc.messages import Verified, VerifyCommand, WorkerHello
-from workers.process import parse_args, serve
+from hetspec.ipc.messages import Verified, VerifyCommand, WorkerHello
+from hetspec.workers.common.process import parse_args, serve
 
 
-def load(spec: dict):
+@dataclass
+class EchoSpec:
+    vocab: int
+    rows: int
+
+    @classmethod
+    def from_json(cls, text: str) -> EchoSpec:
+        return cls(**json.loads(text))
+
+
+def load(spec: EchoSpec):
     rng = np.random.default_rng(0)
-    rows = rng.random((spec["rows"], spec["vocab"]), dtype=np.float32)
+    rows = rng.random((spec.rows, spec.vocab), dtype=np.float32)
     state = {"probs": rows / rows.sum(axis=1, keepdims=True)}
-    return WorkerHello("target", os.getpid(), spec["vocab"], "cpu", [], 1, 0.0), state
+    return WorkerHello("target", os.getpid(), spec.vocab, "cpu", [], 1, 0.0), state
 
 
 def verify(state: dict, cmd: VerifyCommand, buffers) -> Verified:
     tokens = buffers["input"].array[:cmd.n_tokens].copy()
-    if cmd.temperature > 0:
+    if not cmd.params.greedy:
         buffers["probs"].array[:cmd.rows] = state["probs"][:cmd.rows]
     buffers["choice"].array[:cmd.rows] = tokens[-cmd.rows:]
     return Verified(cmd.request_id, 0.0)
 
 
 def main(argv=None) -> int:
-    return serve("target", parse_args(argv), load, {VerifyCommand: verify})
+    endpoint, spec = parse_args(argv, EchoSpec)
+    return serve("target", endpoint, spec, load, {VerifyCommand: verify})
 
 
 if __name__ == "__main__":

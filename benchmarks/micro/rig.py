@@ -3,7 +3,7 @@ so that one round can be timed by pytest-benchmark.
 
 hetspec.launcher.Launcher starts the workers exactly as the engine does (same
 specs, pinning, threads, shared memory layout); only the scheduler process is
-left out and hetspec.scheduler.Scheduler is built here instead, which gives
+left out and hetspec.scheduler.service.Scheduler is built here instead, which gives
 direct access to its DraftLink and TargetLink.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 
 from hetspec.config import load_config
 from hetspec.launcher import Launcher
-from hetspec.scheduler import Scheduler
+from hetspec.scheduler.service import Scheduler
 
 
 class _WorkersOnly(Launcher):

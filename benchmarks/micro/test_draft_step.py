@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.micro.conftest import CONTEXT_TOKENS
+from hetspec.benchmarks.micro.conftest import CONTEXT_TOKENS
 from hetspec.models import resolve_model
 
 
@@ -15,13 +15,13 @@ from hetspec.models import resolve_model
 def draft_state(resolved, context_ids, tmp_path_factory):
     if resolved.draft.backend not in ("native", "llama.cpp"):
         pytest.skip(f"the draft backend is {resolved.draft.backend}, not native or llama.cpp")
-    from workers.draft_worker import DraftState
+    from hetspec.ipc.specs import DraftSpec
+    from hetspec.workers.draft.worker import DraftState
 
     d = resolved.draft
-    state = DraftState({"backend": d.backend, "model": resolve_model(d.model, "draft").to_dict(), "cores": [0],
-                        "threads": 1, "n_ctx": CONTEXT_TOKENS + 64, "weights": d.weights,
-                        "prefill_weights": "same", "prompt_kv": "own",
-                        "scratch_dir": str(tmp_path_factory.mktemp("draft"))})
+    state = DraftState(DraftSpec(backend=d.backend, model=resolve_model(d.model, "draft"), cores=[0], threads=1,
+                                 n_ctx=CONTEXT_TOKENS + 64, weights=d.weights,
+                                 scratch_dir=str(tmp_path_factory.mktemp("draft"))))
     state.model.forward(context_ids, 0)
     yield state
     state.model.close()

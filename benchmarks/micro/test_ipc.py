@@ -1,7 +1,7 @@
 """One IPC round trip between the scheduler side and a worker process.
 
 The scheduler side is hetspec's own TargetLink (what the engine uses); the
-worker is benchmarks.micro.echo_worker, which computes nothing. Two payloads:
+worker is hetspec.benchmarks.micro.echo_worker, which computes nothing. Two payloads:
 a window of gamma + 1 token ids (greedy: only ids travel), and gamma + 1
 vocabulary-sized float32 probability rows (sampling), which the worker writes
 into shared memory and the scheduler reads back in full.
@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 import zmq
 
-from benchmarks.micro.conftest import GAMMA
-from hetspec.worker_links import Sampling, TargetLink
-from ipc.channel import Channel, ipc_endpoint, make_runtime_dir
-from ipc.messages import WorkerHello
-from ipc.shm import new_run_id
+from hetspec.benchmarks.micro.conftest import GAMMA
+from hetspec.core.params import SamplingParams
+from hetspec.ipc.channel import Channel, ipc_endpoint, make_runtime_dir
+from hetspec.ipc.messages import WorkerHello
+from hetspec.ipc.shm import new_run_id
+from hetspec.scheduler.links import TargetLink
 
 ROWS = GAMMA + 1
 VOCABS = {"smollm2": 49152, "gemma3": 262144}
@@ -34,7 +35,7 @@ def echo_link(request):
     runtime = make_runtime_dir(tempfile.mkdtemp(prefix="hetspec-bench-ipc-"))
     context = zmq.Context()
     link = TargetLink("target", Channel(context, ipc_endpoint(runtime, "echo"), bind=True))
-    worker = subprocess.Popen([sys.executable, "-m", "benchmarks.micro.echo_worker", "--endpoint", link.channel.endpoint,
+    worker = subprocess.Popen([sys.executable, "-m", "hetspec.benchmarks.micro.echo_worker", "--endpoint", link.channel.endpoint,
                                "--spec", json.dumps({"vocab": vocab, "rows": ROWS})])
     try:
         hello = link.wait(60)
@@ -63,7 +64,7 @@ def test_ipc_round_trip_token_window(benchmark, echo_link):
     link, vocab = echo_link
     window = np.arange(ROWS, dtype=np.int32)
     benchmark.extra_info.update(tokens=ROWS, vocab=vocab)
-    choice = benchmark(_round_trip, link, window, Sampling(0.0, 1.0, 0), False)
+    choice = benchmark(_round_trip, link, window, SamplingParams(), False)
     assert list(choice) == list(window)
 
 
@@ -71,6 +72,6 @@ def test_ipc_round_trip_probability_rows(benchmark, echo_link):
     link, vocab = echo_link
     window = np.arange(ROWS, dtype=np.int32)
     benchmark.extra_info.update(rows=ROWS, vocab=vocab, megabytes=ROWS * vocab * 4 / 2**20)
-    probs = benchmark(_round_trip, link, window, Sampling(0.7, 0.9, 0), True)
+    probs = benchmark(_round_trip, link, window, SamplingParams(temperature=0.7, top_p=0.9), True)
     assert probs.shape == (ROWS, vocab)
     assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-3)

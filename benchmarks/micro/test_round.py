@@ -13,13 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.micro.conftest import GAMMA
-from benchmarks.micro.rig import Rig
-from hetspec.acceptance import accept_greedy
-from hetspec.branches import pick_branch
-from hetspec.worker_links import Sampling
+from hetspec.benchmarks.micro.conftest import GAMMA
+from hetspec.benchmarks.micro.rig import Rig
+from hetspec.core.acceptance import accept_greedy
+from hetspec.core.branches import pick_branch
+from hetspec.core.params import SamplingParams
+from hetspec.ipc.messages import BranchPlan
 
-GREEDY = Sampling(0.0, 1.0, 0)
+GREEDY = SamplingParams(seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,8 @@ def primed(rig, context_ids):
     context = np.asarray(context_ids, dtype=np.int32)
     rig.target.start_verify(1, context, 0, 1, GREEDY)
     rig.target.finish_verify(1, GREEDY)
-    rig.draft.start_draft(1, context, GAMMA, False, 1, 1, GREEDY, 0)
-    window = rig.draft.finish_draft(GREEDY).branches[0]
+    rig.draft.start_window(1, context, GAMMA, GREEDY)
+    window = rig.draft.finish_window(GREEDY).branches[0]
     return context, window
 
 
@@ -48,9 +49,9 @@ def test_duodec_round(benchmark, rig, primed):
 
     def one_round():
         rig.target.start_verify(1, np.concatenate([context[-1:], window]), len(context) - 1, len(window) + 1, GREEDY)
-        rig.draft.start_draft(1, np.concatenate([context, window]), GAMMA, True, "dynamic", max_sequences, GREEDY, 0)
+        rig.draft.start_window(1, np.concatenate([context, window]), GAMMA, GREEDY, BranchPlan("dynamic", max_sequences, 0.8))
         verification = rig.target.finish_verify(len(window) + 1, GREEDY)
-        draft = rig.draft.finish_draft(GREEDY)
+        draft = rig.draft.finish_window(GREEDY)
         accepted, token = accept_greedy(window, verification.choice)
         return accepted, pick_branch(draft.branches, token), len(draft.branches)
 

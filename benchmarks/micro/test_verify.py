@@ -8,18 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.micro.conftest import CONTEXT_TOKENS, GAMMA
+from hetspec.benchmarks.micro.conftest import CONTEXT_TOKENS, GAMMA
+from hetspec.ipc.specs import TargetSpec
 from hetspec.models import resolve_model
-from workers.target_worker import TargetState
+from hetspec.workers.target.worker import TargetState
 
 
 @pytest.fixture(scope="module")
 def target(resolved, context_ids):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    state = TargetState({"model": resolve_model(resolved.target.model, "target").to_dict(), "device": "cpu",
-                         "dtype": resolved.target.dtype, "cores": [], "threads": 1,
-                         "cpu_kernels": resolved.target.cpu_kernels})
+    state = TargetState(TargetSpec(model=resolve_model(resolved.target.model, "target"), device="cpu",
+                                    dtype=resolved.target.dtype, cores=[], threads=1,
+                                    cpu_kernels=resolved.target.cpu_kernels))
     state.kv.forward(context_ids, 0, all_logits=False)
     yield state
     torch.set_num_threads(threads)

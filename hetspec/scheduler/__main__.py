@@ -1,0 +1,5 @@
+import sys
+
+from hetspec.scheduler.service import main
+
+sys.exit(main())

@@ -1,0 +1,131 @@
+"""The hardware-aware draft budget: pick gamma so drafting the next window
+takes about as long as verifying the current one, so neither side idles."""
+from __future__ import annotations
+
+import math
+
+
+def choose_gamma(draft_s_per_token: float, verify_s: dict[int, float], max_gamma: int) -> int:
+    """Smallest gamma with gamma * t_draft >= t_verify(gamma).
+
+    verify_s maps a verify size (tokens per target pass) to its measured time;
+    sizes in between are interpolated linearly, beyond the last extrapolated.
+    In a pipelined round the draft makes gamma forward passes while the target
+    verifies the last committed token plus the pending window, whose first
+    token the target already chose: gamma tokens in all.
+    """
+    if draft_s_per_token <= 0 or not verify_s:
+        raise ValueError("need a positive draft time and at least one verify timing")
+    for gamma in range(1, max_gamma + 1):
+        if gamma * draft_s_per_token >= interpolate(verify_s, gamma):
+            return gamma
+    return max_gamma
+
+
+def sequential_gamma(draft_s_per_token: float, verify_s: dict[int, float], acceptance: float,
+                     max_gamma: int) -> int:
+    """SpS's gamma: the one with the least expected time per committed token.
+
+    A sequential round drafts gamma tokens (gamma draft steps), then verifies
+    them with the last committed token (a pass of gamma + 1 tokens), and
+    commits 1 + a + ... + a**gamma tokens at per-token acceptance a. The
+    pipelined balance point (choose_gamma) is no optimum here: nothing runs
+    beside the draft, and a long window costs the target little more than a
+    short one, so at high acceptance SpS gains from longer windows
+    (docs/performance.md, "SpS window")."""
+    def per_token(gamma: int) -> float:
+        round_s = gamma * draft_s_per_token + interpolate(verify_s, gamma + 1)
+        return round_s / sum(acceptance ** j for j in range(gamma + 1))
+    return min(range(1, max_gamma + 1), key=per_token)
+
+
+def restart_length(acceptance: float, draft_s: float, s_per_token: float, limit: int) -> int:
+    """How many tokens to draft, the target waiting, before a verify pass that
+    would otherwise have no window (the first round, and the round after a
+    rejection or a missed branch): such a pass commits one token for the cost
+    of a whole window.
+
+    Each token costs one draft step and its j-th is accepted with probability
+    acceptance**j: draft it while that beats the pipeline's own pace,
+    acceptance**j * s_per_token >= draft_s, at most `limit` tokens."""
+    n = 0
+    while n < limit and acceptance ** (n + 1) * s_per_token >= draft_s:
+        n += 1
+    return n
+
+
+def monotone(verify_s: dict[int, float]) -> dict[int, float]:
+    """Verify timings with each size capped by the fastest larger size: a pass of
+    more tokens never costs less, so a smaller size measured slower than a larger
+    one was slowed by the machine (a busy neighbour at start-up), not by its size."""
+    fixed, fastest = {}, float("inf")
+    for n in sorted(verify_s, reverse=True):
+        fastest = min(fastest, verify_s[n])
+        fixed[n] = fastest
+    return dict(sorted(fixed.items()))
+
+
+def interpolate(points: dict[int, float], x: int) -> float:
+    xs = sorted(points)
+    if len(xs) == 1:
+        return points[xs[0]]
+    if x <= xs[0]:
+        lo, hi = xs[0], xs[1]
+    elif x >= xs[-1]:
+        lo, hi = xs[-2], xs[-1]
+    else:
+        hi = next(v for v in xs if v >= x)
+        lo = max(v for v in xs if v < x) if hi != x else hi
+        if lo == hi:
+            return points[hi]
+    slope = (points[hi] - points[lo]) / (hi - lo)
+    return points[lo] + slope * (x - lo)
+
+
+class CostModel:
+    """What a draft token and a verify pass cost, from the start-up measurement,
+    kept honest by the rounds' own timings (costs grow with the context and
+    drift on a shared machine)."""
+
+    SMOOTHING = 0.2
+
+    def __init__(self, draft_s_per_token: float, verify_s: dict[int, float]):
+        self.measured_draft_s = self.draft_s = draft_s_per_token
+        self.verify_s = dict(verify_s)
+        self.verify_scale = 1.0
+
+    def observe(self, n_draft: int, draft_s: float, n_verify: int, verify_s: float) -> None:
+        if n_draft > 0 and draft_s > 0:
+            self.draft_s += self.SMOOTHING * (draft_s / n_draft - self.draft_s)
+        if n_verify > 0 and verify_s > 0:
+            ratio = verify_s / interpolate(self.verify_s, n_verify)
+            self.verify_scale += self.SMOOTHING * (ratio - self.verify_scale)
+
+    def rates(self, online: bool = True) -> tuple[float, float]:
+        """(verify time scale, seconds per draft token): from the rounds so far, or
+        with online=False from the start-up measurement alone (see draft_length)."""
+        return (self.verify_scale, self.draft_s) if online else (1.0, self.measured_draft_s)
+
+    def s_per_token(self, gamma: int, acceptance: float, online: bool = True) -> float:
+        """A pipelined round's expected seconds per committed token: it lasts the
+        longer of gamma draft steps and a verify of gamma tokens, and commits
+        1 + a + ... + a**(gamma - 1) tokens at per-token acceptance a."""
+        scale, draft_s = self.rates(online)
+        round_s = max(gamma * draft_s, scale * interpolate(self.verify_s, gamma))
+        return round_s / sum(acceptance ** j for j in range(gamma))
+
+    def sequential_gamma(self, max_gamma: int, acceptance: float, online: bool = True) -> int:
+        """See sequential_gamma, at the costs measured so far (online=False: see draft_length)."""
+        scale, draft_s = self.rates(online)
+        verify = {n: scale * t for n, t in self.verify_s.items()}
+        return sequential_gamma(draft_s, verify, acceptance, max_gamma)
+
+    def draft_length(self, gamma: int, pending: int, online: bool = True) -> int:
+        """Per round: draft for as long as the target will take to verify the last
+        committed token plus the pending window, at most gamma. After a rejection
+        (nothing pending) that is a short draft, not a full gamma the target
+        would wait for. online=False uses the start-up measurement alone, so the
+        rounds of a seeded sampling request do not depend on timing."""
+        scale, draft_s = self.rates(online)
+        verify = scale * interpolate(self.verify_s, pending + 1)
+        return max(1, min(gamma, math.ceil(verify / draft_s)))

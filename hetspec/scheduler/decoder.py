@@ -1,0 +1,271 @@
+"""The decoding loop of one request, in one of three explicit modes:
+
+  duodec      DuoDecoding: the draft drafts the next window while the target
+              verifies the current one (duodec_round);
+  sequential  ordinary speculative decoding (SpS): draft, then verify (sequential_round);
+  target      the target alone, one token a pass (target_step).
+
+Invariant: the target's KV cache holds every committed token but the last,
+so each verify pass feeds [last committed token] + pending window W and reads
+the target's choice at every position of W and after it. The draft keeps its
+own cache in step by longest common prefix (workers/draft/drafter.py), so the
+loop never tracks it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetspec.core.acceptance import accept_greedy, accept_sampled
+from hetspec.core.params import SamplingParams
+from hetspec.core.sampling import sample
+from hetspec.ipc.messages import BranchPlan
+from hetspec.scheduler.acceptance_prior import GENERIC
+from hetspec.scheduler.budget import CostModel, restart_length
+from hetspec.scheduler.links import EMPTY, NO_DRAFT, Draft, DraftLink, TargetLink, Verification, Window
+from hetspec.scheduler.output import Output
+from hetspec.scheduler.stats import Stats
+
+LONG_PROMPT = 16   # tokens; shorter prompts prefill fast anyway, so neither worker borrows the other's cores
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What this engine can do, fixed at start-up."""
+    max_window: int            # the shared buffers' rows: no window is longer
+    max_sequences: int
+    borrow_cores: bool         # the target prefills a long prompt on the draft's cores too
+    draft_borrows_cores: bool  # the draft prefills a long prompt on the target's cores too, the target waiting
+    keep_drafting: bool        # the draft grows the next window until the target's verdict is in
+    kv_handover: bool          # the draft takes the target's cache of a long prompt instead of prefilling it
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request, resolved against the engine: its parameters (seed filled in)
+    and the engine's choices for it."""
+    id: int
+    params: SamplingParams
+    gamma: int
+    sequences: int | str
+    seeded: bool               # the caller gave the seed: the run must be reproducible
+    rebalance: bool            # gamma "auto": each round's length comes from the costs (CostModel)
+    prior: float = GENERIC     # where the acceptance estimate starts (the engine's past requests)
+
+    @property
+    def timing_may_shape_windows(self) -> bool:
+        """Greedy output never depends on where windows start; a seeded sampling
+        run does, and must be reproducible, so its windows must not follow timing."""
+        return self.params.greedy or not self.seeded
+
+
+class Decoder:
+    def __init__(self, request: Request, caps: Capabilities, draft: DraftLink, target: TargetLink, output: Output,
+                 costs: CostModel | None = None):
+        self.request, self.caps, self.id, self.params = request, caps, request.id, request.params
+        self.draft, self.target, self.out = draft, target, output
+        self.costs = costs                     # None: every round drafts gamma tokens
+        self.rng = np.random.default_rng([request.params.seed, 0])
+        self.stats = Stats(prior=request.prior)
+        self.emit = None
+
+    def run(self, emit) -> Stats:
+        """Decode until a stop condition; emit(tokens, text) streams committed tokens."""
+        self.emit = emit
+        self.prefill()
+        mode = self.params.mode
+        if mode != "target":
+            self.draft_catches_up()
+        pending = EMPTY
+        while not self.out.done:
+            if mode == "duodec":
+                pending = self.duodec_round(pending)
+            elif mode == "sequential":
+                self.sequential_round()
+            else:
+                self.target_step()
+        self.emit_round()
+        self.draft.settle()
+        return self.stats
+
+    # ---- the three kinds of round ------------------------------------------------
+
+    def duodec_round(self, pending: Window) -> Window:
+        """One pipelined round: the target verifies the pending window W while the draft
+        drafts W' after it (branches for W's bonus token); returns the next W."""
+        started, restart = time.perf_counter(), NO_DRAFT
+        if not pending:                        # nothing to verify: draft a short W first, the target waiting
+            pending, restart = self.draft_now(self.restart_length())
+        n_draft = self.draft_length(len(pending))
+        if n_draft > 0:                        # W' as if W will be accepted
+            plan = BranchPlan(self.request.sequences, self.caps.max_sequences, self.stats.acceptance,
+                              self.extend_to(len(pending)))
+            self.draft.start_window(self.id, np.concatenate([self.out.context, pending.tokens]), n_draft,
+                                    self.params, plan)
+        self.start_verify(pending)             # both workers busy: stream the last round's tokens meanwhile
+        self.emit_round()
+        verdict = self.target.finish_verify(len(pending) + 1, self.params)
+        n_accepted, token, kept = self.accept_and_commit(pending, verdict)
+        drafted = self.draft.finish_window(self.params) if n_draft > 0 else NO_DRAFT
+        self.record(started, pending, verdict, drafted, n_accepted, kept, parallel=True, restart=restart)
+        if drafted.branches:
+            self.stats.sequences_hist[len(drafted.branches)] += 1
+        if n_accepted < len(pending) or self.out.done:
+            return EMPTY                       # W rejected (or done): W' was drafted for nothing
+        after = drafted.branch_after(token)    # the target's bonus token picks W's successor
+        if after is None:
+            return EMPTY
+        self.stats.branch_hits += 1
+        return after
+
+    def sequential_round(self) -> None:
+        """SpS: draft a window, the target waiting, then verify it. With an automatic
+        budget each round takes the window of least expected time per token
+        (CostModel.sequential_gamma): no verify runs alongside to be matched."""
+        started = time.perf_counter()
+        gamma = self.request.gamma
+        if self.request.rebalance and self.costs is not None:
+            gamma = self.costs.sequential_gamma(self.caps.max_window, self.stats.acceptance,
+                                                self.request.timing_may_shape_windows)
+        window, drafted = self.draft_now(min(gamma, self.out.remaining - 1))
+        if drafted.branches:
+            self.stats.sequences_hist[1] += 1
+        self.start_verify(window)
+        verdict = self.target.finish_verify(len(window) + 1, self.params)
+        n_accepted, _, kept = self.accept_and_commit(window, verdict)
+        self.record(started, window, verdict, drafted, n_accepted, kept, parallel=False)
+        self.emit_round()
+
+    def target_step(self) -> None:
+        """The target alone decodes one token (target mode, and while the draft prefills)."""
+        self.start_verify(EMPTY)
+        self.out.commit([self.choose(self.target.finish_verify(1, self.params))])
+        self.stats.rounds += 1
+        self.stats.target_only_rounds += 1
+        self.emit_round()
+
+    # ---- getting started ---------------------------------------------------------
+
+    def prefill(self) -> None:
+        """The prompt through the target; its first token is the time to first token.
+        A long prompt borrows the draft's cores (the draft prefills afterwards); a
+        short one leaves them, and the draft prefills at the same time."""
+        long_prompt = len(self.out.context) >= LONG_PROMPT
+        borrow = self.caps.borrow_cores and long_prompt
+        self.target.start_verify(self.id, self.out.context, 0, 1, self.params, borrow_cores=borrow)
+        if self.params.mode != "target" and not borrow:
+            self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
+                                     borrow_cores=False)
+        self.out.commit([self.choose(self.target.finish_verify(1, self.params))])
+        self.stats.ttft_s = time.perf_counter() - self.stats.start
+        self.emit_round()
+
+    def draft_catches_up(self) -> None:
+        """Speculation starts once the draft holds the prompt. A long prompt's draft
+        prefill borrows the target's cores while the target waits (speculation
+        then starts about twice as soon), or takes the target's cache outright when
+        the draft is a quantized copy of the target (kv_handover). Otherwise the
+        target decodes alone until the draft is ready; a seeded sampling run waits
+        instead, as where its windows start must not depend on timing."""
+        target_waits = False
+        if not self.draft.busy and not self.out.done:
+            long_prompt = len(self.out.context) >= LONG_PROMPT
+            handover = len(self.out.context) - 1 if self.caps.kv_handover and long_prompt else 0
+            if handover:                       # the target's cache holds the prompt: a copy of a few ms
+                self.target.export_kv(self.id, handover)
+            borrowed = not handover and self.caps.draft_borrows_cores and long_prompt
+            self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
+                                     borrow_cores=borrowed, kv_length=handover)
+            target_waits = borrowed or handover > 0
+            self.stats.draft_prompt_kv = "target" if handover else "own"
+        overlap = not target_waits and self.request.timing_may_shape_windows
+        while overlap and not self.out.done and not self.draft.poll():
+            self.target_step()
+        if self.draft.busy:
+            self.draft.finish_prefill()
+
+    # ---- named steps -------------------------------------------------------------
+
+    def draft_now(self, n: int) -> tuple[Window, Draft]:
+        """n tokens drafted after the committed context while the target waits (one
+        plain sequence, its first token a draft guess too); nothing if n is 0."""
+        if n <= 0:
+            return EMPTY, NO_DRAFT
+        self.draft.start_window(self.id, self.out.context, n, self.params)
+        drafted = self.draft.finish_window(self.params)
+        return drafted.window(0), drafted
+
+    def start_verify(self, window: Window) -> None:
+        """The target's cache holds all but the last committed token: feed it, then the window."""
+        context = self.out.context
+        self.target.start_verify(self.id, np.concatenate([context[-1:], window.tokens]), len(context) - 1,
+                                 len(window) + 1, self.params)
+
+    def accept_and_commit(self, window: Window, verdict: Verification) -> tuple[int, int, int]:
+        """(draft tokens accepted, the target's own next token, tokens actually
+        committed: fewer if EOS, a stop string or the limit came first)."""
+        if self.params.greedy:
+            n_accepted, token = accept_greedy(window.tokens, verdict.choice)
+        else:
+            n_accepted, token = accept_sampled(window.tokens, window.probs, verdict.probs, self.rng)
+        before = self.out.length
+        self.out.commit([*window.tokens[:n_accepted], token])
+        return n_accepted, token, self.out.length - before
+
+    def choose(self, verdict: Verification) -> int:
+        """The target's own next token after a pass with no window."""
+        return int(verdict.choice[0]) if self.params.greedy else sample(verdict.probs[0], self.rng)
+
+    def emit_round(self) -> None:
+        self.emit(*self.out.take_round())
+
+    def record(self, started: float, window: Window, verdict: Verification, drafted: Draft, n_accepted: int,
+               kept: int, parallel: bool, restart: Draft = NO_DRAFT) -> None:
+        if self.costs is not None:
+            if restart.branches:
+                self.costs.observe(len(restart.branches[0]), restart.seconds, 0, 0.0)
+            self.costs.observe(sum(len(b) for b in drafted.branches), drafted.seconds, len(window) + 1,
+                               verdict.seconds)
+        self.stats.spec_round(time.perf_counter() - started, drafted.seconds, verdict.seconds,
+                              len(window), min(n_accepted, kept), kept, parallel, restart.seconds)
+
+    # ---- window lengths ------------------------------------------------------------
+
+    def draft_length(self, pending: int) -> int:
+        """gamma, or less when the target will be done sooner (CostModel.draft_length),
+        and no more than could still be committed after the pending window and the
+        target's own next token (0: drafting would be wasted). With an automatic
+        budget gamma is only where the first round starts: the rounds' own timings
+        then set each length, up to max_window."""
+        gamma = self.caps.max_window if self.request.rebalance else self.request.gamma
+        if self.costs is not None:
+            gamma = self.costs.draft_length(gamma, pending, self.request.timing_may_shape_windows)
+        return min(gamma, self.out.remaining - pending - 1)
+
+    def restart_length(self) -> int:
+        """See budget.restart_length: up to a pipelined window (gamma - 1 tokens),
+        paced by this request's rounds so far, or by the cost model before there
+        are any and whenever timing must not shape windows."""
+        limit = min(self.request.gamma - 1, self.out.remaining - 1)
+        if self.costs is None or limit <= 0:
+            return max(limit, 0)               # no cost model: every window is a full one
+        online = self.request.timing_may_shape_windows
+        acceptance = self.stats.acceptance
+        if online and self.stats.spec_rounds >= 4:
+            pace = self.stats.round_s / max(self.stats.committed_in_spec_rounds, 1)
+        else:
+            pace = self.costs.s_per_token(self.request.gamma, acceptance, online)
+        _, draft_s = self.costs.rates(online)
+        return restart_length(acceptance, draft_s, pace, limit)
+
+    def extend_to(self, pending: int) -> int:
+        """How far the draft may grow the next window while the target verifies: the
+        budget is what the draft must deliver, the rest uses time it would sit idle
+        (free beside a GPU target; on a CPU one it competes for the memory bus, so
+        off there by default). Not for a seeded sampling run, whose windows must
+        not depend on timing; never past what could still be committed."""
+        if not (self.caps.keep_drafting and self.request.timing_may_shape_windows):
+            return 0
+        return min(self.caps.max_window, self.out.remaining - pending - 1)

@@ -1,0 +1,234 @@
+"""The scheduler's handles on its two workers.
+
+Each link writes its inputs into shared memory, sends one command, and later
+collects the reply, reading bulk outputs back from shared memory. Waiting
+never blocks forever: a worker that died is reported by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import psutil
+
+from hetspec.core.branches import from_slot, pick_branch
+from hetspec.core.errors import EngineDeadError, HetspecError
+from hetspec.core.params import SamplingParams
+from hetspec.ipc.channel import Channel
+from hetspec.ipc.messages import (
+    AttachBuffers,
+    Attached,
+    BranchPlan,
+    Drafted,
+    DraftExtended,
+    DraftWindow,
+    ExportKV,
+    Idle,
+    KVExported,
+    PrefillDraft,
+    Prefilled,
+    Shutdown,
+    Verified,
+    VerifyCommand,
+    WorkerFailed,
+    WorkerHello,
+)
+from hetspec.ipc.shm import SharedArray, segment_name
+
+POLL_S = 0.2
+
+
+class WorkerError(HetspecError, RuntimeError):
+    """A worker could not carry out a command but is still alive."""
+
+
+@dataclass
+class Window:
+    """Draft tokens waiting for the target's verdict, and the draft's distribution
+    at each (when sampling: the acceptance rule needs it)."""
+    tokens: np.ndarray
+    probs: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+EMPTY = Window(np.zeros(0, dtype=np.int32))
+
+
+@dataclass
+class Verification:
+    choice: np.ndarray            # the target's argmax at each requested position
+    probs: np.ndarray | None      # its distribution there, when sampling (a shared-memory view)
+    seconds: float
+
+
+@dataclass
+class Draft:
+    """What the draft returned: branches in slot order (the likeliest last)."""
+    branches: list[np.ndarray]
+    probs: list[np.ndarray] | None   # per branch: (len, vocab) shared-memory views, when sampling
+    seconds: float
+
+    def window(self, i: int, skip: int = 0) -> Window:
+        return Window(self.branches[i][skip:], None if self.probs is None else self.probs[i][skip:])
+
+    def branch_after(self, token: int) -> Window | None:
+        """The rest of the branch that starts with the target's token; None if none does."""
+        i = pick_branch(self.branches, token)
+        return None if i is None else self.window(i, skip=1)
+
+
+NO_DRAFT = Draft([], None, 0.0)
+
+
+class WorkerLink:
+    def __init__(self, role: str, channel: Channel):
+        self.role = role
+        self.channel = channel
+        self.hello: WorkerHello | None = None
+        self.buffers: dict[str, SharedArray] = {}
+        self.busy = False
+        self.stashed = None      # a reply poll() took off the socket, for wait()
+
+    def wait(self, timeout_s: float | None = None):
+        """The next reply; raises EngineDeadError if the worker process is gone."""
+        waited = 0.0
+        while True:
+            message, self.stashed = self.stashed or self.channel.recv(POLL_S), None
+            if message is not None and self.is_stale(message):
+                continue
+            if message is not None:
+                self.busy = False
+                if isinstance(message, WorkerFailed):
+                    raise (EngineDeadError if message.fatal else WorkerError)(message.message)
+                return message
+            waited += POLL_S
+            if self.death():
+                raise EngineDeadError(self.death())
+            if timeout_s is not None and waited >= timeout_s:
+                raise EngineDeadError(f"the {self.role} worker did not answer within {timeout_s:.0f} s")
+
+    def death(self) -> str | None:
+        """Why this worker cannot answer any more, if its process is gone."""
+        if self.hello is not None and not _alive(self.hello.pid):
+            return f"the {self.role} worker (pid {self.hello.pid}) died"
+        return None
+
+    def poll(self) -> bool:
+        """True if a reply is waiting (without taking it)."""
+        while self.stashed is None and self.channel.socket.poll(0):
+            message = self.channel.recv(0)
+            if not self.is_stale(message):
+                self.stashed = message
+        return self.stashed is not None
+
+    def is_stale(self, message) -> bool:
+        """A message that answers nothing outstanding, to be dropped."""
+        return False
+
+    def send(self, message) -> None:
+        self.busy = True
+        self.channel.send(message)
+
+    def attach(self, run_id: str, layout: dict[str, tuple], shared: dict[str, SharedArray] | None = None) -> None:
+        """Create this worker's shared buffers and have it map them, and `shared`
+        ones too (both workers', closed by whoever made them)."""
+        for key, (shape, dtype) in layout.items():
+            self.buffers[key] = SharedArray.create(segment_name(run_id, f"{self.role}-{key}"), shape, dtype)
+        specs = {k: b.spec() for k, b in {**self.buffers, **(shared or {})}.items()}
+        self.send(AttachBuffers(specs))
+        reply = self.wait(60)
+        assert isinstance(reply, Attached), reply
+
+    def close(self) -> None:
+        try:
+            self.channel.send(Shutdown())
+        finally:
+            for buffer in self.buffers.values():
+                buffer.close()
+            self.buffers = {}
+
+
+class TargetLink(WorkerLink):
+    def start_verify(self, request_id: int, tokens, keep: int, rows: int, params: SamplingParams,
+                     borrow_cores: bool = False) -> None:
+        """Crop the target's cache to `keep` tokens and run `tokens` after it; answers
+        for the last `rows` positions (finish_verify)."""
+        self.buffers["input"].array[:len(tokens)] = tokens
+        self.send(VerifyCommand(request_id, keep, len(tokens), rows, params, borrow_cores))
+
+    def finish_verify(self, rows: int, params: SamplingParams) -> Verification:
+        reply = self.wait()
+        assert isinstance(reply, Verified), reply
+        choice = self.buffers["choice"].array[:rows].copy()
+        probs = None if params.greedy else self.buffers["probs"].array[:rows]
+        return Verification(choice, probs, reply.seconds)
+
+    def export_kv(self, request_id: int, length: int) -> None:
+        """Have the target write its cache of the first `length` positions to the shared
+        "kv" buffer, for the draft to take; returns once it is written."""
+        self.send(ExportKV(request_id, length))
+        reply = self.wait()
+        assert isinstance(reply, KVExported), reply
+
+
+class DraftLink(WorkerLink):
+    def __init__(self, role: str, channel: Channel):
+        super().__init__(role, channel)
+        self.slot = 0
+        self.command = 0
+        self.extending = False   # the last window may grow after its reply (DraftExtended)
+
+    def start_prefill(self, request_id: int, context, seed: int, reuse_cache: bool, borrow_cores: bool,
+                      kv_length: int = 0) -> None:
+        """Bring the draft's cache up to date with context, first taking the target's
+        cache of kv_length tokens if given; finish_prefill collects the reply."""
+        self.buffers["context"].array[:len(context)] = context
+        self.extending = False
+        self.send(PrefillDraft(request_id, len(context), seed, reuse_cache, borrow_cores, kv_length))
+
+    def finish_prefill(self) -> None:
+        reply = self.wait()
+        assert isinstance(reply, Prefilled), reply
+
+    def start_window(self, request_id: int, context, n_tokens: int, params: SamplingParams,
+                     branches: BranchPlan | None = None) -> None:
+        """Draft n_tokens after context: one plain sequence, or the pipeline's next
+        window as branches (see BranchPlan); finish_window collects them."""
+        self.buffers["context"].array[:len(context)] = context
+        self.slot ^= 1   # double buffering: the pending window's rows stay readable
+        self.command += 1
+        self.extending = branches is not None and branches.extend_to > n_tokens
+        self.send(DraftWindow(request_id, self.command, len(context), n_tokens, params, self.slot, branches))
+
+    def finish_window(self, params: SamplingParams) -> Draft:
+        """The draft's reply, with whatever the likeliest branch grew since."""
+        reply = self.wait()
+        assert isinstance(reply, Drafted), reply
+        total, seconds = sum(reply.lengths), reply.seconds
+        while (more := self.channel.recv(0)) is not None:
+            if isinstance(more, DraftExtended) and more.command == self.command:
+                total, seconds = more.total, more.seconds
+        tokens = from_slot(self.buffers["tokens"].array[reply.slot], reply.lengths, total)
+        probs = None if params.greedy else from_slot(self.buffers["probs"].array[reply.slot], reply.lengths, total)
+        return Draft([b.copy() for b in tokens], probs, seconds)
+
+    def is_stale(self, message) -> bool:
+        """Extensions are collected by finish_window right after their command's
+        reply; any met while waiting for another reply came too late."""
+        return isinstance(message, DraftExtended)
+
+    def settle(self) -> None:
+        """Stop an extension still running after the last command (the end of a
+        request), so it does not compete with whatever runs next."""
+        if self.extending:
+            self.channel.send(Idle())
+            self.extending = False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,70 @@
+"""A request's counters as the decoding loop keeps them, and as the client sees them."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from hetspec.scheduler.acceptance_prior import GENERIC
+
+PRIOR_WEIGHT = 5         # tokens' worth of belief in the acceptance prior
+
+
+@dataclass
+class Stats:
+    start: float = field(default_factory=time.perf_counter)
+    ttft_s: float = 0.0
+    rounds: int = 0             # verify passes after the prefill
+    spec_rounds: int = 0        # ... of which verified a draft window
+    target_only_rounds: int = 0  # ... decoded by the target alone (target mode, or while the draft prefilled)
+    drafted: int = 0            # draft tokens verified
+    accepted: int = 0           # ... and accepted
+    rejections: int = 0         # windows cut short by a rejected token
+    committed_in_spec_rounds: int = 0
+    branch_hits: int = 0        # pipelined windows whose branch the target's token picked
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    round_s: float = 0.0        # wall time of speculative rounds
+    busy_s: float = 0.0         # ... of which a worker computed: the longer side, or both in sequence
+    sequences_hist: Counter = field(default_factory=Counter)
+    draft_prompt_kv: str = "own"  # how the draft got the prompt's cache: its own prefill, or the "target"'s
+    prior: float = GENERIC
+
+    @property
+    def acceptance(self) -> float:
+        """Per-token acceptance so far (accepted / tokens decided), from the prior."""
+        return (self.accepted + PRIOR_WEIGHT * self.prior) / (self.accepted + self.rejections + PRIOR_WEIGHT)
+
+    def spec_round(self, wall: float, draft_s: float, verify_s: float, drafted: int, accepted: int,
+                   committed: int, parallel: bool, serial_draft_s: float = 0.0) -> None:
+        """serial_draft_s: drafting the target waited for before the round (SpS-style)."""
+        self.rounds += 1
+        self.busy_s += serial_draft_s + (max(draft_s, verify_s) if parallel else draft_s + verify_s)
+        self.spec_rounds += 1
+        self.round_s += wall
+        self.draft_s += serial_draft_s + draft_s
+        self.verify_s += verify_s
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rejections += accepted < drafted
+        self.committed_in_spec_rounds += committed
+
+    def report(self, request, out) -> dict:
+        """The stats dict a client receives with its result."""
+        total = time.perf_counter() - self.start
+        new, spec = len(out.new_ids), self.spec_rounds
+        return {
+            "mode": request.params.mode, "prompt_tokens": out.n_prompt, "new_tokens": new,
+            "finish_reason": out.finish_reason, "ttft_s": self.ttft_s, "total_s": total,
+            "tokens_per_s": new / total if total > 0 else 0.0,
+            "gamma": request.gamma if request.params.mode != "target" else 0,
+            "sequences": request.sequences, "seed": request.params.seed,
+            "rounds": self.rounds, "spec_rounds": spec, "target_only_rounds": self.target_only_rounds,
+            "drafted": self.drafted, "accepted": self.accepted,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            "mean_accepted_per_round": self.committed_in_spec_rounds / spec if spec else 0.0,
+            "branch_hits": self.branch_hits, "draft_prompt_kv": self.draft_prompt_kv,
+            "sequences_hist": {str(k): v for k, v in sorted(self.sequences_hist.items())},
+            "draft_s": self.draft_s, "verify_s": self.verify_s, "round_s": self.round_s,
+            "overhead_s": max(0.0, self.round_s - self.busy_s),
+        }

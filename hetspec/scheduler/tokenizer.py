@@ -1,0 +1,115 @@
+"""Text <-> token ids for the scheduler: prompts, chat templates, streamed text.
+
+Workers see token ids only; all text handling lives here, in one process.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+from hetspec.core.errors import ConfigError, RequestError
+from hetspec.ipc.specs import ModelSpec
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens (ids 0-255), for the tiny random test models that
+    ship no tokenizer. Ids above 255 decode to nothing."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+class Tokenizer:
+    def __init__(self, model: ModelSpec):
+        self.hf = None
+        if model.kind == "random":
+            self.byte = ByteTokenizer()
+            return
+        from transformers import AutoTokenizer
+
+        kept = os.path.join(model.cache_dir, "tokenizer") if model.cache_dir else ""
+        if kept and os.path.isdir(kept):
+            try:
+                self.hf = AutoTokenizer.from_pretrained(kept)
+                return
+            except Exception:  # noqa: BLE001 - an unreadable copy: convert again and replace it
+                shutil.rmtree(kept, ignore_errors=True)
+        try:
+            if model.kind == "gguf":
+                self.hf = AutoTokenizer.from_pretrained(model.path, gguf_file=model.gguf_file)
+            else:
+                self.hf = AutoTokenizer.from_pretrained(model.path)
+        except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
+            raise ConfigError(f"could not load the tokenizer of {model.file}: {exc}") from None
+        if kept:
+            self._keep(kept)
+
+    def _keep(self, folder: str) -> None:
+        """As the target keeps its model (workers/target/hf_loading.py): saved under a private
+        name and renamed, so a reader never sees half a copy; best effort."""
+        partial = f"{folder}.partial-{os.getpid()}"
+        try:
+            self.hf.save_pretrained(partial)
+            os.rename(partial, folder)
+        except Exception:  # noqa: BLE001 - keeping a copy is optional; loading already succeeded
+            shutil.rmtree(partial, ignore_errors=True)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        if self.hf is None or self.hf.eos_token_id is None:
+            return set()
+        return {int(self.hf.eos_token_id)}
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        if self.hf is None:
+            return self.byte.encode(prompt)
+        return list(self.hf(prompt)["input_ids"])
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        if self.hf is None or not getattr(self.hf, "chat_template", None):
+            raise RequestError("this model's tokenizer has no chat template: send a plain prompt instead of messages")
+        try:
+            ids = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
+            raise RequestError(f"messages could not be rendered by the chat template: {exc}") from None
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def decode(self, ids) -> str:
+        if self.hf is None:
+            return self.byte.decode(ids)
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+
+class IncrementalText:
+    """Text of generated tokens, piece by piece, without re-decoding everything.
+
+    A token can end mid-character (byte fallback) or change how the previous
+    one renders, so each step decodes a short window and holds back a piece
+    that ends in an incomplete character (the vLLM approach)."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids[-6:])
+        self.prefix = max(len(self.ids) - 5, 0)
+        self.read = len(self.ids)
+
+    def flush(self) -> str:
+        """Whatever is still held back, at the end of generation."""
+        before = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        after = self.tokenizer.decode(self.ids[self.prefix:])
+        self.prefix = self.read = len(self.ids)
+        return after[len(before):] if len(after) > len(before) else ""
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        before = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        after = self.tokenizer.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before):]
+        return ""

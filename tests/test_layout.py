@@ -1,0 +1,96 @@
+"""The architecture's walls, checked: the engine side never imports worker code,
+the workers never import the engine side, the transport imports neither, and
+the shared core imports nothing of hetspec's but itself. Also what a wheel
+installs: everything under the project's own name, no package left out."""
+import ast
+import configparser
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# Folder in the checkout -> the package it installs as (setup.cfg's package_dir).
+FOLDERS = {"hetspec": "hetspec", "workers": "hetspec.workers", "ipc": "hetspec.ipc", "benchmarks": "hetspec.benchmarks"}
+CORE, IPC, WORKERS, BENCH = "hetspec.core", "hetspec.ipc", "hetspec.workers", "hetspec.benchmarks"
+
+
+def _modules():
+    """(module name, path) of every Python module of the package."""
+    for folder, package in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            yield ".".join([package, *parts]).removesuffix(".__init__"), path
+
+
+def _side(module: str) -> str:
+    for prefix, side in ((CORE, "core"), (IPC, "ipc"), (WORKERS, "workers"), (BENCH, "benchmarks")):
+        if module == prefix or module.startswith(prefix + "."):
+            return side
+    return "engine"
+
+
+# What each side may import of hetspec's own modules.
+ALLOWED = {
+    "core": {"core"},
+    "ipc": {"core", "ipc"},
+    "workers": {"core", "ipc", "workers"},
+    "engine": {"core", "ipc", "engine"},
+    "benchmarks": {"core", "ipc", "workers", "engine", "benchmarks"},   # it measures every part
+}
+
+
+def _imports(path: Path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            yield node.module
+
+
+@pytest.mark.parametrize("module, path", list(_modules()), ids=lambda v: v if isinstance(v, str) else "")
+def test_each_side_imports_only_what_it_may(module, path):
+    side = _side(module)
+    for name in _imports(path):
+        top = name.split(".")[0]
+        assert top not in ("workers", "ipc", "benchmarks"), f"{module} imports {name}: use hetspec.{name}"
+        if top == "hetspec" and name != "hetspec":
+            assert _side(name) in ALLOWED[side], f"{module} ({side}) may not import {name} ({_side(name)})"
+
+
+def test_a_worker_process_loads_no_engine_code():
+    """Importing a worker must not run the client (hetspec/__init__.py is lazy)."""
+    code = ("import sys, hetspec.workers.draft.worker, hetspec.workers.target.worker; "
+            "print(' '.join(m for m in sys.modules if m.startswith('hetspec')))")
+    loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                            cwd=ROOT).stdout.split()
+    assert "hetspec.workers.draft.worker" in loaded
+    engine = [m for m in loaded if m != "hetspec" and _side(m) not in ("core", "ipc", "workers")]
+    assert engine == []
+
+
+def test_the_wheel_installs_every_package_under_hetspec():
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    declared = set(config["options"]["packages"].split())
+    on_disk = {module for module, path in _modules() if path.name == "__init__.py"}
+    assert declared == on_disk
+    assert all(p == "hetspec" or p.startswith("hetspec.") for p in declared)
+    mapping = dict(line.split(" = ") for line in config["options"]["package_dir"].strip().splitlines())
+    assert {folder: mapping[package] for folder, package in FOLDERS.items()} == {f: f for f in FOLDERS}
+
+
+def test_modules_stay_small_enough_to_read():
+    sizes = {path.relative_to(ROOT): len(path.read_text().splitlines()) for module, path in _modules()
+             if _side(module) != "benchmarks"}
+    assert {str(p): n for p, n in sizes.items() if n > 320} == {}
+
+
+def test_the_public_names_all_resolve():
+    import hetspec
+
+    assert sorted(hetspec.__all__) == sorted(hetspec._EXPORTS)
+    assert all(getattr(hetspec, name) is not None for name in hetspec.__all__)

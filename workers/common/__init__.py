@@ -1,0 +1,1 @@
+"""What every worker process does around its model: the command loop, pinning."""

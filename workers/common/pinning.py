@@ -1,0 +1,85 @@
+"""Pin a worker to its cores so draft and target never fight for one.
+
+Every thread is moved (hetspec.core.pinning.pin); then each OpenMP thread
+gets a core of its own: allowed a set of cores, two compute threads were
+often left on one of them, as the kernel tends to wake a thread where it
+last ran (docs/performance.md).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from contextlib import contextmanager
+
+from hetspec.core.pinning import pin
+
+_TEAM_BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def spread_openmp_threads(cores: list[int], threads: int) -> int:
+    """Pin OpenMP thread i (of every GNU OpenMP runtime loaded: torch's, or
+    llama.cpp's) to cores[i % len(cores)], thread 0 being the caller. The
+    runtime hands the same pool threads to every later parallel region of up
+    to `threads` threads, in the same order. Returns how many runtimes."""
+    runtimes = _openmp_runtimes()
+    for gomp in runtimes:
+        def body(_, gomp=gomp):
+            try:
+                os.sched_setaffinity(0, [cores[gomp.omp_get_thread_num() % len(cores)]])
+            except OSError:     # a core taken away meanwhile: the thread keeps the whole set
+                pass
+        gomp.GOMP_parallel(_TEAM_BODY(body), None, threads, 0)
+    return len(runtimes)
+
+
+@functools.cache
+def _openmp_runtimes() -> tuple:
+    """The GNU OpenMP libraries mapped into this process (a wheel may bundle its
+    own). Looked up once, since reading /proc/self/maps lies on the way to a
+    first token (measured: docs/kernels.md): by a worker's first spread, the
+    libraries that bring them (torch, imported first; llama.cpp, loaded with
+    the draft) are loaded."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "/libgomp" in line})
+    except FileNotFoundError:
+        return ()
+    runtimes = []
+    for path in paths:
+        gomp = ctypes.CDLL(path)   # already mapped: the same instance, not a second runtime
+        gomp.GOMP_parallel.argtypes = [_TEAM_BODY, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+        gomp.omp_get_thread_num.restype = ctypes.c_int
+        runtimes.append(gomp)
+    return tuple(runtimes)
+
+
+def set_torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def pin_threads(cores: list[int], threads: int) -> None:
+    """Every thread on these cores, each compute thread on one of its own."""
+    pin(cores)
+    if threads > 1 and len(cores) > 1:
+        spread_openmp_threads(cores, threads)
+
+
+@contextmanager
+def borrowed_cores(cores: list[int], lent: list[int], set_threads, threads: int):
+    """Run on `lent` cores too (one thread each) while the other worker waits; then
+    back to the worker's own cores and thread count. Nothing lent: no change.
+    The worker's main thread stays on its own first core."""
+    borrow = list(cores) + [c for c in lent if c not in cores]
+    if len(borrow) == len(cores):
+        yield
+        return
+    set_threads(len(borrow))
+    pin_threads(borrow, len(borrow))
+    try:
+        yield
+    finally:
+        set_threads(threads)
+        pin_threads(cores, threads)

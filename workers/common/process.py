@@ -1,0 +1,100 @@
+"""What every worker process does around its model: connect, say hello,
+attach the shared buffers, answer commands, and leave when told to or when
+its parent is gone (so a killed launcher never leaves orphans)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+import zmq
+
+from hetspec.ipc.channel import Channel
+from hetspec.ipc.messages import AttachBuffers, Attached, Idle, Shutdown, WorkerFailed
+from hetspec.ipc.shm import attach_all
+
+POLL_S = 0.5
+
+
+def parse_args(argv, spec_type):
+    """(the scheduler's endpoint, this worker's spec: a hetspec.ipc.specs type)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--spec", required=True, help="JSON: this worker's settings")
+    args = parser.parse_args(argv)
+    return args.endpoint, spec_type.from_json(args.spec)
+
+
+def serve(role: str, endpoint: str, spec, load, handlers: dict) -> int:
+    """load(spec) -> (hello, state); handlers[MessageType](state, message, buffers) -> reply,
+    or (reply, background): an iterator of progress messages, worked through
+    after the reply until the next message arrives (see DraftExtended)."""
+    parent = os.getppid()
+    context = zmq.Context()
+    channel = Channel(context, endpoint, bind=False)
+    buffers = {}
+    try:
+        try:
+            hello, state = load(spec)
+        except Exception as exc:  # noqa: BLE001 - any load failure is reported, then we exit
+            channel.send(WorkerFailed(role, f"{role} worker could not load its model: {_describe(exc)}"))
+            return 1
+        channel.send(hello)
+        while True:
+            message = channel.recv(POLL_S)
+            if message is None:
+                if os.getppid() != parent:      # the launcher is gone: so are we
+                    return 0
+                continue
+            if isinstance(message, Shutdown):
+                return 0
+            if isinstance(message, Idle):       # arriving, it stopped the background work: that was all
+                continue
+            if isinstance(message, AttachBuffers):
+                buffers = attach_all(message.buffers)
+                channel.send(Attached(role))
+                continue
+            try:
+                background = None
+                reply = handlers[type(message)](state, message, buffers)
+                if isinstance(reply, tuple):
+                    reply, background = reply
+                channel.send(reply)
+            except Exception as exc:  # noqa: BLE001 - report, keep serving
+                traceback.print_exc(file=sys.stderr)
+                channel.send(WorkerFailed(role, f"{role} worker: {_describe(exc)}", fatal=False))
+                continue
+            if background is not None:
+                _work_until_next_message(channel, background)
+    finally:
+        for buffer in buffers.values():
+            buffer.close()
+        channel.close()
+        context.term()
+
+
+def _work_until_next_message(channel: Channel, background) -> None:
+    """Each step of `background` is one unit of work (a draft forward pass) and
+    yields a message to send; the next incoming message stops it, so extra work
+    never delays a command by more than one step."""
+    try:
+        while not channel.socket.poll(0):
+            progress = next(background, None)
+            if progress is None:
+                return
+            channel.send(progress)
+    except Exception:  # noqa: BLE001 - optional work: its command was answered already, so only log
+        traceback.print_exc(file=sys.stderr)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def exit_now(code: int) -> None:
+    """Leave without the interpreter's teardown of torch and friends (seconds, for
+    nothing: buffers and sockets are closed already)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

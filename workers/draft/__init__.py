@@ -1,0 +1,1 @@
+"""The draft worker: the drafting algorithm and the draft models it can run."""

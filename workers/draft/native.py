@@ -1,0 +1,266 @@
+"""The native draft: a Llama- or Gemma-3-architecture GGUF model run by
+workers/kernels/native_draft.c.
+
+It reads the file's own Q8_0/Q4_0/Q4_1 blocks, and holds other block types
+(Gemma 3's Q5_0, Q4_K, Q6_K) as Q8_0: exactly for Q5_0, to within half a step
+of an 8-bit grid for the K-quants; a Q8_0 output layer is read mostly in a
+Q4_1 copy made at load (head() in the C file). One token per forward pass,
+behind the DraftModel protocol of workers/draft/models.py (forward,
+kv_geometry, import_kv), so the drafter and the KV handover work with any
+backend. Its cache is positional: a forward at `pos` simply overwrites from
+there, which is all a rollback needs.
+"""
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetspec.core.gguf_formats import BLOCK, BY_NAME, KERNEL_FORMATS
+from hetspec.workers.draft.llama_kv_state import ROPE_NEOX, ROPE_NORM, to_llama_order
+from hetspec.workers.kernels.build import KernelUnavailable, built, kernel_source
+from hetspec.workers.kernels.gguf_tensors import read_gguf
+
+SOURCE = kernel_source("native_draft.c")
+FORMATS = {name: fmt.code for name, fmt in KERNEL_FORMATS.items()}   # name -> the C side's FMT_* code
+LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+GEMMA3_NORMS = {"q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "post_attn_norm": "post_attention_norm",
+                "post_ffn_norm": "post_ffw_norm"}
+GEMMA3_GLOBAL_EVERY = 6          # every sixth layer attends fully, the others to a window (as llama.cpp)
+GEMMA3_LOCAL_ROPE_BASE = 10000.0  # the sliding layers' rope base, which Gemma 3 files do not record
+
+
+class Unsupported(ValueError):
+    """The file is not one the native draft can run (another architecture or weight type)."""
+
+
+class _Mat(ctypes.Structure):
+    _fields_ = [("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
+                ("fmt", ctypes.c_int), ("rows", ctypes.c_int), ("cols", ctypes.c_int)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _Mat) for name in ("wq", "wk", "wv", "wo", "gate", "up", "down")] + [
+        (name, ctypes.c_void_p) for name in ("attn_norm", "ffn_norm", *GEMMA3_NORMS)] + [("sliding", ctypes.c_int)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int) for name in
+                ("n_layer", "n_embd", "n_head", "n_kv", "head_dim", "n_ff", "n_vocab", "n_ctx")] + [
+        ("eps", ctypes.c_float), ("rope_base", ctypes.c_float), ("embd", _Mat), ("out", _Mat),
+        ("out_norm", ctypes.c_void_p), ("layers", ctypes.POINTER(_Layer)),
+        ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p), ("work", ctypes.c_void_p),
+        ("neox_rope", ctypes.c_int), ("gelu", ctypes.c_int), ("window", ctypes.c_int),
+        ("embd_scale", ctypes.c_float), ("rope_base_local", ctypes.c_float), ("out_fast", _Mat)]
+
+
+class NativeDraftModel:
+    def __init__(self, path: str, n_ctx: int, cache_root: str = "", fast_head: bool = True):
+        """KernelUnavailable when the C file cannot be built here, Unsupported
+        when the file is not a Llama or Gemma 3 model of block types it reads.
+        fast_head: read a Q8_0 output layer mostly in a Q4_1 copy (see head()
+        in native_draft.c); False reads all of it."""
+        meta, tensors = read_gguf(path)
+        self._arrays = []                            # what the C side reads: keep alive
+        formats: dict[str, int] = {}
+        model, self._layers = _describe(meta, tensors, n_ctx, self._arrays, formats)
+        self._rope = ROPE_NEOX if model.neox_rope else ROPE_NORM
+        with built(SOURCE, "native draft kernels", cache_root) as library:
+            self._lib = ctypes.CDLL(library)
+        # Keys in blocks of key_block positions, dimension-major (native_draft.c, attend).
+        self._key_block = self._lib.hs_key_block()
+        blocks = -(-n_ctx // self._key_block)
+        self._kcache = np.zeros((model.n_layer, model.n_kv, blocks, model.head_dim, self._key_block), np.float16)
+        self._vcache = np.zeros((model.n_layer, model.n_kv, n_ctx, model.head_dim), np.float16)
+        model.kcache, model.vcache = self._kcache.ctypes.data, self._vcache.ctypes.data
+        self._lib.hs_work_floats.restype = ctypes.c_long
+        self._lib.hs_work_floats.argtypes = [ctypes.POINTER(_Model)]
+        self._lib.hs_forward.restype = ctypes.c_int
+        self._lib.hs_forward.argtypes = [ctypes.POINTER(_Model), ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        self._lib.hs_q4_1_from_q8_0.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_void_p] * 3
+        self._work = np.zeros(self._lib.hs_work_floats(ctypes.byref(model)), np.float32)
+        model.work = self._work.ctypes.data
+        self._model = model
+        self._logits = np.zeros(model.n_vocab, np.float32)
+        self.n_vocab, self.n_ctx = model.n_vocab, n_ctx
+        self.n_cached = 0
+        self.description = "native, " + ", ".join(f"{n} {kind}" for kind, n in sorted(formats.items()))
+        if fast_head and model.out.fmt == FORMATS["Q8_0"]:
+            model.out_fast = self._q4_1_copy(model.out)
+            self.description += (f", output layer read in a Q4_1 copy, its {self._lib.hs_refined_logits()} "
+                                 "largest logits in Q8_0")
+
+    def _q4_1_copy(self, out: _Mat) -> _Mat:
+        blocks = out.rows * (out.cols // BLOCK)
+        qs, d, m = np.empty((blocks, 16), np.uint8), np.empty(blocks, np.uint16), np.empty(blocks, np.uint16)
+        self._lib.hs_q4_1_from_q8_0(out.qs, out.d, blocks, qs.ctypes.data, d.ctypes.data, m.ctypes.data)
+        self._arrays.extend((qs, d, m))
+        return _Mat(qs.ctypes.data, d.ctypes.data, m.ctypes.data, FORMATS["Q4_1"], out.rows, out.cols)
+
+    def forward(self, tokens: Sequence[int], pos: int) -> np.ndarray:
+        """Evaluate `tokens` at positions pos..; the logits after the last one
+        (a buffer reused by the next call). Positions from pos on are replaced."""
+        if self._arrays is None:
+            raise RuntimeError("NativeDraftModel is closed")
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("forward() needs at least one token")
+        if pos < 0 or pos + ids.size > self.n_ctx:
+            raise ValueError(f"positions {pos}..{pos + ids.size - 1} do not fit in n_ctx={self.n_ctx}")
+        if pos > self.n_cached:
+            raise ValueError(f"pos={pos} but only positions 0..{self.n_cached - 1} are cached")
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise ValueError(f"token ids must be in [0, {self.n_vocab}), got min={ids.min()} max={ids.max()}")
+        model = ctypes.byref(self._model)
+        for i, token in enumerate(ids):
+            last = i == ids.size - 1
+            self._lib.hs_forward(model, int(token), pos + i, self._logits.ctypes.data if last else None)
+        self.n_cached = pos + ids.size
+        return self._logits
+
+    def kv_geometry(self) -> list[int]:
+        """[layers, kv_heads, head_dim, full-attention layers]."""
+        m = self._model
+        return [m.n_layer, m.n_kv, m.head_dim, sum(not layer.sliding for layer in self._layers)]
+
+    def import_kv(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Positions 0..T-1 from (layers, kv_heads, T, head_dim) float16 keys (post-RoPE,
+        transformers' order) and values, the full-attention layers first, then the
+        sliding ones (as KVModel.layer_kv hands them over); see llama_kv_state.to_llama_order."""
+        layers, heads, t, d = keys.shape
+        if [layers, heads, d] != self.kv_geometry()[:3] or values.shape != keys.shape or t > self.n_ctx:
+            raise ValueError(f"KV of shape {keys.shape} does not fit this draft's cache {self.kv_geometry()}")
+        keys = to_llama_order(keys, self._rope)
+        order = sorted(range(layers), key=lambda i: bool(self._layers[i].sliding))
+        block = self._key_block
+        full, rest = divmod(t, block)          # whole blocks of keys, and positions in a last one
+        blocked = keys[:, :, :full * block].reshape(layers, heads, full, block, d).transpose(0, 1, 2, 4, 3)
+        for j, layer in enumerate(order):
+            self._kcache[layer, :, :full] = blocked[j]
+            if rest:
+                self._kcache[layer, :, full, :, :rest] = keys[j, :, full * block:].transpose(0, 2, 1)
+            self._vcache[layer, :, :t] = values[j]
+        self.n_cached = t
+
+    def set_threads(self, n_threads: int) -> None:
+        """One thread only: a draft step is too short to split."""
+
+    def close(self) -> None:
+        self._arrays = None
+
+
+def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list, formats: dict):
+    arch = meta.get("general.architecture")
+    if arch not in ("llama", "gemma3"):
+        raise Unsupported(f"the native draft runs Llama and Gemma 3 files, not {arch!r}")
+    gemma = arch == "gemma3"
+
+    def number(key: str, default=None):
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None:
+            raise Unsupported(f"the file has no {arch}.{key}")
+        return value
+
+    n_embd, n_head = number("embedding_length"), number("attention.head_count")
+    head_dim = number("attention.key_length", n_embd // n_head)
+    if number("attention.value_length", head_dim) != head_dim or (not gemma and head_dim != n_embd // n_head):
+        raise Unsupported("the native draft needs keys and values of one head size "
+                          "(embedding_length / head_count for Llama)")
+    if number("rope.dimension_count", head_dim) != head_dim or f"{arch}.rope.scaling.type" in meta:
+        raise Unsupported("the native draft needs plain rope over whole heads")
+    rope_base = number("rope.freq_base", 10000.0)
+    model = _Model(n_layer=number("block_count"), n_embd=n_embd, n_head=n_head,
+                   n_kv=number("attention.head_count_kv", n_head), head_dim=head_dim,
+                   n_ff=number("feed_forward_length"), n_ctx=n_ctx,
+                   eps=number("attention.layer_norm_rms_epsilon"), rope_base=rope_base,
+                   neox_rope=int(gemma), gelu=int(gemma), window=number("attention.sliding_window") if gemma else 0,
+                   embd_scale=float(np.sqrt(np.float32(n_embd))) if gemma else 1.0,
+                   rope_base_local=GEMMA3_LOCAL_ROPE_BASE if gemma else rope_base)
+    if head_dim % 8 or head_dim > 256 or n_embd % BLOCK or model.n_ff % BLOCK or n_head % model.n_kv:
+        raise Unsupported(f"the native draft cannot run heads of {head_dim} or widths {n_embd}/{model.n_ff}")
+    model.embd = _mat(tensors, "token_embd.weight", keep, formats)
+    model.out = _mat(tensors, "output.weight", keep, formats) if "output.weight" in tensors else model.embd
+    model.n_vocab = model.embd.rows
+    model.out_norm = _norm(tensors, "output_norm.weight", n_embd, keep)
+    layers = (_Layer * model.n_layer)()
+    for i, layer in enumerate(layers):
+        for field, name in zip(("wq", "wk", "wv", "wo", "gate", "up", "down"), LAYER_MATRICES):
+            setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight", keep, formats))
+        layer.attn_norm = _norm(tensors, f"blk.{i}.attn_norm.weight", n_embd, keep)
+        layer.ffn_norm = _norm(tensors, f"blk.{i}.ffn_norm.weight", n_embd, keep)
+        if gemma:
+            for field, name in GEMMA3_NORMS.items():
+                width = head_dim if field in ("q_norm", "k_norm") else n_embd
+                setattr(layer, field, _norm(tensors, f"blk.{i}.{name}.weight", width, keep))
+            layer.sliding = int((i + 1) % GEMMA3_GLOBAL_EVERY != 0)
+    q_dim, kv_dim = n_head * head_dim, model.n_kv * head_dim
+    shapes = {"wq": (q_dim, n_embd), "wk": (kv_dim, n_embd), "wv": (kv_dim, n_embd), "wo": (n_embd, q_dim),
+              "gate": (model.n_ff, n_embd), "up": (model.n_ff, n_embd), "down": (n_embd, model.n_ff)}
+    for field, (rows, cols) in shapes.items():
+        mat = getattr(layers[0], field)
+        if (mat.rows, mat.cols) != (rows, cols):
+            raise Unsupported(f"blk.0 {field} is {mat.rows} x {mat.cols}, not the {rows} x {cols} of a {arch} layer")
+    if model.embd.cols != n_embd or model.out.cols != n_embd or model.out.rows != model.n_vocab:
+        raise Unsupported("the embedding and output matrices do not match the model's width and vocabulary")
+    model.layers = layers
+    return model, layers
+
+
+def _mat(tensors: dict, name: str, keep: list, formats: dict) -> _Mat:
+    """The tensor's blocks taken apart into quants, scales and offsets (one
+    array each, row by row): the kernel then reads eight blocks' scales at once."""
+    tensor = tensors.get(name)
+    if tensor is None:
+        raise Unsupported(f"the file has no tensor {name}")
+    cols, rows = tensor.shape[0], int(np.prod(tensor.shape[1:]))
+    fmt = tensor.type_name
+    if fmt in FORMATS:
+        blocks = tensor.data.reshape(rows, cols // BLOCK, -1)
+        first = 4 if fmt == "Q4_1" else 2                  # d (and m) come before the quants
+        parts = [np.ascontiguousarray(blocks[:, :, first:]), np.ascontiguousarray(blocks[:, :, :2]).view(np.uint16)]
+        parts.append(np.ascontiguousarray(blocks[:, :, 2:4]).view(np.uint16) if fmt == "Q4_1" else None)
+        formats[fmt] = formats.get(fmt, 0) + 1
+    else:
+        parts = [*_as_q8_0(tensor, rows, cols), None]
+        formats[f"Q8_0 from {fmt}"] = formats.get(f"Q8_0 from {fmt}", 0) + 1
+        fmt = "Q8_0"
+    keep.extend(p for p in parts if p is not None)
+    qs, d, m = (p.ctypes.data if p is not None else None for p in parts)
+    return _Mat(qs, d, m, FORMATS[fmt], rows, cols)
+
+
+def _as_q8_0(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 quants, float16 scales) of a tensor of another block type. Q5_0's
+    values d * (q - 16) keep their scale and are exact; the K-quants' 16- and
+    32-value sub-blocks get one scale per 32 values, max |w| / 127."""
+    import gguf
+
+    if tensor.data is None or cols % BLOCK:
+        raise Unsupported(f"{tensor.name} is stored as GGML type {tensor.ggml_type}, which the native draft "
+                          f"cannot read")
+    try:
+        kind = gguf.GGMLQuantizationType(tensor.ggml_type)
+        values = gguf.quants.dequantize(np.asarray(tensor.data), kind).reshape(rows, cols // BLOCK, BLOCK)
+    except (ValueError, NotImplementedError) as exc:
+        raise Unsupported(f"{tensor.name}: GGML type {tensor.ggml_type} cannot be read ({exc})") from None
+    if tensor.type_name == "Q5_0":
+        blocks = tensor.data.reshape(rows, cols // BLOCK, BY_NAME["Q5_0"].block_bytes)
+        d = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16)[..., 0]
+    else:
+        d = (np.abs(values).max(axis=2) / 127).astype(np.float16)
+    scale = d.astype(np.float32)
+    inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale != 0)
+    q = np.clip(np.rint(values * inverse[..., None]), -127, 127).astype(np.int8)
+    return q.reshape(rows, cols), np.ascontiguousarray(d).view(np.uint16)
+
+
+def _norm(tensors: dict, name: str, n: int, keep: list) -> int:
+    tensor = tensors.get(name)
+    if tensor is None or tensor.type_name != "F32" or tensor.shape[0] != n:
+        raise Unsupported(f"{name} must be {n} float32 values")
+    keep.append(np.array(tensor.data).view(np.float32))
+    return keep[-1].ctypes.data
+
+
+__all__ = ["KernelUnavailable", "NativeDraftModel", "Unsupported"]

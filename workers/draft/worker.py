@@ -1,0 +1,120 @@
+"""The draft worker process: prefills and drafts windows (and branches) with the draft model.
+
+python -m hetspec.workers.draft --endpoint ENDPOINT --spec JSON   (started by hetspec.launcher)
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from hetspec.core.branches import to_slot
+from hetspec.core.params import SamplingParams
+from hetspec.ipc.messages import (
+    CalibrateDraft,
+    DraftCalibration,
+    Drafted,
+    DraftExtended,
+    DraftWindow,
+    PrefillDraft,
+    Prefilled,
+    WorkerHello,
+)
+from hetspec.ipc.specs import DraftSpec
+from hetspec.workers.common.pinning import borrowed_cores, pin, pin_threads, set_torch_threads
+from hetspec.workers.common.process import parse_args, serve
+from hetspec.workers.draft.drafter import Drafter
+from hetspec.workers.draft.models import load_draft_model
+
+
+class DraftState:
+    def __init__(self, spec: DraftSpec):
+        if spec.backend == "torch":
+            set_torch_threads(spec.threads)
+        self.model, self.backend, self.kernels = load_draft_model(spec)
+        self.kv_geometry = self.model.kv_geometry() if spec.prompt_kv == "auto" else []
+        self.drafter = Drafter(self.model, spec.n_ctx)
+        self.request_id = None
+        self.spec = spec
+
+    def prefill(self, context: np.ndarray, reuse_cache: bool, borrow: bool, kv=None, kv_length: int = 0) -> None:
+        """Catch up with context, on the target's cores too when lent (the target waits
+        meanwhile); with kv_length, the first kv_length tokens' cache is the target's."""
+        if kv_length:
+            self.model.import_kv(kv[0, :, :, :kv_length], kv[1, :, :, :kv_length])
+            self.drafter.adopt(context[:kv_length])
+        lent = self.spec.borrow_cores if borrow else []
+        with borrowed_cores(self.spec.cores, lent, self.model.set_threads, self.spec.threads):
+            self.drafter.sync(context, reuse_cache or kv_length > 0)
+
+
+def load(spec: DraftSpec):
+    pin(spec.cores)
+    start = time.perf_counter()
+    state = DraftState(spec)
+    pin_threads(spec.cores, spec.threads)   # the model's thread pool exists now
+    hello = WorkerHello(role="draft", pid=os.getpid(), n_vocab=state.model.n_vocab, device="cpu",
+                        cores=spec.cores, threads=spec.threads, load_s=time.perf_counter() - start,
+                        kernels=state.kernels, kv_geometry=state.kv_geometry,
+                        prefill_threads=state.backend != "native")   # it prefills one token a pass
+    return hello, state
+
+
+def prefill(state: DraftState, cmd: PrefillDraft, buffers) -> Prefilled:
+    start = time.perf_counter()
+    state.request_id = cmd.request_id                  # a new request: its own random stream
+    state.drafter.rng = np.random.default_rng([cmd.seed, 1])
+    kv = buffers["kv"].array if "kv" in buffers else None   # shared with the target, when handing over
+    state.prefill(buffers["context"].array[:cmd.context_len], cmd.reuse_cache, cmd.borrow_cores, kv, cmd.kv_length)
+    return Prefilled(cmd.request_id, time.perf_counter() - start)
+
+
+def draft(state: DraftState, cmd: DraftWindow, buffers):
+    start = time.perf_counter()
+    if cmd.request_id != state.request_id:             # drafting without a prefill (e.g. calibration, tests)
+        state.request_id = cmd.request_id
+        state.drafter.rng = np.random.default_rng([cmd.params.seed or 0, 1])
+    out = state.drafter.draft(buffers["context"].array[:cmd.context_len], cmd.n_tokens, cmd.params, cmd.branches)
+    branches, probs = to_slot(out.branches), to_slot(out.probs)
+    flat = [t for branch in branches for t in branch]
+    tokens = buffers["tokens"].array[cmd.slot]
+    tokens[:len(flat)] = flat
+    if probs:
+        buffers["probs"].array[cmd.slot, :len(flat)] = np.concatenate([np.stack(rows) for rows in probs])
+    reply = Drafted(cmd.request_id, cmd.slot, [len(b) for b in branches], time.perf_counter() - start)
+    room = len(tokens) - (len(flat) - len(branches[-1]))      # the likeliest (last) branch may grow to this
+    limit = min(cmd.branches.extend_to, room) if cmd.branches else 0
+    if limit <= len(branches[-1]):
+        return reply
+    return reply, _extension(state, cmd, buffers, len(flat), limit, start)
+
+
+def _extension(state: DraftState, cmd: DraftWindow, buffers, total: int, limit: int, start: float):
+    """Work between commands: the likeliest branch grows a token at a time, each
+    written to the slot before the message that announces it."""
+    for token, row in state.drafter.extend(limit):
+        buffers["tokens"].array[cmd.slot, total] = token
+        if not cmd.params.greedy:
+            buffers["probs"].array[cmd.slot, total] = row
+        total += 1
+        yield DraftExtended(cmd.command, cmd.slot, total, time.perf_counter() - start)
+
+
+def calibrate(state: DraftState, cmd: CalibrateDraft, buffers) -> DraftCalibration:
+    """Time per drafted token after a context of context_len tokens (greedy): the
+    fastest of `repeats` drafts, spread over the target's own calibration."""
+    rng = np.random.default_rng(0)
+    context = rng.integers(0, state.model.n_vocab, cmd.context_len).astype(np.int32)
+    best = float("inf")
+    for _ in range(max(1, cmd.repeats)):
+        state.drafter.sync(context)
+        start = time.perf_counter()
+        state.drafter.draft(context, cmd.n_tokens, SamplingParams())
+        best = min(best, (time.perf_counter() - start) / cmd.n_tokens)
+    return DraftCalibration(best)
+
+
+def main(argv=None) -> int:
+    endpoint, spec = parse_args(argv, DraftSpec)
+    return serve("draft", endpoint, spec, load, {PrefillDraft: prefill, DraftWindow: draft, CalibrateDraft: calibrate})

@@ -1,0 +1,2 @@
+"""C kernels (compiled on first use) and their Python bindings: the native draft
+step and the GGUF block matrix products the target uses."""

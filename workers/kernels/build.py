@@ -1,0 +1,103 @@
+"""Build one of this package's C files for this machine's CPU, once.
+
+A C file is compiled on first use with the machine's C compiler (`CC`, else
+`cc`) and `-march=native`, and the library is kept in the cache directory
+under a name made from the source and the headers beside it (formats.h), the
+compiler and the CPU, so a change of any of them builds afresh. Without a
+compiler, or on a CPU the code is not written for, `built` says why and the
+caller keeps its other kernels.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from contextlib import contextmanager
+
+FLAGS = ["-O3", "-march=native", "-std=c11", "-shared", "-fPIC"]
+FOLDER = os.path.dirname(os.path.abspath(__file__))
+
+
+def kernel_source(name: str) -> str:
+    """The path of one of this package's C files."""
+    return os.path.join(FOLDER, name)
+
+
+class KernelUnavailable(RuntimeError):
+    pass
+
+
+@contextmanager
+def built(source: str, what: str, cache_root: str = ""):
+    """The path of `source` built into cache_root/kernels (or a temporary
+    directory, removed on leaving, when there is no cache); `what` names the
+    kernels in errors. KernelUnavailable says why they cannot be had here."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise KernelUnavailable(f"no {what} for {platform.machine()} CPUs")
+    compiler = os.environ.get("CC") or "cc"
+    if shutil.which(compiler) is None:
+        raise KernelUnavailable(f"no C compiler ({compiler!r}) to build the {what}")
+    stem = os.path.splitext(os.path.basename(source))[0]
+    if cache_root:
+        folder = os.path.join(cache_root, "kernels")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"{stem}-{_build_key(source, compiler)}.so")
+        if not os.path.isfile(path):
+            _compile(source, what, compiler, folder, path)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="hetspec-kernels-") as folder:
+        path = os.path.join(folder, f"{stem}.so")
+        _compile(source, what, compiler, folder, path)
+        yield path
+
+
+def _compile(source: str, what: str, compiler: str, folder: str, path: str) -> None:
+    """Into a private name, then renamed: a reader never loads half a library."""
+    partial = os.path.join(folder, f".partial-{os.getpid()}.so")
+    try:
+        done = subprocess.run([compiler, *FLAGS, source, "-o", partial, "-lm"], check=False,
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise KernelUnavailable(f"building the {what} failed: {done.stderr.strip()[-300:]}")
+        os.replace(partial, path)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelUnavailable(f"building the {what} failed: {exc}") from None
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+
+
+def _build_key(source: str, compiler: str) -> str:
+    """The C file, every header of its folder (it includes them by a relative
+    path), the compiler, its flags and the CPU."""
+    digest = hashlib.sha256()
+    folder = os.path.dirname(os.path.abspath(source))
+    headers = sorted(name for name in os.listdir(folder) if name.endswith(".h"))
+    for path in [source, *(os.path.join(folder, name) for name in headers)]:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    digest.update(" ".join([compiler, *FLAGS]).encode())
+    try:
+        digest.update(subprocess.run([compiler, "--version"], check=False, capture_output=True, timeout=30).stdout)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    digest.update(_cpu_flags().encode())
+    return digest.hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    """-march=native builds for this CPU: a cache shared with another kind of CPU must not reuse it."""
+    seen = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key = line.partition(":")[0].strip()
+                if key in ("model name", "flags") and key not in seen:
+                    seen[key] = line
+    except OSError:
+        pass
+    return "".join(seen.values()) or platform.processor()

@@ -1,0 +1,11 @@
+/* The GGUF block formats the C kernels read, shared by gguf_kernels.c and
+   native_draft.c. hetspec/core/gguf_formats.py (KERNEL_FORMATS, BLOCK) holds
+   the same values for the Python side; the kernel tests check they agree. */
+#ifndef HS_FORMATS_H
+#define HS_FORMATS_H
+
+enum { FMT_Q8_0 = 0, FMT_Q4_0 = 1, FMT_Q4_1 = 2 };         /* a matrix's `fmt` */
+enum { BLOCK = 32 };                                          /* weights per block */
+enum { Q8_0_BYTES = 34, Q4_0_BYTES = 18, Q4_1_BYTES = 20 };   /* bytes per block in a GGUF file */
+
+#endif

@@ -1,0 +1,739 @@
+/* A Llama- or Gemma-3-architecture draft model, one token per call, read
+   straight from a GGUF file's blocks.
+
+   Why: drafting is one row at a time, so it is bound by reading the weights
+   and by per-token overheads. llama.cpp pays more of those overheads per
+   token, and rounds activations to 8 bits, which costs agreement with the
+   target; this file reads the same blocks with activations rounded to 16
+   bits, faster and closer to the target (measured: docs/kernels.md).
+
+   Activations are rounded to int16 per 32-value block. A weight row of format
+     Q8_0: d * q        Q4_0: d * (q - 8)        Q4_1: d * q + m
+   times a block of activations x ~ dx * xq is d * dx * sum(q * xq) (minus
+   8 * d * dx * sum(xq) for Q4_0), plus m * sum(x) for Q4_1.
+
+   Conventions are llama.cpp's. For "llama", rope turns adjacent pairs (GGUF
+   conversion permuted the query and key rows for it). Gemma 3 adds what its
+   layer has beyond Llama's: the embedding scaled by sqrt(width), query and key
+   heads normalised, a norm after attention and after the MLP, GELU (tanh)
+   gating, rope over the heads' two halves, and sliding-window layers with
+   their own rope base (its norm weights are stored with the 1 already added).
+   Weights are GGUF rows of `cols` values. The KV cache is float16, a kv
+   head's keys in blocks of 8 positions, dimension-major, its values a row per
+   position (see attend); the query heads sharing a kv head are served in one
+   pass over it.
+   Needs AVX2, FMA and F16C; uses AVX512-VNNI where the CPU has it, and with
+   AVX-512 BW too reads 4-bit rows two blocks a step, four rows a tile (see
+   PAIRED). Keys are blocked and fetched ahead so that long contexts stream
+   the cache quickly (see attend). */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "formats.h"
+
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "the native draft needs AVX2, FMA and F16C"
+#endif
+
+/* A weight matrix, its blocks taken apart (_mat in workers/draft/native.py): per row,
+   the blocks' quants one after the other (16 bytes of nibbles or 32 int8 a
+   block), their scales d and, for Q4_1, their offsets m (float16). */
+typedef struct {
+    const uint8_t *qs;
+    const uint16_t *d, *m;
+    int fmt, rows, cols;
+} hs_mat;
+
+typedef struct {
+    hs_mat wq, wk, wv, wo, gate, up, down;
+    const float *attn_norm, *ffn_norm;
+    const float *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;   /* Gemma 3; NULL for Llama */
+    int sliding;      /* attends to the last `window` positions, rope at the local base */
+} hs_layer;
+
+typedef struct {
+    int n_layer, n_embd, n_head, n_kv, head_dim, n_ff, n_vocab, n_ctx;
+    float eps, rope_base;
+    hs_mat embd, out;
+    const float *out_norm;
+    const hs_layer *layers;
+    uint16_t *kcache, *vcache;    /* float16, see attend: keys [layer][kv head][blocks of 8 positions],
+                                     values [layer][kv head][position][head_dim] */
+    float *work;                  /* hs_work_floats(model) floats */
+    int neox_rope, gelu, window;  /* rope over halves; GELU (tanh) instead of SiLU; sliding window */
+    float embd_scale, rope_base_local;
+    hs_mat out_fast;              /* a Q4_1 copy of a Q8_0 output layer (see head); qs NULL: none */
+} hs_model;
+
+static inline float hsum8(__m256 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* ---- activations rounded per block ------------------------------------------ */
+
+/* With AVX-512 (BW and VNNI), 4-bit rows are read two blocks per 512-bit
+   step: the activations are kept a second time, each pair of blocks as
+   [first 16 of block b, of b+1, last 16 of b, of b+1], the order in which a
+   pair's nibbles unpack, so the step needs no shuffle but its scales'. */
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define PAIRED 1
+#else
+#define PAIRED 0
+#endif
+
+typedef struct {
+    int16_t *q;      /* n values */
+    int16_t *pairs;  /* n values, pairs of blocks reordered (PAIRED only) */
+    float *scale;    /* per block: x ~ scale * q */
+    float *sum;      /* per block: the exact sum of x */
+    int32_t *qsum;   /* per block: the sum of q */
+} quantized;
+
+static inline float hmax8(__m256 a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* Two vectors of int32 as 16 int16, in order. */
+static inline __m256i pack16(__m256i a, __m256i b) {
+    return _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8);
+}
+
+static void quantize(const float *x, int n, quantized *out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < n / BLOCK; b++) {
+        const float *xb = x + b * BLOCK;
+        __m256 v[4];
+        for (int c = 0; c < 4; c++) v[c] = _mm256_loadu_ps(xb + 8 * c);
+        const __m256 amax = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                          _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        const float top = hmax8(amax);
+        const float inv = top > 0.0f ? 32767.0f / top : 0.0f;
+        const __m256 scale = _mm256_set1_ps(inv);
+        __m256i q[4];
+        for (int c = 0; c < 4; c++) q[c] = _mm256_cvtps_epi32(_mm256_mul_ps(v[c], scale));   /* nearest, ties to even */
+        const __m256i lo = pack16(q[0], q[1]), hi = pack16(q[2], q[3]);
+        _mm256_storeu_si256((__m256i *)(out->q + b * BLOCK), lo);
+        _mm256_storeu_si256((__m256i *)(out->q + b * BLOCK + 16), hi);
+        if (PAIRED) {
+            int16_t *pair = out->pairs + (b & ~1) * BLOCK;
+            const int second = (b & 1) * 16, partnered = (b | 1) < n / BLOCK;   /* else a last block, kept in order */
+            _mm256_storeu_si256((__m256i *)(pair + (partnered ? second : 0)), lo);
+            _mm256_storeu_si256((__m256i *)(pair + (partnered ? 32 + second : 16)), hi);
+        }
+        const __m256i ones = _mm256_set1_epi16(1);
+        const __m256i qs = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(qs), _mm256_extracti128_si256(qs, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+        out->scale[b] = top / 32767.0f;
+        out->sum[b] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+        out->qsum[b] = _mm_cvtsi128_si32(t);
+    }
+}
+
+/* ---- one weight row times rounded activations -------------------------------- */
+
+/* Per row, first the blocks' scales times the activations' (into `scale`) and
+   the Q4_1 offsets' share, m * sum(x), eight blocks at a time. */
+static float row_scales(const uint16_t *d, const uint16_t *m, int nb, const quantized *x, float *scale) {
+    __m256 off = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + b)));
+        _mm256_storeu_ps(scale + b, _mm256_mul_ps(dw, _mm256_loadu_ps(x->scale + b)));
+        if (m) off = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + b))),
+                                     _mm256_loadu_ps(x->sum + b), off);
+    }
+    float offsets = hsum8(off);
+    for (; b < nb; b++) {
+        scale[b] = _cvtsh_ss(d[b]) * x->scale[b];
+        if (m) offsets += _cvtsh_ss(m[b]) * x->sum[b];
+    }
+    return offsets;
+}
+
+static inline __m256i dot16(__m256i acc, __m256i w, const int16_t *xq) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(acc, w, _mm256_loadu_si256((const __m256i *)xq));
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, _mm256_loadu_si256((const __m256i *)xq)));
+#endif
+}
+
+/* One row of 4-bit quants: sum over blocks of scale * sum(q * xq). */
+static float row_q4(const uint8_t *qs, int nb, const int16_t *xq, const float *scale) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m128i mask = _mm_set1_epi8(15);
+    int b = 0;
+    for (; b + 2 <= nb; b += 2, qs += 32, xq += 64) {
+        const __m128i r0 = _mm_loadu_si128((const __m128i *)qs), r1 = _mm_loadu_si128((const __m128i *)(qs + 16));
+        __m256i s0 = dot16(_mm256_setzero_si256(), _mm256_cvtepu8_epi16(_mm_and_si128(r0, mask)), xq);
+        __m256i s1 = dot16(_mm256_setzero_si256(), _mm256_cvtepu8_epi16(_mm_and_si128(r1, mask)), xq + 32);
+        s0 = dot16(s0, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(r0, 4), mask)), xq + 16);
+        s1 = dot16(s1, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(r1, 4), mask)), xq + 48);
+        acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + b), _mm256_cvtepi32_ps(s0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + b + 1), _mm256_cvtepi32_ps(s1), acc1);
+    }
+    for (; b < nb; b++, qs += 16, xq += 32) {
+        const __m128i r = _mm_loadu_si128((const __m128i *)qs);
+        __m256i s = dot16(_mm256_setzero_si256(), _mm256_cvtepu8_epi16(_mm_and_si128(r, mask)), xq);
+        s = dot16(s, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(r, 4), mask)), xq + 16);
+        acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + b), _mm256_cvtepi32_ps(s), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+static float row_q8_0(const uint8_t *qs, int nb, const int16_t *xq, const float *scale) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, qs += 32, xq += 32) {
+        __m256i s = dot16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs)), xq);
+        s = dot16(s, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16))), xq + 16);
+        if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + b), _mm256_cvtepi32_ps(s), acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + b), _mm256_cvtepi32_ps(s), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* A row's quants and scales are fetched this many rows before they are
+   multiplied, past a matrix's end from the next one's first rows. Fetching
+   ahead made steps faster; 16 rows did better than 4, and 32 or 64 no better
+   (measured: docs/kernels.md). */
+#ifndef AHEAD
+#define AHEAD 16
+#endif
+
+/* Each row's scales and offsets, Q4_0's 8 * scale * sum(xq) per block folded in. */
+static inline __attribute__((always_inline)) float row_setup(const hs_mat *w, int r, int nb, const quantized *x, float *scale) {
+    float offsets = row_scales(w->d + (size_t)r * nb, w->m ? w->m + (size_t)r * nb : NULL, nb, x, scale);
+    if (w->fmt == FMT_Q4_0)
+        for (int b = 0; b < nb; b++) offsets -= 8.0f * scale[b] * (float)x->qsum[b];
+    return offsets;
+}
+
+static inline __attribute__((always_inline)) void prefetch_rows(const hs_mat *w, int r, int n) {
+    const int nb = w->cols / BLOCK, row_bytes = nb * (w->fmt == FMT_Q8_0 ? 32 : 16);
+    const char *rows = (const char *)(w->qs + (size_t)r * row_bytes);
+    for (int i = 0; i < n * row_bytes; i += 64) _mm_prefetch(rows + i, _MM_HINT_T0);
+    for (int i = 0; i < n * nb * 2; i += 64) _mm_prefetch((const char *)(w->d + (size_t)r * nb) + i, _MM_HINT_T0);
+    if (w->m)
+        for (int i = 0; i < n * nb * 2; i += 64) _mm_prefetch((const char *)(w->m + (size_t)r * nb) + i, _MM_HINT_T0);
+}
+
+/* Rows r..r+n of w fetched early, or past its end the first rows of `next`,
+   the matrix multiplied after it: a forward's matrices are small (SmolLM2's
+   wk has 192 rows), and each one's first rows would come in cold. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const hs_mat *w, const hs_mat *next, int r, int n) {
+    if (r + n <= w->rows) prefetch_rows(w, r, n);
+    else if (next && r >= w->rows && r - w->rows + n <= next->rows) prefetch_rows(next, r - w->rows, n);
+}
+
+#if PAIRED
+/* Rows are taken four at a time: short rows (SmolLM2's are 18 blocks) spent a
+   large share of their time folding their sums; four fold together in a few adds. */
+enum { TILE = 4 };
+
+static inline __m128 fold4(const __m512 *acc) {
+    __m256 h[4];
+    for (int i = 0; i < 4; i++)
+        h[i] = _mm256_add_ps(_mm512_castps512_ps256(acc[i]),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i]), 1)));
+    const __m256 all = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps(all, 1));
+}
+
+/* n rows of 4-bit quants, two blocks a step (see PAIRED): int32 lanes 0-7 sum
+   block b, lanes 8-15 block b + 1, so the scales go in as [s_b x8, s_b+1 x8].
+   A last block without a partner is left to the caller. Row after row, not
+   step after step across the rows: interleaving four rows' reads was much
+   slower (measured: docs/kernels.md). */
+static inline __attribute__((always_inline)) void tile_q4(const uint8_t *qs, int row_bytes, int nb,
+                                                          const int16_t *xp, const float *scale, int n, __m512 *acc) {
+    const __m512i low = _mm512_set1_epi16(15);
+    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int i = 0; i < n; i++) {
+        const uint8_t *row = qs + (size_t)i * row_bytes;
+        for (int b = 0; b + 2 <= nb; b += 2) {
+            const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(row + 16 * b)));
+            __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_and_si512(w, low),
+                                            _mm512_loadu_si512(xp + 32 * b));
+            s = _mm512_dpwssd_epi32(s, _mm512_srli_epi16(w, 4), _mm512_loadu_si512(xp + 32 * b + 32));
+            const __m512 pair = _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(scale + i * nb + b))));
+            acc[i] = _mm512_fmadd_ps(_mm512_permutexvar_ps(spread, pair), _mm512_cvtepi32_ps(s), acc[i]);
+        }
+    }
+}
+
+/* 4-bit rows r..r+n (n <= TILE). */
+static inline __attribute__((always_inline)) void rows_q4_wide(const hs_mat *w, int r, int n, const quantized *x,
+                                                               float *scale, float *y) {
+    const int nb = w->cols / BLOCK, row_bytes = nb * 16;
+    const uint8_t *qs = w->qs + (size_t)r * row_bytes;
+    float offsets[TILE] = {0}, sums[TILE];
+    __m512 acc[TILE];
+    for (int i = 0; i < TILE; i++) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < n; i++) offsets[i] = row_setup(w, r + i, nb, x, scale + i * nb);
+    tile_q4(qs, row_bytes, nb, x->pairs, scale, n, acc);
+    if (nb & 1)    /* the last block, in its own order */
+        for (int i = 0; i < n; i++)
+            offsets[i] += row_q4(qs + (size_t)i * row_bytes + 16 * (nb - 1), 1, x->pairs + 32 * (nb - 1),
+                                 scale + i * nb + nb - 1);
+    _mm_storeu_ps(sums, _mm_add_ps(fold4(acc), _mm_loadu_ps(offsets)));
+    for (int i = 0; i < n; i++) y[r + i] = sums[i];
+}
+#endif
+
+/* Row r of W times x already rounded (scale: the row's nb block scales, scratch). */
+static float one_row(const hs_mat *w, int r, int nb, const quantized *x, float *scale) {
+    const float offsets = row_setup(w, r, nb, x, scale);
+    const uint8_t *qs = w->qs + (size_t)r * nb * (w->fmt == FMT_Q8_0 ? 32 : 16);
+    return (w->fmt == FMT_Q8_0 ? row_q8_0(qs, nb, x->q, scale) : row_q4(qs, nb, x->q, scale)) + offsets;
+}
+
+/* y = W x for x already rounded. */
+static void matvec(const hs_mat *w, const quantized *x, float *y, const hs_mat *next) {
+    const int nb = w->cols / BLOCK;
+    int r = 0;
+#if PAIRED
+    float scale[TILE * nb];
+    if (w->fmt != FMT_Q8_0) {    /* Q8_0 rows gained nothing from 512-bit steps (docs/kernels.md) */
+        for (; r + TILE <= w->rows; r += TILE) {
+            prefetch_ahead(w, next, r + AHEAD, TILE);
+            rows_q4_wide(w, r, TILE, x, scale, y);
+        }
+        for (; r < w->rows; r++) rows_q4_wide(w, r, 1, x, scale, y);
+        return;
+    }
+#else
+    float scale[nb];
+#endif
+    for (; r < w->rows; r++) {
+        prefetch_ahead(w, next, r + AHEAD, 1);
+        y[r] = one_row(w, r, nb, x, scale);
+    }
+}
+
+/* Row r of W, as float32 values (the token embedding). */
+static void dequantize_row(const hs_mat *w, int r, float *y) {
+    const int nb = w->cols / BLOCK;
+    for (int b = 0; b < nb; b++) {
+        float *yb = y + b * BLOCK;
+        const size_t at = (size_t)r * nb + b;
+        const float d = _cvtsh_ss(w->d[at]);
+        if (w->fmt == FMT_Q8_0) {
+            const int8_t *q = (const int8_t *)w->qs + at * 32;
+            for (int j = 0; j < BLOCK; j++) yb[j] = d * (float)q[j];
+            continue;
+        }
+        const uint8_t *q = w->qs + at * 16;
+        const float m = w->fmt == FMT_Q4_0 ? -8.0f * d : _cvtsh_ss(w->m[at]);
+        for (int j = 0; j < 16; j++) {
+            yb[j] = fmaf(d, (float)(q[j] & 15), m);
+            yb[j + 16] = fmaf(d, (float)(q[j] >> 4), m);
+        }
+    }
+}
+
+/* ---- the output layer ------------------------------------------------------------ */
+
+/* Logits with a Q8_0 output layer, read mostly in its Q4_1 copy: all of them
+   from the copy, then the REFINE largest again from the Q8_0 rows, exactly as
+   the full layer gives them. The copy reads fewer bytes (20 per block of 32
+   weights against 34), and the output layer is much of a step (most of
+   Gemma 3's). The copy's own argmax is often not the full layer's, but the
+   full layer's has been among the copy's few largest logits: greedy drafts
+   are the full layer's wherever it is among the REFINE. The other logits are
+   the copy's, coarser, and sampling sees them: 64 recomputed keep seeded
+   sampling acceptance where the full layer has it, 16 did not (measured:
+   docs/kernels.md). */
+enum { REFINE = 64 };
+
+static void head(const hs_model *m, const quantized *x, float *logits) {
+    if (!m->out_fast.qs) {
+        matvec(&m->out, x, logits, NULL);
+        return;
+    }
+    matvec(&m->out_fast, x, logits, NULL);
+    int top[REFINE], kept = 0, lowest = 0;
+    float floor = -INFINITY;              /* the smallest kept logit once REFINE are kept */
+    const int n = m->n_vocab;
+    for (int i = 0; i < n; i += 8) {
+        int mask = i + 8 <= n ? _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(logits + i), _mm256_set1_ps(floor),
+                                                                 _CMP_GT_OQ))
+                              : (1 << (n - i)) - 1;
+        for (; mask; mask &= mask - 1) {
+            const int j = i + __builtin_ctz(mask);
+            if (!(logits[j] > floor)) continue;
+            if (kept < REFINE) top[kept++] = j;
+            else top[lowest] = j;
+            if (kept == REFINE) {
+                lowest = 0;
+                for (int k = 1; k < REFINE; k++) if (logits[top[k]] < logits[top[lowest]]) lowest = k;
+                floor = logits[top[lowest]];
+            }
+        }
+    }
+    const int nb = m->out.cols / BLOCK;
+    float scale[nb];
+    for (int k = 0; k < kept; k++) logits[top[k]] = one_row(&m->out, top[k], nb, x, scale);
+}
+
+/* A Q4_1 copy of Q8_0 blocks (blocks of 32 values): per block the step
+   (max - min) / 15 and the minimum, in float16, and the values rounded to the
+   nearest of the 16 levels. */
+void hs_q4_1_from_q8_0(const int8_t *qs, const uint16_t *d, long blocks, uint8_t *q4, uint16_t *d4, uint16_t *m4) {
+    for (long b = 0; b < blocks; b++) {
+        const float scale = _cvtsh_ss(d[b]);
+        float w[BLOCK], lo = INFINITY, hi = -INFINITY;
+        for (int j = 0; j < BLOCK; j++) {
+            w[j] = scale * (float)qs[b * BLOCK + j];
+            lo = fminf(lo, w[j]);
+            hi = fmaxf(hi, w[j]);
+        }
+        d4[b] = _cvtss_sh((hi - lo) / 15.0f, 0);
+        m4[b] = _cvtss_sh(lo, 0);
+        const float step = _cvtsh_ss(d4[b]), low = _cvtsh_ss(m4[b]), inv = step > 0.0f ? 1.0f / step : 0.0f;
+        for (int j = 0; j < 16; j++) {
+            const int a = (int)lrintf((w[j] - low) * inv), c = (int)lrintf((w[j + 16] - low) * inv);
+            q4[b * 16 + j] = (uint8_t)((a < 0 ? 0 : a > 15 ? 15 : a) | (c < 0 ? 0 : c > 15 ? 15 : c) << 4);
+        }
+    }
+}
+
+/* ---- the rest of a layer -------------------------------------------------------- */
+
+static void rms_norm(const float *x, const float *weight, int n, float eps, float *y) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) y[i] = x[i] * inv * weight[i];
+}
+
+/* Turn adjacent pairs (2i, 2i + 1) of every head by the angles of this position. */
+static void rope(float *v, int heads, int head_dim, const float *cos_t, const float *sin_t) {
+    for (int h = 0; h < heads; h++) {
+        float *p = v + h * head_dim;
+        for (int i = 0; i < head_dim / 2; i++) {
+            const float a = p[2 * i], b = p[2 * i + 1];
+            p[2 * i] = a * cos_t[i] - b * sin_t[i];
+            p[2 * i + 1] = a * sin_t[i] + b * cos_t[i];
+        }
+    }
+}
+
+/* Turn dimensions (i, i + head_dim/2) of every head: rope over halves, as transformers does. */
+static void rope_halves(float *v, int heads, int head_dim, const float *cos_t, const float *sin_t) {
+    const int half = head_dim / 2;
+    for (int h = 0; h < heads; h++) {
+        float *p = v + h * head_dim;
+        for (int i = 0; i < half; i++) {
+            const float a = p[i], b = p[i + half];
+            p[i] = a * cos_t[i] - b * sin_t[i];
+            p[i + half] = b * cos_t[i] + a * sin_t[i];
+        }
+    }
+}
+
+static void rope_angles(int pos, float base, int head_dim, float *cos_t, float *sin_t) {
+    for (int i = 0; i < head_dim / 2; i++) {
+        const float angle = (float)pos * powf(base, -2.0f * (float)i / (float)head_dim);
+        cos_t[i] = cosf(angle);
+        sin_t[i] = sinf(angle);
+    }
+}
+
+/* exp(x) for x <= 0 (softmax after subtracting the maximum), to ~2 ulp. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* gate = act(gate) * up, act(g) = g * sigmoid(z) with exp of -|z| only: SiLU is
+   z = g, GELU's tanh form z = 2 sqrt(2/pi) (g + 0.044715 g^3)
+   (0.5 (1 + tanh(u)) = sigmoid(2u)). */
+static void gated(float *gate, const float *up, int n, int gelu) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    const __m256 c1 = _mm256_set1_ps(1.5957691216f), c3 = _mm256_set1_ps(0.0713548163f);  /* 2 sqrt(2/pi) (1, 0.044715) */
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 z = gelu ? _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), c3, c1)) : g;
+        const __m256 e = exp8(_mm256_or_ps(z, sign));                       /* exp(-|z|) */
+        const __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
+        const __m256 sig = _mm256_blendv_ps(r, _mm256_mul_ps(e, r), z);     /* z < 0: e / (1 + e) */
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) {
+        const float g = gate[i], z = gelu ? g * (1.5957691216f + 0.0713548163f * g * g) : g;
+        gate[i] = g / (1.0f + expf(-z)) * up[i];
+    }
+}
+
+/* Keys are kept in blocks of KEY_BLOCK positions, each block dimension-major
+   ([block][dim][position in block]): a query's scores for a block's positions
+   are then the lanes of one FMA chain, with no horizontal sum per position.
+   Values stay position-major, a row per position, as weighing them reads. */
+enum { KEY_BLOCK = 8 };
+enum { KEYS_AHEAD = 8, VALUES_AHEAD = 16 };   /* key blocks, value rows a stream is fetched ahead */
+
+/* Key values per kv head: n_ctx rounded up to whole blocks. */
+static inline size_t key_stride(const hs_model *m) {
+    return (size_t)((m->n_ctx + KEY_BLOCK - 1) / KEY_BLOCK) * KEY_BLOCK * m->head_dim;
+}
+
+/* out = sum over t of p[t] * v[t] (float16 rows `stride` apart), 32 values at a
+   time kept in registers while the rows stream past. */
+static void weigh_values(const uint16_t *v, int stride, const float *p, int n, int hd, float *out) {
+    for (int i = 0; i < hd; i += 32) {
+        const int parts = hd - i < 32 ? (hd - i) / 8 : 4;
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int t = 0; t < n; t++) {
+            const __m256 w = _mm256_broadcast_ss(p + t);
+            const uint16_t *row = v + (size_t)t * stride + i;
+            for (int c = 0; c < parts; c++)
+                acc[c] = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8 * c))), acc[c]);
+        }
+        for (int c = 0; c < parts; c++) _mm256_storeu_ps(out + i + 8 * c, acc[c]);
+    }
+}
+
+/* The same for three heads sharing the rows (their p p_stride apart, out hd
+   apart; hd a multiple of 32): each row is read once per 32 values. */
+static void weigh_values3(const uint16_t *v, int stride, const float *p, int p_stride, int n, int hd, float *out) {
+    for (int i = 0; i < hd; i += 32) {
+        __m256 acc[3][4];
+        for (int h = 0; h < 3; h++)
+            for (int c = 0; c < 4; c++) acc[h][c] = _mm256_setzero_ps();
+        for (int t = 0; t < n; t++) {
+            const uint16_t *row = v + (size_t)t * stride + i;
+            if (i == 0 && t + VALUES_AHEAD < n)    /* the later passes find the rows in cache */
+                for (int j = 0; j < hd; j += 32)
+                    _mm_prefetch((const char *)(row + (size_t)VALUES_AHEAD * stride + j), _MM_HINT_T0);
+            __m256 vv[4];
+            for (int c = 0; c < 4; c++) vv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8 * c)));
+            for (int h = 0; h < 3; h++) {
+                const __m256 w = _mm256_broadcast_ss(p + (size_t)h * p_stride + t);
+                for (int c = 0; c < 4; c++) acc[h][c] = _mm256_fmadd_ps(w, vv[c], acc[h][c]);
+            }
+        }
+        for (int h = 0; h < 3; h++)
+            for (int c = 0; c < 4; c++) _mm256_storeu_ps(out + h * hd + i + 8 * c, acc[h][c]);
+    }
+}
+
+/* Position pos's key into its place in its block. */
+static void store_key(const float *k, int hd, uint16_t *keys, int pos) {
+    uint16_t *dst = keys + (size_t)(pos / KEY_BLOCK) * hd * KEY_BLOCK + pos % KEY_BLOCK, half[8];
+    for (int i = 0; i < hd; i += 8) {
+        _mm_storeu_si128((__m128i *)half, _mm256_cvtps_ph(_mm256_loadu_ps(k + i), _MM_FROUND_TO_NEAREST_INT));
+        for (int j = 0; j < 8; j++) dst[(size_t)(i + j) * KEY_BLOCK] = half[j];
+    }
+}
+
+/* s[h * stride + i] = scale * q_h . key of position b0 * KEY_BLOCK + i, for the
+   blocks b0..b1-1 and nh (a constant after inlining) query heads: two blocks
+   at a time, so 2 * nh independent chains keep the FMA units busy. */
+static inline __attribute__((always_inline)) void key_scores(const uint16_t *keys, int hd, const float *q, int nh,
+                                                             int b0, int b1, float scale, float *s, int stride) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (int b = b0; b < b1; b += 2) {
+        const int pair = b + 1 < b1;
+        const uint16_t *k0 = keys + (size_t)b * hd * KEY_BLOCK, *k1 = pair ? k0 + (size_t)hd * KEY_BLOCK : k0;
+        __m256 a0[4], a1[4];
+        for (int h = 0; h < nh; h++) a0[h] = a1[h] = _mm256_setzero_ps();
+        if (b + KEYS_AHEAD < b1)       /* a single core streams the cache faster when asked ahead */
+            for (int i = 0; i < 2 * hd * KEY_BLOCK; i += 32)
+                _mm_prefetch((const char *)(k0 + (size_t)KEYS_AHEAD * hd * KEY_BLOCK + i), _MM_HINT_T0);
+        for (int d = 0; d < hd; d++) {
+            const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k0 + d * KEY_BLOCK)));
+            const __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k1 + d * KEY_BLOCK)));
+            for (int h = 0; h < nh; h++) {
+                const __m256 w = _mm256_broadcast_ss(q + (size_t)h * hd + d);
+                a0[h] = _mm256_fmadd_ps(w, x0, a0[h]);
+                a1[h] = _mm256_fmadd_ps(w, x1, a1[h]);
+            }
+        }
+        float *out = s + (size_t)(b - b0) * KEY_BLOCK;
+        for (int h = 0; h < nh; h++) {
+            _mm256_storeu_ps(out + (size_t)h * stride, _mm256_mul_ps(a0[h], sc));
+            if (pair) _mm256_storeu_ps(out + (size_t)h * stride + KEY_BLOCK, _mm256_mul_ps(a1[h], sc));
+        }
+    }
+}
+
+/* Scores into probabilities, in place, over n values. */
+static void softmax(float *s, int n) {
+    __m256 top8 = _mm256_set1_ps(-INFINITY), sum8 = _mm256_setzero_ps();
+    int t = 0;
+    for (; t + 8 <= n; t += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + t));
+    float top = hmax8(top8), total;
+    for (; t < n; t++) top = s[t] > top ? s[t] : top;
+    for (t = 0; t + 8 <= n; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), _mm256_set1_ps(top)));
+        _mm256_storeu_ps(s + t, e);
+        sum8 = _mm256_add_ps(sum8, e);
+    }
+    total = hsum8(sum8);
+    for (; t < n; t++) {
+        s[t] = expf(s[t] - top);
+        total += s[t];
+    }
+    const float inv = 1.0f / total;
+    for (t = 0; t < n; t++) s[t] *= inv;
+}
+
+/* Attention of the query heads over positions first..end-1 of one layer's
+   cache; each key and value is read once for the whole group sharing it. */
+static void attend(const hs_model *m, const float *q, const uint16_t *kc, const uint16_t *vc, int first, int end,
+                   float *scores, float *out) {
+    const int hd = m->head_dim, group = m->n_head / m->n_kv, n = end - first;
+    const int b0 = first / KEY_BLOCK, b1 = (end + KEY_BLOCK - 1) / KEY_BLOCK, stride = (b1 - b0) * KEY_BLOCK;
+    const int skip = first - b0 * KEY_BLOCK;             /* positions of the first block before `first` */
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int g = 0; g < m->n_kv; g++) {
+        const uint16_t *keys = kc + (size_t)g * key_stride(m), *values = vc + (size_t)g * m->n_ctx * hd + (size_t)first * hd;
+        const float *qg = q + (size_t)g * group * hd;
+        for (int h = 0; h < group; h += 4) {
+            float *s = scores + (size_t)h * stride;
+            switch (group - h < 4 ? group - h : 4) {
+            case 1: key_scores(keys, hd, qg + h * hd, 1, b0, b1, scale, s, stride); break;
+            case 2: key_scores(keys, hd, qg + h * hd, 2, b0, b1, scale, s, stride); break;
+            case 3: key_scores(keys, hd, qg + h * hd, 3, b0, b1, scale, s, stride); break;
+            default: key_scores(keys, hd, qg + h * hd, 4, b0, b1, scale, s, stride); break;
+            }
+        }
+        for (int h = 0; h < group; h++) softmax(scores + (size_t)h * stride + skip, n);
+        int h = 0;
+        if (hd % 32 == 0)
+            for (; h + 3 <= group; h += 3)
+                weigh_values3(values, hd, scores + (size_t)h * stride + skip, stride, n, hd, out + (g * group + h) * hd);
+        for (; h < group; h++)
+            weigh_values(values, hd, scores + (size_t)h * stride + skip, n, hd, out + (g * group + h) * hd);
+    }
+}
+
+static void to_half(const float *x, int n, uint16_t *y) {
+    for (int i = 0; i < n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+}
+
+/* ---- the model ------------------------------------------------------------------ */
+
+static int widest(const hs_model *m) {
+    const int heads = m->n_head * m->head_dim, w = m->n_ff > m->n_embd ? m->n_ff : m->n_embd;
+    return heads > w ? heads : w;
+}
+
+/* Logits an output layer's Q4_1 copy leaves to its Q8_0 rows (see head), for the description. */
+int hs_refined_logits(void) { return REFINE; }
+
+/* Positions per block of the key cache, for the caller that allocates it. */
+int hs_key_block(void) { return KEY_BLOCK; }
+
+/* Floats of scratch memory a forward pass needs. */
+long hs_work_floats(const hs_model *m) {
+    const long w = widest(m), heads = (long)m->n_head * m->head_dim;
+    /* x, h, q, att, k, v, gate, up; quantized q and pairs (as floats, 2 int16 each), scale, sum, qsum; scores */
+    return 2L * m->n_embd + 2 * heads + 2L * m->n_kv * m->head_dim + 2L * m->n_ff + w + 3 * (w / BLOCK)
+           + (long)(m->n_head / m->n_kv) * (m->n_ctx + KEY_BLOCK) + 64;
+}
+
+/* y = W x as a forward pass computes it, x rounded per block first: for the
+   kernel tests. work: hs_matvec_work_floats(W's cols) floats. */
+long hs_matvec_work_floats(int cols) {
+    return cols + 3L * (cols / BLOCK) + 16;
+}
+
+void hs_matvec(const hs_mat *w, const float *x, float *y, float *work) {
+    quantized xq;
+    xq.q = (int16_t *)work;
+    xq.pairs = xq.q + w->cols;
+    xq.scale = work + w->cols;
+    xq.sum = xq.scale + w->cols / BLOCK;
+    xq.qsum = (int32_t *)(xq.sum + w->cols / BLOCK);
+    quantize(x, w->cols, &xq);
+    matvec(w, &xq, y, NULL);
+}
+
+/* Evaluate `token` at position `pos` (the cache holds 0..pos-1 and gets pos);
+   logits (n_vocab floats) when not NULL. 0 on success, -1 for bad input. */
+int hs_forward(const hs_model *m, int token, int pos, float *logits) {
+    if (token < 0 || token >= m->n_vocab || pos < 0 || pos >= m->n_ctx || m->head_dim > 256) return -1;
+    const int E = m->n_embd, hd = m->head_dim, kv_dim = m->n_kv * hd, heads = m->n_head * hd;
+    float *x = m->work, *h = x + E, *q = h + E, *att = q + heads, *k = att + heads, *v = k + kv_dim;
+    float *gate = v + kv_dim, *up = gate + m->n_ff;
+    quantized xq;
+    xq.q = (int16_t *)(up + m->n_ff);
+    xq.pairs = xq.q + widest(m);
+    xq.scale = up + m->n_ff + widest(m);
+    xq.sum = xq.scale + widest(m) / BLOCK;
+    xq.qsum = (int32_t *)(xq.sum + widest(m) / BLOCK);
+    float *scores = (float *)(xq.qsum + widest(m) / BLOCK);
+
+    float cos_g[128], sin_g[128], cos_l[128], sin_l[128];    /* global and local (sliding) rope */
+    rope_angles(pos, m->rope_base, hd, cos_g, sin_g);
+    if (m->window > 0) rope_angles(pos, m->rope_base_local, hd, cos_l, sin_l);
+    void (*turn)(float *, int, int, const float *, const float *) = m->neox_rope ? rope_halves : rope;
+    dequantize_row(&m->embd, token, x);
+    if (m->embd_scale != 1.0f)
+        for (int i = 0; i < E; i++) x[i] *= m->embd_scale;
+    for (int l = 0; l < m->n_layer; l++) {
+        const hs_layer *L = m->layers + l;
+        uint16_t *kc = m->kcache + (size_t)l * m->n_kv * key_stride(m), *vc = m->vcache + (size_t)l * m->n_ctx * kv_dim;
+        rms_norm(x, L->attn_norm, E, m->eps, h);
+        quantize(h, E, &xq);
+        matvec(&L->wq, &xq, q, &L->wk);
+        matvec(&L->wk, &xq, k, &L->wv);
+        matvec(&L->wv, &xq, v, &L->wo);
+        if (L->q_norm)
+            for (int i = 0; i < m->n_head; i++) rms_norm(q + i * hd, L->q_norm, hd, m->eps, q + i * hd);
+        if (L->k_norm)
+            for (int i = 0; i < m->n_kv; i++) rms_norm(k + i * hd, L->k_norm, hd, m->eps, k + i * hd);
+        const float *cos_t = L->sliding ? cos_l : cos_g, *sin_t = L->sliding ? sin_l : sin_g;
+        turn(q, m->n_head, hd, cos_t, sin_t);
+        turn(k, m->n_kv, hd, cos_t, sin_t);
+        for (int g = 0; g < m->n_kv; g++) {
+            store_key(k + g * hd, hd, kc + (size_t)g * key_stride(m), pos);
+            to_half(v + g * hd, hd, vc + ((size_t)g * m->n_ctx + pos) * hd);
+        }
+        const int first = L->sliding && pos + 1 > m->window ? pos + 1 - m->window : 0;
+        attend(m, q, kc, vc, first, pos + 1, scores, att);
+        quantize(att, heads, &xq);
+        matvec(&L->wo, &xq, h, &L->gate);
+        if (L->post_attn_norm) rms_norm(h, L->post_attn_norm, E, m->eps, h);
+        for (int i = 0; i < E; i++) x[i] += h[i];
+
+        rms_norm(x, L->ffn_norm, E, m->eps, h);
+        quantize(h, E, &xq);
+        matvec(&L->gate, &xq, gate, &L->up);
+        matvec(&L->up, &xq, up, &L->down);
+        gated(gate, up, m->n_ff, m->gelu);
+        quantize(gate, m->n_ff, &xq);
+        matvec(&L->down, &xq, h, l + 1 < m->n_layer ? &m->layers[l + 1].wq : m->out_fast.qs ? &m->out_fast : &m->out);
+        if (L->post_ffn_norm) rms_norm(h, L->post_ffn_norm, E, m->eps, h);
+        for (int i = 0; i < E; i++) x[i] += h[i];
+    }
+    if (logits) {
+        rms_norm(x, m->out_norm, E, m->eps, h);
+        quantize(h, E, &xq);
+        head(m, &xq, logits);
+    }
+    return 0;
+}

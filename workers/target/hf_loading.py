@@ -1,0 +1,94 @@
+"""Load a transformers causal LM from a resolved model spec (a hetspec.ipc.specs.ModelSpec).
+
+A GGUF file is dequantized by transformers' GGUF loader (needs gguf and
+accelerate), once: the result is kept in the spec's cache_dir (chosen by the
+engine when it resolves the model) and read from there next time. A "random"
+spec builds a tiny model from a config, for tests.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+
+import torch
+
+from hetspec.ipc.specs import ModelSpec
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_causal_lm(model: ModelSpec, dtype: str = "float32", device: str = "cpu"):
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = DTYPES[dtype]
+    kind = model.kind
+    if kind == "random":
+        lm = _random_model(model.random, torch_dtype)
+    elif kind == "gguf":
+        lm = _from_gguf(model, dtype)
+    else:
+        lm = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch_dtype)
+    return lm.to(device).eval()
+
+
+def _from_gguf(model: ModelSpec, dtype: str):
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = DTYPES[dtype]
+    kept = os.path.join(model.cache_dir, f"model-{dtype}") if model.cache_dir else ""
+    if kept and os.path.isdir(kept):
+        try:
+            return AutoModelForCausalLM.from_pretrained(kept, dtype=torch_dtype)
+        except Exception:  # noqa: BLE001 - an unreadable copy: convert again and replace it
+            shutil.rmtree(kept, ignore_errors=True)
+    lm = AutoModelForCausalLM.from_pretrained(model.path, gguf_file=model.gguf_file, dtype=torch_dtype)
+    if kept:
+        _keep(lm, kept)
+    return lm
+
+
+def _keep(lm, folder: str) -> None:
+    """Save under a private name, then rename: a reader never sees half a copy, and
+    of two processes converting at once one copy wins. Best effort: a full disk
+    or a read-only cache only costs the next start its conversion again."""
+    from safetensors.torch import save_model
+
+    partial = f"{folder}.partial-{os.getpid()}"
+    try:
+        config = copy.deepcopy(lm.config)
+        if "quantization_config" in vars(config):   # the weights are saved dequantized: a plain checkpoint
+            del config.quantization_config
+        os.makedirs(partial)
+        config.save_pretrained(partial)
+        lm.generation_config.save_pretrained(partial)
+        save_model(lm, os.path.join(partial, "model.safetensors"))    # tied weights stored once
+        os.rename(partial, folder)
+    except Exception:  # noqa: BLE001 - keeping a copy is optional; loading already succeeded
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _random_model(spec: dict, torch_dtype):
+    """Weights drawn with a wide init so that logits are peaked: near-uniform
+    logits would make argmax ties, and so exactness tests, meaningless."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
+
+    common = dict(vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
+                  num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
+                  num_key_value_heads=spec["heads"], max_position_embeddings=8192, initializer_range=0.25,
+                  bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    if spec["arch"] == "gemma3":
+        config = Gemma3TextConfig(**common, head_dim=spec["hidden"] // spec["heads"], sliding_window=spec["window"],
+                                  layer_types=["sliding_attention", "full_attention"] * (spec["layers"] // 2)
+                                  + ["sliding_attention"] * (spec["layers"] % 2))
+    else:
+        config = LlamaConfig(**common)
+    torch.manual_seed(spec["seed"])
+    return AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+
+
+def eos_token_ids(lm) -> list[int]:
+    eos = getattr(lm.generation_config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]

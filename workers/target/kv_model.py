@@ -1,0 +1,73 @@
+"""A transformers causal LM behind a position-indexed KV cache.
+
+forward(tokens, pos) drops every cached position >= pos and runs `tokens`
+there, so rolling back after a rejection costs a cache crop, never a re-run
+of the prefix. The cache is built without the model config, so every layer,
+Gemma 3's sliding-window ones included, keeps its whole past and can be
+cropped to any position; the attention mask still applies the window. (A
+sliding layer of a config-built cache can only roll back what was added since
+its last crop, which the draft's branch rewinds exceed.)
+"""
+from __future__ import annotations
+
+import torch
+
+
+class KVModel:
+    def __init__(self, lm, device: str = "cpu"):
+        self.lm = lm
+        self.device = torch.device(device)
+        self.n_vocab = int(lm.config.get_text_config().vocab_size)
+        self.length = 0
+        self.cache = None
+
+    @staticmethod
+    def _new_cache():
+        from hetspec.workers.target.kv_cache import growing_cache
+
+        return growing_cache()
+
+    def _layer_types(self) -> list[str]:
+        config = self.lm.config.get_text_config()
+        return list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
+
+    def geometry(self) -> list[int]:
+        """[layers, kv_heads, head_dim, full-attention layers] of the cache as
+        layer_kv hands it over; [] when some layers attend in another way."""
+        config = self.lm.config.get_text_config()
+        types = self._layer_types()
+        if set(types) - {"full_attention", "sliding_attention"}:
+            return []
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return [len(types), getattr(config, "num_key_value_heads", None) or heads, head_dim,
+                types.count("full_attention")]
+
+    def layer_kv(self, length: int):
+        """(keys, values) of each layer's first `length` positions, (kv_heads, length, head_dim):
+        the full-attention layers first, then the sliding-window ones (as llama.cpp
+        keeps them in two caches), each in model order."""
+        if length > self.length:
+            raise ValueError(f"{length} positions asked for, {self.length} cached")
+        types = self._layer_types()
+        order = sorted(range(len(types)), key=lambda i: types[i] != "full_attention")
+        for i in order:
+            layer = self.cache.layers[i]
+            yield layer.keys[0, :, :length], layer.values[0, :, :length]
+
+    @torch.inference_mode()
+    def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
+        """Logits (n, vocab) for every token (or only the last one), float32."""
+        if len(tokens) == 0:
+            raise ValueError("forward needs at least one token")
+        if pos > self.length or pos < 0:
+            raise ValueError(f"position {pos} is beyond the {self.length} cached tokens")
+        if pos == 0 or self.cache is None:
+            self.cache = self._new_cache()
+        elif pos < self.length:
+            self.cache.crop(pos - self.length)
+        ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
+        out = self.lm(input_ids=ids, past_key_values=self.cache, use_cache=True,
+                      logits_to_keep=0 if all_logits else 1)
+        self.length = pos + len(tokens)
+        return out.logits[0].float()

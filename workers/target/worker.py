@@ -1,0 +1,123 @@
+"""The target worker process: verifies windows of draft tokens with the target model.
+
+python -m hetspec.workers.target --endpoint ENDPOINT --spec JSON   (started by hetspec.launcher)
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+
+from hetspec.core.sampling import probabilities
+from hetspec.ipc.messages import (
+    CalibrateTarget,
+    ExportKV,
+    KVExported,
+    TargetCalibration,
+    Verified,
+    VerifyCommand,
+    WorkerHello,
+)
+from hetspec.ipc.specs import TargetSpec
+from hetspec.workers.common.pinning import borrowed_cores, pin_threads, set_torch_threads
+from hetspec.workers.common.process import parse_args, serve
+from hetspec.workers.target.gguf_linear import use_gguf_blocks
+from hetspec.workers.target.hf_loading import eos_token_ids, load_causal_lm
+from hetspec.workers.target.kv_model import KVModel
+from hetspec.workers.target.packed_linear import pack_linears
+
+
+class TargetState:
+    def __init__(self, spec: TargetSpec):
+        self.cores = spec.cores
+        self.threads = spec.threads
+        self.lent = spec.borrow_cores
+        device = spec.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(f"device {device!r} was configured but CUDA is not available")
+        self.device = device
+        lm = load_causal_lm(spec.model, spec.dtype, device)
+        cpu_kernels = spec.cpu_kernels if device == "cpu" else "torch"
+        tuned_cpu = cpu_kernels in ("gguf", "onednn")
+        attached, blocks = use_gguf_blocks(lm, spec.model, spec.dtype) if cpu_kernels == "gguf" else (False, "")
+        self.packed_linears = pack_linears(lm) if tuned_cpu else 0
+        if tuned_cpu:
+            # transformers copies each shared KV head once per query head before a masked
+            # (multi-token) attention on the CPU; torch's SDPA can share them itself: the
+            # same logits bit for bit, sooner (measured: docs/kernels.md).
+            os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+        self.kv = KVModel(lm, device)
+        self.kernels = f"onednn prepacked ({self.packed_linears} linear layers)" if self.packed_linears else "torch"
+        if attached:
+            self.kernels = blocks + (f"; {self.kernels}" if self.packed_linears else "")
+        elif blocks:
+            self.kernels += f"; {blocks}"
+        self.eos = eos_token_ids(self.kv.lm)
+
+    def run(self, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
+        lent = self.lent if borrow and self.device == "cpu" else []
+        with borrowed_cores(self.cores, lent, set_torch_threads, self.threads):
+            return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
+
+
+def load(spec: TargetSpec):
+    set_torch_threads(spec.threads)
+    pin_threads(spec.cores, spec.threads)
+    start = time.perf_counter()
+    state = TargetState(spec)
+    hello = WorkerHello(role="target", pid=os.getpid(), n_vocab=state.kv.n_vocab, device=state.device,
+                        cores=spec.cores, threads=spec.threads, load_s=time.perf_counter() - start,
+                        eos_token_ids=state.eos, kernels=state.kernels, kv_geometry=state.kv.geometry())
+    return hello, state
+
+
+def verify(state: TargetState, cmd: VerifyCommand, buffers) -> Verified:
+    start = time.perf_counter()
+    tokens = buffers["input"].array[:cmd.n_tokens]
+    rows = cmd.rows
+    logits = state.run(tokens, cmd.keep, rows, cmd.borrow_cores)
+    if not cmd.params.greedy:
+        p = cmd.params
+        probs = probabilities(logits.cpu().numpy(), p.temperature, p.top_k, p.top_p)
+        buffers["probs"].array[:rows] = probs
+    buffers["choice"].array[:rows] = logits.argmax(dim=-1).cpu().numpy()
+    return Verified(cmd.request_id, time.perf_counter() - start)
+
+
+def export_kv(state: TargetState, cmd: ExportKV, buffers) -> KVExported:
+    """The prompt's KV cache, for a draft that is a copy of this model (see workers/draft/llama_kv_state.py)."""
+    start = time.perf_counter()
+    kv = buffers["kv"].array
+    for i, (keys, values) in enumerate(state.kv.layer_kv(cmd.length)):
+        kv[0, i, :, :cmd.length] = keys.to(torch.float16).cpu().numpy()
+        kv[1, i, :, :cmd.length] = values.to(torch.float16).cpu().numpy()
+    return KVExported(cmd.request_id, time.perf_counter() - start)
+
+
+def calibrate(state: TargetState, cmd: CalibrateTarget, buffers) -> TargetCalibration:
+    """Fastest time of a verify pass of each size, after a context of context_len.
+    (The fastest, like the draft's: a machine's hiccups only ever add time, and a
+    budget set too high is trimmed round by round, one set too low is not.)"""
+    rng = np.random.default_rng(0)
+    context = rng.integers(0, state.kv.n_vocab, cmd.context_len)
+    state.kv.forward(context, 0, all_logits=False)
+    seconds = []
+    for n in cmd.sizes:
+        window = rng.integers(0, state.kv.n_vocab, n)
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            state.kv.forward(window, cmd.context_len)[-1, 0].item()   # .item(): wait for a GPU to finish
+            times.append(time.perf_counter() - start)
+        seconds.append(min(times))
+    return TargetCalibration(seconds)
+
+
+def main(argv=None) -> int:
+    endpoint, spec = parse_args(argv, TargetSpec)
+    return serve("target", endpoint, spec, load, {VerifyCommand: verify, CalibrateTarget: calibrate, ExportKV: export_kv})
+
