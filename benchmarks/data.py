@@ -48,6 +48,6 @@ def load_prompts(categories=CATEGORIES, limit: int | None = None, max_new_tokens
 
 
 def _read(category: str) -> list[dict]:
-    folder = resources.files("benchmarks").joinpath("data").joinpath("spec-bench")
+    folder = resources.files("hetspec.benchmarks").joinpath("data").joinpath("spec-bench")
     text = folder.joinpath(f"{category}.jsonl").read_text("utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]

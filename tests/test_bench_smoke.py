@@ -23,7 +23,8 @@ def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     command = [sys.executable, "-m", "hetspec.benchmarks.cli", "--limit", "1", "--categories", "qa", "--methods", "all",
                "--max-new-tokens", str(NEW_TOKENS), "--out", str(out), "--quiet"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=540, check=False)
+    # From outside the checkout, as an installed console script runs: only hetspec.* may resolve.
+    done = subprocess.run(command, capture_output=True, text=True, timeout=540, check=False, cwd=out)
     assert done.returncode == 0, f"hetspec-bench failed ({done.returncode}):\n{done.stderr[-3000:]}"
     return out, json.loads((out / "results.json").read_text())
 

@@ -61,12 +61,13 @@ def test_each_side_imports_only_what_it_may(module, path):
             assert _side(name) in ALLOWED[side], f"{module} ({side}) may not import {name} ({_side(name)})"
 
 
-def test_a_worker_process_loads_no_engine_code():
-    """Importing a worker must not run the client (hetspec/__init__.py is lazy)."""
+def test_a_worker_process_loads_no_engine_code(tmp_path):
+    """Importing a worker must not run the client (hetspec/__init__.py is lazy); from
+    outside the checkout, as a worker process runs once installed."""
     code = ("import sys, hetspec.workers.draft.worker, hetspec.workers.target.worker; "
             "print(' '.join(m for m in sys.modules if m.startswith('hetspec')))")
     loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                            cwd=ROOT).stdout.split()
+                            cwd=tmp_path).stdout.split()
     assert "hetspec.workers.draft.worker" in loaded
     engine = [m for m in loaded if m != "hetspec" and _side(m) not in ("core", "ipc", "workers")]
     assert engine == []
