@@ -3,16 +3,23 @@
     hetspec-launch                      serve the embedded default; prints the endpoint
     hetspec-launch gemma3-270m          a shipped config by name, or a path to a TOML file
     hetspec-launch --prompt "Hi"        run one request, stream its text, print the stats
+    hetspec-launch --http 127.0.0.1:8000 [--api-key KEY]
+                                        serve an OpenAI-compatible HTTP API (and /metrics)
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import ipaddress
 import json
+import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from hetspec.client import launch
+from hetspec.config import load_config
 from hetspec.core.errors import HetspecError
 from hetspec.core.params import SamplingParams, check_prompt
 
@@ -35,7 +42,13 @@ def main(argv=None) -> int:
     parser.add_argument("--mode", default="duodec", help="duodec (default), sequential or target")
     parser.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--http", metavar="HOST:PORT", help="serve OpenAI's HTTP API there (e.g. 127.0.0.1:8000)")
+    parser.add_argument("--api-key", default=os.environ.get("HETSPEC_API_KEY"),
+                        help="clients must send it (HTTP: 'Authorization: Bearer KEY'; zmq: the token); "
+                             "default $HETSPEC_API_KEY")
+    parser.add_argument("--served-model-name", help="the model name of the HTTP API (default: the config's)")
     args = parser.parse_args(argv)
+    http = _host_port(parser, args.http) if args.http else None
 
     stop = threading.Event()
     serving = interrupted = False
@@ -56,19 +69,53 @@ def main(argv=None) -> int:
         if args.prompt is not None:
             request = _request(args)               # a bad request fails before the engine starts
             check_prompt(request.get("prompt"), request.get("messages"))
-        with launch(args.config) as engine:
-            if args.prompt is None:
-                serving = True
-                print(engine.endpoint, flush=True)
-                print(f"hetspec: serving (gamma={engine.info['gamma']}); Ctrl-C stops", file=sys.stderr, flush=True)
-                stop.wait()
-                return 0
-            return _one_shot(engine, args)
+        config = load_config(args.config)
+        if args.api_key:
+            config = dataclasses.replace(config, server=dataclasses.replace(config.server, api_key=args.api_key))
+        with launch(config) as engine:
+            if args.prompt is not None:
+                return _one_shot(engine, args)
+            serving = True
+            print(engine.endpoint, flush=True)
+            if http:
+                return _serve_http(engine, args, *http)
+            print(f"hetspec: serving (gamma={engine.info['gamma']}); Ctrl-C stops", file=sys.stderr, flush=True)
+            stop.wait()
+            return 0
     except HetspecError as exc:
         print(f"hetspec-launch: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _host_port(parser, value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        parser.error(f"--http takes HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def _serve_http(engine, args, host: str, port: int) -> int:
+    from hetspec.http import serve
+
+    if not args.api_key and not _loopback(host):
+        print(f"hetspec-launch: warning: serving {host} without --api-key: anyone who can reach this "
+              "address can use the engine", file=sys.stderr, flush=True)
+    name = args.served_model_name or (Path(args.config).stem if args.config else "smollm2")
+    print(f"hetspec: OpenAI API at http://{host}:{port}/v1 (model {name!r}, gamma={engine.info['gamma']}); "
+          "Ctrl-C stops", file=sys.stderr, flush=True)
+    serve(engine, host, port, name, args.api_key)
+    return 0
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _request(args) -> dict:

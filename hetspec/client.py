@@ -10,7 +10,6 @@ import dataclasses
 import itertools
 import os
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import psutil
@@ -20,7 +19,17 @@ from hetspec.config import load_config
 from hetspec.core.errors import EngineDeadError, EngineStartError, HetspecError, error_from_kind
 from hetspec.core.params import SamplingParams, check_prompt
 from hetspec.ipc.channel import Channel
-from hetspec.ipc.messages import EngineInfo, Finished, GenerateRequest, InfoRequest, RequestFailed, StopEngine, TokensEvent
+from hetspec.ipc.messages import (
+    CancelRequest,
+    EngineInfo,
+    Finished,
+    GenerateRequest,
+    InfoRequest,
+    RequestFailed,
+    StopEngine,
+    TokensEvent,
+    encode,
+)
 from hetspec.launcher import Launcher
 
 POLL_S = 0.5
@@ -37,9 +46,64 @@ class Result:
     stats: dict = field(default_factory=dict)
 
 
+class Stream:
+    """One request's text pieces, as they are committed. Its Result is in .result
+    (and StopIteration.value) once it has finished; close() before then cancels it."""
+
+    def __init__(self, engine: Engine, request: GenerateRequest):
+        self.engine, self.request_id = engine, request.request_id
+        self.result: Result | None = None
+        self._channel = None             # set first: __del__ runs even if opening fails
+        self._channel = engine._channel()
+        self._channel.send(request)
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> str:
+        if self._channel is None and self.result is None:   # closed early
+            raise StopIteration
+        try:
+            while self.result is None:
+                message = self.engine._receive(self._channel)
+                if isinstance(message, TokensEvent) and message.text:
+                    return message.text
+                if isinstance(message, Finished):
+                    self.result = self.engine.last_result = Result(message.text, message.token_ids,
+                                                                   message.finish_reason, message.stats)
+                elif isinstance(message, RequestFailed):
+                    self.close(cancel=False)      # it ended already
+                    raise error_from_kind(message.kind, message.message)
+        except zmq.ContextTerminated:   # Engine.close() from another thread waits for this socket to close
+            self.close(cancel=False)
+            raise EngineDeadError("this engine handle was closed while the request was running") from None
+        except BaseException:
+            self.close()
+            raise
+        self.close()
+        raise StopIteration(self.result)
+
+    def close(self, cancel: bool = True) -> None:
+        """Stop listening; a request not finished yet is cancelled."""
+        if self._channel is None:
+            return
+        channel, self._channel = self._channel, None
+        try:
+            if cancel and self.result is None:   # never blocks, even with the engine gone
+                channel.socket.send_multipart(encode(CancelRequest(self.request_id, self.engine.token)), zmq.NOBLOCK)
+        except zmq.ZMQError:      # the engine is gone (or its queue full): nothing to cancel
+            pass
+        finally:
+            channel.close()
+
+    def __del__(self):
+        self.close()
+
+
 class Engine:
-    def __init__(self, endpoint: str, launcher: Launcher | None = None):
+    def __init__(self, endpoint: str, launcher: Launcher | None = None, token: str = ""):
         self.endpoint = endpoint
+        self.token = token            # the engine's [server] api_key, if it has one
         self._launcher = launcher
         self._context = zmq.Context()
         self._closed = False
@@ -52,38 +116,26 @@ class Engine:
         """Generate a completion of a prompt (text or token ids) or of chat messages;
         returns when it is finished. Parameters: a SamplingParams, and/or its fields
         as keywords (max_new_tokens=32, temperature=0.7, ...)."""
-        pieces = self.stream(prompt, messages=messages, params=params, **overrides)
-        while True:   # this call's own Result (self.last_result may be another thread's by now)
-            try:
-                next(pieces)
-            except StopIteration as done:
-                return done.value
+        stream = self.stream(prompt, messages=messages, params=params, **overrides)
+        for _ in stream:
+            pass
+        return stream.result   # this call's own Result (self.last_result may be another thread's by now)
 
-    def stream(self, prompt=None, *, messages=None, params: SamplingParams | None = None,
-               **overrides) -> Iterator[str]:
-        """As generate, yielding text pieces as tokens are committed; the generator's
-        return value (and self.last_result) is the whole Result."""
+    def stream(self, prompt=None, *, messages=None, params: SamplingParams | None = None, **overrides) -> Stream:
+        """As generate, but returns at once: a Stream that yields text pieces as tokens
+        are committed. Closing it early (or Engine.cancel) cancels the request."""
         params = SamplingParams.make(params, **overrides)
         prompt = check_prompt(prompt, messages)
         with _ids_lock:
             request_id = next(_ids)
-        request = GenerateRequest(request_id, prompt, messages, dataclasses.asdict(params))
+        return Stream(self, GenerateRequest(request_id, prompt, messages, dataclasses.asdict(params), self.token))
+
+    def cancel(self, request_id: int) -> None:
+        """Stop a request (from any thread): it ends within one round with finish_reason
+        "cancelled" and the tokens it has; a queued one ends before it starts."""
         channel = self._channel()
         try:
-            channel.send(request)
-            while True:
-                message = self._receive(channel)
-                if isinstance(message, TokensEvent):
-                    if message.text:
-                        yield message.text
-                elif isinstance(message, Finished):
-                    result = Result(message.text, message.token_ids, message.finish_reason, message.stats)
-                    self.last_result = result
-                    return result
-                elif isinstance(message, RequestFailed):
-                    raise error_from_kind(message.kind, message.message)
-        except zmq.ContextTerminated:   # close() was called from another thread
-            raise EngineDeadError("this engine handle was closed while the request was running") from None
+            channel.send(CancelRequest(request_id, self.token))
         finally:
             channel.close()
 
@@ -91,7 +143,7 @@ class Engine:
         """What the engine measured and chose at start-up (gamma, costs, cores...)."""
         channel = self._channel()
         try:
-            channel.send(InfoRequest())
+            channel.send(InfoRequest(self.token))
             message = self._receive(channel, timeout_s)
         finally:
             channel.close()
@@ -139,7 +191,7 @@ class Engine:
         try:
             if self._launcher is not None:
                 channel = Channel(self._context, self.endpoint, bind=False)
-                channel.send(StopEngine())
+                channel.send(StopEngine(self.token))
                 channel.close()
         finally:
             self._context.term()
@@ -158,7 +210,7 @@ def launch(config=None) -> Engine:
     """Start an engine (None: the embedded default; a shipped name, a TOML path or a dict)."""
     config = load_config(config)
     launcher = Launcher(config)
-    engine = Engine(launcher.endpoints["client"], launcher)
+    engine = Engine(launcher.endpoints["client"], launcher, config.server.api_key)
     atexit.register(engine.close)
     try:
         launcher.start()
@@ -174,7 +226,7 @@ def _wait_ready(engine: Engine, launcher: Launcher, timeout_s: float) -> str:
     channel = engine._channel()
     waited = 0.0
     try:
-        channel.send(InfoRequest())
+        channel.send(InfoRequest(engine.token))
         while True:
             message = channel.recv(POLL_S)
             if isinstance(message, EngineInfo):
@@ -190,12 +242,13 @@ def _wait_ready(engine: Engine, launcher: Launcher, timeout_s: float) -> str:
         channel.close()
 
 
-def connect(endpoint: str, timeout_s: float = CONNECT_TIMEOUT_S) -> Engine:
+def connect(endpoint: str, timeout_s: float = CONNECT_TIMEOUT_S, token: str = "") -> Engine:
     """A handle on an engine started elsewhere (e.g. by hetspec-launch); raises
-    EngineDeadError if no engine answers there within timeout_s."""
+    EngineDeadError if no engine answers there within timeout_s. token: the
+    engine's API key, if it was started with one."""
     if endpoint.startswith("ipc://") and not os.path.exists(endpoint[len("ipc://"):]):
         raise EngineDeadError(f"no engine at {endpoint}: the socket does not exist")
-    engine = Engine(endpoint)
+    engine = Engine(endpoint, token=token)
     try:
         engine.get_info(timeout_s)
     except BaseException:

@@ -71,7 +71,20 @@ class ServerConfig:
     port: int = 0                       # 0: pick a free port
     max_context: int = 4096             # prompt + new tokens
     startup_timeout_s: float = 600.0
+    api_key: str = ""                   # clients must send it ("" : none needed); hetspec-launch --api-key sets it
     cores: tuple[int, ...] | str = "auto"   # the scheduler's; "auto": the target's (see assign_cores)
+
+
+@dataclass(frozen=True)
+class ReplicasConfig:
+    """Ray Serve (hetspec.http.ray_serve): how many engines, and what each asks Ray for."""
+    num: int = 1                        # replicas, when not autoscaling
+    cpus: int = 0                       # Ray CPUs per replica; 0: the draft's and the target's cores
+    gpus: int | str = "auto"            # GPUs per replica; "auto": 1 for a CUDA target, else 0
+    min_replicas: int = 1               # autoscaling, when max_replicas > min_replicas
+    max_replicas: int = 1
+    target_ongoing_requests: float = 2.0
+    max_ongoing_requests: int = 8       # per replica; one decodes at a time, the rest queue in its engine
 
 
 @dataclass(frozen=True)
@@ -80,13 +93,15 @@ class EngineConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-_SECTIONS = {"draft": DraftConfig, "target": TargetConfig, "decoding": DecodingConfig, "server": ServerConfig}
-_WORD_OR_NUMBERS = {"cores", "gamma", "sequences", "keep_drafting"}   # "auto"/"dynamic" or others: see _validated
+_SECTIONS = {"draft": DraftConfig, "target": TargetConfig, "decoding": DecodingConfig, "server": ServerConfig,
+             "replicas": ReplicasConfig}
+_WORD_OR_NUMBERS = {"cores", "gamma", "sequences", "keep_drafting", "gpus"}   # "auto"/"dynamic" or others: see _validated
 _KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
 
 
@@ -107,6 +122,8 @@ def _check_types(name: str, cls, section: dict) -> None:
 def load_config(source: None | str | os.PathLike | dict = None) -> EngineConfig:
     """Build a validated EngineConfig from None (the embedded default), a shipped
     config name, a TOML path, or a dict shaped like the TOML file."""
+    if isinstance(source, EngineConfig):
+        return source
     if source is None:
         source = DEFAULT_CONFIG
     if isinstance(source, dict):
@@ -201,6 +218,16 @@ def _validated(c: EngineConfig, draft_keys: set[str]) -> EngineConfig:
         raise ConfigError(f"[server] max_context must be an integer >= 16, got {s.max_context!r}")
     if not s.startup_timeout_s > 0:
         raise ConfigError(f"[server] startup_timeout_s must be positive, got {s.startup_timeout_s!r}")
+    r = c.replicas
+    for name in ("num", "min_replicas", "max_replicas", "max_ongoing_requests"):
+        if getattr(r, name) < 1:
+            raise ConfigError(f"[replicas] {name} must be at least 1, got {getattr(r, name)!r}")
+    if r.max_replicas < r.min_replicas:
+        raise ConfigError(f"[replicas] max_replicas ({r.max_replicas}) is below min_replicas ({r.min_replicas})")
+    if r.cpus < 0 or r.target_ongoing_requests <= 0:
+        raise ConfigError("[replicas] cpus must be >= 0 and target_ongoing_requests > 0")
+    if not (r.gpus == "auto" or (isinstance(r.gpus, int) and not isinstance(r.gpus, bool) and r.gpus >= 0)):
+        raise ConfigError(f"[replicas] gpus must be 'auto' or an integer >= 0, got {r.gpus!r}")
     if d.n_ctx < 0:
         raise ConfigError(f"[draft] n_ctx must be 0 (automatic) or a positive integer, got {d.n_ctx!r}")
     if d.n_ctx == 0:

@@ -201,6 +201,7 @@ class GenerateRequest:
     prompt: str | list[int] | None = None
     messages: list[dict] | None = None
     params: dict = field(default_factory=dict)
+    token: str = ""           # the engine's [server] api_key, when it has one
 
 
 @dataclass
@@ -216,7 +217,7 @@ class Finished:
     request_id: int
     token_ids: list[int]
     text: str
-    finish_reason: str        # "eos", "stop" or "length"
+    finish_reason: str        # "eos", "stop", "length" or "cancelled"
     stats: dict = field(default_factory=dict)
 
 
@@ -228,8 +229,16 @@ class RequestFailed:
 
 
 @dataclass
+class CancelRequest:
+    """Stop request `request_id` at its next round (or drop it from the queue); it
+    then finishes with finish_reason "cancelled" and the tokens it has."""
+    request_id: int
+    token: str = ""
+
+
+@dataclass
 class InfoRequest:
-    pass
+    token: str = ""
 
 
 @dataclass
@@ -240,13 +249,14 @@ class EngineInfo:
 @dataclass
 class StopEngine:
     """Ask the scheduler to stop its workers and exit."""
+    token: str = ""
 
 
 _TYPES = [
     WorkerHello, WorkerFailed, AttachBuffers, Attached, Shutdown,
     PrefillDraft, Prefilled, DraftWindow, Drafted, DraftExtended, Idle, CalibrateDraft, DraftCalibration,
     VerifyCommand, Verified, ExportKV, KVExported, CalibrateTarget, TargetCalibration,
-    GenerateRequest, TokensEvent, Finished, RequestFailed, InfoRequest, EngineInfo, StopEngine,
+    GenerateRequest, TokensEvent, Finished, RequestFailed, InfoRequest, EngineInfo, StopEngine, CancelRequest,
 ]
 _TAG_OF = {cls: bytes([i]) for i, cls in enumerate(_TYPES)}
 _CLASS_OF = {tag: cls for cls, tag in _TAG_OF.items()}

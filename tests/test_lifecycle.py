@@ -337,13 +337,45 @@ def test_stream_with_a_stop_string_joins_to_the_generated_text(engine):
     assert "".join(engine.stream(prompt, max_new_tokens=48, stop=stop)) == expected
 
 
+def _cancelled(engine) -> int:
+    return engine.get_info()["requests"].get("cancelled", 0)
+
+
 def test_a_stream_abandoned_midway_does_not_disturb_the_next_request(engine, references):
+    before = _cancelled(engine)
     pieces = engine.stream(PROMPTS[0], max_new_tokens=200)
     assert next(pieces)
-    pieces.close()                                        # the client stops listening
+    pieces.close()                                        # the client stops listening: the request is cancelled
     _, error = call_within(DEADLINE_S, engine.generate, PROMPTS[1], max_new_tokens=24)
     assert error is None, error
     assert engine.last_result.token_ids == references[str(PROMPTS[1])]
+    assert _cancelled(engine) == before + 1
+
+
+def test_cancel_ends_a_running_request_with_the_tokens_it_has(engine, references):
+    before = _cancelled(engine)
+    stream = engine.stream(PROMPTS[0], max_new_tokens=2000)
+    first = next(stream)
+    engine.cancel(stream.request_id)                      # as another thread would
+    list(stream)
+    result = stream.result
+    assert result.finish_reason == "cancelled" and result.stats["finish_reason"] == "cancelled"
+    assert 0 < len(result.token_ids) < 2000
+    n = min(len(result.token_ids), 24)                    # what it has is the greedy output so far
+    assert result.token_ids[:n] == references[str(PROMPTS[0])][:n]
+    assert result.text.startswith(first) and _cancelled(engine) == before + 1
+
+
+def test_a_request_cancelled_before_it_runs_never_runs(engine, references):
+    before = _cancelled(engine)
+    running = engine.stream(PROMPTS[0], max_new_tokens=2000)
+    assert next(running)
+    queued = engine.stream(PROMPTS[1], max_new_tokens=24)          # waits behind the running one
+    engine.cancel(queued.request_id)
+    assert list(queued) == [] and queued.result.finish_reason == "cancelled" and queued.result.token_ids == []
+    running.close()
+    assert engine.generate(PROMPTS[1], max_new_tokens=24).token_ids == references[str(PROMPTS[1])]
+    assert _cancelled(engine) == before + 2
 
 
 # ---- the CLI ----------------------------------------------------------------------------------

@@ -21,7 +21,12 @@ class EngineStartError(HetspecError, RuntimeError):
     """The engine could not start (a worker failed while loading its model)."""
 
 
+class AuthError(HetspecError, PermissionError):
+    """The engine wants an API key ([server] api_key) and the client sent none, or another."""
+
+
 ERROR_KINDS = {
+    "auth": AuthError,
     "config": ConfigError,
     "request": RequestError,
     "dead": EngineDeadError,

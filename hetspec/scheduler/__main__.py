@@ -1,5 +1,62 @@
+"""The scheduler process: python -m hetspec.scheduler RUN_FILE (started by hetspec.launcher).
+
+Builds the Scheduler from the launcher's run file, starts it (or tells the
+launcher why it could not), serves until asked to stop or orphaned, and
+leaves nothing behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
 import sys
+import time
 
-from hetspec.scheduler.service import main
+from hetspec.core.errors import HetspecError
+from hetspec.ipc.messages import RequestFailed
+from hetspec.scheduler.service import Scheduler
 
-sys.exit(main())
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as f:
+        run = json.load(f)
+    scheduler = Scheduler(run)
+    serving = False
+
+    def on_sigterm(*_):
+        scheduler.stopping = True
+        if not serving:          # still starting: nothing to finish, leave now
+            raise SystemExit(1)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        try:
+            scheduler.start()
+        except (HetspecError, OSError) as exc:
+            _refuse_clients(scheduler, exc)
+            return 1
+        serving = True
+        scheduler.serve()
+        return 0
+    finally:
+        scheduler.close()
+        if os.getppid() != scheduler.parent:   # orphaned: the launcher cannot clean up any more
+            shutil.rmtree(os.path.dirname(os.path.abspath(argv[0])), ignore_errors=True)
+
+
+def _refuse_clients(scheduler: Scheduler, exc: Exception) -> None:
+    """Tell whoever asks (the launcher first) why the engine could not start."""
+    message = str(exc)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if scheduler.clients.socket.poll(200):
+            item = scheduler.clients.recv_nowait()
+            if item:
+                scheduler.clients.send(item[0], RequestFailed(-1, "start", message))
+                return
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -62,6 +62,12 @@ class Output:
             self.text += self.detokenizer.flush()
         return self.done
 
+    def cancel(self) -> None:
+        """End here: the client asked to stop."""
+        if not self.done:
+            self.finish_reason = "cancelled"
+            self.text += self.detokenizer.flush()
+
     def _hit_stop_string(self, new_from: int) -> bool:
         for stop in self.stop:
             at = self.text.find(stop, max(0, new_from - len(stop) + 1))

@@ -6,27 +6,21 @@ python -m hetspec.scheduler RUN_FILE   (the run file is written by the launcher)
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import secrets
-import shutil
-import signal
-import sys
-import time
-from collections import deque
+from collections import Counter, deque
 
 import numpy as np
 import zmq
 
 from hetspec.config import load_config
-from hetspec.core.errors import EngineDeadError, EngineStartError, HetspecError, RequestError
-from hetspec.core.params import SamplingParams, check_prompt
+from hetspec.core.errors import EngineDeadError, EngineStartError, RequestError
 from hetspec.core.pinning import pin
 from hetspec.ipc.channel import Channel, Router
 from hetspec.ipc.messages import (
     CalibrateDraft,
     CalibrateTarget,
+    CancelRequest,
     EngineInfo,
     Finished,
     GenerateRequest,
@@ -40,14 +34,19 @@ from hetspec.ipc.shm import SharedArray, segment_name
 from hetspec.ipc.specs import ModelSpec
 from hetspec.scheduler.acceptance_prior import AcceptancePrior
 from hetspec.scheduler.budget import CostModel, choose_gamma, monotone
-from hetspec.scheduler.decoder import Capabilities, Decoder, Request
+from hetspec.scheduler.decoder import Capabilities, Decoder
 from hetspec.scheduler.links import DraftLink, TargetLink, WorkerError
-from hetspec.scheduler.output import Output
+from hetspec.scheduler.requests import resolve
 from hetspec.scheduler.tokenizer import Tokenizer
 
 CALIBRATION_CONTEXT = 256
 WORKER_SEND_TIMEOUT_MS = 2000   # a DEALER with no peer (a dead worker) would block a send forever
+MAX_EARLY_CANCELS = 1024
 VERIFY_SIZES = [1, 2, 4, 6, 8, 10, 12, 16, 24, 32]
+
+
+class Cancelled(Exception):
+    """The running request was cancelled by its client."""
 
 
 class Scheduler:
@@ -63,6 +62,9 @@ class Scheduler:
         for link in (self.draft, self.target):
             link.channel.socket.setsockopt(zmq.SNDTIMEO, WORKER_SEND_TIMEOUT_MS)
         self.queue: deque = deque()
+        self.running: int | None = None    # the request being decoded
+        self.cancelled: set[int] = set()   # ... asked to stop (CancelRequest)
+        self.counts = Counter()            # requests by outcome: completed, cancelled, failed
         self.info: dict = {}
         self.dead: str | None = None       # why the engine can no longer serve
         self.stopping = False
@@ -117,7 +119,7 @@ class Scheduler:
         self.info = {
             "pid": os.getpid(), "endpoint": self.clients.endpoint, "gamma": self.gamma, "budget": budget,
             "keep_drafting": keep_drafting, "prompt_kv": "target" if self.caps.kv_handover else "own",
-            "n_vocab": self.n_vocab, "config": self.config.to_dict(),
+            "n_vocab": self.n_vocab, "config": _redacted(self.config.to_dict()),
             "draft": _worker_info(hellos["draft"]), "target": _worker_info(hellos["target"]),
         }
 
@@ -155,16 +157,59 @@ class Scheduler:
             identity, message = item
             if isinstance(message, ValueError):
                 self.clients.send(identity, RequestFailed(-1, "request", f"malformed message: {message}"))
+            elif not self._authorized(message):
+                rid = getattr(message, "request_id", -1)
+                self.clients.send(identity, RequestFailed(rid, "auth", "this engine needs its API key (the token)"))
             elif isinstance(message, InfoRequest):
-                self.clients.send(identity, EngineInfo(self.info))
+                self.clients.send(identity, EngineInfo(self._live_info()))
             elif isinstance(message, StopEngine):
                 self.stopping = True
+            elif isinstance(message, GenerateRequest) and message.request_id in self.cancelled:
+                self.cancelled.discard(message.request_id)    # cancelled before it arrived
+                self._send_cancelled(identity, message.request_id)
             elif isinstance(message, GenerateRequest):
                 self.queue.append((identity, message))
+            elif isinstance(message, CancelRequest):
+                self._cancel(message.request_id)
             else:
                 self.clients.send(identity, RequestFailed(-1, "request", f"unexpected {type(message).__name__}"))
 
+    def _live_info(self) -> dict:
+        """The start-up info, with what changes: the queue, the requests so far, and why
+        the engine cannot serve if a worker has gone."""
+        return {**self.info, "running": int(self.running is not None), "waiting": len(self.queue),
+                "requests": dict(self.counts), "dead": self.dead or self._dead_worker()}
+
+    def _authorized(self, message) -> bool:
+        key = self.config.server.api_key
+        return not key or secrets.compare_digest(str(getattr(message, "token", "")).encode(), key.encode())
+
+    def _cancel(self, rid: int) -> None:
+        """A queued request ends at once, the running one at its next round (_emit), and
+        one not seen yet (its cancel overtook it on another socket) as soon as it arrives."""
+        for identity, request in list(self.queue):
+            if request.request_id == rid:
+                self.queue.remove((identity, request))
+                self._send_cancelled(identity, rid)
+                return
+        if len(self.cancelled) > MAX_EARLY_CANCELS:   # ids of requests that finished before their cancel
+            self.cancelled.clear()
+        self.cancelled.add(rid)
+
+    def _send_cancelled(self, identity: bytes, rid: int) -> None:
+        self.counts["cancelled"] += 1
+        self.clients.send(identity, Finished(rid, [], "", "cancelled", {"finish_reason": "cancelled", "new_tokens": 0}))
+
     def _run_request(self, identity: bytes, request: GenerateRequest) -> None:
+        rid = request.request_id
+        self.running = rid
+        try:
+            self._decode(identity, request)
+        finally:
+            self.running = None
+            self.cancelled.discard(rid)     # a cancel that came too late is forgotten
+
+    def _decode(self, identity: bytes, request: GenerateRequest) -> None:
         rid = request.request_id
         if not self.dead:
             self.dead = self._dead_worker()
@@ -175,6 +220,7 @@ class Scheduler:
             decoder = self._decoder(request)
             stats = decoder.run(lambda ids, text: self._emit(identity, TokensEvent(rid, ids, text)))
         except RequestError as exc:
+            self.counts["refused"] += 1
             self.clients.send(identity, RequestFailed(rid, "request", str(exc)))
         except EngineDeadError as exc:
             self.dead = str(exc)
@@ -185,7 +231,16 @@ class Scheduler:
         except zmq.Again:                  # a send to a worker timed out: it has gone
             self.dead = self._dead_worker() or "a worker stopped accepting commands"
             self.clients.send(identity, RequestFailed(rid, "dead", self.dead))
+        except Cancelled:                  # both workers may be mid-round: collect their replies first
+            self.counts["cancelled"] += 1
+            self._drain()
+            self.draft.settle()
+            out = decoder.out
+            out.cancel()
+            self.clients.send(identity, Finished(rid, out.new_ids, out.text, out.finish_reason,
+                                                 decoder.stats.report(decoder.request, out)))
         else:
+            self.counts["completed"] += 1
             self.acceptance.learn(decoder.request, stats)
             out = decoder.out
             self.clients.send(identity, Finished(rid, out.new_ids, out.text, out.finish_reason,
@@ -198,37 +253,11 @@ class Scheduler:
         self._read_clients(timeout_ms=0)
         if self.stopping or os.getppid() != self.parent:   # asked to stop, or orphaned: do not finish first
             raise EngineDeadError("the engine was stopped while this request was running")
+        if self.running in self.cancelled:
+            raise Cancelled
 
     def _decoder(self, message: GenerateRequest) -> Decoder:
-        # Checked again: a client built without hetspec.client may send anything.
-        params = SamplingParams.make(message.params if isinstance(message.params, dict) else {})
-        prompt = check_prompt(message.prompt, message.messages)
-        decoding, server = self.config.decoding, self.config.server
-        if message.messages is not None:
-            prompt_ids = self.tokenizer.encode_chat(message.messages)
-        elif isinstance(prompt, str):
-            prompt_ids = self.tokenizer.encode_prompt(prompt)
-        else:
-            prompt_ids = prompt
-            if max(prompt_ids) >= self.n_vocab:
-                raise RequestError(f"token id {max(prompt_ids)} is outside the vocabulary (size {self.n_vocab})")
-        if not prompt_ids:
-            raise RequestError("the prompt encodes to no tokens")
-        if len(prompt_ids) >= server.max_context:
-            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the context holds "
-                               f"{server.max_context} (prompt plus new tokens)")
-        gamma = params.gamma or self.gamma
-        if gamma > decoding.max_gamma:
-            raise RequestError(f"gamma {gamma} exceeds [decoding] max_gamma = {decoding.max_gamma}")
-        sequences = params.sequences or decoding.sequences
-        if sequences != "dynamic" and sequences > decoding.max_sequences:
-            raise RequestError(f"sequences {sequences} exceeds [decoding] max_sequences = {decoding.max_sequences}")
-        seed = params.seed if params.seed is not None else secrets.randbits(63)
-        request = Request(message.request_id, dataclasses.replace(params, seed=seed), gamma, sequences,
-                          seeded=params.seed is not None, rebalance=self.costs is not None and not params.gamma)
-        request = dataclasses.replace(request, prior=self.acceptance.prior(request))
-        max_new = min(params.max_new_tokens, server.max_context - len(prompt_ids))
-        output = Output(prompt_ids, max_new, self.eos, list(params.stop), self.tokenizer)
+        request, output = resolve(message, self)
         return Decoder(request, self.caps, self.draft, self.target, output, self.costs)
 
     def _dead_worker(self) -> str | None:
@@ -260,50 +289,13 @@ class Scheduler:
         self.context.term()
 
 
+def _redacted(config: dict) -> dict:
+    """The config as clients may see it: never the API key."""
+    if config["server"].get("api_key"):
+        config["server"]["api_key"] = "(set)"
+    return config
+
+
 def _worker_info(hello: WorkerHello) -> dict:
     return {"pid": hello.pid, "device": hello.device, "cores": hello.cores, "threads": hello.threads,
             "load_s": round(hello.load_s, 3), "kernels": hello.kernels}
-
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    with open(argv[0]) as f:
-        run = json.load(f)
-    scheduler = Scheduler(run)
-    serving = False
-
-    def on_sigterm(*_):
-        scheduler.stopping = True
-        if not serving:          # still starting: nothing to finish, leave now
-            raise SystemExit(1)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        try:
-            scheduler.start()
-        except (HetspecError, OSError) as exc:
-            _refuse_clients(scheduler, exc)
-            return 1
-        serving = True
-        scheduler.serve()
-        return 0
-    finally:
-        scheduler.close()
-        if os.getppid() != scheduler.parent:   # orphaned: the launcher cannot clean up any more
-            shutil.rmtree(os.path.dirname(os.path.abspath(argv[0])), ignore_errors=True)
-
-
-def _refuse_clients(scheduler: Scheduler, exc: Exception) -> None:
-    """Tell whoever asks (the launcher first) why the engine could not start."""
-    message = str(exc)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if scheduler.clients.socket.poll(200):
-            item = scheduler.clients.recv_nowait()
-            if item:
-                scheduler.clients.send(item[0], RequestFailed(-1, "start", message))
-                return
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,6 +17,7 @@ class Stats:
     rounds: int = 0             # verify passes after the prefill
     spec_rounds: int = 0        # ... of which verified a draft window
     target_only_rounds: int = 0  # ... decoded by the target alone (target mode, or while the draft prefilled)
+    drafts: int = 0             # draft windows verified (vLLM's num_drafts)
     drafted: int = 0            # draft tokens verified
     accepted: int = 0           # ... and accepted
     rejections: int = 0         # windows cut short by a rejected token
@@ -27,6 +28,7 @@ class Stats:
     round_s: float = 0.0        # wall time of speculative rounds
     busy_s: float = 0.0         # ... of which a worker computed: the longer side, or both in sequence
     sequences_hist: Counter = field(default_factory=Counter)
+    accepted_per_pos: list = field(default_factory=list)  # [i]: windows whose token i was accepted
     draft_prompt_kv: str = "own"  # how the draft got the prompt's cache: its own prefill, or the "target"'s
     prior: float = GENERIC
 
@@ -46,6 +48,10 @@ class Stats:
         self.verify_s += verify_s
         self.drafted += drafted
         self.accepted += accepted
+        self.drafts += drafted > 0
+        self.accepted_per_pos.extend([0] * (accepted - len(self.accepted_per_pos)))
+        for i in range(accepted):
+            self.accepted_per_pos[i] += 1
         self.rejections += accepted < drafted
         self.committed_in_spec_rounds += committed
 
@@ -60,7 +66,8 @@ class Stats:
             "gamma": request.gamma if request.params.mode != "target" else 0,
             "sequences": request.sequences, "seed": request.params.seed,
             "rounds": self.rounds, "spec_rounds": spec, "target_only_rounds": self.target_only_rounds,
-            "drafted": self.drafted, "accepted": self.accepted,
+            "drafts": self.drafts, "drafted": self.drafted, "accepted": self.accepted,
+            "accepted_per_pos": list(self.accepted_per_pos),
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
             "mean_accepted_per_round": self.committed_in_spec_rounds / spec if spec else 0.0,
             "branch_hits": self.branch_hits, "draft_prompt_kv": self.draft_prompt_kv,

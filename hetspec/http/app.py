@@ -1,0 +1,160 @@
+"""An OpenAI-compatible HTTP front for an Engine: FastAPI routes over Engine.stream.
+
+Each request is one engine request with its own zmq socket, driven from a
+worker thread; the event loop only waits. A client that disconnects, mid-stream
+or while waiting for a whole response, has its request cancelled
+(Engine.cancel), so the engine moves on to the next one within a round.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+
+import anyio
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
+
+from hetspec.core.errors import EngineDeadError, HetspecError, RequestError
+from hetspec.http import protocol
+from hetspec.http.metrics import Metrics
+from hetspec.http.protocol import ChatCompletionRequest, CompletionRequest, HTTPError
+
+DISCONNECT_POLL_S = 0.25
+
+
+def build_app(engine, model: str, api_key: str | None = None) -> FastAPI:
+    """The ASGI app serving `engine` as `model`; with api_key, /v1 needs `Authorization: Bearer KEY`."""
+    app = FastAPI(title="hetspec", description="OpenAI-compatible API of a hetspec engine")
+    metrics = Metrics(model)
+    max_context = engine.info.get("config", {}).get("server", {}).get("max_context", 4096)
+    app.state.engine, app.state.metrics = engine, metrics
+
+    def authorize(request: Request) -> None:
+        if not api_key:                      # None or "": no key needed
+            return
+        given = request.headers.get("authorization", "")
+        if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise HTTPError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')", code="invalid_api_key")
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(_, exc: HTTPError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return JSONResponse(HTTPError(400, f"invalid request: {where or 'body'}: {first.get('msg', exc)}",
+                                      where).body(), status_code=400)
+
+    @app.get("/health")
+    def health():
+        try:
+            dead = engine.get_info(timeout_s=10).get("dead")
+        except HetspecError as exc:
+            dead = str(exc)
+        if dead:
+            return JSONResponse({"status": "dead", "reason": dead}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    def prometheus():
+        try:
+            info = engine.get_info(timeout_s=10)
+        except HetspecError:
+            info = None
+        return Response(metrics.exposition(info), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models", dependencies=[Depends(authorize)])
+    def models():
+        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "hetspec"}]}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    async def chat(body: ChatCompletionRequest, request: Request):
+        body.check(model)
+        return await _complete("chat", body, request, prompt=None, messages=[m.as_dict() for m in body.messages])
+
+    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+    async def completions(body: CompletionRequest, request: Request):
+        body.check(model)
+        return await _complete("text", body, request, prompt=body.single_prompt(), messages=None)
+
+    async def _complete(kind: str, body, request: Request, prompt, messages):
+        started = time.perf_counter()
+        limit = body.limit()
+        try:
+            stream = engine.stream(prompt, messages=messages, params=body.params(max_context if limit is None else limit))
+        except RequestError as exc:
+            raise HTTPError(400, str(exc)) from None
+        rid = protocol.completion_id(kind)
+        if body.stream:                      # a request the engine refuses is a 400, before the stream starts
+            try:
+                piece = await anyio.to_thread.run_sync(_next, stream)
+            except HetspecError as exc:
+                raise _error(exc) from None
+            return EventSourceResponse(_events(kind, rid, body, stream, started, piece), ping=15)
+        collected = asyncio.ensure_future(anyio.to_thread.run_sync(_drain, stream))
+        while not collected.done():          # a client gone before the answer cancels its request
+            await asyncio.wait([collected], timeout=DISCONNECT_POLL_S)
+            if not collected.done() and await request.is_disconnected():
+                engine.cancel(stream.request_id)
+        result, first = await collected
+        metrics.observe(result, time.perf_counter() - started, first and first - started)
+        return protocol.response(kind, rid, model, result)
+
+    async def _events(kind: str, rid: str, body, stream, started: float, piece: str | None):
+        """Server-sent events: chunks, then (if asked) usage, then [DONE]. Leaving early
+        (the client disconnected) cancels the request."""
+        first, usage = None, body.include_usage
+        try:
+            yield json.dumps(protocol.chunk(kind, rid, model, first=True, include_usage=usage))
+            while piece is not None:
+                first = first or time.perf_counter()
+                yield json.dumps(protocol.chunk(kind, rid, model, piece, include_usage=usage))
+                piece = await anyio.to_thread.run_sync(_next, stream, abandon_on_cancel=True)
+            result = stream.result
+            metrics.observe(result, time.perf_counter() - started, first and first - started)
+            final = protocol.chunk(kind, rid, model, finish=protocol.FINISH_REASONS.get(result.finish_reason),
+                                   include_usage=usage)
+            yield json.dumps({**final, "hetspec": result.stats})
+            if usage:
+                yield json.dumps(protocol.usage_chunk(kind, rid, model, result))
+            yield "[DONE]"
+        except HetspecError as exc:          # after the first event the status is sent: report in the stream
+            yield json.dumps(_error(exc).body())
+        finally:
+            if stream.result is None:
+                engine.cancel(stream.request_id)
+
+    return app
+
+
+def _next(stream):
+    """The stream's next text piece, or None once it has finished (in a worker thread)."""
+    try:
+        return next(stream)
+    except StopIteration:
+        return None
+
+
+def _drain(stream):
+    """(the Result, when the first text arrived) of a whole request (in a worker thread)."""
+    first = None
+    try:
+        for _ in stream:
+            first = first or time.perf_counter()
+    except HetspecError as exc:
+        raise _error(exc) from None
+    return stream.result, first
+
+
+def _error(exc: HetspecError) -> HTTPError:
+    if isinstance(exc, RequestError):
+        return HTTPError(400, str(exc))
+    if isinstance(exc, EngineDeadError):
+        return HTTPError(503, f"the engine is dead: {exc}", code="engine_dead")
+    return HTTPError(503, str(exc))

@@ -1,0 +1,45 @@
+"""A client's GenerateRequest checked and resolved against the engine: its prompt
+tokenized, its parameters checked again (a client built without hetspec.client
+may send anything), and the engine's choices for it (gamma, branches, seed)."""
+from __future__ import annotations
+
+import dataclasses
+import secrets
+
+from hetspec.core.errors import RequestError
+from hetspec.core.params import SamplingParams, check_prompt
+from hetspec.ipc.messages import GenerateRequest
+from hetspec.scheduler.decoder import Request
+from hetspec.scheduler.output import Output
+
+
+def resolve(message: GenerateRequest, engine) -> tuple[Request, Output]:
+    """(the request, its output) for `engine`, the Scheduler; RequestError names what is wrong."""
+    params = SamplingParams.make(message.params if isinstance(message.params, dict) else {})
+    prompt = check_prompt(message.prompt, message.messages)
+    decoding, server = engine.config.decoding, engine.config.server
+    if message.messages is not None:
+        prompt_ids = engine.tokenizer.encode_chat(message.messages)
+    elif isinstance(prompt, str):
+        prompt_ids = engine.tokenizer.encode_prompt(prompt)
+    else:
+        prompt_ids = prompt
+        if max(prompt_ids) >= engine.n_vocab:
+            raise RequestError(f"token id {max(prompt_ids)} is outside the vocabulary (size {engine.n_vocab})")
+    if not prompt_ids:
+        raise RequestError("the prompt encodes to no tokens")
+    if len(prompt_ids) >= server.max_context:
+        raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the context holds "
+                           f"{server.max_context} (prompt plus new tokens)")
+    gamma = params.gamma or engine.gamma
+    if gamma > decoding.max_gamma:
+        raise RequestError(f"gamma {gamma} exceeds [decoding] max_gamma = {decoding.max_gamma}")
+    sequences = params.sequences or decoding.sequences
+    if sequences != "dynamic" and sequences > decoding.max_sequences:
+        raise RequestError(f"sequences {sequences} exceeds [decoding] max_sequences = {decoding.max_sequences}")
+    seed = params.seed if params.seed is not None else secrets.randbits(63)
+    request = Request(message.request_id, dataclasses.replace(params, seed=seed), gamma, sequences,
+                      seeded=params.seed is not None, rebalance=engine.costs is not None and not params.gamma)
+    request = dataclasses.replace(request, prior=engine.acceptance.prior(request))
+    max_new = min(params.max_new_tokens, server.max_context - len(prompt_ids))
+    return request, Output(prompt_ids, max_new, engine.eos, list(params.stop), engine.tokenizer)
