@@ -16,12 +16,12 @@ from importlib import import_module
 _EXPORTS = {
     "Engine": "hetspec.client", "Result": "hetspec.client", "connect": "hetspec.client", "launch": "hetspec.client",
     "SamplingParams": "hetspec.core.params",
-    "ConfigError": "hetspec.core.errors", "EngineDeadError": "hetspec.core.errors",
-    "EngineStartError": "hetspec.core.errors", "HetspecError": "hetspec.core.errors",
-    "RequestError": "hetspec.core.errors",
+    "ConfigError": "hetspec.core.errors", "EngineBusyError": "hetspec.core.errors",
+    "EngineDeadError": "hetspec.core.errors", "EngineStartError": "hetspec.core.errors",
+    "HetspecError": "hetspec.core.errors", "RequestError": "hetspec.core.errors",
 }
-__all__ = ["ConfigError", "Engine", "EngineDeadError", "EngineStartError", "HetspecError", "RequestError", "Result",
-           "SamplingParams", "connect", "launch"]
+__all__ = ["ConfigError", "Engine", "EngineBusyError", "EngineDeadError", "EngineStartError", "HetspecError",
+           "RequestError", "Result", "SamplingParams", "connect", "launch"]
 
 
 def __getattr__(name):

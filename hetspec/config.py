@@ -70,6 +70,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 0                       # 0: pick a free port
     max_context: int = 4096             # prompt + new tokens
+    max_queue: int = 64                 # requests waiting behind the running one; past it: EngineBusyError
     startup_timeout_s: float = 600.0
     api_key: str = ""                   # clients must send it ("" : none needed); hetspec-launch --api-key sets it
     cores: tuple[int, ...] | str = "auto"   # the scheduler's; "auto": the target's (see assign_cores)
@@ -216,6 +217,8 @@ def _validated(c: EngineConfig, draft_keys: set[str]) -> EngineConfig:
         raise ConfigError(f"[server] port must be in 0..65535, got {s.port!r}")
     if not isinstance(s.max_context, int) or s.max_context < 16:
         raise ConfigError(f"[server] max_context must be an integer >= 16, got {s.max_context!r}")
+    if not isinstance(s.max_queue, int) or s.max_queue < 0:
+        raise ConfigError(f"[server] max_queue must be an integer >= 0, got {s.max_queue!r}")
     if not s.startup_timeout_s > 0:
         raise ConfigError(f"[server] startup_timeout_s must be positive, got {s.startup_timeout_s!r}")
     r = c.replicas

@@ -255,12 +255,21 @@ def test_zmq_token_guards_a_launched_engine():
         assert hetspec.connect(engine.endpoint, token="secret").generate([1, 2, 3], max_new_tokens=3).token_ids
 
 
-def test_dead_engine_is_a_503_and_a_public_address_without_key_warns(tmp_path):
+def test_busy_and_dead_engines_are_503s_and_a_public_address_without_key_warns(tmp_path):
     toml = tmp_path / "random.toml"
-    toml.write_text('[draft]\nbackend = "torch"\nmodel = "random:seed=1"\n\n[target]\nmodel = "random:seed=0"\n')
+    toml.write_text('[draft]\nbackend = "torch"\nmodel = "random:seed=1"\n\n[target]\nmodel = "random:seed=0"\n\n'
+                    '[server]\nmax_queue = 0\n')                   # nothing may wait behind a running request
     server = Server(str(toml), api_key=None, host="0.0.0.0")
     try:
         import psutil
+
+        body = {"prompt": "abc", "max_tokens": 3000, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=DEADLINE_S) as running:
+            lines = running.iter_lines()      # kept open: closing it would disconnect (and cancel)
+            assert next(lines).startswith("data: ")
+            busy = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 3},
+                              timeout=DEADLINE_S)
+        assert busy.status_code == 503 and busy.json()["error"]["code"] == "engine_busy", busy.text
 
         target = [p for p in psutil.Process(server.process.pid).children(recursive=True)
                   if "hetspec.workers.target" in " ".join(p.cmdline())]

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 
 import psutil
@@ -364,6 +365,24 @@ def test_cancel_ends_a_running_request_with_the_tokens_it_has(engine, references
     n = min(len(result.token_ids), 24)                    # what it has is the greedy output so far
     assert result.token_ids[:n] == references[str(PROMPTS[0])][:n]
     assert result.text.startswith(first) and _cancelled(engine) == before + 1
+
+
+def test_a_full_queue_is_a_busy_error_and_the_queued_request_still_runs():
+    with hetspec.launch({**CONFIG, "server": {"max_queue": 1}}) as engine:
+        running = engine.stream("Hello", max_new_tokens=2000)
+        assert next(running)
+        queued = engine.stream("Hi", max_new_tokens=4)              # the queue holds one
+        deadline = time.monotonic() + DEADLINE_S
+        while engine.get_info()["waiting"] < 1:
+            assert time.monotonic() < deadline, "the second request never queued"
+            time.sleep(0.05)
+        with pytest.raises(hetspec.EngineBusyError, match=r"busy.*max_queue"):
+            engine.generate("Hey", max_new_tokens=4)
+        running.close()
+        list(queued)                                                  # it runs once the first has ended
+        assert len(queued.result.token_ids) == 4
+        assert len(engine.generate("Hey", max_new_tokens=4).token_ids) == 4   # and the engine serves on
+        assert engine.get_info()["requests"]["busy"] == 1
 
 
 def test_a_request_cancelled_before_it_runs_never_runs(engine, references):

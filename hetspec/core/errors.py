@@ -13,6 +13,10 @@ class RequestError(HetspecError, ValueError):
     """One request was invalid; the engine keeps serving others."""
 
 
+class EngineBusyError(RequestError):
+    """The engine's queue is full ([server] max_queue): try again later."""
+
+
 class EngineDeadError(HetspecError, RuntimeError):
     """A process of the engine died; requests cannot complete any more."""
 
@@ -27,6 +31,7 @@ class AuthError(HetspecError, PermissionError):
 
 ERROR_KINDS = {
     "auth": AuthError,
+    "busy": EngineBusyError,
     "config": ConfigError,
     "request": RequestError,
     "dead": EngineDeadError,

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from hetspec.core.errors import EngineDeadError, HetspecError, RequestError
+from hetspec.core.errors import EngineBusyError, EngineDeadError, HetspecError, RequestError
 from hetspec.http import protocol
 from hetspec.http.metrics import Metrics
 from hetspec.http.protocol import ChatCompletionRequest, CompletionRequest, HTTPError
@@ -153,6 +153,8 @@ def _drain(stream):
 
 
 def _error(exc: HetspecError) -> HTTPError:
+    if isinstance(exc, EngineBusyError):
+        return HTTPError(503, str(exc), code="engine_busy")
     if isinstance(exc, RequestError):
         return HTTPError(400, str(exc))
     if isinstance(exc, EngineDeadError):

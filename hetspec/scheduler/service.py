@@ -167,6 +167,10 @@ class Scheduler:
             elif isinstance(message, GenerateRequest) and message.request_id in self.cancelled:
                 self.cancelled.discard(message.request_id)    # cancelled before it arrived
                 self._send_cancelled(identity, message.request_id)
+            elif isinstance(message, GenerateRequest) and self._waiting_after_one_more() > self.config.server.max_queue:
+                self.counts["busy"] += 1
+                self.clients.send(identity, RequestFailed(message.request_id, "busy", "the engine is busy: "
+                                                          f"{len(self.queue)} requests are waiting ([server] max_queue)"))
             elif isinstance(message, GenerateRequest):
                 self.queue.append((identity, message))
             elif isinstance(message, CancelRequest):
@@ -179,6 +183,11 @@ class Scheduler:
         the engine cannot serve if a worker has gone."""
         return {**self.info, "running": int(self.running is not None), "waiting": len(self.queue),
                 "requests": dict(self.counts), "dead": self.dead or self._dead_worker()}
+
+    def _waiting_after_one_more(self) -> int:
+        """Requests that would wait behind a running one if one more came (when idle, the
+        first in the queue runs at once)."""
+        return len(self.queue) + (self.running is not None)
 
     def _authorized(self, message) -> bool:
         key = self.config.server.api_key
