@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 import psutil
@@ -54,7 +55,9 @@ class Stream:
         self.engine, self.request_id = engine, request.request_id
         self.result: Result | None = None
         self._channel = None             # set first: __del__ runs even if opening fails
+        self._iterating = False          # a thread is inside __next__ (Engine.close leaves its socket to it)
         self._channel = engine._channel()
+        engine._streams.add(self)
         self._channel.send(request)
 
     def __iter__(self) -> Stream:
@@ -63,6 +66,7 @@ class Stream:
     def __next__(self) -> str:
         if self._channel is None and self.result is None:   # closed early
             raise StopIteration
+        self._iterating = True
         try:
             while self.result is None:
                 message = self.engine._receive(self._channel)
@@ -80,6 +84,8 @@ class Stream:
         except BaseException:
             self.close()
             raise
+        finally:
+            self._iterating = False
         self.close()
         raise StopIteration(self.result)
 
@@ -107,6 +113,7 @@ class Engine:
         self._launcher = launcher
         self._context = zmq.Context()
         self._closed = False
+        self._streams = weakref.WeakSet()   # open Streams: close() closes the idle ones, or term() would wait
         self.last_result: Result | None = None
         self.info: dict = {}
 
@@ -194,6 +201,9 @@ class Engine:
                 channel.send(StopEngine(self.token))
                 channel.close()
         finally:
+            for stream in list(self._streams):   # abandoned, not yet collected: their sockets would block term()
+                if not stream._iterating:
+                    stream.close(cancel=False)
             self._context.term()
             if self._launcher is not None:
                 self._launcher.stop()

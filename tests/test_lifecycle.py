@@ -367,6 +367,14 @@ def test_cancel_ends_a_running_request_with_the_tokens_it_has(engine, references
     assert result.text.startswith(first) and _cancelled(engine) == before + 1
 
 
+def test_closing_does_not_wait_for_a_stream_nobody_reads():
+    engine = hetspec.launch(CONFIG)
+    kept = engine.stream("Hello", max_new_tokens=2000)      # started, then neither read nor closed
+    assert next(kept)
+    _, error = call_within(DEADLINE_S, engine.close)
+    assert error is None, error
+
+
 def test_a_full_queue_is_a_busy_error_and_the_queued_request_still_runs():
     with hetspec.launch({**CONFIG, "server": {"max_queue": 1}}) as engine:
         running = engine.stream("Hello", max_new_tokens=2000)

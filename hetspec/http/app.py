@@ -98,10 +98,12 @@ def build_app(engine, model: str, api_key: str | None = None) -> FastAPI:
                 raise _error(exc) from None
             return EventSourceResponse(_events(kind, rid, body, stream, started, piece), ping=15)
         collected = asyncio.ensure_future(anyio.to_thread.run_sync(_drain, stream))
-        while not collected.done():          # a client gone before the answer cancels its request
+        cancelled = False
+        while not collected.done():          # a client gone before the answer cancels its request, once
             await asyncio.wait([collected], timeout=DISCONNECT_POLL_S)
-            if not collected.done() and await request.is_disconnected():
+            if not (collected.done() or cancelled) and await request.is_disconnected():
                 engine.cancel(stream.request_id)
+                cancelled = True
         result, first = await collected
         metrics.observe(result, time.perf_counter() - started, first and first - started)
         return protocol.response(kind, rid, model, result)
