@@ -31,7 +31,6 @@ def build_app(engine, model: str, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="hetspec", description="OpenAI-compatible API of a hetspec engine")
     metrics = Metrics(model)
     max_context = engine.info.get("config", {}).get("server", {}).get("max_context", 4096)
-    app.state.engine, app.state.metrics = engine, metrics
 
     def authorize(request: Request) -> None:
         if not api_key:                      # None or "": no key needed

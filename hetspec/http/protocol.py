@@ -23,7 +23,7 @@ class HTTPError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
     TYPES: typing.ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "authentication_error",
-                                              404: "not_found_error", 503: "service_unavailable_error"}
+                                              503: "service_unavailable_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
