@@ -80,7 +80,8 @@ def main(argv=None) -> int:
             if http:
                 return _serve_http(engine, args, *http)
             print(f"hetspec: serving (gamma={engine.info['gamma']}); Ctrl-C stops", file=sys.stderr, flush=True)
-            stop.wait()
+            while not stop.wait(0.5):
+                engine.check_alive()               # the scheduler died: exit non-zero, saying why
             return 0
     except HetspecError as exc:
         print(f"hetspec-launch: error: {exc}", file=sys.stderr)

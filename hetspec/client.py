@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -56,7 +57,7 @@ class Stream:
         self.result: Result | None = None
         self._channel = None             # set first: __del__ runs even if opening fails
         self._iterating = False          # a thread is inside __next__ (Engine.close leaves its socket to it)
-        self._channel = engine._channel()
+        self._channel = engine._channel(watch=engine._launcher is None and engine.endpoint.startswith("tcp://"))
         engine._streams.add(self)
         self._channel.send(request)
 
@@ -161,11 +162,16 @@ class Engine:
 
     # ---- plumbing ----------------------------------------------------------------
 
-    def _channel(self) -> Channel:
+    def _channel(self, watch: bool = False) -> Channel:
+        """A socket of its own; watched: one whose wait notices the engine's end at once
+        (over tcp, where no process of it can be looked up)."""
         if self._closed:
             raise HetspecError("this engine handle is closed")
         try:
-            return Channel(self._context, self.endpoint, bind=False)
+            channel = Channel(self._context, self.endpoint, bind=False)
+            if watch:
+                channel.watch()
+            return channel
         except zmq.ZMQError as exc:     # closed from another thread meanwhile, or a malformed endpoint
             raise HetspecError(f"cannot reach the engine at {self.endpoint}: {exc}") from None
 
@@ -176,12 +182,18 @@ class Engine:
             message = channel.recv(POLL_S)
             if message is not None:
                 return message
-            self._check_alive()
+            if self._closed:
+                raise EngineDeadError("this engine handle was closed while the request was running")
+            self.check_alive()
+            if channel.peer_lost():
+                raise EngineDeadError(f"the engine at {self.endpoint} closed the connection (it has stopped or died)")
             waited += POLL_S
             if timeout_s is not None and waited >= timeout_s:
                 raise EngineDeadError(f"no engine answered at {self.endpoint} within {timeout_s:g} s")
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """Raise EngineDeadError if the engine's scheduler is gone (its workers are
+        restarted by it, and are not its clients' concern)."""
         if self._launcher is not None:
             dead = self._launcher.dead_roles()
             if dead:
@@ -204,6 +216,9 @@ class Engine:
             for stream in list(self._streams):   # abandoned, not yet collected: their sockets would block term()
                 if not stream._iterating:
                     stream.close(cancel=False)
+            deadline = time.monotonic() + 2 * POLL_S + 1
+            while any(s._channel is not None for s in list(self._streams)) and time.monotonic() < deadline:
+                time.sleep(0.05)                 # a thread in one sees _closed within POLL_S and closes it
             self._context.term()
             if self._launcher is not None:
                 self._launcher.stop()

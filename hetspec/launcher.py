@@ -1,9 +1,10 @@
-"""Starts the engine's three processes and stops them, leaving nothing behind.
+"""Starts the engine and stops it, leaving nothing behind.
 
 The launcher owns the runtime directory (mode 0700, holding the ipc://
-sockets, the run file and the processes' logs) and is the parent of the
-scheduler and both workers. Children run in their own session so a Ctrl-C
-reaches only the launcher, which then shuts them down in order.
+sockets, the run file and the processes' logs) and starts the scheduler,
+which starts and supervises both workers (hetspec.scheduler.supervisor).
+Each runs in its own session so a Ctrl-C reaches only the launcher, which
+then asks the scheduler to stop them.
 """
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -23,6 +23,7 @@ from hetspec.ipc.channel import ipc_endpoint, make_runtime_dir
 from hetspec.ipc.shm import new_run_id, remove_leftovers
 from hetspec.ipc.specs import DraftSpec, TargetSpec
 from hetspec.models import resolve_model
+from hetspec.scheduler.supervisor import spawn
 
 
 class Launcher:
@@ -42,11 +43,6 @@ class Launcher:
     def start(self) -> None:
         c = self.config
         draft_model, target_model = resolve_model(c.draft.model, "draft"), resolve_model(c.target.model, "target")
-        run = {"run_id": self.run_id, "config": c.to_dict(), "endpoints": self.endpoints,
-               "models": {"draft": dataclasses.asdict(draft_model), "target": dataclasses.asdict(target_model)}}
-        run_file = os.path.join(self.runtime_dir, "run.json")
-        with open(run_file, "w") as f:
-            json.dump(run, f)
         draft = DraftSpec(backend=c.draft.backend, model=draft_model, cores=list(c.draft.cores),
                           threads=c.draft.threads, n_ctx=c.draft.n_ctx, weights=c.draft.weights,
                           prefill_weights=c.draft.prefill_weights, prompt_kv=c.draft.prompt_kv,
@@ -55,22 +51,19 @@ class Launcher:
         target = TargetSpec(model=target_model, dtype=c.target.dtype, device=c.target.device,
                             cores=list(c.target.cores), threads=c.target.threads, cpu_kernels=c.target.cpu_kernels,
                             borrow_cores=list(c.draft.cores) if c.target.prefill_borrows_draft_cores else [])
-        self._spawn("scheduler", ["-m", "hetspec.scheduler", run_file], threads=1)
-        self._spawn("draft", ["-m", "hetspec.workers.draft", "--endpoint", self.endpoints["draft"],
-                              "--spec", draft.to_json()], threads=c.draft.threads)
-        self._spawn("target", ["-m", "hetspec.workers.target", "--endpoint", self.endpoints["target"],
-                               "--spec", target.to_json()], threads=c.target.threads)
-
-    def _spawn(self, role: str, args: list[str], threads: int) -> None:
-        # One OpenMP/MKL thread per owned core; a prefill on borrowed cores asks for more
-        # explicitly and re-pins every thread afterwards (workers/common/pinning.py).
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-                   TOKENIZERS_PARALLELISM="false",
-                   HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"), PYTHONUNBUFFERED="1")
-        with open(os.path.join(self.runtime_dir, f"{role}.log"), "wb") as log:   # the child keeps its own copy
-            self.processes[role] = subprocess.Popen([sys.executable, *args], env=env, stdout=log,
-                                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                    start_new_session=True)
+        workers = {   # the scheduler starts these (and starts them again if they die)
+            "draft": {"args": ["-m", "hetspec.workers.draft", "--endpoint", self.endpoints["draft"],
+                               "--spec", draft.to_json()], "threads": c.draft.threads},
+            "target": {"args": ["-m", "hetspec.workers.target", "--endpoint", self.endpoints["target"],
+                                "--spec", target.to_json()], "threads": c.target.threads}}
+        run = {"run_id": self.run_id, "config": c.to_dict(), "endpoints": self.endpoints,
+               "runtime_dir": self.runtime_dir, "workers": workers,
+               "models": {"draft": dataclasses.asdict(draft_model), "target": dataclasses.asdict(target_model)}}
+        run_file = os.path.join(self.runtime_dir, "run.json")
+        with open(run_file, "w") as f:
+            json.dump(run, f)
+        self.processes["scheduler"] = spawn(["-m", "hetspec.scheduler", run_file],
+                                            os.path.join(self.runtime_dir, "scheduler.log"), threads=1)
 
     def check(self) -> None:
         """Raise EngineStartError naming a process that has exited, with its last log line."""
@@ -91,8 +84,9 @@ class Launcher:
         return lines[-1] if lines else "(no output)"
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Wait for the processes to leave (the scheduler was asked to stop its
-        workers), then terminate, then kill; unlink shared memory; remove the directory."""
+        """Wait for the scheduler to leave (it was asked to stop its workers, which
+        also die with it), then terminate, then kill; unlink shared memory; remove
+        the directory."""
         deadline = time.monotonic() + grace_s
         for process in self.processes.values():
             try:

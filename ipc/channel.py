@@ -10,6 +10,7 @@ import os
 import stat
 
 import zmq
+import zmq.utils.monitor
 
 from hetspec.ipc.messages import decode, encode
 
@@ -28,6 +29,7 @@ def ipc_endpoint(runtime_dir: str, name: str) -> str:
 class Channel:
     def __init__(self, context: zmq.Context, endpoint: str, bind: bool):
         self.endpoint = endpoint
+        self.context, self.monitor = context, None
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 1000)   # let a last error message leave
         if bind:
@@ -35,6 +37,21 @@ class Channel:
             self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         else:
             self.socket.connect(endpoint)
+
+    def watch(self) -> None:
+        """Record connection events, so peer_lost() can tell when the peer went away."""
+        address = f"inproc://hetspec-monitor-{id(self):x}"
+        self.socket.monitor(address, zmq.EVENT_DISCONNECTED)
+        self.monitor = self.context.socket(zmq.PAIR)
+        self.monitor.connect(address)
+        self._lost = False
+
+    def peer_lost(self) -> bool:
+        """True once the connection to a watched peer has closed (its process died)."""
+        while self.monitor is not None and self.monitor.poll(0):
+            frames = self.monitor.recv_multipart()
+            self._lost = self._lost or zmq.utils.monitor.parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED
+        return self.monitor is not None and self._lost
 
     def send(self, message) -> None:
         self.socket.send_multipart(encode(message))
@@ -46,19 +63,44 @@ class Channel:
         return decode(self.socket.recv_multipart())
 
     def close(self) -> None:
+        if self.monitor is not None:
+            try:
+                self.socket.monitor(None, 0)
+            except zmq.ZMQError:      # the context is terminating: closing is all that is left
+                pass
+            self.monitor.close(linger=0)
         self.socket.close()
 
 
+HEARTBEAT_MS = 2000           # tcp: a client host that vanished is noticed within the timeout
+HEARTBEAT_TIMEOUT_MS = 10000
+
+
 class Router:
+    """Each client socket is one identity. A send to a client whose connection has
+    closed (its process died, or it closed the socket) fails at once: that is how
+    the scheduler learns a client is gone (ROUTER_MANDATORY). Messages to a slow
+    reader queue without bound (SNDHWM 0) rather than being dropped."""
+
     def __init__(self, context: zmq.Context, endpoint: str):
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 1000)
-        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)   # a departed client must not block us
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         self.socket.bind(endpoint)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
-    def send(self, identity: bytes, message) -> None:
-        self.socket.send_multipart([identity, *encode(message)])
+    def send(self, identity: bytes, message) -> bool:
+        """False if that client is gone."""
+        try:
+            self.socket.send_multipart([identity, *encode(message)], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as exc:
+            if exc.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                return False
+            raise
 
     def recv_nowait(self):
         """(identity, message) or None; a malformed message comes back as (identity, ValueError)."""

@@ -255,7 +255,7 @@ def test_zmq_token_guards_a_launched_engine():
         assert hetspec.connect(engine.endpoint, token="secret").generate([1, 2, 3], max_new_tokens=3).token_ids
 
 
-def test_busy_and_dead_engines_are_503s_and_a_public_address_without_key_warns(tmp_path):
+def test_busy_is_a_503_a_dead_scheduler_ends_the_server_and_a_public_address_without_key_warns(tmp_path):
     toml = tmp_path / "random.toml"
     toml.write_text('[draft]\nbackend = "torch"\nmodel = "random:seed=1"\n\n[target]\nmodel = "random:seed=0"\n\n'
                     '[server]\nmax_queue = 0\n')                   # nothing may wait behind a running request
@@ -271,16 +271,25 @@ def test_busy_and_dead_engines_are_503s_and_a_public_address_without_key_warns(t
                               timeout=DEADLINE_S)
         assert busy.status_code == 503 and busy.json()["error"]["code"] == "engine_busy", busy.text
 
-        target = [p for p in psutil.Process(server.process.pid).children(recursive=True)
-                  if "hetspec.workers.target" in " ".join(p.cmdline())]
-        target[0].kill()
-        _wait_for(lambda: httpx.get(f"{server.url}/health", timeout=DEADLINE_S).status_code == 503,
-                  "/health did not turn 503")
+        def engine_process(module: str) -> psutil.Process:
+            [process] = [p for p in psutil.Process(server.process.pid).children(recursive=True)
+                         if module in " ".join(p.cmdline())]
+            return process
+
+        engine_process("hetspec.workers.target").kill()           # restarted: the next request waits for it
         response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 3},
                               timeout=DEADLINE_S)
-        assert response.status_code == 503 and response.json()["error"]["code"] == "engine_dead"
+        assert response.status_code == 200, response.text
+        assert httpx.get(f"{server.url}/health", timeout=DEADLINE_S).json() == {"status": "ok"}
+        assert 'hetspec:worker_restarts{model_name="random",worker="target"} 1.0' in \
+            httpx.get(f"{server.url}/metrics", timeout=DEADLINE_S).text
+
+        engine_process("hetspec.scheduler").kill()                 # the server cannot go on: it exits, saying why
+        server.process.wait(DEADLINE_S)
+        assert server.process.returncode not in (0, None)
     finally:
         server.engine.close()
         server.process.send_signal(signal.SIGINT)
         _, stderr = server.process.communicate(timeout=DEADLINE_S)
     assert "without --api-key" in stderr
+    assert "scheduler" in stderr.split("without --api-key")[-1], stderr

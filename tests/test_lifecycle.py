@@ -1,6 +1,6 @@
 """Lifecycle: an engine leaves nothing behind (processes, /dev/shm segments, its runtime
-directory) however it ends - closed, left by a `with` block, failed to start, or with a
-worker killed under it - and never leaves a client hanging. Also: several clients at
+directory) however it ends - closed, left by a `with` block, or failed to start - and
+never leaves a client hanging (killed processes: test_faults.py). Also: several clients at
 once, connect(), streaming, and the hetspec-launch CLI (one-shot --json, serve mode
 stopped by SIGINT / SIGTERM, and killed by SIGKILL mid-request).
 
@@ -144,11 +144,11 @@ def test_with_block_leaves_nothing_even_with_a_request_in_flight():
         # while it runs, the things we check for afterwards do exist
         assert len(footprint.segments()) >= 2
         assert os.path.isdir(footprint.runtime_dir)
-        pids = {role: p.pid for role, p in launcher.processes.items()}
-        assert engine.info["pid"] == pids["scheduler"]
-        assert engine.info["draft"]["pid"] == pids["draft"]
-        assert engine.info["target"]["pid"] == pids["target"]
-        assert {p.pid for p in children() - before} >= set(pids.values())
+        # the launcher starts the scheduler, which starts (and supervises) both workers
+        scheduler = psutil.Process(launcher.processes["scheduler"].pid)
+        assert engine.info["pid"] == scheduler.pid
+        assert {p.pid for p in scheduler.children()} >= {engine.info["draft"]["pid"], engine.info["target"]["pid"]}
+        assert {p.pid for p in children() - before} >= {scheduler.pid, engine.info["draft"]["pid"]}
         assert len(engine.generate("Hello", max_new_tokens=8).token_ids) == 8
 
         # a long request from another thread is still running when the block ends
@@ -157,9 +157,9 @@ def test_with_block_leaves_nothing_even_with_a_request_in_flight():
     assert not thread.is_alive(), "the in-flight request hung after the engine was closed"
     assert isinstance(box.get("error"), EngineDeadError), box
     assert_nothing_left(footprint, before)
-    # a clean stop: every process left by itself (the scheduler gave up the request when
-    # asked to stop; nobody had to be terminated or killed by the launcher)
-    assert {role: p.returncode for role, p in launcher.processes.items()} == {"scheduler": 0, "draft": 0, "target": 0}
+    # a clean stop: the scheduler gave up the request when asked to stop, and left by itself
+    # (its workers had left too: it waits for them)
+    assert launcher.processes["scheduler"].returncode == 0
     engine.close()                                            # closing twice is harmless
     with pytest.raises(HetspecError, match="closed"):
         engine.generate("Hello", max_new_tokens=4)
@@ -180,70 +180,9 @@ def test_failed_start_leaves_nothing(monkeypatch):
     with pytest.raises(EngineStartError, match="vocabular"):
         hetspec.launch(bad)
     [launcher] = launchers
-    assert set(launcher.processes) == {"scheduler", "draft", "target"}     # it did get as far as starting them
-    assert all(p.returncode is not None for p in launcher.processes.values())
+    assert launcher.processes["scheduler"].returncode is not None   # it started, and its workers, then stopped
     # its processes have all exited (and were reaped), so the footprint has none left to wait for
     assert_nothing_left(Footprint(launcher.run_id, launcher.runtime_dir, []), before)
-
-
-# ---- a worker killed under the engine -----------------------------------------------------
-
-def test_target_killed_mid_request():
-    before = children()
-    engine = hetspec.launch(CONFIG)
-    launcher = engine._launcher
-    footprint = Footprint.of(launcher)
-    target_pid = engine.info["target"]["pid"]
-    assert target_pid == launcher.processes["target"].pid
-    thread, box = start_long_request(engine)
-    os.kill(target_pid, signal.SIGKILL)
-    thread.join(DEADLINE_S)
-    assert not thread.is_alive(), "the request hung after its target worker was killed"
-    assert "result" not in box, "a 2000-token request finished although its target was killed"
-    assert isinstance(box["error"], EngineDeadError), box
-    assert "target" in str(box["error"])
-
-    # later requests fail the same way, on this handle and on a connected one
-    for _ in range(2):
-        _, error = call_within(DEADLINE_S, engine.generate, "Hello again", max_new_tokens=8)
-        assert isinstance(error, EngineDeadError) and "target" in str(error), error
-    other, error = call_within(DEADLINE_S, hetspec.connect, engine.endpoint)
-    assert error is None, error
-    _, error = call_within(DEADLINE_S, other.generate, "Hello again", max_new_tokens=8)
-    assert isinstance(error, EngineDeadError) and "target" in str(error), error
-    other.close()
-
-    _, error = call_within(DEADLINE_S, engine.close)
-    assert error is None, error
-    assert_nothing_left(footprint, before)
-    assert launcher.processes["target"].returncode == -signal.SIGKILL
-    # the survivors were stopped, not killed: close() did not wait on the dead worker
-    assert launcher.processes["scheduler"].returncode == 0
-    assert launcher.processes["draft"].returncode == 0
-
-
-def test_target_killed_between_requests():
-    """The scheduler must not send to a worker that is gone (a zmq send to no peer never returns)."""
-    before = children()
-    engine = hetspec.launch(CONFIG)
-    launcher = engine._launcher
-    footprint = Footprint.of(launcher)
-    other = hetspec.connect(engine.endpoint)                  # a client without the launcher's view
-    expected = engine.generate("Hello", max_new_tokens=8).token_ids
-    assert other.generate("Hello", max_new_tokens=8).token_ids == expected
-
-    os.kill(engine.info["target"]["pid"], signal.SIGKILL)
-    launcher.processes["target"].wait(DEADLINE_S)             # it is gone before the next request
-    for handle in (other, engine, other):
-        _, error = call_within(DEADLINE_S, handle.generate, "Hello", max_new_tokens=8)
-        assert isinstance(error, EngineDeadError) and "target" in str(error), error
-    other.close()
-
-    _, error = call_within(DEADLINE_S, engine.close)
-    assert error is None, error
-    assert_nothing_left(footprint, before)
-    assert launcher.processes["scheduler"].returncode == 0
-    assert launcher.processes["draft"].returncode == 0
 
 
 # ---- one engine, many clients -----------------------------------------------------------------

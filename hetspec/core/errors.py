@@ -21,6 +21,11 @@ class EngineDeadError(HetspecError, RuntimeError):
     """A process of the engine died; requests cannot complete any more."""
 
 
+class RequestAbortedError(HetspecError, RuntimeError):
+    """The target worker died under this request; the engine restarted it and keeps
+    serving, so the request may be sent again."""
+
+
 class EngineStartError(HetspecError, RuntimeError):
     """The engine could not start (a worker failed while loading its model)."""
 
@@ -35,6 +40,7 @@ ERROR_KINDS = {
     "config": ConfigError,
     "request": RequestError,
     "dead": EngineDeadError,
+    "aborted": RequestAbortedError,
     "start": EngineStartError,
 }
 

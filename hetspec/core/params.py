@@ -26,6 +26,7 @@ class SamplingParams:
     gamma: int | None = None             # draft budget; None: the engine's (measured at start-up)
     sequences: int | str | None = None   # draft branches: a number, "dynamic", or None: the config's
     cache_prompt: bool = True            # the draft may keep a matching prefix from an earlier request
+    timeout_s: float | None = None       # a deadline from arrival: then finish_reason "timeout", tokens so far
 
     def __post_init__(self):
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
@@ -46,6 +47,8 @@ class SamplingParams:
         _check(self.sequences in (None, "dynamic") or (_is_int(self.sequences) and self.sequences >= 1),
                f"sequences must be 'dynamic', a positive integer or None, got {self.sequences!r}")
         _check(isinstance(self.cache_prompt, bool), f"cache_prompt must be true or false, got {self.cache_prompt!r}")
+        _check(self.timeout_s is None or (_is_real(self.timeout_s) and 0 < self.timeout_s < math.inf),
+               f"timeout_s must be a number of seconds > 0 or None, got {self.timeout_s!r}")
         for name in ("temperature", "top_p"):
             object.__setattr__(self, name, float(getattr(self, name)))
 

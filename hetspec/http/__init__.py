@@ -2,12 +2,39 @@
 metrics (metrics.py), and replicas on Ray Serve (ray_serve.py)."""
 from __future__ import annotations
 
+import threading
+
+WATCH_S = 0.5
+
 
 def serve(engine, host: str, port: int, model: str, api_key: str | None = None) -> None:
-    """Serve `engine` on host:port until SIGINT or SIGTERM (uvicorn's graceful shutdown)."""
+    """Serve `engine` on host:port until SIGINT or SIGTERM (uvicorn's graceful shutdown),
+    or until the engine's scheduler dies: then raise its EngineDeadError."""
     import uvicorn
 
+    from hetspec.core.errors import EngineDeadError
     from hetspec.http.app import build_app
 
-    uvicorn.run(build_app(engine, model, api_key), host=host, port=port, log_level="warning",
-                timeout_graceful_shutdown=5)
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, model, api_key), host=host, port=port,
+                                           log_level="warning", timeout_graceful_shutdown=5))
+    died: list[EngineDeadError] = []
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(WATCH_S):
+            try:
+                engine.check_alive()
+            except EngineDeadError as exc:
+                died.append(exc)
+                server.should_exit = True
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True, name="hetspec-watch")
+    watcher.start()
+    try:
+        server.run()
+    finally:
+        done.set()
+        watcher.join()
+    if died:
+        raise died[0]

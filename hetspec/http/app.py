@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from hetspec.core.errors import EngineBusyError, EngineDeadError, HetspecError, RequestError
+from hetspec.core.errors import EngineBusyError, EngineDeadError, HetspecError, RequestAbortedError, RequestError
 from hetspec.http import protocol
 from hetspec.http.metrics import Metrics
 from hetspec.http.protocol import ChatCompletionRequest, CompletionRequest, HTTPError
@@ -53,11 +53,14 @@ def build_app(engine, model: str, api_key: str | None = None) -> FastAPI:
     @app.get("/health")
     def health():
         try:
-            dead = engine.get_info(timeout_s=10).get("dead")
+            info = engine.get_info(timeout_s=10)
         except HetspecError as exc:
-            dead = str(exc)
-        if dead:
-            return JSONResponse({"status": "dead", "reason": dead}, status_code=503)
+            info = {"dead": str(exc)}
+        if info.get("dead"):
+            return JSONResponse({"status": "dead", "reason": info["dead"]}, status_code=503)
+        draft = info.get("workers", {}).get("draft", {})
+        if draft.get("state") == "failed":   # serving, target-only
+            return {"status": "degraded", "reason": draft.get("failure")}
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -160,4 +163,6 @@ def _error(exc: HetspecError) -> HTTPError:
         return HTTPError(400, str(exc))
     if isinstance(exc, EngineDeadError):
         return HTTPError(503, f"the engine is dead: {exc}", code="engine_dead")
+    if isinstance(exc, RequestAbortedError):
+        return HTTPError(503, str(exc), code="request_aborted")
     return HTTPError(503, str(exc))

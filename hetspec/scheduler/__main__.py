@@ -51,8 +51,8 @@ def _refuse_clients(scheduler: Scheduler, exc: Exception) -> None:
     message = str(exc)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        if scheduler.clients.socket.poll(200):
-            item = scheduler.clients.recv_nowait()
+        if scheduler.clients.router.socket.poll(200):
+            item = scheduler.clients.router.recv_nowait()
             if item:
                 scheduler.clients.send(item[0], RequestFailed(-1, "start", message))
                 return

@@ -5,6 +5,9 @@
   sequential  ordinary speculative decoding (SpS): draft, then verify (sequential_round);
   target      the target alone, one token a pass (target_step).
 
+A request also runs target-only while the draft worker is restarting, and
+finishes so if the draft dies under it (run): it loses speed, never tokens.
+
 Invariant: the target's KV cache holds every committed token but the last,
 so each verify pass feeds [last committed token] + pending window W and reads
 the target's choice at every position of W and after it. The draft keeps its
@@ -24,7 +27,7 @@ from hetspec.core.sampling import sample
 from hetspec.ipc.messages import BranchPlan
 from hetspec.scheduler.acceptance_prior import GENERIC
 from hetspec.scheduler.budget import CostModel, restart_length
-from hetspec.scheduler.links import EMPTY, NO_DRAFT, Draft, DraftLink, TargetLink, Verification, Window
+from hetspec.scheduler.links import EMPTY, NO_DRAFT, Draft, DraftLink, TargetLink, Verification, Window, WorkerLost
 from hetspec.scheduler.output import Output
 from hetspec.scheduler.stats import Stats
 
@@ -63,32 +66,45 @@ class Request:
 
 class Decoder:
     def __init__(self, request: Request, caps: Capabilities, draft: DraftLink, target: TargetLink, output: Output,
-                 costs: CostModel | None = None):
+                 costs: CostModel | None = None, without_draft: str | None = None):
         self.request, self.caps, self.id, self.params = request, caps, request.id, request.params
         self.draft, self.target, self.out = draft, target, output
         self.costs = costs                     # None: every round drafts gamma tokens
         self.rng = np.random.default_rng([request.params.seed, 0])
-        self.stats = Stats(prior=request.prior)
+        self.stats = Stats(prior=request.prior, fallback=without_draft)
+        self.mode = "target" if without_draft else request.params.mode   # target-only while there is no draft
         self.emit = None
 
     def run(self, emit) -> Stats:
-        """Decode until a stop condition; emit(tokens, text) streams committed tokens."""
+        """Decode until a stop condition; emit(tokens, text) streams committed tokens.
+        If the draft dies, the target finishes alone: a verify it was running is
+        dropped (the next pass crops the cache to the committed tokens)."""
         self.emit = emit
-        self.prefill()
-        mode = self.params.mode
-        if mode != "target":
-            self.draft_catches_up()
-        pending = EMPTY
-        while not self.out.done:
-            if mode == "duodec":
-                pending = self.duodec_round(pending)
-            elif mode == "sequential":
-                self.sequential_round()
-            else:
-                self.target_step()
+        try:
+            self.decode()
+        except WorkerLost as lost:
+            if lost.role != "draft":
+                raise
+            self.target.discard()
+            self.mode, self.stats.fallback = "target", str(lost)
+            self.decode()
         self.emit_round()
         self.draft.settle()
         return self.stats
+
+    def decode(self) -> None:
+        if self.out.length == self.out.n_prompt:
+            self.prefill()
+        if self.mode != "target":
+            self.draft_catches_up()
+        pending = EMPTY
+        while not self.out.done:
+            if self.mode == "duodec":
+                pending = self.duodec_round(pending)
+            elif self.mode == "sequential":
+                self.sequential_round()
+            else:
+                self.target_step()
 
     # ---- the three kinds of round ------------------------------------------------
 
@@ -155,7 +171,7 @@ class Decoder:
         long_prompt = len(self.out.context) >= LONG_PROMPT
         borrow = self.caps.borrow_cores and long_prompt
         self.target.start_verify(self.id, self.out.context, 0, 1, self.params, borrow_cores=borrow)
-        if self.params.mode != "target" and not borrow:
+        if self.mode != "target" and not borrow:
             self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
                                      borrow_cores=False)
         self.out.commit([self.choose(self.target.finish_verify(1, self.params))])

@@ -2,7 +2,8 @@
 
 Each link writes its inputs into shared memory, sends one command, and later
 collects the reply, reading bulk outputs back from shared memory. Waiting
-never blocks forever: a worker that died is reported by name.
+never blocks forever: a worker that died raises WorkerLost, naming it, and
+the supervisor (supervisor.py) starts it again.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import psutil
+import zmq
 
 from hetspec.core.branches import from_slot, pick_branch
 from hetspec.core.errors import EngineDeadError, HetspecError
@@ -40,6 +42,14 @@ POLL_S = 0.2
 
 class WorkerError(HetspecError, RuntimeError):
     """A worker could not carry out a command but is still alive."""
+
+
+class WorkerLost(EngineDeadError):
+    """A worker process died (or stopped taking commands) under a command."""
+
+    def __init__(self, role: str, message: str):
+        super().__init__(message)
+        self.role = role
 
 
 @dataclass
@@ -83,16 +93,18 @@ NO_DRAFT = Draft([], None, 0.0)
 
 
 class WorkerLink:
-    def __init__(self, role: str, channel: Channel):
+    def __init__(self, role: str, channel: Channel, process=None):
         self.role = role
         self.channel = channel
+        self.process = process   # a supervisor.Worker: how its process ended, if it has
         self.hello: WorkerHello | None = None
         self.buffers: dict[str, SharedArray] = {}
+        self.specs: dict[str, list] = {}   # every buffer the worker maps (for a restarted one)
         self.busy = False
         self.stashed = None      # a reply poll() took off the socket, for wait()
 
     def wait(self, timeout_s: float | None = None):
-        """The next reply; raises EngineDeadError if the worker process is gone."""
+        """The next reply; raises WorkerLost if the worker process is gone."""
         waited = 0.0
         while True:
             message, self.stashed = self.stashed or self.channel.recv(POLL_S), None
@@ -104,40 +116,77 @@ class WorkerLink:
                     raise (EngineDeadError if message.fatal else WorkerError)(message.message)
                 return message
             waited += POLL_S
-            if self.death():
-                raise EngineDeadError(self.death())
+            self.check_alive()
             if timeout_s is not None and waited >= timeout_s:
                 raise EngineDeadError(f"the {self.role} worker did not answer within {timeout_s:.0f} s")
 
     def death(self) -> str | None:
         """Why this worker cannot answer any more, if its process is gone."""
+        if self.process is not None:
+            reason = self.process.exit_reason()
+            return reason and f"the {self.role} worker (pid {self.process.pid}) {reason}"
         if self.hello is not None and not _alive(self.hello.pid):
             return f"the {self.role} worker (pid {self.hello.pid}) died"
         return None
 
+    def check_alive(self) -> None:
+        if reason := self.death():
+            self.lost()
+            raise WorkerLost(self.role, reason)
+
+    def lost(self) -> None:
+        """Forget the commands a dead worker will never answer."""
+        self.busy, self.stashed = False, None
+
     def poll(self) -> bool:
-        """True if a reply is waiting (without taking it)."""
+        """True if a reply is waiting (without taking it); WorkerLost if none ever will."""
         while self.stashed is None and self.channel.socket.poll(0):
             message = self.channel.recv(0)
             if not self.is_stale(message):
                 self.stashed = message
+        if self.stashed is None:
+            self.check_alive()
         return self.stashed is not None
+
+    def discard(self) -> None:
+        """Collect and drop the reply to an outstanding command, if any."""
+        while self.busy:
+            try:
+                self.wait()
+            except WorkerError:
+                pass
 
     def is_stale(self, message) -> bool:
         """A message that answers nothing outstanding, to be dropped."""
         return False
 
     def send(self, message) -> None:
+        """Never to a dead worker (a DEALER with no peer holds the message, and once
+        full the sender, until one connects), nor to a restarted one still loading."""
+        self.check_alive()
+        if self.process is not None and self.process.state != "ready":
+            raise WorkerLost(self.role, f"the {self.role} worker is {self.process.state}")
+        self._send(message)
+
+    def _send(self, message) -> None:
+        try:
+            self.channel.send(message)
+        except zmq.Again:          # the send timed out ([SNDTIMEO]): it stopped reading
+            self.lost()
+            raise WorkerLost(self.role, self.death() or f"the {self.role} worker stopped taking commands") from None
         self.busy = True
-        self.channel.send(message)
 
     def attach(self, run_id: str, layout: dict[str, tuple], shared: dict[str, SharedArray] | None = None) -> None:
         """Create this worker's shared buffers and have it map them, and `shared`
         ones too (both workers', closed by whoever made them)."""
         for key, (shape, dtype) in layout.items():
             self.buffers[key] = SharedArray.create(segment_name(run_id, f"{self.role}-{key}"), shape, dtype)
-        specs = {k: b.spec() for k, b in {**self.buffers, **(shared or {})}.items()}
-        self.send(AttachBuffers(specs))
+        self.specs = {k: b.spec() for k, b in {**self.buffers, **(shared or {})}.items()}
+        self.reattach()
+
+    def reattach(self) -> None:
+        """Have the (perhaps restarted) worker map the buffers made for it."""
+        self._send(AttachBuffers(self.specs))
         reply = self.wait(60)
         assert isinstance(reply, Attached), reply
 
@@ -223,8 +272,16 @@ class DraftLink(WorkerLink):
         """Stop an extension still running after the last command (the end of a
         request), so it does not compete with whatever runs next."""
         if self.extending:
-            self.channel.send(Idle())
             self.extending = False
+            try:
+                self.send(Idle())
+            except WorkerLost:     # nothing to stop
+                pass
+            self.busy = False      # Idle has no reply
+
+    def lost(self) -> None:
+        super().lost()
+        self.slot, self.command, self.extending = 0, 0, False
 
 
 def _alive(pid: int) -> bool:

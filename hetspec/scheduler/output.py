@@ -62,10 +62,10 @@ class Output:
             self.text += self.detokenizer.flush()
         return self.done
 
-    def cancel(self) -> None:
-        """End here: the client asked to stop."""
+    def cancel(self, reason: str = "cancelled") -> None:
+        """End here: the client asked to stop or went away ("cancelled"), or the deadline passed ("timeout")."""
         if not self.done:
-            self.finish_reason = "cancelled"
+            self.finish_reason = reason
             self.text += self.detokenizer.flush()
 
     def _hit_stop_string(self, new_from: int) -> bool:

@@ -7,8 +7,6 @@ python -m hetspec.scheduler RUN_FILE   (the run file is written by the launcher)
 from __future__ import annotations
 
 import os
-import secrets
-from collections import Counter, deque
 
 import numpy as np
 import zmq
@@ -16,11 +14,10 @@ import zmq
 from hetspec.config import load_config
 from hetspec.core.errors import EngineDeadError, EngineStartError, RequestError
 from hetspec.core.pinning import pin
-from hetspec.ipc.channel import Channel, Router
+from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import (
     CalibrateDraft,
     CalibrateTarget,
-    CancelRequest,
     EngineInfo,
     Finished,
     GenerateRequest,
@@ -34,19 +31,25 @@ from hetspec.ipc.shm import SharedArray, segment_name
 from hetspec.ipc.specs import ModelSpec
 from hetspec.scheduler.acceptance_prior import AcceptancePrior
 from hetspec.scheduler.budget import CostModel, choose_gamma, monotone
+from hetspec.scheduler.clients import Clients, Pending
 from hetspec.scheduler.decoder import Capabilities, Decoder
-from hetspec.scheduler.links import DraftLink, TargetLink, WorkerError
+from hetspec.scheduler.links import DraftLink, TargetLink, WorkerError, WorkerLost
 from hetspec.scheduler.requests import resolve
+from hetspec.scheduler.supervisor import Crew
 from hetspec.scheduler.tokenizer import Tokenizer
 
 CALIBRATION_CONTEXT = 256
 WORKER_SEND_TIMEOUT_MS = 2000   # a DEALER with no peer (a dead worker) would block a send forever
-MAX_EARLY_CANCELS = 1024
 VERIFY_SIZES = [1, 2, 4, 6, 8, 10, 12, 16, 24, 32]
 
 
-class Cancelled(Exception):
-    """The running request was cancelled by its client."""
+class Stopped(Exception):
+    """The running request ends early with the tokens it has: its client cancelled it
+    or went away ("cancelled"), or its deadline passed ("timeout")."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 class Scheduler:
@@ -58,31 +61,36 @@ class Scheduler:
         self.context = zmq.Context()
         self.draft = DraftLink("draft", Channel(self.context, run["endpoints"]["draft"], bind=True))
         self.target = TargetLink("target", Channel(self.context, run["endpoints"]["target"], bind=True))
-        self.clients = Router(self.context, run["endpoints"]["client"])
+        self.crew = Crew(run, {"draft": self.draft, "target": self.target})
+        self.clients = Clients(self.context, run["endpoints"]["client"], self.config.server.max_queue,
+                               self.config.server.api_key)
         for link in (self.draft, self.target):
             link.channel.socket.setsockopt(zmq.SNDTIMEO, WORKER_SEND_TIMEOUT_MS)
-        self.queue: deque = deque()
-        self.running: int | None = None    # the request being decoded
-        self.cancelled: set[int] = set()   # ... asked to stop (CancelRequest)
-        self.counts = Counter()            # requests by outcome: completed, cancelled, failed
+        self.counts = self.clients.counts     # requests by how they ended
         self.info: dict = {}
-        self.dead: str | None = None       # why the engine can no longer serve
         self.stopping = False
-        self.parent = os.getppid()         # the launcher: if it goes, so do we
-        self.kv_buffer = None              # the target's prompt cache on its way to the draft, if handed over
+        self.parent = os.getppid()            # the launcher: if it goes, so do we
+        self.kv_buffer = None                 # the target's prompt cache on its way to the draft, if handed over
         self.acceptance = AcceptancePrior()
 
     # ---- start-up ------------------------------------------------------------
 
     def start(self) -> None:
-        """Load the tokenizer while the workers load their models, then wire them up."""
+        """Start the workers and load the tokenizer while they load their models, then
+        wire them up. A worker that dies while starting fails the start (no restarts)."""
+        self.crew.start()
         self.tokenizer = Tokenizer(self.models["target"])
         timeout = self.config.server.startup_timeout_s
         hellos = {}
         for link in (self.draft, self.target):
-            message = link.wait(timeout)
+            try:
+                message = link.wait(timeout)
+            except WorkerLost as lost:
+                log = "\n".join(self.crew.workers[link.role].last_log_lines())
+                raise EngineStartError(f"{lost} while loading its model; its last log lines:\n{log}") from None
             if isinstance(message, WorkerHello):
                 link.hello = hellos[link.role] = message
+                self.crew.workers[link.role].ready()
         if hellos["draft"].n_vocab != hellos["target"].n_vocab:
             raise EngineStartError(
                 f"draft and target have different vocabularies: the draft has {hellos['draft'].n_vocab} "
@@ -142,110 +150,71 @@ class Scheduler:
 
     def serve(self) -> None:
         while not self.stopping and os.getppid() == self.parent:   # an orphan stops
-            self._read_clients(timeout_ms=100 if not self.queue else 0)
-            if self.queue:
-                identity, request = self.queue.popleft()
-                self._run_request(identity, request)
-        while self.queue:                                       # never leave a client waiting
-            identity, request = self.queue.popleft()
-            self.clients.send(identity, RequestFailed(request.request_id, "dead", "the engine stopped"))
+            self.crew.check()
+            self._read_clients(timeout_ms=0 if self._can_run() else 100)
+            self.clients.expire()
+            if self._can_run() and (pending := self.clients.next()):
+                try:
+                    self._decode(pending)
+                finally:
+                    self.clients.done()
+        self.clients.refuse_all("the engine stopped")
+
+    def _can_run(self) -> bool:
+        """A queued request runs once the target is up (or given up: then it is
+        answered at once); while the target restarts, requests wait."""
+        return bool(self.clients.queue) and self.crew.workers["target"].state != "starting"
 
     def _read_clients(self, timeout_ms: int) -> None:
-        if not self.clients.socket.poll(timeout_ms):
-            return
-        while (item := self.clients.recv_nowait()) is not None:
-            identity, message = item
-            if isinstance(message, ValueError):
-                self.clients.send(identity, RequestFailed(-1, "request", f"malformed message: {message}"))
-            elif not self._authorized(message):
-                rid = getattr(message, "request_id", -1)
-                self.clients.send(identity, RequestFailed(rid, "auth", "this engine needs its API key (the token)"))
-            elif isinstance(message, InfoRequest):
+        for identity, message in self.clients.read(timeout_ms):
+            if isinstance(message, InfoRequest):
                 self.clients.send(identity, EngineInfo(self._live_info()))
             elif isinstance(message, StopEngine):
                 self.stopping = True
-            elif isinstance(message, GenerateRequest) and message.request_id in self.cancelled:
-                self.cancelled.discard(message.request_id)    # cancelled before it arrived
-                self._send_cancelled(identity, message.request_id)
-            elif isinstance(message, GenerateRequest) and self._waiting_after_one_more() > self.config.server.max_queue:
-                self.counts["busy"] += 1
-                self.clients.send(identity, RequestFailed(message.request_id, "busy", "the engine is busy: "
-                                                          f"{len(self.queue)} requests are waiting ([server] max_queue)"))
-            elif isinstance(message, GenerateRequest):
-                self.queue.append((identity, message))
-            elif isinstance(message, CancelRequest):
-                self._cancel(message.request_id)
             else:
                 self.clients.send(identity, RequestFailed(-1, "request", f"unexpected {type(message).__name__}"))
 
     def _live_info(self) -> dict:
-        """The start-up info, with what changes: the queue, the requests so far, and why
-        the engine cannot serve if a worker has gone."""
-        return {**self.info, "running": int(self.running is not None), "waiting": len(self.queue),
-                "requests": dict(self.counts), "dead": self.dead or self._dead_worker()}
+        """The start-up info, with what changes: the queue, the requests so far, the
+        workers (restarts, state), and why the engine cannot serve, if it cannot."""
+        workers = self.crew.info()
+        for role in ("draft", "target"):
+            self.info[role]["pid"] = workers[role]["pid"]
+        return {**self.info, "running": int(self.clients.running is not None), "waiting": len(self.clients.queue),
+                "requests": dict(self.counts), "workers": workers, "restarts": self.crew.restarts(),
+                "dead": self._dead()}
 
-    def _waiting_after_one_more(self) -> int:
-        """Requests that would wait behind a running one if one more came (when idle, the
-        first in the queue runs at once)."""
-        return len(self.queue) + (self.running is not None)
+    def _dead(self) -> str | None:
+        """Why no request can be served, if none can: the target was given up."""
+        target = self.crew.workers["target"]
+        return target.failure if target.state == "failed" else None
 
-    def _authorized(self, message) -> bool:
-        key = self.config.server.api_key
-        return not key or secrets.compare_digest(str(getattr(message, "token", "")).encode(), key.encode())
-
-    def _cancel(self, rid: int) -> None:
-        """A queued request ends at once, the running one at its next round (_emit), and
-        one not seen yet (its cancel overtook it on another socket) as soon as it arrives."""
-        for identity, request in list(self.queue):
-            if request.request_id == rid:
-                self.queue.remove((identity, request))
-                self._send_cancelled(identity, rid)
-                return
-        if len(self.cancelled) > MAX_EARLY_CANCELS:   # ids of requests that finished before their cancel
-            self.cancelled.clear()
-        self.cancelled.add(rid)
-
-    def _send_cancelled(self, identity: bytes, rid: int) -> None:
-        self.counts["cancelled"] += 1
-        self.clients.send(identity, Finished(rid, [], "", "cancelled", {"finish_reason": "cancelled", "new_tokens": 0}))
-
-    def _run_request(self, identity: bytes, request: GenerateRequest) -> None:
-        rid = request.request_id
-        self.running = rid
-        try:
-            self._decode(identity, request)
-        finally:
-            self.running = None
-            self.cancelled.discard(rid)     # a cancel that came too late is forgotten
-
-    def _decode(self, identity: bytes, request: GenerateRequest) -> None:
-        rid = request.request_id
-        if not self.dead:
-            self.dead = self._dead_worker()
-        if self.dead:
-            self.clients.send(identity, RequestFailed(rid, "dead", self.dead))
+    def _decode(self, pending: Pending) -> None:
+        identity, rid = pending.identity, pending.message.request_id
+        if dead := self._dead():
+            self.clients.send(identity, RequestFailed(rid, "dead", dead))
             return
         try:
-            decoder = self._decoder(request)
+            decoder = self._decoder(pending.message)
             stats = decoder.run(lambda ids, text: self._emit(identity, TokensEvent(rid, ids, text)))
         except RequestError as exc:
             self.counts["refused"] += 1
             self.clients.send(identity, RequestFailed(rid, "request", str(exc)))
-        except EngineDeadError as exc:
-            self.dead = str(exc)
-            self.clients.send(identity, RequestFailed(rid, "dead", self.dead))
+        except WorkerLost as lost:         # the target died (a lost draft never gets here: Decoder.run)
+            self.counts["aborted"] += 1
+            self._drain()
+            self.clients.send(identity, RequestFailed(rid, "aborted", f"{lost} while this request ran; the engine "
+                                                      "is restarting it and keeps serving: send the request again"))
+        except EngineDeadError as exc:     # the engine is stopping
+            self.clients.send(identity, RequestFailed(rid, "dead", str(exc)))
         except WorkerError as exc:
             self._drain()
             self.clients.send(identity, RequestFailed(rid, "request", str(exc)))
-        except zmq.Again:                  # a send to a worker timed out: it has gone
-            self.dead = self._dead_worker() or "a worker stopped accepting commands"
-            self.clients.send(identity, RequestFailed(rid, "dead", self.dead))
-        except Cancelled:                  # both workers may be mid-round: collect their replies first
-            self.counts["cancelled"] += 1
+        except Stopped as stop:            # both workers may be mid-round: collect their replies first
+            self.counts[stop.reason] += 1
             self._drain()
-            self.draft.settle()
             out = decoder.out
-            out.cancel()
+            out.cancel(stop.reason)
             self.clients.send(identity, Finished(rid, out.new_ids, out.text, out.finish_reason,
                                                  decoder.stats.report(decoder.request, out)))
         else:
@@ -256,40 +225,41 @@ class Scheduler:
                                                  stats.report(decoder.request, out)))
 
     def _emit(self, identity: bytes, event: TokensEvent) -> None:
-        """Stream a round's tokens (if any), and answer or queue whatever clients sent meanwhile."""
-        if event.token_ids or event.text:
-            self.clients.send(identity, event)
+        """Stream a round's tokens (if any); restart a worker that died, and answer or
+        queue whatever clients sent meanwhile; stop the request if it must stop."""
+        if (event.token_ids or event.text) and not self.clients.send(identity, event):
+            raise Stopped("cancelled")     # its client has gone
+        self.crew.check()
         self._read_clients(timeout_ms=0)
         if self.stopping or os.getppid() != self.parent:   # asked to stop, or orphaned: do not finish first
             raise EngineDeadError("the engine was stopped while this request was running")
-        if self.running in self.cancelled:
-            raise Cancelled
+        if reason := self.clients.must_stop():
+            raise Stopped(reason)
 
     def _decoder(self, message: GenerateRequest) -> Decoder:
         request, output = resolve(message, self)
-        return Decoder(request, self.caps, self.draft, self.target, output, self.costs)
-
-    def _dead_worker(self) -> str | None:
-        """Why the engine cannot serve, if a worker process has gone (checked before
-        sending it anything: a send to a departed worker would never return)."""
-        return self.draft.death() or self.target.death()
+        without_draft = None if request.params.mode == "target" else self.crew.unavailable("draft")
+        return Decoder(request, self.caps, self.draft, self.target, output, self.costs, without_draft)
 
     def _drain(self) -> None:
-        """After a failed command, collect the other worker's outstanding reply."""
+        """After a failed or stopped round, collect both workers' outstanding replies."""
         for link in (self.draft, self.target):
-            while link.busy:
-                try:
-                    link.wait()
-                except WorkerError:
-                    pass
+            try:
+                link.discard()
+            except WorkerLost:
+                pass
+        self.draft.settle()
 
     def close(self) -> None:
+        """Tell both workers to leave and wait for them (a dead one is not waited on)."""
         for link in (self.draft, self.target):
             try:
                 link.channel.socket.setsockopt(zmq.SNDTIMEO, 0)   # never wait on a dead worker
                 link.close()
             except zmq.ZMQError:
                 pass
+        for worker in self.crew.workers.values():
+            worker.stop(grace_s=5)
         if self.kv_buffer is not None:
             self.kv_buffer.close()
         self.draft.channel.close()

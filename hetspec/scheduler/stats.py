@@ -31,6 +31,7 @@ class Stats:
     accepted_per_pos: list = field(default_factory=list)  # [i]: windows whose token i was accepted
     draft_prompt_kv: str = "own"  # how the draft got the prompt's cache: its own prefill, or the "target"'s
     prior: float = GENERIC
+    fallback: str | None = None  # why the target ran (some rounds) without the draft: it died or is restarting
 
     @property
     def acceptance(self) -> float:
@@ -73,5 +74,5 @@ class Stats:
             "branch_hits": self.branch_hits, "draft_prompt_kv": self.draft_prompt_kv,
             "sequences_hist": {str(k): v for k, v in sorted(self.sequences_hist.items())},
             "draft_s": self.draft_s, "verify_s": self.verify_s, "round_s": self.round_s,
-            "overhead_s": max(0.0, self.round_s - self.busy_s),
+            "overhead_s": max(0.0, self.round_s - self.busy_s), "fallback": self.fallback,
         }

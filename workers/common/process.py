@@ -4,7 +4,9 @@ its parent is gone (so a killed launcher never leaves orphans)."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import signal
 import sys
 import traceback
 
@@ -15,6 +17,7 @@ from hetspec.ipc.messages import AttachBuffers, Attached, Idle, Shutdown, Worker
 from hetspec.ipc.shm import attach_all
 
 POLL_S = 0.5
+PR_SET_PDEATHSIG = 1
 
 
 def parse_args(argv, spec_type):
@@ -31,14 +34,18 @@ def serve(role: str, endpoint: str, spec, load, handlers: dict) -> int:
     or (reply, background): an iterator of progress messages, worked through
     after the reply until the next message arrives (see DraftExtended)."""
     parent = os.getppid()
+    _die_with_parent()
     context = zmq.Context()
     channel = Channel(context, endpoint, bind=False)
     buffers = {}
     try:
         try:
             hello, state = load(spec)
-        except Exception as exc:  # noqa: BLE001 - any load failure is reported, then we exit
-            channel.send(WorkerFailed(role, f"{role} worker could not load its model: {_describe(exc)}"))
+        except Exception as exc:  # noqa: BLE001 - any load failure is reported (and logged), then we exit
+            traceback.print_exc(file=sys.stderr)
+            message = f"{role} worker could not load its model: {_describe(exc)}"
+            print(message, file=sys.stderr)
+            channel.send(WorkerFailed(role, message))
             return 1
         channel.send(hello)
         while True:
@@ -72,6 +79,15 @@ def serve(role: str, endpoint: str, spec, load, handlers: dict) -> int:
             buffer.close()
         channel.close()
         context.term()
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker as soon as the scheduler that started it
+    dies, even by SIGKILL and mid-computation (elsewhere the parent poll above remains)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 def _work_until_next_message(channel: Channel, background) -> None:

@@ -1,0 +1,284 @@
+"""hetspec-chaos: clients stream requests while their processes, the draft and the
+target are killed with SIGKILL at random; then count what survived.
+
+    hetspec-chaos                              30 kills, 8 clients, the embedded default
+    hetspec-chaos --kills 4 --clients 4        a short form (the test suite runs one)
+    hetspec-chaos --kills 0 --requests 1000    a soak: each process's memory after the
+                                               first 100 requests against the end
+
+Prints a table and writes OUT/chaos.json and OUT/chaos.md. Exits 1 if a request
+hung, a request was lost to a draft kill, a greedy completion differed from the
+target's own output, memory grew (soak), or anything was left behind.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+# (prompt, max_new_tokens, temperature): greedy ones are checked token for token
+JOBS = [("The capital of France is", 16, 0.0), ("Write a haiku about the sea.", 48, 0.0),
+        ("1, 2, 3, 4, 5,", 96, 0.0), ("Explain photosynthesis in one paragraph.", 64, 0.7),
+        ("def fibonacci(n):", 32, 0.7)]
+HANG_S = 120           # a request open this long has hung
+RUNTIME_FILES = {"run.json", "scheduler.log", "draft.log", "target.log", "client.sock", "draft.sock", "target.sock"}
+
+
+def client_main(endpoint: str, seed: int, stop_file: str, cancel_p: float) -> None:
+    """One client process: stream random jobs until the stop file appears; one JSON line per event."""
+    import hetspec
+
+    rng = random.Random(seed)
+    engine = hetspec.connect(endpoint)
+    while not os.path.exists(stop_file):
+        job = rng.randrange(len(JOBS))
+        prompt, max_new, temperature = JOBS[job]
+        print(json.dumps({"event": "start", "job": job}), flush=True)
+        cancel_after = 2 if rng.random() < cancel_p else None
+        try:
+            sampling = {"temperature": temperature, "top_p": 0.9} if temperature else {}
+            stream = engine.stream(prompt, max_new_tokens=max_new, **sampling)
+            for i, _ in enumerate(stream):
+                if cancel_after is not None and i + 1 >= cancel_after:
+                    stream.close()
+                    break
+            result = stream.result
+            event = {"event": "cancelled"} if result is None else {
+                "event": "done", "ids": result.token_ids, "finish": result.finish_reason,
+                "fallback": result.stats.get("fallback")}
+        except hetspec.HetspecError as exc:
+            event = {"event": "error", "type": type(exc).__name__, "message": str(exc)}
+        print(json.dumps({**event, "job": job}), flush=True)
+
+
+class Clients:
+    """The client processes, their events, and the requests each has open."""
+
+    def __init__(self, endpoint: str, n: int, seed: int, cancel_p: float, workdir: str):
+        self.endpoint, self.seed, self.cancel_p = endpoint, seed, cancel_p
+        self.stop_file = os.path.join(workdir, "stop")
+        self.events: queue.Queue = queue.Queue()
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.open: dict[int, float] = {}     # client index -> when its request started
+        self.spawned = 0
+        for _ in range(n):
+            self.spawn()
+
+    def spawn(self) -> None:
+        index, self.spawned = self.spawned, self.spawned + 1
+        proc = subprocess.Popen([sys.executable, "-m", "hetspec.benchmarks.chaos", "--client", self.endpoint,
+                                 "--seed", str(self.seed * 1000 + index), "--stop-file", self.stop_file,
+                                 "--cancel-p", str(self.cancel_p)], stdout=subprocess.PIPE, text=True)
+        self.procs[index] = proc
+        threading.Thread(target=self._read, args=(index, proc), daemon=True).start()
+
+    def _read(self, index: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.events.put((index, json.loads(line)))
+
+    def kill_one(self, rng: random.Random) -> None:
+        index = rng.choice([i for i, p in self.procs.items() if p.poll() is None])
+        self.procs[index].kill()
+        self.procs[index].wait()
+        self.events.put((index, {"event": "client killed"}))
+        self.spawn()
+
+    def stop(self) -> None:
+        """Let every client finish its request and leave (a client stuck in one is killed)."""
+        Path(self.stop_file).touch()
+        deadline = time.monotonic() + HANG_S
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def run(args) -> dict:
+    import hetspec
+
+    rng = random.Random(args.seed)
+    workdir = tempfile.mkdtemp(prefix="hetspec-chaos-")
+    engine = hetspec.launch(args.config)
+    runtime_dir, run_id = engine._launcher.runtime_dir, engine._launcher.run_id
+    references = {j: engine.generate(p, max_new_tokens=n, mode="target").token_ids
+                  for j, (p, n, t) in enumerate(JOBS) if t == 0}
+    clients = Clients(engine.endpoint, args.clients, args.seed, args.cancel_p, workdir)
+    counts = {"requests": 0, "exact": 0, "sampled": 0, "cancelled": 0, "client killed": 0, "inexact": 0,
+              "aborted (target killed)": 0, "other errors": 0, "lost to a draft kill": 0, "hung": 0,
+              "finished target-only": 0}
+    kills = {"draft": 0, "target": 0, "client": 0}
+    errors, memory, started = [], {}, time.monotonic()
+
+    def handle(index: int, event: dict) -> None:
+        kind = event["event"]
+        if kind == "start":
+            clients.open[index] = time.monotonic()
+            return
+        clients.open.pop(index, None)
+        counts["requests"] += 1
+        if kind == "done":
+            job = event["job"]
+            counts["finished target-only"] += bool(event["fallback"])
+            if job in references:
+                ok = event["ids"] == references[job][:len(event["ids"])] and (
+                    len(event["ids"]) == len(references[job]) or event["finish"] in ("eos", "stop"))
+                counts["exact" if ok else "inexact"] += 1
+            else:
+                counts["sampled"] += 1
+        elif kind in ("cancelled", "client killed"):
+            counts[kind] += 1
+        elif event["type"] == "RequestAbortedError" and "target worker" in event["message"]:
+            counts["aborted (target killed)"] += 1
+        else:
+            counts["lost to a draft kill" if "draft" in event["message"] else "other errors"] += 1
+            errors.append(event)
+        if args.kills == 0 and counts["requests"] in (args.settle, args.requests):
+            memory[counts["requests"]] = _rss(engine)
+
+    def pump(until: float) -> None:
+        while (left := until - time.monotonic()) > 0:
+            try:
+                handle(*clients.events.get(timeout=min(left, 0.5)))
+            except queue.Empty:
+                pass
+            if any(time.monotonic() - t > HANG_S for t in clients.open.values()):
+                return
+
+    for _ in range(args.kills):
+        pump(time.monotonic() + rng.uniform(args.min_gap, args.max_gap))
+        victim = rng.choices(["draft", "target", "client"], weights=[0.4, 0.3, 0.3])[0]
+        if victim == "client":
+            clients.kill_one(rng)
+        else:
+            _kill_when_ready(engine, victim)
+        kills[victim] += 1
+    while args.kills == 0 and counts["requests"] < args.requests:
+        pump(time.monotonic() + 1)
+        if any(time.monotonic() - t > HANG_S for t in clients.open.values()):
+            break
+    pump(time.monotonic() + (5 if args.kills else 0))
+    clients.stop()
+    while not clients.events.empty():
+        handle(*clients.events.get())
+    counts["hung"] = len(clients.open)   # still open: their clients were stuck, and killed by stop()
+    info = engine.get_info()
+    live = {"segments": sorted(glob.glob(f"/dev/shm/hetspec-{run_id}-*")), "runtime_dir": sorted(os.listdir(runtime_dir))}
+    foreign = [s for s in glob.glob("/dev/shm/hetspec-*") if f"hetspec-{run_id}-" not in s]
+    engine.close()
+    leaks = {"processes": [p.pid for p in _mentioning(runtime_dir)] + [p.pid for p in clients.procs.values()
+                                                                        if p.poll() is None],
+             "segments": glob.glob(f"/dev/shm/hetspec-{run_id}-*"), "runtime_dir": os.path.exists(runtime_dir),
+             "other engines' segments": foreign}
+    return {"config": args.config or "(embedded default)", "kills": kills, "clients": args.clients,
+            "seconds": round(time.monotonic() - started, 1), "counts": counts, "restarts": info["restarts"],
+            "engine_requests": info["requests"], "memory": memory, "while_running": live, "leaks": leaks,
+            "errors": errors[:20]}
+
+
+def _kill_when_ready(engine, role: str) -> None:
+    """SIGKILL the worker once it is up (one still loading is not a fair target: killing it
+    there again and again is a crash loop, which the engine rightly gives up on)."""
+    deadline = time.monotonic() + HANG_S
+    while (worker := engine.get_info()["workers"][role])["state"] != "ready" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        os.kill(worker["pid"], signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _rss(engine) -> dict:
+    info = engine.get_info()
+    pids = {"scheduler": info["pid"], "draft": info["workers"]["draft"]["pid"],
+            "target": info["workers"]["target"]["pid"]}
+    return {role: psutil.Process(pid).memory_info().rss for role, pid in pids.items()}
+
+
+def _mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.info["status"] != psutil.STATUS_ZOMBIE and text in " ".join(p.info["cmdline"] or []):
+            found.append(p)
+    return found
+
+
+def verdict(report: dict, max_growth: float) -> list[str]:
+    """What failed, if anything."""
+    c, problems = report["counts"], []
+    for key in ("hung", "lost to a draft kill", "inexact"):
+        if c[key]:
+            problems.append(f"{c[key]} request(s) {key}")
+    if any(report["leaks"][k] for k in ("processes", "segments", "runtime_dir")):
+        problems.append(f"left behind: {report['leaks']}")
+    if extra := set(report["while_running"]["runtime_dir"]) - RUNTIME_FILES:
+        problems.append(f"the runtime directory held more than the live engine's files: {sorted(extra)}")
+    if len(report["memory"]) == 2:
+        first, last = (report["memory"][k] for k in sorted(report["memory"]))
+        for role in first:
+            if last[role] > first[role] * (1 + max_growth):
+                problems.append(f"{role} memory grew {last[role] / first[role] - 1:.1%}")
+    return problems
+
+
+def table(report: dict) -> str:
+    rows = [("kills (draft / target / client)", " / ".join(str(report["kills"][k]) for k in ("draft", "target", "client"))),
+            ("restarts (draft / target)", f"{report['restarts']['draft']} / {report['restarts']['target']}"),
+            *((k, v) for k, v in report["counts"].items()),
+            ("leaked processes", len(report["leaks"]["processes"])),
+            ("leaked segments", len(report["leaks"]["segments"])), ("seconds", report["seconds"])]
+    if len(report["memory"]) == 2:
+        first, last = (report["memory"][k] for k in sorted(report["memory"]))
+        rows += [(f"{role} RSS after {min(report['memory'])} / {max(report['memory'])} requests",
+                  f"{first[role] / 2**20:.1f} / {last[role] / 2**20:.1f} MiB") for role in first]
+    return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="hetspec-chaos", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="engine config (default: the embedded SmolLM2 pair)")
+    p.add_argument("--kills", type=int, default=30)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--requests", type=int, default=1000, help="with --kills 0: run this many requests")
+    p.add_argument("--settle", type=int, default=100, help="with --kills 0: memory is compared with where "
+                                                           "it stood after this many requests")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-gap", type=float, default=0.5, help="seconds between kills, at least")
+    p.add_argument("--max-gap", type=float, default=4.0)
+    p.add_argument("--cancel-p", type=float, default=0.1, help="share of requests a client cancels midway")
+    p.add_argument("--max-growth", type=float, default=0.05, help="soak: allowed memory growth")
+    p.add_argument("--out", help="directory for chaos.json and chaos.md")
+    p.add_argument("--client", help=argparse.SUPPRESS)
+    p.add_argument("--stop-file", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.client:
+        client_main(args.client, args.seed, args.stop_file, args.cancel_p)
+        return 0
+    report = run(args)
+    problems = verdict(report, args.max_growth)
+    report["problems"] = problems
+    text = table(report) + "\n\n" + ("\n".join(f"FAIL: {x}" for x in problems) or "PASS") + "\n"
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        Path(args.out, "chaos.json").write_text(json.dumps(report, indent=1))
+        Path(args.out, "chaos.md").write_text(f"`hetspec-chaos {' '.join(argv or sys.argv[1:])}`\n\n{text}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
