@@ -195,10 +195,8 @@ class Engine:
         """Raise EngineDeadError if the engine's scheduler is gone (its workers are
         restarted by it, and are not its clients' concern)."""
         if self._launcher is not None:
-            dead = self._launcher.dead_roles()
-            if dead:
-                detail = "; ".join(f"{r}: {self._launcher.last_log_line(r)}" for r in dead)
-                raise EngineDeadError(f"engine process(es) died: {', '.join(dead)} ({detail})")
+            if death := self._launcher.death():
+                raise EngineDeadError(death)
         elif self.info.get("pid") and self.endpoint.startswith("ipc://") and not psutil.pid_exists(self.info["pid"]):
             raise EngineDeadError(f"the engine at {self.endpoint} (scheduler pid {self.info['pid']}) is gone")
 

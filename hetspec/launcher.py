@@ -23,7 +23,7 @@ from hetspec.ipc.channel import ipc_endpoint, make_runtime_dir
 from hetspec.ipc.shm import new_run_id, remove_leftovers
 from hetspec.ipc.specs import DraftSpec, TargetSpec
 from hetspec.models import resolve_model
-from hetspec.scheduler.supervisor import spawn
+from hetspec.scheduler.supervisor import exit_reason, spawn
 
 
 class Launcher:
@@ -72,8 +72,10 @@ class Launcher:
             if code is not None:
                 raise EngineStartError(f"the {role} process exited (code {code}): {self.last_log_line(role)}")
 
-    def dead_roles(self) -> list[str]:
-        return [role for role, p in self.processes.items() if p.poll() is not None]
+    def death(self) -> str | None:
+        """How the scheduler ended, with its last log line, if it has."""
+        reason = exit_reason(self.processes["scheduler"]) if "scheduler" in self.processes else None
+        return reason and f"the scheduler process {reason} (its last log line: {self.last_log_line('scheduler')})"
 
     def last_log_line(self, role: str) -> str:
         try:

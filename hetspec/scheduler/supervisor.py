@@ -35,6 +35,19 @@ def spawn(args: list[str], log_path: str, threads: int) -> subprocess.Popen:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
 
+def exit_reason(process: subprocess.Popen) -> str | None:
+    """None while the process runs; else how it ended ("was killed by SIGKILL")."""
+    code = process.poll()
+    if code is None:
+        return None
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 class Worker:
     """One worker process and its history: "starting" (loading), "ready", or "failed" (given up)."""
 
@@ -57,15 +70,7 @@ class Worker:
 
     def exit_reason(self) -> str | None:
         """None while the process runs; else how it ended (the process is reaped)."""
-        code = None if self.process is None else self.process.poll()
-        if code is None:
-            return None
-        if code < 0:
-            try:
-                return f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"was killed by signal {-code}"
-        return f"exited with code {code}"
+        return None if self.process is None else exit_reason(self.process)
 
     def died(self, reason: str) -> bool:
         """Record a death; True if the worker should be started again."""
