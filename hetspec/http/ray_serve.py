@@ -21,6 +21,7 @@ from ray import serve
 
 from hetspec.client import launch
 from hetspec.config import load_config
+from hetspec.core.errors import EngineDeadError
 from hetspec.http.app import build_app
 
 _replica = None   # this process's replica: Ray calls the app builder right after __init__
@@ -41,6 +42,13 @@ class EngineReplica:
         self.model, self.api_key = model, api_key
         self.engine = launch(config)
         _replica = self
+
+    def check_health(self):
+        """Ray Serve calls this now and then; raising replaces the replica. The engine
+        restarts its own workers; a dead scheduler or a given-up target is the end."""
+        self.engine.check_alive()
+        if dead := self.engine.get_info(timeout_s=30).get("dead"):
+            raise EngineDeadError(dead)
 
     def __del__(self):
         self.engine.close()
