@@ -18,6 +18,7 @@ import json
 import os
 import queue
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,6 +180,7 @@ def run(args) -> dict:
     live = {"segments": sorted(glob.glob(f"/dev/shm/hetspec-{run_id}-*")), "runtime_dir": sorted(os.listdir(runtime_dir))}
     foreign = [s for s in glob.glob("/dev/shm/hetspec-*") if f"hetspec-{run_id}-" not in s]
     engine.close()
+    shutil.rmtree(workdir, ignore_errors=True)
     leaks = {"processes": [p.pid for p in _mentioning(runtime_dir)] + [p.pid for p in clients.procs.values()
                                                                         if p.poll() is None],
              "segments": glob.glob(f"/dev/shm/hetspec-{run_id}-*"), "runtime_dir": os.path.exists(runtime_dir),
