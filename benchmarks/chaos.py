@@ -64,7 +64,7 @@ def client_main(endpoint: str, seed: int, stop_file: str, cancel_p: float) -> No
         print(json.dumps({**event, "job": job}), flush=True)
 
 
-class Clients:
+class ClientProcesses:
     """The client processes, their events, and the requests each has open."""
 
     def __init__(self, endpoint: str, n: int, seed: int, cancel_p: float, workdir: str):
@@ -117,7 +117,7 @@ def run(args) -> dict:
     runtime_dir, run_id = engine._launcher.runtime_dir, engine._launcher.run_id
     references = {j: engine.generate(p, max_new_tokens=n, mode="target").token_ids
                   for j, (p, n, t) in enumerate(JOBS) if t == 0}
-    clients = Clients(engine.endpoint, args.clients, args.seed, args.cancel_p, workdir)
+    clients = ClientProcesses(engine.endpoint, args.clients, args.seed, args.cancel_p, workdir)
     counts = {"requests": 0, "exact": 0, "sampled": 0, "cancelled": 0, "client killed": 0, "inexact": 0,
               "aborted (target killed)": 0, "other errors": 0, "lost to a draft kill": 0, "hung": 0,
               "finished target-only": 0}

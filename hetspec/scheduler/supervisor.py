@@ -72,8 +72,8 @@ class Worker:
         """None while the process runs; else how it ended (the process is reaped)."""
         return None if self.process is None else exit_reason(self.process)
 
-    def died(self, reason: str) -> bool:
-        """Record a death; True if the worker should be started again."""
+    def died(self, reason: str) -> None:
+        """Record a death, and start the worker again unless it is in a crash loop."""
         self.deaths.append((time.time(), reason))
         self.failed_in_a_row = self.failed_in_a_row + 1 if self.state == "starting" else 0
         if self.state == "starting" and self.failed_in_a_row >= CRASH_LOOP:
@@ -81,11 +81,10 @@ class Worker:
             self.failure = (f"the {self.role} worker died {self.failed_in_a_row} times in a row before it was "
                             f"ready ({reason}); it is not restarted again. Its last log lines:\n"
                             + "\n".join(self.last_log_lines()))
-            return False
+            return
         self.restarts += 1
         self._mark_log(f"--- hetspec: the {self.role} worker {reason}; restart {self.restarts} ---")
         self.start()
-        return True
 
     def ready(self) -> None:
         self.state = "ready"
