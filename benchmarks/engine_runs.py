@@ -60,6 +60,19 @@ class EngineHolder:
                 self.engine = None
 
 
+def poor_draft_config(config: dict, n_vocab: int) -> dict:
+    """The same engine with a draft that never agrees: a tiny random model with the
+    target's vocabulary (a builtin target lends its tokenizer; any other gets byte
+    tokens, and so a bridged vocabulary)."""
+    from hetspec.models import RANDOM_TOKENIZERS
+
+    target = str((config.get("target") or {}).get("model", "builtin:smollm2"))
+    name = target.removeprefix("builtin:")
+    tokenizer = f",tokenizer={name}" if target.startswith("builtin:") and name in RANDOM_TOKENIZERS else ""
+    draft = {"backend": "torch", "model": f"random:vocab={n_vocab},seed=7{tokenizer}"}
+    return {**config, "draft": draft, "target": {"model": target, **(config.get("target") or {})}}
+
+
 def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int], max_new_tokens: int,
                temperature: float, top_p: float, seed: int) -> dict:
     # cache_prompt=False: every method sees the prompt cold, as the baselines do; the
@@ -70,6 +83,8 @@ def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int],
         request["gamma"] = gamma
     if method.mode == "duodec":
         request["sequences"] = method.sequences
+    if method.speculation:
+        request["speculation"] = method.speculation
     if engine is None:
         from hetspec.core.errors import EngineDeadError
 
@@ -118,4 +133,5 @@ def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int],
         "verify_s": s.get("verify_s", 0.0),
         "round_s": s.get("round_s", 0.0),
         "overhead_s": s.get("overhead_s", 0.0),
+        "rested": int(s.get("rested", 0)),
     }

@@ -1,7 +1,9 @@
 """The methods compared side by side (docs/design.md, "Measuring"), by name.
 
 Baselines run in the benchmark process with transformers; everything else is
-a request to one running engine, differing only in mode, sequences and gamma.
+a request to one running engine, differing only in mode, sequences and gamma,
+but for the "poor draft" methods: a second engine whose draft never agrees
+with the target (a tiny random model), to show what a bad draft costs.
 The gamma sweep is relative to the budget the engine chose at start-up, so the
 same method list means the same experiment on any machine or model pair.
 """
@@ -13,15 +15,16 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Method:
     name: str
-    kind: str                   # "baseline" (transformers, in-process) or "engine"
+    kind: str                   # "baseline" (transformers, in-process), "engine", or "poor" (the poor-draft engine)
     label: str                  # how the report names it
     mode: str = ""              # engine: "duodec", "sequential" or "target"; baseline: "vanilla" or "pld"
     sequences: int | str | None = None     # engine duodec: 1, 2, 3 or "dynamic"
     gamma_offset: int | None = None        # engine: gamma = chosen + offset; None: the chosen gamma
+    speculation: str | None = None         # engine: "always" forces speculation; None: the engine's ("auto")
 
     def gamma(self, chosen: int, max_gamma: int) -> int | None:
         """The draft budget this method runs with (None for methods that do not draft)."""
-        if self.kind != "engine" or self.mode == "target":
+        if self.kind == "baseline" or self.mode == "target":
             return None
         return min(max(1, chosen + (self.gamma_offset or 0)), max_gamma)
 
@@ -49,6 +52,8 @@ METHODS = {m.name: m for m in [
     Method("gamma-1", "engine", "DuoDecoding, gamma - 1", "duodec", "dynamic", -1),
     Method("gamma+1", "engine", "DuoDecoding, gamma + 1", "duodec", "dynamic", +1),
     Method("gamma+2", "engine", "DuoDecoding, gamma + 2", "duodec", "dynamic", +2),
+    Method("poor", "poor", "Poor draft (never agrees), DuoDecoding", "duodec", "dynamic"),
+    Method("poor-forced", "poor", "Poor draft, speculation forced", "duodec", "dynamic", speculation="always"),
 ]}
 
 # The gamma sweep (the paper's Table 3) is these methods plus "duodec" itself (offset 0).
@@ -58,11 +63,13 @@ GROUPS = {
     "baselines": ("vanilla", "target", "sps", "sps-fixed", "pld"),
     "sequences": ("duodec-s1", "duodec-s2", "duodec-s3", "duodec"),
     "sweep": SWEEP,
+    "poor": ("poor", "poor-forced"),
+    "headline": ("vanilla", "target", "sps", "duodec", "poor", "poor-forced"),
 }
 
 
 def select_methods(names) -> list[Method]:
-    """Method names or group names (all, baselines, sequences, sweep), in the canonical order.
+    """Method names or group names (all, baselines, sequences, sweep, poor, headline), in the canonical order.
     Vanilla is always included: every speedup and relative TTFT is measured against it."""
     if not names:
         names = ["all"]

@@ -5,7 +5,8 @@ does, so a long prompt weighs by its tokens, not by its count. The "average"
 column is the mean of the per-category figures (each category counts once,
 like the paper's "Avg."); its histograms and time profiles are pooled over
 every round instead. Speedup and relative TTFT divide by vanilla's figure for
-the same category and decoding. Figures that do not apply (acceptance of a
+the same category and decoding; vs_target by the engine's own target-only
+figure, which separates the speculative gain from the target's kernels. Figures that do not apply (acceptance of a
 method that never drafts) are None, never 0.
 """
 from __future__ import annotations
@@ -30,11 +31,12 @@ def aggregate(doc: dict) -> dict:
                 if chosen:
                     cells[category] = _cell(chosen, vanilla_ids if decoding == "greedy" else None)
             by_method[method] = cells
-        vanilla = by_method.get("vanilla", {})
+        vanilla, alone = by_method.get("vanilla", {}), by_method.get("target", {})
         for method, cells in by_method.items():
             for category, cell in cells.items():
-                base = vanilla.get(category)
+                base, target = vanilla.get(category), alone.get(category)
                 cell["speedup"] = _ratio(cell["tokens_per_s"], base and base["tokens_per_s"])
+                cell["vs_target"] = _ratio(cell["tokens_per_s"], target and target["tokens_per_s"])
                 cell["ttft_rel"] = _ratio(cell["ttft_s"], base and base["ttft_s"])
             if cells:
                 cells["average"] = _average(list(cells.values()))
@@ -62,6 +64,7 @@ def _cell(runs: list[dict], vanilla_ids: dict | None) -> dict:
         "mean_accepted_per_round": (sum(r.get("committed_in_spec_rounds", 0) for r in runs) / spec_rounds)
         if spec_rounds else None,
         "spec_rounds": spec_rounds,
+        "rested": sum(r.get("rested", 0) for r in runs),
         "gamma": runs[0].get("gamma"),
     }
     hist: dict[str, int] = {}
@@ -92,7 +95,7 @@ def _average(cells: list[dict]) -> dict:
     avg: dict = {"prompts": sum(c["prompts"] for c in cells), "new_tokens": sum(c["new_tokens"] for c in cells),
                  "total_s": sum(c["total_s"] for c in cells), "spec_rounds": sum(c["spec_rounds"] for c in cells),
                  "gamma": cells[0].get("gamma")}
-    for key in ("tokens_per_s", "decode_tokens_per_s", "ttft_s", "speedup", "ttft_rel", "acceptance_rate",
+    for key in ("tokens_per_s", "decode_tokens_per_s", "ttft_s", "speedup", "vs_target", "ttft_rel", "acceptance_rate",
                 "mean_accepted_per_round", "exact_match"):
         values = [c[key] for c in cells if c.get(key) is not None]
         avg[key] = mean(values) if values else None

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from hetspec.benchmarks.baselines import Baselines
 from hetspec.benchmarks.ceiling import measure_ceiling
 from hetspec.benchmarks.data import load_prompts
-from hetspec.benchmarks.engine_runs import EngineHolder, run_engine
+from hetspec.benchmarks.engine_runs import EngineHolder, poor_draft_config, run_engine
 from hetspec.benchmarks.machine import describe_machine
 from hetspec.benchmarks.methods import Method, select_methods
 from hetspec.benchmarks.metrics import aggregate
@@ -54,9 +54,13 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
                    f"decodings; starting the engine ({config.target.model}, {config.target.dtype})")
     clock.start("engine_start")            # load both models, measure the budget
     holder = EngineHolder(config_dict)
+    poor = None
     try:
         clock.stop("engine_start")
         info = holder.info
+        if any(m.kind == "poor" for m in methods):
+            with clock("poor_engine_start"):
+                poor = EngineHolder(poor_draft_config(config_dict, int(info["n_vocab"])))
         chosen, max_gamma = int(info["gamma"]), config.decoding.max_gamma
         measured = (info.get("budget") or {}).get("source") == "measured"
         baselines = None
@@ -70,7 +74,11 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
         resources = _resources(methods, info, baselines, config.target.dtype)
         if settings.warmup:
             with clock("warmup"):
-                _warm_up(holder.engine, baselines, methods, chosen, max_gamma, prompt_ids[prompts[0].key])
+                _warm_up(holder.engine, baselines, [m for m in methods if m.kind != "poor"], chosen, max_gamma,
+                         prompt_ids[prompts[0].key])
+                if poor is not None:
+                    _warm_up(poor.engine, None, [m for m in methods if m.kind == "poor"], chosen, max_gamma,
+                             prompt_ids[prompts[0].key])
         clock.start("runs")
         bar = _progress(settings, len(prompts) * len(methods) * len(settings.decodings))
         for decoding in settings.decodings:
@@ -82,16 +90,18 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
                     record = {"method": method.name, "category": prompt.category, "question_id": prompt.question_id,
                               "decoding": decoding, "prompt_tokens": len(ids), "max_new_tokens": prompt.max_new_tokens,
                               "seed": seed if decoding != "greedy" else None}
+                    engine = poor.engine if method.kind == "poor" else holder.engine
                     try:
-                        record.update(_run_one(holder.engine, baselines, method, chosen, max_gamma, ids,
+                        record.update(_run_one(engine, baselines, method, chosen, max_gamma, ids,
                                                prompt.max_new_tokens, params, seed))
                     except Exception as exc:  # noqa: BLE001 - one failed run must not sink the suite
                         record["error"] = f"{type(exc).__name__}: {exc}"
                         _log(settings, f"\n{method.name} on {prompt.key} ({decoding}) failed: {record['error']}")
-                        if isinstance(exc, EngineDeadError) and holder.restart(record["error"]):
+                        which = poor if method.kind == "poor" else holder
+                        if isinstance(exc, EngineDeadError) and which.restart(record["error"]):
                             _log(settings, "restarted the engine")
                             if settings.warmup:
-                                _warm_up(holder.engine, None, [m for m in methods if m.kind == "engine"], chosen,
+                                _warm_up(which.engine, None, [m for m in methods if m.kind == method.kind], chosen,
                                          max_gamma, prompt_ids[prompts[0].key])
                     runs.append(record)
                     bar.update(1)
@@ -99,6 +109,8 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
         clock.stop("runs")
     finally:
         holder.close()
+        if poor is not None:
+            poor.close()
     with clock("ceiling"):
         ceiling = _ceiling(settings, config, prompts, prompt_ids, info)
     doc = {
@@ -120,12 +132,14 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
         },
         "chosen_gamma": chosen,
         "engine": {"gamma": chosen, "budget": info.get("budget"), "draft": info.get("draft"),
-                   "target": info.get("target"), "prompt_kv": info.get("prompt_kv")},
+                   "target": info.get("target"), "prompt_kv": info.get("prompt_kv"),
+                   "vocabulary": info.get("vocabulary"),
+                   "poor_draft": poor.config["draft"]["model"] if poor else None},
         "methods": {m.name: {"label": m.label, "kind": m.kind, "mode": m.mode, "sequences": m.sequences,
                              "gamma": m.gamma(chosen, max_gamma), "rebalanced": m.rebalanced(measured),
                              **resources[m.name]} for m in methods},
         "draft_ceiling": ceiling,
-        "engine_restarts": holder.restarts,
+        "engine_restarts": holder.restarts + (poor.restarts if poor else []),
         "runs": runs,
     }
     doc["results"] = aggregate(doc)

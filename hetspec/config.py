@@ -17,9 +17,10 @@ from typing import Any
 import psutil
 
 from hetspec.core.errors import ConfigError
+from hetspec.core.params import SPECULATION
 from hetspec.models import resolve_model
 
-SHIPPED_CONFIGS = {"smollm2": "smollm2.toml", "gemma3-270m": "gemma3-270m.toml"}
+SHIPPED_CONFIGS = {"smollm2": "smollm2.toml", "gemma3-270m": "gemma3-270m.toml", "gemma3-smollm2": "gemma3-smollm2.toml"}
 DEFAULT_CONFIG = "smollm2"
 MODES = ("duodec", "sequential", "target")
 DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
@@ -34,7 +35,8 @@ class DraftConfig:
     model: str = "builtin:smollm2"
     cores: tuple[int, ...] | str = "auto"
     threads: int = 0                    # 0: one thread per pinned core
-    n_ctx: int = 0                      # 0: [server] max_context + max_gamma + 1
+    n_ctx: int = 0                      # 0: [server] max_context + max_gamma + 1 (twice max_context
+                                        # for a draft that is not the target's own model)
     weights: str = "q8_0"               # llama.cpp (and native's fallback): "as-is", or a type to convert to at load
     prefill_weights: str = "bf16"       # ditto: "same", or a type for a second copy that prefills long prompts
     prefill_borrows_target_cores: bool = True
@@ -62,6 +64,7 @@ class DecodingConfig:
     max_gamma: int = 32
     keep_drafting: bool | str = "auto"  # the draft grows the next window while the target still verifies;
                                         # "auto": only for a GPU target (on a CPU one it slows verification)
+    speculation: str = "auto"           # "auto": target-only rounds while speculating does not pay; "always"
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,8 @@ def _validated(c: EngineConfig, draft_keys: set[str]) -> EngineConfig:
         raise ConfigError(f"[decoding] keep_drafting must be 'auto', true or false, got {dec.keep_drafting!r}")
     if not isinstance(dec.max_sequences, int) or dec.max_sequences < 1:
         raise ConfigError(f"[decoding] max_sequences must be a positive integer, got {dec.max_sequences!r}")
+    if dec.speculation not in SPECULATION:
+        raise ConfigError(f"[decoding] speculation must be one of {', '.join(SPECULATION)}, got {dec.speculation!r}")
     if dec.sequences != "dynamic" and not (isinstance(dec.sequences, int) and 1 <= dec.sequences <= dec.max_sequences):
         raise ConfigError(f"[decoding] sequences must be 'dynamic' or an integer in 1..max_sequences, got {dec.sequences!r}")
     if s.transport not in ("ipc", "tcp"):
@@ -233,8 +238,8 @@ def _validated(c: EngineConfig, draft_keys: set[str]) -> EngineConfig:
         raise ConfigError(f"[replicas] gpus must be 'auto' or an integer >= 0, got {r.gpus!r}")
     if d.n_ctx < 0:
         raise ConfigError(f"[draft] n_ctx must be 0 (automatic) or a positive integer, got {d.n_ctx!r}")
-    if d.n_ctx == 0:
-        d = dataclasses.replace(d, n_ctx=s.max_context + dec.max_gamma + 1)
+    if d.n_ctx == 0:   # another model may need more tokens for the same text (a draft of another vocabulary)
+        d = dataclasses.replace(d, n_ctx=s.max_context * (1 if d.model == t.model else 2) + dec.max_gamma + 1)
     if d.n_ctx < s.max_context + dec.max_gamma + 1:
         raise ConfigError(f"[draft] n_ctx ({d.n_ctx}) must be at least [server] max_context + max_gamma + 1 "
                           f"({s.max_context + dec.max_gamma + 1})")

@@ -8,7 +8,9 @@ worker can load without guessing.
 - "org/name"              a hub id (needs network or a populated hub cache)
 - "random:vocab=320,hidden=64,layers=2,heads=4,seed=0"
                           a tiny randomly initialised model built from a config (tests);
-                          arch=gemma3 gives Gemma 3's sliding-window cache
+                          arch=gemma3 gives Gemma 3's sliding-window cache; tokenizer=smollm2
+                          or tokenizer=gemma3-270m lends it a builtin model's tokenizer
+                          (vocab must then cover it), else it reads UTF-8 bytes
 
 transformers takes 20-60 s to dequantize a GGUF file and build its tokenizer;
 the first load keeps both in transformers' own format under the cache
@@ -29,6 +31,7 @@ from hetspec.ipc.specs import ModelSpec
 RANDOM_DEFAULTS = {"arch": "llama", "vocab": 320, "hidden": 64, "layers": 2, "heads": 4, "seed": 0,
                    "intermediate": 128, "window": 8}
 RANDOM_ARCHS = ("llama", "gemma3")   # gemma3: sliding-window attention of `window` tokens
+RANDOM_TOKENIZERS = ("bytes", "smollm2", "gemma3-270m")
 
 
 def resolve_model(spec: str, section: str = "model") -> ModelSpec:
@@ -92,11 +95,12 @@ def _parse_random(spec: str, section: str) -> dict:
     for item in filter(None, body.split(",")):
         key, _, value = item.partition("=")
         value = value.strip()
-        if key == "arch" and value in RANDOM_ARCHS:
+        if key == "arch" and value in RANDOM_ARCHS or key == "tokenizer" and value in RANDOM_TOKENIZERS:
             values[key] = value
         elif key in RANDOM_DEFAULTS and key != "arch" and value.isdigit():
             values[key] = int(value)
         else:
-            raise ConfigError(f"[{section}] bad random model field {item!r}; fields: {', '.join(RANDOM_DEFAULTS)}"
-                              f" (arch one of {', '.join(RANDOM_ARCHS)})")
+            raise ConfigError(f"[{section}] bad random model field {item!r}; fields: {', '.join(RANDOM_DEFAULTS)}, "
+                              f"tokenizer (arch one of {', '.join(RANDOM_ARCHS)}; tokenizer one of "
+                              f"{', '.join(RANDOM_TOKENIZERS)})")
     return values

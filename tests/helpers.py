@@ -1,6 +1,8 @@
 """Helpers for the tests: tiny random models (no files) and references to compare with."""
+import numpy as np
 import torch
 
+from hetspec.core.sampling import probabilities
 from hetspec.models import resolve_model
 from hetspec.workers.target.hf_loading import load_causal_lm
 
@@ -9,8 +11,10 @@ WEAK_DRAFT = "random:seed=1"          # a different random model: disagrees ofte
 
 
 def random_engine_config(draft=TARGET, target=TARGET, **decoding):
+    """speculation "always": tests of the speculative paths must not see them rested
+    (a weak draft would be), except tests of that rest (test_gate.py)."""
     return {"draft": {"backend": "torch", "model": draft}, "target": {"model": target},
-            "decoding": {"gamma": 4, **decoding}}
+            "decoding": {"gamma": 4, "speculation": "always", **decoding}}
 
 
 def load_reference(spec: str):
@@ -37,3 +41,25 @@ def explain_mismatch(model, prompt_ids, got, expected) -> str:
     top = torch.topk(logits, 2)
     return (f"first difference at new token {i}: got {got[i:i + 3]}, expected {expected[i:i + 3]}; "
             f"target top-2 {top.indices.tolist()} with logit margin {float(top.values[0] - top.values[1]):.3g}")
+
+
+def conditional(model, ids, temperature, top_k, top_p):
+    """The target's own sampling distribution after ids."""
+    with torch.no_grad():
+        logits = model(torch.tensor([list(ids)])).logits[0, -1:].numpy()
+    return probabilities(logits, temperature, top_k, top_p)[0].astype(np.float64)
+
+
+def exact_joint(model, prompt, vocab, temperature, top_k=0, top_p=1.0):
+    """P(x1, x2, x3 | prompt) under the target's own sampling, by enumeration."""
+    p1 = conditional(model, prompt, temperature, top_k, top_p)
+    joint = np.zeros((vocab, vocab, vocab))
+    for a in range(vocab):
+        p2 = conditional(model, [*prompt, a], temperature, top_k, top_p)
+        for b in range(vocab):
+            joint[a, b] = p1[a] * p2[b] * conditional(model, [*prompt, a, b], temperature, top_k, top_p)
+    return joint
+
+
+def total_variation(a, b):
+    return 0.5 * np.abs(a - b).sum()

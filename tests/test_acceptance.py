@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hetspec.core.acceptance import accept_greedy, accept_sampled, sample
+from hetspec.core.acceptance import accept_greedy, accept_point_mass, accept_sampled, sample
 
 
 def test_greedy_all_accepted_gives_bonus():
@@ -92,3 +92,21 @@ def test_sample_over_the_support_draws_what_the_whole_cdf_would():
     for _ in range(500):
         expected = int(min(np.searchsorted(cdf, reference.random() * cdf[-1], side="right"), len(cdf) - 1))
         assert sample(probs, ours) == expected
+
+
+def test_point_mass_rule_keeps_the_target_distribution():
+    """A proposal from another vocabulary has no probability here: accept x with p(x),
+    else sample p without x. Whatever x is, the committed token follows p, over two
+    positions too."""
+    rng = np.random.default_rng(3)
+    vocab, n = 5, 60_000
+    p1 = _random_dist(rng, vocab)
+    p2 = np.stack([_random_dist(rng, vocab) for _ in range(vocab)])
+    counts = np.zeros((vocab, vocab))
+    for i in range(n):
+        x1, x2 = i % vocab, (3 * i + 1) % vocab            # proposals of any kind, even unlikely ones
+        n_acc, token = accept_point_mass(np.array([x1, x2]), np.stack([p1, p2[x1], p2[x1]]), rng)
+        first = x1 if n_acc >= 1 else token
+        second = (x2 if n_acc == 2 else token) if n_acc >= 1 else sample(p2[first], rng)
+        counts[first, second] += 1
+    assert 0.5 * np.abs(counts / n - p1[:, None] * p2).sum() < 0.02

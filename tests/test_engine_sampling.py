@@ -3,35 +3,16 @@ top-k, top-p), with rejections and multi-sequence branches in play; a seed
 makes a request reproducible."""
 import numpy as np
 import pytest
-import torch
 
 import hetspec
-from hetspec.core.sampling import probabilities
 
-from helpers import load_reference, random_engine_config
+from helpers import exact_joint, load_reference, random_engine_config, total_variation
 
 VOCAB = 8
 TARGET = f"random:vocab={VOCAB},seed=0"
 DRAFT = f"random:vocab={VOCAB},seed=2"
 PROMPT = [1, 2, 3]
 N_SAMPLES = 1200
-
-
-def conditional(model, prefix, temperature, top_k, top_p):
-    with torch.no_grad():
-        logits = model(torch.tensor([PROMPT + list(prefix)])).logits[0, -1:].numpy()
-    return probabilities(logits, temperature, top_k, top_p)[0].astype(np.float64)
-
-
-def exact_joint(model, temperature, top_k, top_p):
-    """P(x1, x2, x3 | prompt) under the target's own sampling, by enumeration."""
-    p1 = conditional(model, [], temperature, top_k, top_p)
-    joint = np.zeros((VOCAB, VOCAB, VOCAB))
-    for a in range(VOCAB):
-        p2 = conditional(model, [a], temperature, top_k, top_p)
-        for b in range(VOCAB):
-            joint[a, b] = p1[a] * p2[b] * conditional(model, [a, b], temperature, top_k, top_p)
-    return joint
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +27,6 @@ def target():
     return load_reference(TARGET)
 
 
-def _total_variation(a, b):
-    return 0.5 * np.abs(a - b).sum()
-
-
 @pytest.mark.parametrize("mode,gamma,sequences,temperature,top_k,top_p,seeded", [
     ("duodec", 2, "dynamic", 1.0, 0, 1.0, True),
     ("duodec", 2, 2, 0.8, 5, 0.9, True),
@@ -58,7 +35,7 @@ def _total_variation(a, b):
 ])
 def test_sampled_output_follows_target_distribution(engine, target, mode, gamma, sequences, temperature, top_k, top_p,
                                                     seeded):
-    exact = exact_joint(target, temperature, top_k, top_p)
+    exact = exact_joint(target, PROMPT, VOCAB, temperature, top_k, top_p)
     counts = np.zeros_like(exact)
     accepted = drafted = 0
     for seed in range(N_SAMPLES):
@@ -76,7 +53,7 @@ def test_sampled_output_follows_target_distribution(engine, target, mode, gamma,
     marginal = 0.06 if seeded else 0.08
     for axes, bound in [((1, 2), marginal), ((0, 2), marginal), ((0, 1), marginal), (2, 0.15)]:
         e, x = empirical.sum(axis=axes), exact.sum(axis=axes)
-        assert _total_variation(e, x) < bound, (axes, np.round(e, 3), np.round(x, 3))
+        assert total_variation(e, x) < bound, (axes, np.round(e, 3), np.round(x, 3))
     assert counts[exact == 0].sum() == 0, "a token outside top-k/top-p was produced"
     assert drafted > 0 and accepted < drafted
     if top_k == 0 and top_p == 1.0:   # truncated supports of two random models barely overlap
@@ -85,9 +62,9 @@ def test_sampled_output_follows_target_distribution(engine, target, mode, gamma,
 
 def test_a_broken_sampler_would_fail(target):
     """The statistic above separates the target from the draft's own distribution."""
-    exact = exact_joint(target, 1.0, 0, 1.0)
-    draft = exact_joint(load_reference(DRAFT), 1.0, 0, 1.0)
-    worst = max(_total_variation(exact.sum(axis=axes), draft.sum(axis=axes)) for axes in [(1, 2), (0, 2), (0, 1)])
+    exact = exact_joint(target, PROMPT, VOCAB, 1.0, 0, 1.0)
+    draft = exact_joint(load_reference(DRAFT), PROMPT, VOCAB, 1.0, 0, 1.0)
+    worst = max(total_variation(exact.sum(axis=axes), draft.sum(axis=axes)) for axes in [(1, 2), (0, 2), (0, 1)])
     assert worst > 0.2
 
 

@@ -147,8 +147,7 @@ def test_a_target_killed_between_requests_is_restarted(engine, reference):
 def test_a_worker_that_keeps_dying_is_given_up_with_its_last_log_lines(tmp_path, role):
     """Its weights go bad under it: every restart fails to load them."""
     load_reference(WEAK_DRAFT if role == "draft" else TARGET).save_pretrained(tmp_path)
-    if role == "target":    # the scheduler reads a directory target's tokenizer (once, at start)
-        byte_tokenizer().save_pretrained(tmp_path)
+    byte_tokenizer().save_pretrained(tmp_path)   # the scheduler reads a directory model's tokenizer (once, at start)
     config = random_engine_config(draft=str(tmp_path) if role == "draft" else WEAK_DRAFT,
                                   target=str(tmp_path) if role == "target" else TARGET)
     with hetspec.launch(config) as engine:

@@ -175,9 +175,8 @@ def test_failed_start_leaves_nothing(monkeypatch):
 
     monkeypatch.setattr(hetspec.client, "Launcher", RecordingLauncher)
     before = children()
-    bad = {**CONFIG, "draft": {"backend": "torch", "model": "random:vocab=320,seed=1"},
-           "target": {"model": "random:vocab=300"}}
-    with pytest.raises(EngineStartError, match="vocabular"):
+    bad = {**CONFIG, "draft": {"backend": "torch", "model": "random:vocab=320,seed=1,tokenizer=smollm2"}}
+    with pytest.raises(EngineStartError, match="tokenizer has 49152 tokens"):
         hetspec.launch(bad)
     [launcher] = launchers
     assert launcher.processes["scheduler"].returncode is not None   # it started, and its workers, then stopped

@@ -16,6 +16,7 @@ from hetspec.core.sampling import probabilities
 from hetspec.scheduler.acceptance_prior import AcceptancePrior
 from hetspec.scheduler.budget import CostModel, choose_gamma, interpolate, monotone, restart_length, sequential_gamma
 from hetspec.scheduler.decoder import Request
+from hetspec.scheduler.gate import FIRST_REST, MIN_ROUNDS, Gate, Memory
 from hetspec.scheduler.stats import Stats
 
 
@@ -212,3 +213,59 @@ def test_acceptance_prior_learns_from_earlier_requests_of_its_kind():
     assert history.prior(seeded) == 0.8                      # a seeded run neither learns nor is taught
     unseeded = Request(0, SamplingParams(temperature=0.7, top_p=0.9, seed=1), 4, 1, seeded=False, rebalance=False)
     assert history.prior(unseeded) == 0.8                    # sampling keeps its own history
+
+
+def test_pipelined_window_shortens_where_long_verifies_cost_much():
+    """A CPU target with a large output layer (verify grows steeply with the window) and
+    modest acceptance: a short window commits nearly as much for far less. Where a
+    window costs the target little more, the pipelined window stays at the balance point."""
+    steep = CostModel(0.014, {1: 0.106, 4: 0.130, 8: 0.182, 16: 0.269, 32: 0.426})
+    assert 3 <= steep.pipelined_gamma(32, 0.7) <= 6
+    flat = CostModel(0.004, {1: 0.030, 8: 0.032, 16: 0.036, 32: 0.045})
+    assert flat.pipelined_gamma(32, 0.99) == choose_gamma(0.004, flat.verify_s, 32)
+
+
+def _judged(gate, rounds, seconds, committed, acceptance=0.5):
+    for _ in range(rounds):
+        gate.judge(seconds, committed, 4, acceptance)
+
+
+def test_gate_rests_while_speculation_does_not_pay_and_probes_again():
+    memory = Memory(target_s=0.010)
+    gate = Gate(memory, None, timed=True, forced=False, parallel=True)
+    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)          # 12 ms a token against 10 alone: rest
+    assert not gate.speculate and gate.rest == FIRST_REST and memory.rest == FIRST_REST
+    for _ in range(FIRST_REST):
+        gate.rested_one(0.010)
+    assert gate.speculate                            # the probe
+    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)
+    assert gate.rest == 2 * FIRST_REST               # a failed probe doubles the rest
+    nxt = Gate(memory, None, timed=True, forced=False, parallel=True)
+    assert not nxt.speculate and nxt.rest == 2 * FIRST_REST   # the next request inherits it
+    for _ in range(nxt.rest):
+        nxt.rested_one(0.010)
+    _judged(nxt, 1 + MIN_ROUNDS, 0.012, 3)           # 4 ms a token: pays
+    assert nxt.speculate and memory.rest_len == FIRST_REST
+
+
+def test_gate_never_rests_a_forced_request_and_times_the_target_first():
+    forced = Gate(Memory(target_s=0.010), None, timed=True, forced=True, parallel=True)
+    _judged(forced, 20, 1.0, 1)
+    assert forced.speculate
+    unknown = Gate(Memory(target_s=None), None, timed=True, forced=False, parallel=True)
+    _judged(unknown, 1 + MIN_ROUNDS, 0.001, 5)
+    assert unknown.rest == MIN_ROUNDS                # nothing to compare with yet: time the target alone
+
+
+def test_gate_judges_a_seeded_request_by_the_cost_model_alone():
+    """Not by the clock: the same acceptance gives the same verdict whatever the rounds took."""
+    costs = CostModel(0.014, {1: 0.100, 8: 0.180})
+    verdicts = []
+    for seconds in (0.001, 10.0):
+        gate = Gate(Memory(target_s=0.05), costs, timed=False, forced=False, parallel=True)
+        _judged(gate, 1 + MIN_ROUNDS, seconds, 1, acceptance=0.05)
+        low = gate.speculate
+        gate = Gate(Memory(target_s=0.05), costs, timed=False, forced=False, parallel=True)
+        _judged(gate, 1 + MIN_ROUNDS, seconds, 1, acceptance=0.9)
+        verdicts.append((low, gate.speculate))
+    assert verdicts == [(False, True), (False, True)]

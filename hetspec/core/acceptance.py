@@ -37,3 +37,18 @@ def accept_sampled(draft: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.rand
             total = residual.sum()
             return i, sample(residual / total if total > 0 else p[i], rng)
     return len(draft), sample(p[len(draft)], rng)
+
+
+def accept_point_mass(draft: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> tuple[int, int]:
+    """Speculative sampling for proposals with no distribution in the target's
+    vocabulary (a draft of another vocabulary, bridge.py): each draft[i] is taken as
+    certain, q = 1 at x. Accept x with probability p(x); on rejection sample from p
+    without x, renormalized. Then P(x) = p(x) and, for y != x,
+    P(y) = (1 - p(x)) * p(y) / (1 - p(x)) = p(y): the target's own distribution."""
+    for i, x in enumerate(draft):
+        if rng.random() >= p[i, x]:
+            residual = p[i].copy()
+            residual[x] = 0.0
+            total = residual.sum()
+            return i, sample(residual / total if total > 0 else p[i], rng)
+    return len(draft), sample(p[len(draft)], rng)

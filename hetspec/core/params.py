@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from hetspec.core.errors import RequestError
 
 MODES = ("duodec", "sequential", "target")   # pipelined DuoDecoding, ordinary SpS, the target alone
+SPECULATION = ("auto", "always")   # auto: target-only rounds while speculating does not pay (scheduler/gate.py)
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class SamplingParams:
     sequences: int | str | None = None   # draft branches: a number, "dynamic", or None: the config's
     cache_prompt: bool = True            # the draft may keep a matching prefix from an earlier request
     timeout_s: float | None = None       # a deadline from arrival: then finish_reason "timeout", tokens so far
+    speculation: str | None = None       # see SPECULATION; None: the config's ([decoding] speculation)
 
     def __post_init__(self):
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
@@ -42,6 +44,8 @@ class SamplingParams:
         _check(self.seed is None or (_is_int(self.seed) and self.seed >= 0),
                f"seed must be a non-negative integer or None, got {self.seed!r}")
         _check(self.mode in MODES, f"unknown mode {self.mode!r}; modes: {', '.join(MODES)}")
+        _check(self.speculation is None or self.speculation in SPECULATION,
+               f"speculation must be one of {', '.join(SPECULATION)} or None, got {self.speculation!r}")
         _check(self.gamma is None or (_is_int(self.gamma) and self.gamma >= 1),
                f"gamma must be a positive integer or None, got {self.gamma!r}")
         _check(self.sequences in (None, "dynamic") or (_is_int(self.sequences) and self.sequences >= 1),

@@ -1,7 +1,7 @@
 """OpenAI's request and response shapes, and how they map onto hetspec's.
 
 Requests are pydantic models that take OpenAI's fields and, as extra fields,
-hetspec's own options (mode, gamma, sequences, top_k, timeout_s), the way vLLM takes its
+hetspec's own options (mode, gamma, sequences, top_k, timeout_s, speculation), the way vLLM takes its
 extras. Whatever hetspec cannot honour (n > 1, logprobs, penalties, echo) is
 refused with a 400 that names it, never ignored silently.
 """
@@ -60,6 +60,7 @@ class _Request(BaseModel):
     sequences: int | str | None = None
     top_k: int | None = None
     timeout_s: float | None = None
+    speculation: str | None = None
 
     def check(self, served_model: str) -> None:
         if self.model is not None and self.model != served_model:
@@ -75,7 +76,7 @@ class _Request(BaseModel):
         """The request as SamplingParams (a RequestError names a bad value)."""
         values = dict(max_new_tokens=max_new_tokens, temperature=1.0 if self.temperature is None else self.temperature,
                       top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed, stop=self.stop or ())
-        for name in ("mode", "gamma", "sequences", "top_k", "timeout_s"):
+        for name in ("mode", "gamma", "sequences", "top_k", "timeout_s", "speculation"):
             if getattr(self, name) is not None:
                 values[name] = getattr(self, name)
         return SamplingParams(**values)

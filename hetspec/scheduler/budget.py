@@ -120,6 +120,21 @@ class CostModel:
         verify = {n: scale * t for n, t in self.verify_s.items()}
         return sequential_gamma(draft_s, verify, acceptance, max_gamma)
 
+    def pipelined_gamma(self, max_gamma: int, acceptance: float, online: bool = True) -> int:
+        """The pipelined window of least expected time per committed token: a round
+        lasts the longer of drafting n tokens and verifying them (with the last
+        committed token), and commits 1 + a + ... + a**n tokens. Where verifying
+        costs little more for a longer window this is the balance point; where it
+        costs much more (a large output layer on a CPU) and acceptance is modest,
+        a shorter window commits nearly as much for far less (docs/performance.md,
+        "Window length")."""
+        scale, draft_s = self.rates(online)
+
+        def per_token(n: int) -> float:
+            return max(n * draft_s, scale * interpolate(self.verify_s, n + 1)) / sum(acceptance ** j
+                                                                                  for j in range(n + 1))
+        return min(range(1, max_gamma + 1), key=per_token)
+
     def draft_length(self, gamma: int, pending: int, online: bool = True) -> int:
         """Per round: draft for as long as the target will take to verify the last
         committed token plus the pending window, at most gamma. After a rejection

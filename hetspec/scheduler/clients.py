@@ -23,6 +23,7 @@ class Pending:
     identity: bytes
     message: GenerateRequest
     deadline: float | None
+    retried: bool = False          # run again once already: its target died before its first token
 
     @property
     def id(self) -> int:

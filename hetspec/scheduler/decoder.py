@@ -6,7 +6,10 @@
   target      the target alone, one token a pass (target_step).
 
 A request also runs target-only while the draft worker is restarting, and
-finishes so if the draft dies under it (run): it loses speed, never tokens.
+finishes so if the draft dies under it, or if its text outgrows a draft of
+another vocabulary (run): it loses speed, never tokens. It rests, running
+target-only rounds, while speculating does not pay (gate.py). The draft is a
+DraftLink, or a BridgedDraft for another vocabulary (bridge.py): same methods.
 
 Invariant: the target's KV cache holds every committed token but the last,
 so each verify pass feeds [last committed token] + pending window W and reads
@@ -21,12 +24,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetspec.core.acceptance import accept_greedy, accept_sampled
+from hetspec.core.acceptance import accept_greedy, accept_point_mass, accept_sampled
 from hetspec.core.params import SamplingParams
 from hetspec.core.sampling import sample
 from hetspec.ipc.messages import BranchPlan
 from hetspec.scheduler.acceptance_prior import GENERIC
+from hetspec.scheduler.bridge import ContextTooLong
 from hetspec.scheduler.budget import CostModel, restart_length
+from hetspec.scheduler.gate import Gate, Memory
 from hetspec.scheduler.links import EMPTY, NO_DRAFT, Draft, DraftLink, TargetLink, Verification, Window, WorkerLost
 from hetspec.scheduler.output import Output
 from hetspec.scheduler.stats import Stats
@@ -56,6 +61,7 @@ class Request:
     seeded: bool               # the caller gave the seed: the run must be reproducible
     rebalance: bool            # gamma "auto": each round's length comes from the costs (CostModel)
     prior: float = GENERIC     # where the acceptance estimate starts (the engine's past requests)
+    speculation: str = "auto"  # "always": never rest from speculating (gate.py)
 
     @property
     def timing_may_shape_windows(self) -> bool:
@@ -66,24 +72,27 @@ class Request:
 
 class Decoder:
     def __init__(self, request: Request, caps: Capabilities, draft: DraftLink, target: TargetLink, output: Output,
-                 costs: CostModel | None = None, without_draft: str | None = None):
+                 costs: CostModel | None = None, without_draft: str | None = None, memory: Memory | None = None):
         self.request, self.caps, self.id, self.params = request, caps, request.id, request.params
         self.draft, self.target, self.out = draft, target, output
         self.costs = costs                     # None: every round drafts gamma tokens
         self.rng = np.random.default_rng([request.params.seed, 0])
         self.stats = Stats(prior=request.prior, fallback=without_draft)
         self.mode = "target" if without_draft else request.params.mode   # target-only while there is no draft
+        self.gate = Gate(memory or Memory(None), costs, request.timing_may_shape_windows,
+                         forced=request.speculation == "always", parallel=self.mode == "duodec")
         self.emit = None
 
     def run(self, emit) -> Stats:
         """Decode until a stop condition; emit(tokens, text) streams committed tokens.
-        If the draft dies, the target finishes alone: a verify it was running is
-        dropped (the next pass crops the cache to the committed tokens)."""
+        If the draft dies (or cannot hold the context), the target finishes alone: a
+        verify it was running is dropped (the next pass crops the cache to the
+        committed tokens)."""
         self.emit = emit
         try:
             self.decode()
-        except WorkerLost as lost:
-            if lost.role != "draft":
+        except (WorkerLost, ContextTooLong) as lost:
+            if getattr(lost, "role", "draft") != "draft":
                 raise
             self.target.discard()
             self.mode, self.stats.fallback = "target", str(lost)
@@ -99,7 +108,10 @@ class Decoder:
             self.draft_catches_up()
         pending = EMPTY
         while not self.out.done:
-            if self.mode == "duodec":
+            if self.mode != "target" and not self.gate.speculate:
+                pending = EMPTY                # the draft's next window, if any, is dropped
+                self.rest_step()
+            elif self.mode == "duodec":
                 pending = self.duodec_round(pending)
             elif self.mode == "sequential":
                 self.sequential_round()
@@ -154,13 +166,26 @@ class Decoder:
         self.record(started, window, verdict, drafted, n_accepted, kept, parallel=False)
         self.emit_round()
 
-    def target_step(self) -> None:
-        """The target alone decodes one token (target mode, and while the draft prefills)."""
+    def target_step(self) -> float:
+        """The target alone decodes one token (target mode, and while the draft prefills);
+        returns the seconds it took."""
+        started = time.perf_counter()
         self.start_verify(EMPTY)
         self.out.commit([self.choose(self.target.finish_verify(1, self.params))])
         self.stats.rounds += 1
         self.stats.target_only_rounds += 1
+        seconds = time.perf_counter() - started
         self.emit_round()
+        return seconds
+
+    def rest_step(self) -> None:
+        """A target-only token while speculating does not pay (gate.py); once the rest
+        is over, the draft catches up with the context before the next probe."""
+        self.gate.rested_one(self.target_step())
+        self.stats.rested += 1
+        if self.gate.speculate and not self.out.done:
+            self.stats.probes += 1
+            self.draft_catches_up()
 
     # ---- getting started ---------------------------------------------------------
 
@@ -224,6 +249,8 @@ class Decoder:
         committed: fewer if EOS, a stop string or the limit came first)."""
         if self.params.greedy:
             n_accepted, token = accept_greedy(window.tokens, verdict.choice)
+        elif window.probs is None:             # drafted in another vocabulary (bridge.py)
+            n_accepted, token = accept_point_mass(window.tokens, verdict.probs, self.rng)
         else:
             n_accepted, token = accept_sampled(window.tokens, window.probs, verdict.probs, self.rng)
         before = self.out.length
@@ -244,8 +271,10 @@ class Decoder:
                 self.costs.observe(len(restart.branches[0]), restart.seconds, 0, 0.0)
             self.costs.observe(sum(len(b) for b in drafted.branches), drafted.seconds, len(window) + 1,
                                verdict.seconds)
-        self.stats.spec_round(time.perf_counter() - started, drafted.seconds, verdict.seconds,
+        wall = time.perf_counter() - started
+        self.stats.spec_round(wall, drafted.seconds, verdict.seconds,
                               len(window), min(n_accepted, kept), kept, parallel, restart.seconds)
+        self.gate.judge(wall, kept, len(window), self.stats.acceptance)
 
     # ---- window lengths ------------------------------------------------------------
 
@@ -256,8 +285,11 @@ class Decoder:
         budget gamma is only where the first round starts: the rounds' own timings
         then set each length, up to max_window."""
         gamma = self.caps.max_window if self.request.rebalance else self.request.gamma
+        online = self.request.timing_may_shape_windows
+        if self.costs is not None and self.request.rebalance:
+            gamma = self.costs.pipelined_gamma(gamma, self.stats.acceptance, online)
         if self.costs is not None:
-            gamma = self.costs.draft_length(gamma, pending, self.request.timing_may_shape_windows)
+            gamma = self.costs.draft_length(gamma, pending, online)
         return min(gamma, self.out.remaining - pending - 1)
 
     def restart_length(self) -> int:

@@ -40,6 +40,7 @@ def resolve(message: GenerateRequest, engine) -> tuple[Request, Output]:
     seed = params.seed if params.seed is not None else secrets.randbits(63)
     request = Request(message.request_id, dataclasses.replace(params, seed=seed), gamma, sequences,
                       seeded=params.seed is not None, rebalance=engine.costs is not None and not params.gamma)
-    request = dataclasses.replace(request, prior=engine.acceptance.prior(request))
+    request = dataclasses.replace(request, prior=engine.acceptance.prior(request),
+                                  speculation=params.speculation or decoding.speculation)
     max_new = min(params.max_new_tokens, server.max_context - len(prompt_ids))
     return request, Output(prompt_ids, max_new, engine.eos, list(params.stop), engine.tokenizer)

@@ -12,7 +12,7 @@ import numpy as np
 import zmq
 
 from hetspec.config import load_config
-from hetspec.core.errors import EngineDeadError, EngineStartError, RequestError
+from hetspec.core.errors import ConfigError, EngineDeadError, EngineStartError, RequestError
 from hetspec.core.pinning import pin
 from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import (
@@ -30,9 +30,11 @@ from hetspec.ipc.messages import (
 from hetspec.ipc.shm import SharedArray, segment_name
 from hetspec.ipc.specs import ModelSpec
 from hetspec.scheduler.acceptance_prior import AcceptancePrior
-from hetspec.scheduler.budget import CostModel, choose_gamma, monotone
+from hetspec.scheduler.bridge import BridgedDraft, check_expressible, describe_vocabularies
+from hetspec.scheduler.budget import CostModel, choose_gamma, interpolate, monotone
 from hetspec.scheduler.clients import Clients, Pending
 from hetspec.scheduler.decoder import Capabilities, Decoder
+from hetspec.scheduler.gate import Memory
 from hetspec.scheduler.links import DraftLink, TargetLink, WorkerError, WorkerLost
 from hetspec.scheduler.requests import resolve
 from hetspec.scheduler.supervisor import Crew
@@ -80,6 +82,7 @@ class Scheduler:
         wire them up. A worker that dies while starting fails the start (no restarts)."""
         self.crew.start()
         self.tokenizer = Tokenizer(self.models["target"])
+        draft_tokenizer = self._draft_tokenizer()
         timeout = self.config.server.startup_timeout_s
         hellos = {}
         for link in (self.draft, self.target):
@@ -91,11 +94,15 @@ class Scheduler:
             if isinstance(message, WorkerHello):
                 link.hello = hellos[link.role] = message
                 self.crew.workers[link.role].ready()
-        if hellos["draft"].n_vocab != hellos["target"].n_vocab:
-            raise EngineStartError(
-                f"draft and target have different vocabularies: the draft has {hellos['draft'].n_vocab} "
-                f"tokens, the target {hellos['target'].n_vocab}; speculative decoding needs a shared vocabulary")
-        self.n_vocab = hellos["target"].n_vocab
+        self.n_vocab, n_draft_vocab = hellos["target"].n_vocab, hellos["draft"].n_vocab
+        for role, tokenizer, n_vocab in (("target", self.tokenizer, self.n_vocab),
+                                         ("draft", draft_tokenizer, n_draft_vocab)):
+            if tokenizer and tokenizer.hf is not None and tokenizer.size > n_vocab:   # (bytes: a test model's)
+                raise EngineStartError(f"the {role}'s tokenizer has {tokenizer.size} tokens but its model only "
+                                       f"{n_vocab}: they do not belong together")
+        differ = draft_tokenizer and describe_vocabularies(self.tokenizer, draft_tokenizer, self.n_vocab, n_draft_vocab)
+        if differ:
+            check_expressible(draft_tokenizer, self.models["draft"].file or "random")
         self.eos = set(hellos["target"].eos_token_ids) | self.tokenizer.eos_token_ids
         rows, run_id = self.config.decoding.max_gamma + 2, self.run["run_id"]
         max_tokens = self.config.server.max_context + rows
@@ -110,11 +117,12 @@ class Scheduler:
             shared = {"kv": self.kv_buffer}
         self.target.attach(run_id, {"input": ((max_tokens,), np.int32), "choice": ((rows,), np.int32),
                                     "probs": ((rows, self.n_vocab), np.float32)}, shared)
-        self.draft.attach(run_id, {"context": ((max_tokens,), np.int32),
+        self.draft.attach(run_id, {"context": ((max(max_tokens, self.config.draft.n_ctx),), np.int32),
                                    "tokens": ((2, rows + self.config.decoding.max_sequences), np.int32),
-                                   "probs": ((2, rows + self.config.decoding.max_sequences, self.n_vocab),
+                                   "probs": ((2, rows + self.config.decoding.max_sequences, n_draft_vocab),
                                              np.float32)}, shared)
         self.gamma, budget, self.costs = self._budget()
+        self.memory = Memory(target_s=interpolate(self.costs.verify_s, 1) if self.costs else None)
         keep = self.config.decoding.keep_drafting
         # On a CPU target both workers share the memory bus: a draft that never
         # rests slows verification more than its extra tokens gain (docs/performance.md).
@@ -124,12 +132,27 @@ class Scheduler:
             borrow_cores=self.config.target.prefill_borrows_draft_cores,
             draft_borrows_cores=self.config.draft.prefill_borrows_target_cores and hellos["draft"].prefill_threads,
             keep_drafting=keep_drafting, kv_handover=self.kv_buffer is not None)
+        self.drafter = BridgedDraft(self.draft, self.tokenizer, draft_tokenizer, self.caps.max_window,
+                                    self.config.draft.n_ctx, self.n_vocab) if differ else self.draft
         self.info = {
             "pid": os.getpid(), "endpoint": self.clients.endpoint, "gamma": self.gamma, "budget": budget,
             "keep_drafting": keep_drafting, "prompt_kv": "target" if self.caps.kv_handover else "own",
-            "n_vocab": self.n_vocab, "config": _redacted(self.config.to_dict()),
+            "n_vocab": self.n_vocab, "vocabulary": _vocabulary(differ, self.n_vocab, n_draft_vocab),
+            "config": _redacted(self.config.to_dict()),
             "draft": _worker_info(hellos["draft"]), "target": _worker_info(hellos["target"]),
         }
+
+    def _draft_tokenizer(self) -> Tokenizer | None:
+        """The draft's tokenizer, when the draft is another model than the target (its
+        vocabulary may then differ); None when it is the target's own file."""
+        draft, target = self.models["draft"], self.models["target"]
+        if (draft.kind, draft.file, draft.random) == (target.kind, target.file, target.random):
+            return None
+        try:
+            return Tokenizer(draft)
+        except ConfigError as exc:
+            raise EngineStartError(f"the draft's tokenizer: {exc} (a draft that is another model than the target "
+                                   "needs its own tokenizer files, even if it shares the target's vocabulary)") from None
 
     def _budget(self) -> tuple[int, dict, CostModel | None]:
         """gamma = "auto": time both workers at once (as they will run) and balance them."""
@@ -201,8 +224,12 @@ class Scheduler:
             self.counts["refused"] += 1
             self.clients.send(identity, RequestFailed(rid, "request", str(exc)))
         except WorkerLost as lost:         # the target died (a lost draft never gets here: Decoder.run)
-            self.counts["aborted"] += 1
             self._drain()
+            if decoder.out.length == decoder.out.n_prompt and not pending.retried:
+                pending.retried = True     # nothing was streamed: it runs again, first, once the target is back
+                self.clients.queue.appendleft(pending)
+                return
+            self.counts["aborted"] += 1
             self.clients.send(identity, RequestFailed(rid, "aborted", f"{lost} while this request ran; the engine "
                                                       "is restarting it and keeps serving: send the request again"))
         except EngineDeadError as exc:     # the engine is stopping
@@ -239,7 +266,7 @@ class Scheduler:
     def _decoder(self, message: GenerateRequest) -> Decoder:
         request, output = resolve(message, self)
         without_draft = None if request.params.mode == "target" else self.crew.unavailable("draft")
-        return Decoder(request, self.caps, self.draft, self.target, output, self.costs, without_draft)
+        return Decoder(request, self.caps, self.drafter, self.target, output, self.costs, without_draft, self.memory)
 
     def _drain(self) -> None:
         """After a failed or stopped round, collect both workers' outstanding replies."""
@@ -273,6 +300,17 @@ def _redacted(config: dict) -> dict:
     if config["server"].get("api_key"):
         config["server"]["api_key"] = "(set)"
     return config
+
+
+def _vocabulary(differ: str | None, n_target: int, n_draft: int) -> dict:
+    """How the draft's tokens become the target's (bridge.py)."""
+    if not differ:
+        return {"shared": True, "target": n_target, "draft": n_draft,
+                "bridge": "none: the draft and the target use the same tokens"}
+    return {"shared": False, "target": n_target, "draft": n_draft,
+            "bridge": f"text: {differ}; committed tokens reach the draft as text in its own tokens, and its "
+                      "windows reach the target as text in the target's tokens (sampling accepts each "
+                      "proposed token with the target's probability)"}
 
 
 def _worker_info(hello: WorkerHello) -> dict:

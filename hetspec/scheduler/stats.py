@@ -17,6 +17,8 @@ class Stats:
     rounds: int = 0             # verify passes after the prefill
     spec_rounds: int = 0        # ... of which verified a draft window
     target_only_rounds: int = 0  # ... decoded by the target alone (target mode, or while the draft prefilled)
+    rested: int = 0             # ... of which speculating did not pay (gate.py)
+    probes: int = 0             # times speculation was tried again after such a rest
     drafts: int = 0             # draft windows verified (vLLM's num_drafts)
     drafted: int = 0            # draft tokens verified
     accepted: int = 0           # ... and accepted
@@ -67,6 +69,7 @@ class Stats:
             "gamma": request.gamma if request.params.mode != "target" else 0,
             "sequences": request.sequences, "seed": request.params.seed,
             "rounds": self.rounds, "spec_rounds": spec, "target_only_rounds": self.target_only_rounds,
+            "rested": self.rested, "probes": self.probes,
             "drafts": self.drafts, "drafted": self.drafted, "accepted": self.accepted,
             "accepted_per_pos": list(self.accepted_per_pos),
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,

@@ -9,6 +9,7 @@ import shutil
 
 from hetspec.core.errors import ConfigError, RequestError
 from hetspec.ipc.specs import ModelSpec
+from hetspec.models import resolve_model
 
 
 class ByteTokenizer:
@@ -21,11 +22,22 @@ class ByteTokenizer:
     def decode(self, ids) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
+    def encode_with_ends(self, text: str) -> tuple[list[int], list[int]]:
+        """Bytes, and after each the length of the text it completes (-1 mid-character)."""
+        ids, ends = [], []
+        for i, char in enumerate(text):
+            data = char.encode("utf-8")
+            ids.extend(data)
+            ends.extend([-1] * (len(data) - 1) + [i + 1])
+        return ids, ends
+
 
 class Tokenizer:
     def __init__(self, model: ModelSpec):
         self.hf = None
-        if model.kind == "random":
+        if model.kind == "random" and model.random.get("tokenizer", "bytes") != "bytes":
+            model = resolve_model(f"builtin:{model.random['tokenizer']}")   # a builtin model's tokenizer, lent
+        elif model.kind == "random":
             self.byte = ByteTokenizer()
             return
         from transformers import AutoTokenizer
@@ -83,6 +95,35 @@ class Tokenizer:
         if self.hf is None:
             return self.byte.decode(ids)
         return self.hf.decode(ids, skip_special_tokens=True)
+
+    # ---- for a draft of another vocabulary (bridge.py) ----------------------------
+
+    @property
+    def size(self) -> int:
+        """How many token ids this tokenizer may produce."""
+        return 256 if self.hf is None else len(self.hf)
+
+    def vocabulary(self) -> dict | None:
+        """Token -> id (None for UTF-8 bytes)."""
+        return None if self.hf is None else self.hf.get_vocab()
+
+    def encode_start(self) -> list[int]:
+        """The tokens a prompt starts with before any text (a BOS, or nothing)."""
+        return [] if self.hf is None else list(self.hf("")["input_ids"])
+
+    def encode_text(self, text: str) -> list[int]:
+        """Text in the middle of a sequence: no start tokens."""
+        if self.hf is None:
+            return self.byte.encode(text)
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
+    def encode_with_ends(self, text: str) -> tuple[list[int], list[int]]:
+        """encode_text, and where in the text each token ends (-1 where unsure). An end
+        is checked by decoding the tokens up to it before it is relied on (Anchor)."""
+        if self.hf is None:
+            return self.byte.encode_with_ends(text)
+        encoded = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(encoded["input_ids"]), [int(end) for _, end in encoded["offset_mapping"]]
 
 
 class IncrementalText:

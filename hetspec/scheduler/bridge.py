@@ -1,0 +1,175 @@
+"""Drafting across vocabularies: a draft whose tokenizer is not the target's.
+
+The draft works in its own token space and never sees a target token; the
+target never sees a draft token. Text is the common ground:
+
+  to the draft   the committed target tokens are decoded to text and that
+                 text is encoded by the draft's tokenizer; the draft's cache
+                 then keeps its longest common prefix with the result, as it
+                 does for a shared vocabulary (workers/draft/drafter.py);
+  to the target  each drafted branch is decoded to text and encoded by the
+                 target's tokenizer: a window of target tokens.
+
+A translated window is only a proposal, so exactness never depends on the
+translation: greedy verification keeps what the target itself would choose.
+Sampling needs care: the draft's distribution lives in another vocabulary,
+so each translated token is a point mass (core/acceptance.accept_point_mass)
+and the draft proposes its likeliest tokens.
+
+Re-encoding the whole context every round would cost milliseconds on a long
+prompt, so the text up to an anchor a few dozen tokens back is encoded once
+and kept; only the tail after it is encoded again (Anchor).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from hetspec.core.errors import EngineStartError
+from hetspec.core.params import SamplingParams
+from hetspec.ipc.messages import BranchPlan
+from hetspec.scheduler.links import Draft, DraftLink
+from hetspec.scheduler.tokenizer import Tokenizer
+
+# Text every draft vocabulary must carry through unchanged, or it cannot propose the target's text.
+PROBE = "The quick brown fox, 42 times: jumps over the lazy dog!\n\tdef f(x):\n    return x * 2  # {ok}"
+LOOKBEHIND = 4     # draft tokens decoded before a branch, so the branch's first piece renders as in context
+
+
+def describe_vocabularies(target: Tokenizer, draft: Tokenizer, n_target: int, n_draft: int) -> str | None:
+    """None when draft and target share one vocabulary (the same tokens, the same ids);
+    else how they differ."""
+    if n_target == n_draft and target.vocabulary() == draft.vocabulary():
+        return None
+    return f"the draft has {n_draft} tokens, the target {n_target}" if n_target != n_draft else \
+        "the draft and the target number their tokens differently"
+
+
+def check_expressible(draft: Tokenizer, name: str) -> None:
+    """A draft whose tokenizer loses text (unknown pieces, lower-casing) cannot propose it."""
+    back = draft.decode(draft.encode_text(PROBE))
+    if back != PROBE:
+        at = next((i for i, (a, b) in enumerate(zip(back, PROBE)) if a != b), min(len(back), len(PROBE)))
+        raise EngineStartError(
+            f"the draft's tokenizer ({name}) cannot express the target's text: {PROBE[max(at - 10, 0):at + 10]!r} "
+            f"comes back as {back[max(at - 10, 0):at + 10]!r}; choose a draft whose vocabulary covers plain text")
+
+
+class Anchor:
+    """The draft's tokens of a context's text, re-encoding only its tail.
+
+    The kept part ends where a target token and a draft token both end, at
+    least `lag` target tokens back, so a rejected window (never longer than
+    lag) never reaches into it. Encoding the tail alone matches encoding the
+    whole text as long as no token crosses that boundary, which is what a
+    boundary both tokenizers chose makes likely; when it fails the draft
+    proposes worse, never wrongly."""
+
+    def __init__(self, target: Tokenizer, draft: Tokenizer, lag: int):
+        self.target, self.draft, self.lag = target, draft, lag
+        self.start = draft.encode_start()   # the draft's own start tokens (a BOS), before any text
+        self.reset()
+
+    def reset(self) -> None:
+        self.target_ids = np.zeros(0, np.int32)   # the target tokens behind the kept part
+        self.draft_ids = list(self.start)
+
+    def __call__(self, context: np.ndarray) -> np.ndarray:
+        n = len(self.target_ids)
+        if len(context) < n or not np.array_equal(context[:n], self.target_ids):
+            self.reset()
+            n = 0
+        tail = context[n:]
+        text = self.target.decode(tail)
+        pieces, ends = self.draft.encode_with_ends(text)
+        ids = np.asarray(self.draft_ids + pieces, np.int32)
+        self._advance(context, tail, text, pieces, ends)
+        return ids
+
+    def _advance(self, context, tail, text, pieces, ends) -> None:
+        """Move the kept part forward to a shared token boundary `lag` tokens back."""
+        if len(tail) < 2 * self.lag:
+            return
+        for cut in range(len(tail) - self.lag, len(tail) - 2 * self.lag, -1):
+            head = self.target.decode(tail[:cut])
+            if head.endswith("\ufffd") or not text.startswith(head):
+                continue              # mid-character, or a piece that renders differently alone
+            if len(head) in ends and self.draft.decode(pieces[:ends.index(len(head)) + 1]) == head:
+                j = ends.index(len(head)) + 1
+                self.target_ids = np.asarray(context[:len(context) - len(tail) + cut], np.int32)
+                self.draft_ids = self.draft_ids + pieces[:j]
+                return
+
+
+class BridgedDraft:
+    """A DraftLink that takes and returns target tokens, for a draft of another vocabulary.
+
+    The decoding loop uses it exactly as it uses a DraftLink."""
+
+    def __init__(self, link: DraftLink, target: Tokenizer, draft: Tokenizer, max_window: int, n_ctx: int,
+                 n_vocab: int):
+        self.link, self.target, self.tokenizer, self.n_vocab = link, target, draft, n_vocab
+        self.anchor = Anchor(target, draft, lag=max_window + 8)
+        self.n_ctx = n_ctx
+        self.context = np.zeros(0, np.int32)   # the draft tokens of the last command's context
+        self.healed = ""                       # ... and the whitespace left off its end (_to_draft)
+        self.sizes: list[int] = []             # the draft tokens asked of each branch
+
+    busy = property(lambda self: self.link.busy)
+
+    def poll(self) -> bool:
+        return self.link.poll()
+
+    def settle(self) -> None:
+        self.link.settle()
+
+    def start_prefill(self, request_id: int, context, seed: int, reuse_cache: bool, borrow_cores: bool,
+                      kv_length: int = 0) -> None:
+        """kv_length is always 0: the draft cannot take a cache of another model's tokens."""
+        self.link.start_prefill(request_id, self._to_draft(context), seed, reuse_cache, borrow_cores)
+
+    def finish_prefill(self) -> None:
+        self.link.finish_prefill()
+
+    def start_window(self, request_id: int, context, n_tokens: int, params: SamplingParams,
+                     branches: BranchPlan | None = None) -> None:
+        """The draft proposes its likeliest tokens: a sampled proposal from another
+        vocabulary is a point mass whatever its distribution, and the likeliest is the
+        one the target accepts most often."""
+        self.link.start_window(request_id, self._to_draft(context), n_tokens, _greedy(params), branches)
+
+    def finish_window(self, params: SamplingParams) -> Draft:
+        """The draft's branches as target tokens, no longer than the draft's."""
+        drafted = self.link.finish_window(_greedy(params))
+        behind = [int(t) for t in self.context[-LOOKBEHIND:]]
+        before = self.tokenizer.decode(behind) + self.healed
+        branches = []
+        for branch in drafted.branches:
+            text = self.tokenizer.decode(behind + [int(t) for t in branch])
+            text = text[len(before):] if text.startswith(before) else ""
+            ids = self.target.encode_text(text.rstrip("\ufffd")) if text else []
+            beyond = next((i for i, t in enumerate(ids) if t >= self.n_vocab), len(ids))   # not the target's model
+            branches.append(np.asarray(ids[:min(beyond, len(branch))], np.int32))
+        return Draft(branches, None, drafted.seconds)
+
+    def _to_draft(self, context) -> np.ndarray:
+        ids = self.anchor(np.asarray(context, np.int32))
+        if len(ids) + 2 * len(self.anchor.start) > self.n_ctx - 64:
+            raise ContextTooLong(f"the context is {len(ids)} draft tokens; the draft holds {self.n_ctx}")
+        # Token healing: a context that ends in spaces ends where the draft's own text
+        # rarely does (its tokens carry a space at their start: " return"), so those
+        # spaces are left for the draft to write again, and taken off its proposals.
+        # (Healing newlines too was measured to commit fewer tokens a round.)
+        last = self.tokenizer.decode(ids[-1:]) if len(ids) > len(self.anchor.start) + 1 else ""
+        self.healed = last if last and not last.strip(" ") else ""
+        self.context = ids[:-1] if self.healed else ids
+        return self.context
+
+
+class ContextTooLong(Exception):
+    """The draft's tokens of this context do not fit its cache: the target goes on alone."""
+
+
+def _greedy(params: SamplingParams) -> SamplingParams:
+    return params if params.greedy else dataclasses.replace(params, temperature=0.0)

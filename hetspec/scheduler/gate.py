@@ -1,0 +1,92 @@
+"""Whether speculation pays, learnt online: a draft that guesses badly must not
+make the engine slower than the target alone.
+
+A request speculates, and its recent rounds are judged against what the target
+alone takes per token. When speculating commits tokens more slowly, the request
+rests: it decodes target-only for a while, then probes again with a few
+speculative rounds. Each failed probe doubles the rest (up to MAX_REST); one
+that pays resets it. The rest carries over to the next request (Memory), so an
+engine with a hopeless draft keeps to the target, probing now and then.
+
+Judging by the clock would make a seeded sampling request's output depend on
+timing (its tokens are drawn differently in the two kinds of round). Such a
+request is judged by the start-up cost model and its own acceptance instead,
+and neither takes nor leaves a rest in Memory.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from hetspec.scheduler.budget import CostModel, interpolate
+
+MIN_ROUNDS = 3       # speculative rounds a probe runs before it is judged (after its first, see judge)
+RECENT = 8           # rounds judged at once: a request's text may change character midway
+FIRST_REST = 16      # target-only tokens after the first verdict against speculation
+MAX_REST = 256
+SMOOTHING = 0.2
+
+
+@dataclass
+class Memory:
+    """What the engine's earlier requests learnt (timed requests only)."""
+    target_s: float | None     # seconds per token of the target alone (None: not measured yet)
+    rest: int = 0              # target-only tokens the next request starts with
+    rest_len: int = FIRST_REST  # the next rest, should a probe fail
+
+
+class Gate:
+    def __init__(self, memory: Memory, costs: CostModel | None, timed: bool, forced: bool, parallel: bool):
+        self.memory, self.costs, self.timed, self.forced, self.parallel = memory, costs, timed, forced, parallel
+        self.rest = memory.rest if timed and not forced else 0
+        self.rest_len = memory.rest_len if timed else FIRST_REST
+        self.recent: deque = deque(maxlen=RECENT)   # (seconds, committed, window) of this stint's rounds
+        self.fresh = True                           # the stint's first round is yet to come
+
+    @property
+    def speculate(self) -> bool:
+        return self.rest <= 0
+
+    def rested_one(self, seconds: float) -> None:
+        """A target-only token, by the gate's choice; probe again when the rest is over."""
+        self.rest -= 1
+        self.fresh = self.rest <= 0
+        self.observe_target(seconds)
+        if self.timed:
+            self.memory.rest = max(self.rest, 0)
+
+    def observe_target(self, seconds: float) -> None:
+        if self.timed:
+            known = self.memory.target_s
+            self.memory.target_s = seconds if known is None else known + SMOOTHING * (seconds - known)
+
+    def judge(self, seconds: float, committed: int, window: int, acceptance: float) -> None:
+        """After a speculative round (committed tokens in seconds, a window of `window` draft tokens)."""
+        if self.forced or self.fresh:   # a stint's first round also brings the draft up to date: not judged
+            self.fresh = False
+            return
+        self.recent.append((seconds, committed, window))
+        if len(self.recent) < MIN_ROUNDS:
+            return
+        if self.timed and self.memory.target_s is None:   # nothing to compare with: time the target alone
+            self.rest = MIN_ROUNDS
+            self.recent.clear()
+        elif self._pays(acceptance):
+            self.rest_len = FIRST_REST
+        else:
+            self.rest, self.rest_len = self.rest_len, min(2 * self.rest_len, MAX_REST)
+            self.recent.clear()
+        if self.timed:
+            self.memory.rest, self.memory.rest_len = self.rest, self.rest_len
+
+    def _pays(self, acceptance: float) -> bool:
+        if self.timed:
+            seconds = sum(s for s, _, _ in self.recent)
+            return seconds / sum(c for _, c, _ in self.recent) < self.memory.target_s
+        if self.costs is None:
+            return True        # nothing to judge by: speculate, as configured
+        n = max(1, round(sum(w for _, _, w in self.recent) / len(self.recent)))   # the mean window
+        _, draft_s = self.costs.rates(online=False)
+        verify_s = interpolate(self.costs.verify_s, n + 1)
+        round_s = max(n * draft_s, verify_s) if self.parallel else n * draft_s + verify_s
+        return round_s / sum(acceptance ** j for j in range(n + 1)) < interpolate(self.costs.verify_s, 1)
