@@ -125,3 +125,25 @@ def test_a_draft_vocabulary_that_cannot_express_the_text_is_refused(tmp_path):
     PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]").save_pretrained(folder)
     with pytest.raises(EngineStartError, match="cannot express the target's text"):
         hetspec.launch(_config(folder, "random:seed=0"))
+
+
+# ---- the real heterogeneous pair: Gemma 3 270M target, SmolLM2-135M draft ----
+
+@pytest.mark.integration
+def test_gemma_target_with_smollm2_draft_equals_gemma_generate():
+    from hetspec.workers.target.hf_loading import load_causal_lm
+
+    spec = resolve_model("builtin:gemma3-270m")
+    model, tokenizer = load_causal_lm(spec, "float32", "cpu"), Tokenizer(spec)
+    with hetspec.launch("gemma3-smollm2") as engine:
+        assert engine.get_info()["vocabulary"]["shared"] is False
+        accepted = 0
+        for prompt in ["def fibonacci(n):\n    ", "The three primary colours are"]:
+            ids = tokenizer.encode_prompt(prompt)
+            out = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, num_beams=1)
+            expected = out[0, len(ids):].tolist()
+            for mode in ("duodec", "sequential"):
+                result = engine.generate(prompt, max_new_tokens=32, mode=mode, speculation="always")
+                assert result.token_ids == expected, (mode, prompt)
+                accepted += result.stats["accepted"]
+        assert accepted > 0                 # the draft's proposals, translated, were taken
