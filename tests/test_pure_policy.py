@@ -225,9 +225,9 @@ def test_pipelined_window_shortens_where_long_verifies_cost_much():
     assert flat.pipelined_gamma(32, 0.99) == choose_gamma(0.004, flat.verify_s, 32)
 
 
-def _judged(gate, rounds, seconds, committed, acceptance=0.5):
+def _judged(gate, rounds, seconds, committed):
     for _ in range(rounds):
-        gate.judge(seconds, committed, 4, acceptance)
+        gate.judge(seconds, committed, 4)
 
 
 def test_gate_rests_while_speculation_does_not_pay_and_probes_again():
@@ -258,14 +258,14 @@ def test_gate_never_rests_a_forced_request_and_times_the_target_first():
 
 
 def test_gate_judges_a_seeded_request_by_the_cost_model_alone():
-    """Not by the clock: the same acceptance gives the same verdict whatever the rounds took."""
+    """Not by the clock: the same token counts give the same verdict whatever the rounds took."""
     costs = CostModel(0.014, {1: 0.100, 8: 0.180})
     verdicts = []
     for seconds in (0.001, 10.0):
         gate = Gate(Memory(target_s=0.05), costs, timed=False, forced=False, parallel=True)
-        _judged(gate, 1 + MIN_ROUNDS, seconds, 1, acceptance=0.05)
+        _judged(gate, 1 + MIN_ROUNDS, seconds, 1)      # a window of 4 (134 ms modelled) for 1 token: rest
         low = gate.speculate
         gate = Gate(Memory(target_s=0.05), costs, timed=False, forced=False, parallel=True)
-        _judged(gate, 1 + MIN_ROUNDS, seconds, 1, acceptance=0.9)
+        _judged(gate, 1 + MIN_ROUNDS, seconds, 4)
         verdicts.append((low, gate.speculate))
     assert verdicts == [(False, True), (False, True)]

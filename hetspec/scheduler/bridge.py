@@ -111,12 +111,13 @@ class BridgedDraft:
                  n_vocab: int):
         self.link, self.target, self.tokenizer, self.n_vocab = link, target, draft, n_vocab
         self.anchor = Anchor(target, draft, lag=max_window + 8)
-        self.n_ctx = n_ctx
+        self.room = n_ctx - 2 * max_window     # draft tokens a context may have: the window and branches need the rest
         self.context = np.zeros(0, np.int32)   # the draft tokens of the last command's context
-        self.healed = ""                       # ... and the whitespace left off its end (_to_draft)
-        self.sizes: list[int] = []             # the draft tokens asked of each branch
+        self.healed = ""                       # ... and the spaces left off its end (_to_draft)
 
-    busy = property(lambda self: self.link.busy)
+    @property
+    def busy(self) -> bool:
+        return self.link.busy
 
     def poll(self) -> bool:
         return self.link.poll()
@@ -155,8 +156,9 @@ class BridgedDraft:
 
     def _to_draft(self, context) -> np.ndarray:
         ids = self.anchor(np.asarray(context, np.int32))
-        if len(ids) + 2 * len(self.anchor.start) > self.n_ctx - 64:
-            raise ContextTooLong(f"the context is {len(ids)} draft tokens; the draft holds {self.n_ctx}")
+        if len(ids) > self.room:
+            raise ContextTooLong(f"the context is {len(ids)} tokens in the draft's vocabulary, more than its cache "
+                                 f"leaves room for ({self.room}); the target went on alone")
         # Token healing: a context that ends in spaces ends where the draft's own text
         # rarely does (its tokens carry a space at their start: " return"), so those
         # spaces are left for the draft to write again, and taken off its proposals.

@@ -274,7 +274,7 @@ class Decoder:
         wall = time.perf_counter() - started
         self.stats.spec_round(wall, drafted.seconds, verdict.seconds,
                               len(window), min(n_accepted, kept), kept, parallel, restart.seconds)
-        self.gate.judge(wall, kept, len(window), self.stats.acceptance)
+        self.gate.judge(wall, kept, len(window))
 
     # ---- window lengths ------------------------------------------------------------
 

@@ -10,8 +10,8 @@ engine with a hopeless draft keeps to the target, probing now and then.
 
 Judging by the clock would make a seeded sampling request's output depend on
 timing (its tokens are drawn differently in the two kinds of round). Such a
-request is judged by the start-up cost model and its own acceptance instead,
-and neither takes nor leaves a rest in Memory.
+request is judged by its rounds' token counts and the start-up cost model's
+durations instead, and neither takes nor leaves a rest in Memory.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class Gate:
             known = self.memory.target_s
             self.memory.target_s = seconds if known is None else known + SMOOTHING * (seconds - known)
 
-    def judge(self, seconds: float, committed: int, window: int, acceptance: float) -> None:
+    def judge(self, seconds: float, committed: int, window: int) -> None:
         """After a speculative round (committed tokens in seconds, a window of `window` draft tokens)."""
         if self.forced or self.fresh:   # a stint's first round also brings the draft up to date: not judged
             self.fresh = False
@@ -71,7 +71,7 @@ class Gate:
         if self.timed and self.memory.target_s is None:   # nothing to compare with: time the target alone
             self.rest = MIN_ROUNDS
             self.recent.clear()
-        elif self._pays(acceptance):
+        elif self._pays():
             self.rest_len = FIRST_REST
         else:
             self.rest, self.rest_len = self.rest_len, min(2 * self.rest_len, MAX_REST)
@@ -79,14 +79,16 @@ class Gate:
         if self.timed:
             self.memory.rest, self.memory.rest_len = self.rest, self.rest_len
 
-    def _pays(self, acceptance: float) -> bool:
+    def _pays(self) -> bool:
         if self.timed:
             seconds = sum(s for s, _, _ in self.recent)
             return seconds / sum(c for _, c, _ in self.recent) < self.memory.target_s
         if self.costs is None:
             return True        # nothing to judge by: speculate, as configured
+        # The rounds' token counts do not depend on timing; their durations come from the cost model.
         n = max(1, round(sum(w for _, _, w in self.recent) / len(self.recent)))   # the mean window
+        committed = sum(c for _, c, _ in self.recent) / len(self.recent)
         _, draft_s = self.costs.rates(online=False)
         verify_s = interpolate(self.costs.verify_s, n + 1)
         round_s = max(n * draft_s, verify_s) if self.parallel else n * draft_s + verify_s
-        return round_s / sum(acceptance ** j for j in range(n + 1)) < interpolate(self.costs.verify_s, 1)
+        return round_s / committed < interpolate(self.costs.verify_s, 1)
