@@ -195,6 +195,8 @@ def _table3(doc: dict) -> list[str]:
         res = doc["results"][d]
         rows.append([f"{d} tok/s", *[_f(res.get(n, {}).get("average", {}).get("tokens_per_s")) for n in present]])
         rows.append([f"{d} speedup", *[_x(res.get(n, {}).get("average", {}).get("speedup")) for n in present]])
+        rows.append([f"{d} vs target-only", *[_x(res.get(n, {}).get("average", {}).get("vs_target"))
+                                               for n in present]])
         rows.append([f"{d} tokens/round",
                      *[_f(res.get(n, {}).get("average", {}).get("mean_accepted_per_round"), 2) for n in present]])
     return ["## Table 3: gamma sweep around the chosen budget (dynamic sequences)", "", *_table(header, rows), ""]

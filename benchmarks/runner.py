@@ -198,12 +198,21 @@ def _ceiling(settings, config, prompts, prompt_ids, info) -> dict:
     if config.draft.backend not in ("native", "llama.cpp"):
         return {"skipped": f"the draft backend is {config.draft.backend!r}, not native or llama.cpp"}
     _log(settings, "measuring the draft model alone (greedy)...")
+    encode = _draft_encoder(config, info)
     first = {}
     for p in prompts:               # one prompt per category is enough for a decoding speed
-        first.setdefault(p.category, {"ids": prompt_ids[p.key], "max_new_tokens": p.max_new_tokens})
+        first.setdefault(p.category, {"ids": encode(p.text, prompt_ids[p.key]), "max_new_tokens": p.max_new_tokens})
     model_file = resolve_model(config.draft.model, "draft").file
     return measure_ceiling(model_file, list(info["draft"]["cores"]), int(info["draft"]["threads"]),
                            list(first.values()), config.draft.weights, backend=config.draft.backend)
+
+
+def _draft_encoder(config, info: dict):
+    """The draft's own tokens of a prompt: the target's, unless the vocabularies differ."""
+    if (info.get("vocabulary") or {}).get("shared", True):
+        return lambda text, ids: ids
+    draft = Tokenizer(resolve_model(config.draft.model, "draft"))
+    return lambda text, ids: draft.encode_prompt(text)
 
 
 def _add_ceiling_fraction(doc: dict) -> None:
