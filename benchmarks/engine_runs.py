@@ -69,8 +69,7 @@ def poor_draft_config(config: dict, n_vocab: int) -> dict:
     target = str((config.get("target") or {}).get("model", "builtin:smollm2"))
     name = target.removeprefix("builtin:")
     tokenizer = f",tokenizer={name}" if target.startswith("builtin:") and name in RANDOM_TOKENIZERS else ""
-    draft = {"backend": "torch", "model": f"random:vocab={n_vocab},seed=7{tokenizer}"}
-    return {**config, "draft": draft, "target": {"model": target, **(config.get("target") or {})}}
+    return {**config, "draft": {"backend": "torch", "model": f"random:vocab={n_vocab},seed=7{tokenizer}"}}
 
 
 def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int], max_new_tokens: int,

@@ -94,6 +94,7 @@ def _profile(runs: list[dict], spec_rounds: int) -> dict:
 def _average(cells: list[dict]) -> dict:
     avg: dict = {"prompts": sum(c["prompts"] for c in cells), "new_tokens": sum(c["new_tokens"] for c in cells),
                  "total_s": sum(c["total_s"] for c in cells), "spec_rounds": sum(c["spec_rounds"] for c in cells),
+                 "rested": sum(c.get("rested", 0) for c in cells),
                  "gamma": cells[0].get("gamma")}
     for key in ("tokens_per_s", "decode_tokens_per_s", "ttft_s", "speedup", "vs_target", "ttft_rel", "acceptance_rate",
                 "mean_accepted_per_round", "exact_match"):

@@ -14,6 +14,7 @@ from pathlib import Path
 from hetspec.benchmarks.checks import check_results
 from hetspec.benchmarks.data import TITLES
 from hetspec.benchmarks.methods import SWEEP
+from hetspec.benchmarks.metrics import aggregate
 
 
 def render_report(doc: dict, plots: list[str] = ()) -> str:
@@ -155,7 +156,7 @@ def _table2(doc: dict) -> list[str]:
         row = [f"`{name}`"]
         for d in decodings:
             avg = doc["results"][d].get(name, {}).get("average", {})
-            sps = doc["results"][d].get(name if name.startswith("poor") else "sps", {}).get("average", {})
+            sps = doc["results"][d].get("sps", {}).get("average", {})
             ttft = avg.get("ttft_s")
             row += [_f(ttft and 1000 * ttft, 0), _pct(avg.get("ttft_rel")),
                     _pct(ttft / sps["ttft_s"] if ttft and sps.get("ttft_s") else None)]
@@ -231,9 +232,8 @@ def _poor_draft(doc: dict) -> list[str]:
         for name in names:
             avg = doc["results"][d].get(name, {}).get("average", {})
             tokens = avg.get("new_tokens")
-            rested = sum(c.get("rested", 0) for k, c in doc["results"][d].get(name, {}).items() if k != "average")
             rows.append([d, f"`{name}`", _f(avg.get("tokens_per_s")), _x(avg.get("vs_target")),
-                         _pct(avg.get("acceptance_rate")), _pct(rested / tokens if tokens else None)])
+                         _pct(avg.get("acceptance_rate")), _pct(avg.get("rested", 0) / tokens if tokens else None)])
     draft = doc["engine"].get("poor_draft")
     return ["## A poor draft", "",
             (f"`poor` and `poor-forced` run on a second engine, the same but for its draft (`{draft}`, random "
@@ -362,8 +362,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     path = Path(argv[0] if argv else "bench-out/results.json")
     doc = json.loads(path.read_text())
-    doc["checks"] = check_results(doc)   # the rules may have changed since the run
-    path.write_text(json.dumps(doc, indent=2))
+    doc["results"] = aggregate(doc)      # the figures, and the rules, may have changed since the run
+    doc["checks"] = check_results(doc)
+    path.write_text(json.dumps(doc, indent=1))
     plots = sorted(str(p) for p in path.parent.glob("*.png"))
     print(write_report(doc, path.parent, plots))
     return 0

@@ -170,7 +170,9 @@ class BridgedDraft:
 
 
 class ContextTooLong(Exception):
-    """The draft's tokens of this context do not fit its cache: the target goes on alone."""
+    """The draft's tokens of this context do not fit its cache: the target goes on alone,
+    as when the draft worker is lost (Decoder.run)."""
+    role = "draft"
 
 
 def _greedy(params: SamplingParams) -> SamplingParams:

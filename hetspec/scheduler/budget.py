@@ -126,8 +126,8 @@ class CostModel:
         committed token), and commits 1 + a + ... + a**n tokens. Where verifying
         costs little more for a longer window this is the balance point; where it
         costs much more (a large output layer on a CPU) and acceptance is modest,
-        a shorter window commits nearly as much for far less (docs/performance.md,
-        "Window length")."""
+        a shorter window commits nearly as much for far less (docs/design.md, "Never
+        slower than the target alone")."""
         scale, draft_s = self.rates(online)
 
         def per_token(n: int) -> float:

@@ -92,7 +92,7 @@ class Decoder:
         try:
             self.decode()
         except (WorkerLost, ContextTooLong) as lost:
-            if getattr(lost, "role", "draft") != "draft":
+            if lost.role != "draft":
                 raise
             self.target.discard()
             self.mode, self.stats.fallback = "target", str(lost)
@@ -286,9 +286,9 @@ class Decoder:
         then set each length, up to max_window."""
         gamma = self.caps.max_window if self.request.rebalance else self.request.gamma
         online = self.request.timing_may_shape_windows
-        if self.costs is not None and self.request.rebalance:
-            gamma = self.costs.pipelined_gamma(gamma, self.stats.acceptance, online)
         if self.costs is not None:
+            if self.request.rebalance:
+                gamma = self.costs.pipelined_gamma(gamma, self.stats.acceptance, online)
             gamma = self.costs.draft_length(gamma, pending, online)
         return min(gamma, self.out.remaining - pending - 1)
 

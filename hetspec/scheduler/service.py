@@ -97,8 +97,8 @@ class Scheduler:
         self.n_vocab, n_draft_vocab = hellos["target"].n_vocab, hellos["draft"].n_vocab
         for role, tokenizer, n_vocab in (("target", self.tokenizer, self.n_vocab),
                                          ("draft", draft_tokenizer, n_draft_vocab)):
-            if tokenizer and tokenizer.hf is not None and tokenizer.size > n_vocab:   # (bytes: a test model's)
-                raise EngineStartError(f"the {role}'s tokenizer has {tokenizer.size} tokens but its model only "
+            if tokenizer and tokenizer.hf is not None and len(tokenizer.hf) > n_vocab:   # (bytes: a test model's)
+                raise EngineStartError(f"the {role}'s tokenizer has {len(tokenizer.hf)} tokens but its model only "
                                        f"{n_vocab}: they do not belong together")
         differ = draft_tokenizer and describe_vocabularies(self.tokenizer, draft_tokenizer, self.n_vocab, n_draft_vocab)
         if differ:

@@ -98,11 +98,6 @@ class Tokenizer:
 
     # ---- for a draft of another vocabulary (bridge.py) ----------------------------
 
-    @property
-    def size(self) -> int:
-        """How many token ids this tokenizer may produce."""
-        return 256 if self.hf is None else len(self.hf)
-
     def vocabulary(self) -> dict | None:
         """Token -> id (None for UTF-8 bytes)."""
         return None if self.hf is None else self.hf.get_vocab()
