@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from hetspec.core.acceptance import accept_greedy, accept_point_mass, accept_sampled, sample
+from hetspec.core.acceptance import accept_drawn, accept_greedy, accept_sampled, sample
+from hetspec.core.sampling import sample_at
 
 
 def test_greedy_all_accepted_gives_bonus():
@@ -94,19 +95,26 @@ def test_sample_over_the_support_draws_what_the_whole_cdf_would():
         assert sample(probs, ours) == expected
 
 
-def test_point_mass_rule_keeps_the_target_distribution():
-    """A proposal from another vocabulary has no probability here: accept x with p(x),
-    else sample p without x. Whatever x is, the committed token follows p, over two
-    positions too."""
+def test_drawn_rule_keeps_the_target_distribution_and_the_target_only_tokens():
+    """A proposal from another vocabulary has no probability here: the target draws
+    its own token with each position's random number and keeps x only if it is
+    that draw. The committed tokens follow p over two positions, x is kept with
+    probability p(x), and whatever x is the tokens are those the target alone
+    draws with the same numbers."""
     rng = np.random.default_rng(3)
     vocab, n = 5, 60_000
     p1 = _random_dist(rng, vocab)
     p2 = np.stack([_random_dist(rng, vocab) for _ in range(vocab)])
-    counts = np.zeros((vocab, vocab))
+    counts, kept = np.zeros((vocab, vocab)), np.zeros(vocab)
     for i in range(n):
         x1, x2 = i % vocab, (3 * i + 1) % vocab            # proposals of any kind, even unlikely ones
-        n_acc, token = accept_point_mass(np.array([x1, x2]), np.stack([p1, p2[x1], p2[x1]]), rng)
+        u = rng.random(3)
+        n_acc, token = accept_drawn(np.array([x1, x2]), np.stack([p1, p2[x1], p2[x1]]), u)
         first = x1 if n_acc >= 1 else token
-        second = (x2 if n_acc == 2 else token) if n_acc >= 1 else sample(p2[first], rng)
+        second = (x2 if n_acc == 2 else token) if n_acc >= 1 else sample_at(p2[first], u[1])
+        alone = sample_at(p1, u[0])
+        assert (first, second) == (alone, sample_at(p2[alone], u[1]))
         counts[first, second] += 1
+        kept[x1] += n_acc >= 1
     assert 0.5 * np.abs(counts / n - p1[:, None] * p2).sum() < 0.02
+    assert np.abs(kept / (n / vocab) - p1).max() < 0.02

@@ -95,6 +95,21 @@ def test_sampling_across_vocabularies_follows_target_distribution(byte_pair, mod
     assert 0 < accepted < drafted      # proposals were taken, and refused
 
 
+@pytest.mark.parametrize("mode,speculation", [("duodec", "always"), ("sequential", "always"), ("duodec", "auto")])
+def test_seeded_sampling_across_vocabularies_gives_the_target_alone_tokens(byte_pair, mode, speculation):
+    """Each token is drawn with its position's random number (accept_drawn), so a seed
+    gives the tokens the target alone gives, however the rounds fell and whether or
+    not the engine rested from speculating."""
+    accepted = 0
+    for seed in range(25):
+        sampling = {"max_new_tokens": 12, "temperature": 0.9, "top_p": 0.95, "seed": seed}
+        alone = byte_pair.generate(PROMPT, mode="target", **sampling)
+        result = byte_pair.generate(PROMPT, mode=mode, speculation=speculation, **sampling)
+        assert result.token_ids == alone.token_ids, seed
+        accepted += result.stats["accepted"]
+    assert accepted > 0
+
+
 # ---- bad pairs ----
 
 def _checkpoint(folder, vocab):

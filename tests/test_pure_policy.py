@@ -15,8 +15,8 @@ from hetspec.core.params import SamplingParams
 from hetspec.core.sampling import probabilities
 from hetspec.scheduler.acceptance_prior import AcceptancePrior
 from hetspec.scheduler.budget import CostModel, choose_gamma, interpolate, monotone, restart_length, sequential_gamma
-from hetspec.scheduler.decoder import Request
 from hetspec.scheduler.gate import FIRST_REST, MIN_ROUNDS, Gate, Memory
+from hetspec.scheduler.requests import Request
 from hetspec.scheduler.stats import Stats
 
 
@@ -213,6 +213,11 @@ def test_acceptance_prior_learns_from_earlier_requests_of_its_kind():
     assert history.prior(seeded) == 0.8                      # a seeded run neither learns nor is taught
     unseeded = Request(0, SamplingParams(temperature=0.7, top_p=0.9, seed=1), 4, 1, seeded=False, rebalance=False)
     assert history.prior(unseeded) == 0.8                    # sampling keeps its own history
+    keyed = Request(0, SamplingParams(temperature=0.7, top_p=0.9, seed=1), 4, 1, seeded=True, rebalance=False,
+                    keyed=True)
+    assert keyed.timing_may_shape_windows                     # its tokens are drawn by position
+    history.learn(keyed, Stats(accepted=10, rejections=90))
+    assert history.prior(keyed) < 0.8
 
 
 def test_pipelined_window_shortens_where_long_verifies_cost_much():
@@ -223,6 +228,15 @@ def test_pipelined_window_shortens_where_long_verifies_cost_much():
     assert 3 <= steep.pipelined_gamma(32, 0.7) <= 6
     flat = CostModel(0.004, {1: 0.030, 8: 0.032, 16: 0.036, 32: 0.045})
     assert flat.pipelined_gamma(32, 0.99) == choose_gamma(0.004, flat.verify_s, 32)
+
+
+def test_gain_says_when_speculating_pays_for_a_waiting_target():
+    """The draft's prefill borrows the target's cores, the target waiting, only where
+    speculation more than doubles the pace (Decoder.draft_catches_up)."""
+    steep = CostModel(0.014, {1: 0.106, 4: 0.130, 8: 0.182, 16: 0.269, 32: 0.426})
+    assert steep.gain(32, 0.0) < 1 < steep.gain(32, 0.5) < 2 < steep.gain(32, 0.95)
+    flat = CostModel(0.004, {1: 0.030, 8: 0.032, 16: 0.036, 32: 0.045})
+    assert flat.gain(32, 0.9) > 4
 
 
 def _judged(gate, rounds, seconds, committed):
@@ -263,7 +277,7 @@ def test_gate_judges_a_seeded_request_by_the_cost_model_alone():
     verdicts = []
     for seconds in (0.001, 10.0):
         gate = Gate(Memory(target_s=0.05), costs, timed=False, forced=False, parallel=True)
-        _judged(gate, 1 + MIN_ROUNDS, seconds, 1)      # a window of 4 (134 ms modelled) for 1 token: rest
+        _judged(gate, MIN_ROUNDS, seconds, 1)   # 134 ms modelled for 1 token: rest (the first round counts too)
         low = gate.speculate
         gate = Gate(Memory(target_s=0.05), costs, timed=False, forced=False, parallel=True)
         _judged(gate, 1 + MIN_ROUNDS, seconds, 4)

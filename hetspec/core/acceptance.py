@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hetspec.core.sampling import sample
+from hetspec.core.sampling import sample, sample_at
 
 
 def accept_greedy(draft: np.ndarray, target_choice: np.ndarray) -> tuple[int, int]:
@@ -39,16 +39,17 @@ def accept_sampled(draft: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.rand
     return len(draft), sample(p[len(draft)], rng)
 
 
-def accept_point_mass(draft: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> tuple[int, int]:
-    """Speculative sampling for proposals with no distribution in the target's
-    vocabulary (a draft of another vocabulary, bridge.py): each draft[i] is taken as
-    certain, q = 1 at x. Accept x with probability p(x); on rejection sample from p
-    without x, renormalized. Then P(x) = p(x) and, for y != x,
-    P(y) = (1 - p(x)) * p(y) / (1 - p(x)) = p(y): the target's own distribution."""
+def accept_drawn(draft: np.ndarray, p: np.ndarray, uniforms: np.ndarray) -> tuple[int, int]:
+    """For proposals with no distribution in the target's vocabulary (a draft of
+    another vocabulary, bridge.py). The target draws its own token at each position
+    from that position's random number (uniforms[i], in [0, 1)); a draft token is
+    kept only if it is that draw. Every committed token is the target's own sample,
+    so the output follows p exactly; x is kept with probability p(x), as a point
+    mass would be (q = 1 at x). And as the draws belong to positions, not to rounds,
+    a seeded request's tokens do not depend on where its windows fell, nor on
+    whether it speculated at all (Request.keyed)."""
     for i, x in enumerate(draft):
-        if rng.random() >= p[i, x]:
-            residual = p[i].copy()
-            residual[x] = 0.0
-            total = residual.sum()
-            return i, sample(residual / total if total > 0 else p[i], rng)
-    return len(draft), sample(p[len(draft)], rng)
+        token = sample_at(p[i], uniforms[i])
+        if token != x:
+            return i, token
+    return len(draft), sample_at(p[len(draft)], uniforms[len(draft)])

@@ -55,10 +55,21 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Inverse-CDF sampling over the tokens of nonzero probability: after top-p
-    they are a few of the vocabulary, and a float64 cumsum over all of it is slow. The token
-    drawn for a given random number is the same as over the whole vocabulary
-    (zeros add nothing to the CDF). float64, so rounding cannot skip the tail."""
+    return sample_at(probs, rng.random())
+
+
+def sample_at(probs: np.ndarray, u: float) -> int:
+    """The token at u in [0, 1) of the inverse CDF, over the tokens of nonzero
+    probability: after top-p they are a few of the vocabulary, and a float64 cumsum
+    over all of it is slow. The token for a given u is the same as over the whole
+    vocabulary (zeros add nothing to the CDF). float64, so rounding cannot skip the tail."""
     support = np.flatnonzero(probs)
     cdf = np.cumsum(probs[support], dtype=np.float64)
-    return int(support[min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1)])
+    return int(support[min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1)])
+
+
+def uniform_at(seed: int, position: int) -> float:
+    """The random number of a sequence's position under a seed: a request that
+    draws each token with its position's number gives the same tokens however its
+    rounds fell (core/acceptance.accept_drawn)."""
+    return float(np.random.default_rng([seed, 1, position]).random())

@@ -13,8 +13,9 @@ target never sees a draft token. Text is the common ground:
 A translated window is only a proposal, so exactness never depends on the
 translation: greedy verification keeps what the target itself would choose.
 Sampling needs care: the draft's distribution lives in another vocabulary,
-so each translated token is a point mass (core/acceptance.accept_point_mass)
-and the draft proposes its likeliest tokens.
+so the target draws its own token at each position and keeps a translated
+token only if it is that draw (core/acceptance.accept_drawn), and the draft
+proposes its likeliest tokens.
 
 Re-encoding the whole context every round would cost milliseconds on a long
 prompt, so the text up to an anchor a few dozen tokens back is encoded once
@@ -135,9 +136,9 @@ class BridgedDraft:
 
     def start_window(self, request_id: int, context, n_tokens: int, params: SamplingParams,
                      branches: BranchPlan | None = None) -> None:
-        """The draft proposes its likeliest tokens: a sampled proposal from another
-        vocabulary is a point mass whatever its distribution, and the likeliest is the
-        one the target accepts most often."""
+        """The draft proposes its likeliest tokens: a token x is kept with the
+        target's probability p(x) whatever the draft's distribution (accept_drawn),
+        and the likeliest is the one the target keeps most often."""
         self.link.start_window(request_id, self._to_draft(context), n_tokens, _greedy(params), branches)
 
     def finish_window(self, params: SamplingParams) -> Draft:

@@ -128,12 +128,17 @@ class CostModel:
         costs much more (a large output layer on a CPU) and acceptance is modest,
         a shorter window commits nearly as much for far less (docs/design.md, "Never
         slower than the target alone")."""
-        scale, draft_s = self.rates(online)
+        return min(range(1, max_gamma + 1), key=lambda n: self._pipelined_s(n, acceptance, online))
 
-        def per_token(n: int) -> float:
-            return max(n * draft_s, scale * interpolate(self.verify_s, n + 1)) / sum(acceptance ** j
-                                                                                  for j in range(n + 1))
-        return min(range(1, max_gamma + 1), key=per_token)
+    def gain(self, max_gamma: int, acceptance: float) -> float:
+        """Speculation's expected pace over the target alone's, at the best pipelined window."""
+        best = self._pipelined_s(self.pipelined_gamma(max_gamma, acceptance), acceptance, online=True)
+        return self.verify_scale * interpolate(self.verify_s, 1) / best
+
+    def _pipelined_s(self, n: int, acceptance: float, online: bool) -> float:
+        scale, draft_s = self.rates(online)
+        round_s = max(n * draft_s, scale * interpolate(self.verify_s, n + 1))
+        return round_s / sum(acceptance ** j for j in range(n + 1))
 
     def draft_length(self, gamma: int, pending: int, online: bool = True) -> int:
         """Per round: draft for as long as the target will take to verify the last

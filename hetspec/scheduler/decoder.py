@@ -24,16 +24,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetspec.core.acceptance import accept_greedy, accept_point_mass, accept_sampled
-from hetspec.core.params import SamplingParams
-from hetspec.core.sampling import sample
+from hetspec.core.acceptance import accept_drawn, accept_greedy, accept_sampled
+from hetspec.core.sampling import sample_at, uniform_at
 from hetspec.ipc.messages import BranchPlan
-from hetspec.scheduler.acceptance_prior import GENERIC
 from hetspec.scheduler.bridge import ContextTooLong
 from hetspec.scheduler.budget import CostModel, restart_length
 from hetspec.scheduler.gate import Gate, Memory
 from hetspec.scheduler.links import EMPTY, NO_DRAFT, Draft, DraftLink, TargetLink, Verification, Window, WorkerLost
 from hetspec.scheduler.output import Output
+from hetspec.scheduler.requests import Request
 from hetspec.scheduler.stats import Stats
 
 LONG_PROMPT = 16   # tokens; shorter prompts prefill fast anyway, so neither worker borrows the other's cores
@@ -48,26 +47,6 @@ class Capabilities:
     draft_borrows_cores: bool  # the draft prefills a long prompt on the target's cores too, the target waiting
     keep_drafting: bool        # the draft grows the next window until the target's verdict is in
     kv_handover: bool          # the draft takes the target's cache of a long prompt instead of prefilling it
-
-
-@dataclass(frozen=True)
-class Request:
-    """One request, resolved against the engine: its parameters (seed filled in)
-    and the engine's choices for it."""
-    id: int
-    params: SamplingParams
-    gamma: int
-    sequences: int | str
-    seeded: bool               # the caller gave the seed: the run must be reproducible
-    rebalance: bool            # gamma "auto": each round's length comes from the costs (CostModel)
-    prior: float = GENERIC     # where the acceptance estimate starts (the engine's past requests)
-    speculation: str = "auto"  # "always": never rest from speculating (gate.py)
-
-    @property
-    def timing_may_shape_windows(self) -> bool:
-        """Greedy output never depends on where windows start; a seeded sampling
-        run does, and must be reproducible, so its windows must not follow timing."""
-        return self.params.greedy or not self.seeded
 
 
 class Decoder:
@@ -104,7 +83,7 @@ class Decoder:
     def decode(self) -> None:
         if self.out.length == self.out.n_prompt:
             self.prefill()
-        if self.mode != "target":
+        if self.mode != "target" and self.gate.speculate:   # resting from the start: no draft needed yet
             self.draft_catches_up()
         pending = EMPTY
         while not self.out.done:
@@ -196,7 +175,7 @@ class Decoder:
         long_prompt = len(self.out.context) >= LONG_PROMPT
         borrow = self.caps.borrow_cores and long_prompt
         self.target.start_verify(self.id, self.out.context, 0, 1, self.params, borrow_cores=borrow)
-        if self.mode != "target" and not borrow:
+        if self.mode != "target" and not borrow and self.gate.speculate:
             self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
                                      borrow_cores=False)
         self.out.commit([self.choose(self.target.finish_verify(1, self.params))])
@@ -205,18 +184,21 @@ class Decoder:
 
     def draft_catches_up(self) -> None:
         """Speculation starts once the draft holds the prompt. A long prompt's draft
-        prefill borrows the target's cores while the target waits (speculation
-        then starts about twice as soon), or takes the target's cache outright when
-        the draft is a quantized copy of the target (kv_handover). Otherwise the
-        target decodes alone until the draft is ready; a seeded sampling run waits
-        instead, as where its windows start must not depend on timing."""
+        prefill takes the target's cache outright when the draft is a quantized
+        copy of the target (kv_handover), or borrows the target's cores while the
+        target waits: it is done twice as soon, which pays where speculating more
+        than doubles the pace. Otherwise the target decodes alone until the draft
+        is ready; a seeded sampling run waits instead (and borrows), as where its
+        windows start must not depend on timing."""
         target_waits = False
         if not self.draft.busy and not self.out.done:
             long_prompt = len(self.out.context) >= LONG_PROMPT
             handover = len(self.out.context) - 1 if self.caps.kv_handover and long_prompt else 0
             if handover:                       # the target's cache holds the prompt: a copy of a few ms
                 self.target.export_kv(self.id, handover)
-            borrowed = not handover and self.caps.draft_borrows_cores and long_prompt
+            waits = not self.request.timing_may_shape_windows or self.costs is None or \
+                self.costs.gain(self.caps.max_window, self.stats.acceptance) > 2
+            borrowed = not handover and self.caps.draft_borrows_cores and long_prompt and waits
             self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
                                      borrow_cores=borrowed, kv_length=handover)
             target_waits = borrowed or handover > 0
@@ -249,8 +231,9 @@ class Decoder:
         committed: fewer if EOS, a stop string or the limit came first)."""
         if self.params.greedy:
             n_accepted, token = accept_greedy(window.tokens, verdict.choice)
-        elif window.probs is None:             # drafted in another vocabulary (bridge.py)
-            n_accepted, token = accept_point_mass(window.tokens, verdict.probs, self.rng)
+        elif self.request.keyed:               # drafted in another vocabulary (bridge.py)
+            uniforms = [uniform_at(self.params.seed, self.out.length + i) for i in range(len(window) + 1)]
+            n_accepted, token = accept_drawn(window.tokens, verdict.probs, uniforms)
         else:
             n_accepted, token = accept_sampled(window.tokens, window.probs, verdict.probs, self.rng)
         before = self.out.length
@@ -259,7 +242,10 @@ class Decoder:
 
     def choose(self, verdict: Verification) -> int:
         """The target's own next token after a pass with no window."""
-        return int(verdict.choice[0]) if self.params.greedy else sample(verdict.probs[0], self.rng)
+        if self.params.greedy:
+            return int(verdict.choice[0])
+        u = uniform_at(self.params.seed, self.out.length) if self.request.keyed else self.rng.random()
+        return sample_at(verdict.probs[0], u)
 
     def emit_round(self) -> None:
         self.emit(*self.out.take_round())

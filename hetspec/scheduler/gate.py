@@ -9,8 +9,9 @@ that pays resets it. The rest carries over to the next request (Memory), so an
 engine with a hopeless draft keeps to the target, probing now and then.
 
 Judging by the clock would make a seeded sampling request's output depend on
-timing (its tokens are drawn differently in the two kinds of round). Such a
-request is judged by its rounds' token counts and the start-up cost model's
+timing (its tokens are drawn differently in the two kinds of round), unless
+they are drawn by position (a draft of another vocabulary, accept_drawn). Such
+a request is judged by its rounds' token counts and the start-up cost model's
 durations instead, and neither takes nor leaves a rest in Memory.
 """
 from __future__ import annotations
@@ -62,8 +63,8 @@ class Gate:
 
     def judge(self, seconds: float, committed: int, window: int) -> None:
         """After a speculative round (committed tokens in seconds, a window of `window` draft tokens)."""
-        if self.forced or self.fresh:   # a stint's first round also brings the draft up to date: not judged
-            self.fresh = False
+        fresh, self.fresh = self.fresh, False
+        if self.forced or (fresh and self.timed):   # it also brought the draft up to date: its time is no guide
             return
         self.recent.append((seconds, committed, window))
         if len(self.recent) < MIN_ROUNDS:

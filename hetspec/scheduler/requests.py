@@ -5,12 +5,36 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+from dataclasses import dataclass
 
 from hetspec.core.errors import RequestError
 from hetspec.core.params import SamplingParams, check_prompt
 from hetspec.ipc.messages import GenerateRequest
-from hetspec.scheduler.decoder import Request
+from hetspec.scheduler.acceptance_prior import GENERIC
+from hetspec.scheduler.bridge import BridgedDraft
 from hetspec.scheduler.output import Output
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request, resolved against the engine: its parameters (seed filled in)
+    and the engine's choices for it."""
+    id: int
+    params: SamplingParams
+    gamma: int
+    sequences: int | str
+    seeded: bool               # the caller gave the seed: the run must be reproducible
+    rebalance: bool            # gamma "auto": each round's length comes from the costs (CostModel)
+    prior: float = GENERIC     # where the acceptance estimate starts (the engine's past requests)
+    speculation: str = "auto"  # "always": never rest from speculating (gate.py)
+    keyed: bool = False        # each token drawn with its position's random number (a bridged draft)
+
+    @property
+    def timing_may_shape_windows(self) -> bool:
+        """Greedy output never depends on where windows start, nor keyed sampling's
+        (accept_drawn); other seeded sampling does, and must be reproducible, so its
+        windows must not follow timing."""
+        return self.params.greedy or not self.seeded or self.keyed
 
 
 def resolve(message: GenerateRequest, engine) -> tuple[Request, Output]:
@@ -40,7 +64,8 @@ def resolve(message: GenerateRequest, engine) -> tuple[Request, Output]:
     seed = params.seed if params.seed is not None else secrets.randbits(63)
     request = Request(message.request_id, dataclasses.replace(params, seed=seed), gamma, sequences,
                       seeded=params.seed is not None, rebalance=engine.costs is not None and not params.gamma)
-    request = dataclasses.replace(request, prior=engine.acceptance.prior(request),
-                                  speculation=params.speculation or decoding.speculation)
+    request = dataclasses.replace(request, speculation=params.speculation or decoding.speculation,
+                                  keyed=isinstance(engine.drafter, BridgedDraft))
+    request = dataclasses.replace(request, prior=engine.acceptance.prior(request))
     max_new = min(params.max_new_tokens, server.max_context - len(prompt_ids))
     return request, Output(prompt_ids, max_new, engine.eos, list(params.stop), engine.tokenizer)
