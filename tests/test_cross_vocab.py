@@ -45,6 +45,20 @@ def test_greedy_across_vocabularies_equals_target_generate(pair, mode, sequences
             assert result.stats["spec_rounds"] > 0 and result.stats["drafted"] > 0
 
 
+def test_a_draft_prefill_that_cannot_pay_is_skipped():
+    """A long prompt for three new tokens: the draft's prefill would outlast the whole
+    request (CostModel.prefill_pays, gamma "auto"), so the target decodes alone and
+    says why; forced, the draft prefills."""
+    prompt = TEXT * 8
+    with hetspec.launch(_config(GEMMA, SMOL, gamma="auto")) as engine:
+        result = engine.generate(prompt, max_new_tokens=3)
+        forced = engine.generate(prompt, max_new_tokens=3, speculation="always")
+    assert "prefill" in (result.stats["fallback"] or "") and result.stats["spec_rounds"] == 0
+    ids = Tokenizer(resolve_model(SMOL)).encode_prompt(prompt)
+    assert result.token_ids == reference_greedy(load_reference(SMOL), ids, 3)[:len(result.token_ids)]
+    assert forced.stats["fallback"] is None and forced.token_ids == result.token_ids
+
+
 def test_engine_info_says_how_vocabularies_are_bridged(pair):
     engine, _, _ = pair
     vocabulary = engine.get_info()["vocabulary"]

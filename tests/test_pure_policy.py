@@ -239,6 +239,18 @@ def test_gain_says_when_speculating_pays_for_a_waiting_target():
     assert flat.gain(32, 0.9) > 4
 
 
+def test_a_draft_prefill_pays_only_if_it_leaves_time_to_speculate():
+    """A draft of 11 ms a token beside a target of 77 ms a token: a 600-token prompt
+    (6.6 s) is not worth it for 48 new tokens (3.7 s alone), but is for 512."""
+    costs = CostModel(0.011, {1: 0.077, 8: 0.161})
+    assert costs.prefill_pays(20, 48) and not costs.prefill_pays(600, 48) and costs.prefill_pays(600, 512)
+    costs.observe_prefill(600, 0.6)            # a draft that prefills in batches: 1 ms a token
+    assert 0.008 < costs.prefill_s < 0.010     # one timing moves the estimate a fifth of the way
+    for _ in range(20):
+        costs.observe_prefill(600, 0.6)
+    assert costs.prefill_pays(600, 48)
+
+
 def _judged(gate, rounds, seconds, committed):
     for _ in range(rounds):
         gate.judge(seconds, committed, 4)

@@ -131,8 +131,11 @@ class BridgedDraft:
         """kv_length is always 0: the draft cannot take a cache of another model's tokens."""
         self.link.start_prefill(request_id, self._to_draft(context), seed, reuse_cache, borrow_cores)
 
-    def finish_prefill(self) -> None:
-        self.link.finish_prefill()
+    def finish_prefill(self) -> float:
+        return self.link.finish_prefill()
+
+    def to_prefill(self, context, reuse_cache: bool) -> int:
+        return self.link.to_prefill(self.anchor(np.asarray(context, np.int32)), reuse_cache)
 
     def start_window(self, request_id: int, context, n_tokens: int, params: SamplingParams,
                      branches: BranchPlan | None = None) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+PREFILL_SHARE = 0.5   # see CostModel.prefill_pays
+
 
 def choose_gamma(draft_s_per_token: float, verify_s: dict[int, float], max_gamma: int) -> int:
     """Smallest gamma with gamma * t_draft >= t_verify(gamma).
@@ -93,6 +95,7 @@ class CostModel:
         self.measured_draft_s = self.draft_s = draft_s_per_token
         self.verify_s = dict(verify_s)
         self.verify_scale = 1.0
+        self.prefill_s = draft_s_per_token      # per draft prompt token: a draft step until a prefill is timed
 
     def observe(self, n_draft: int, draft_s: float, n_verify: int, verify_s: float) -> None:
         if n_draft > 0 and draft_s > 0:
@@ -100,6 +103,18 @@ class CostModel:
         if n_verify > 0 and verify_s > 0:
             ratio = verify_s / interpolate(self.verify_s, n_verify)
             self.verify_scale += self.SMOOTHING * (ratio - self.verify_scale)
+
+    def observe_prefill(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens >= 16 and seconds > 0:
+            self.prefill_s += self.SMOOTHING * (seconds / n_tokens - self.prefill_s)
+
+    def prefill_pays(self, n_tokens: int, remaining: int) -> bool:
+        """Whether the draft should prefill n prompt tokens beside the target, which
+        decodes alone meanwhile but slower (they share the memory bus): only if
+        that takes under PREFILL_SHARE of what the target alone needs for the
+        rest of the request, leaving time to speculate in (docs/design.md)."""
+        target_s = self.verify_scale * interpolate(self.verify_s, 1)
+        return n_tokens * self.prefill_s < PREFILL_SHARE * remaining * target_s
 
     def rates(self, online: bool = True) -> tuple[float, float]:
         """(verify time scale, seconds per draft token): from the rounds so far, or

@@ -190,10 +190,14 @@ class Decoder:
         than doubles the pace. Otherwise the target decodes alone until the draft
         is ready; a seeded sampling run waits instead (and borrows), as where its
         windows start must not depend on timing."""
-        target_waits = False
+        target_waits, n_prefill = False, 0
         if not self.draft.busy and not self.out.done:
             long_prompt = len(self.out.context) >= LONG_PROMPT
             handover = len(self.out.context) - 1 if self.caps.kv_handover and long_prompt else 0
+            n_prefill = 0 if handover else self.draft.to_prefill(self.out.context, self.params.cache_prompt)
+            if not self.prefill_pays(n_prefill):
+                self.mode, self.stats.fallback = "target", f"the draft's prefill ({n_prefill} tokens) would not pay"
+                return
             if handover:                       # the target's cache holds the prompt: a copy of a few ms
                 self.target.export_kv(self.id, handover)
             waits = not self.request.timing_may_shape_windows or self.costs is None or \
@@ -207,7 +211,15 @@ class Decoder:
         while overlap and not self.out.done and not self.draft.poll():
             self.target_step()
         if self.draft.busy:
-            self.draft.finish_prefill()
+            seconds = self.draft.finish_prefill()
+            if self.costs is not None and not target_waits:
+                self.costs.observe_prefill(n_prefill, seconds)
+
+    def prefill_pays(self, n_tokens: int) -> bool:
+        """CostModel.prefill_pays, where timing may shape this request and speculation is not forced."""
+        if self.costs is None or not self.request.timing_may_shape_windows or self.request.speculation == "always":
+            return True
+        return self.costs.prefill_pays(n_tokens, self.out.remaining)
 
     # ---- named steps -------------------------------------------------------------
 

@@ -228,24 +228,34 @@ class DraftLink(WorkerLink):
         self.slot = 0
         self.command = 0
         self.extending = False   # the last window may grow after its reply (DraftExtended)
+        self.sent = np.zeros(0, np.int32)   # the last command's context: the draft's cache holds it (drafter.sync)
 
     def start_prefill(self, request_id: int, context, seed: int, reuse_cache: bool, borrow_cores: bool,
                       kv_length: int = 0) -> None:
         """Bring the draft's cache up to date with context, first taking the target's
         cache of kv_length tokens if given; finish_prefill collects the reply."""
-        self.buffers["context"].array[:len(context)] = context
+        self.buffers["context"].array[:len(context)] = self.sent = np.array(context, np.int32)
         self.extending = False
         self.send(PrefillDraft(request_id, len(context), seed, reuse_cache, borrow_cores, kv_length))
 
-    def finish_prefill(self) -> None:
+    def finish_prefill(self) -> float:
+        """The prefill's seconds."""
         reply = self.wait()
         assert isinstance(reply, Prefilled), reply
+        return reply.seconds
+
+    def to_prefill(self, context, reuse_cache: bool) -> int:
+        """How many tokens a prefill of context would run: those after its longest
+        common prefix with what the draft last saw (all, without reuse)."""
+        n = min(len(self.sent), len(context)) if reuse_cache else 0
+        mismatch = np.flatnonzero(self.sent[:n] != np.asarray(context[:n]))
+        return len(context) - (int(mismatch[0]) if len(mismatch) else n)
 
     def start_window(self, request_id: int, context, n_tokens: int, params: SamplingParams,
                      branches: BranchPlan | None = None) -> None:
         """Draft n_tokens after context: one plain sequence, or the pipeline's next
         window as branches (see BranchPlan); finish_window collects them."""
-        self.buffers["context"].array[:len(context)] = context
+        self.buffers["context"].array[:len(context)] = self.sent = np.array(context, np.int32)
         self.slot ^= 1   # double buffering: the pending window's rows stay readable
         self.command += 1
         self.extending = branches is not None and branches.extend_to > n_tokens
@@ -281,7 +291,7 @@ class DraftLink(WorkerLink):
 
     def lost(self) -> None:
         super().lost()
-        self.slot, self.command, self.extending = 0, 0, False
+        self.slot, self.command, self.extending, self.sent = 0, 0, False, np.zeros(0, np.int32)
 
 
 def _alive(pid: int) -> bool:
