@@ -272,8 +272,8 @@ def _ceiling(doc: dict) -> list[str]:
     runner = "The native draft" if c.get("backend") == "native" else "llama.cpp"
     lines.append(f"{runner} greedy on the draft's cores {c['cores']} with {c['threads']} thread(s){weights}: "
                  f"**{c['tokens_per_s']:.1f} tok/s** ({c['ms_per_token']:.2f} ms/token after the prompt; prompt "
-                 f"prefill {c['prefill_ms_per_token']:.2f} ms/token; {c['prompts']} prompts). With the default "
-                 f"pair's 97-100% greedy agreement this is the most DuoDecoding can reach.")
+                 f"prefill {c['prefill_ms_per_token']:.2f} ms/token; {c['prompts']} prompts). DuoDecoding "
+                 f"cannot decode faster than its draft drafts, however often the two agree.")
     for d, fraction in (c.get("duodec_fraction") or {}).items():
         avg = doc["results"][d]["duodec"]["average"]
         lines.append(f"- {d}: DuoDecoding decodes at {avg['decode_tokens_per_s']:.1f} tok/s after its first token "
