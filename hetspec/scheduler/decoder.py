@@ -189,7 +189,8 @@ class Decoder:
         target waits: it is done twice as soon, which pays where speculating more
         than doubles the pace. Otherwise the target decodes alone until the draft
         is ready; a seeded sampling run waits instead (and borrows), as where its
-        windows start must not depend on timing."""
+        windows start must not depend on timing. A prefill that would not pay is
+        not started: the request goes on target-only."""
         target_waits, n_prefill = False, 0
         if not self.draft.busy and not self.out.done:
             long_prompt = len(self.out.context) >= LONG_PROMPT
