@@ -240,15 +240,20 @@ def test_gain_says_when_speculating_pays_for_a_waiting_target():
 
 
 def test_a_draft_prefill_pays_only_if_it_leaves_time_to_speculate():
-    """A draft of 11 ms a token beside a target of 77 ms a token: a 600-token prompt
-    (6.6 s) is not worth it for 48 new tokens (3.7 s alone), but is for 512."""
-    costs = CostModel(0.011, {1: 0.077, 8: 0.161})
-    assert costs.prefill_pays(20, 48) and not costs.prefill_pays(600, 48) and costs.prefill_pays(600, 512)
+    """A draft of 11 ms a token beside a target of 77 ms a token, 48 new tokens (3.7 s
+    alone): a 300-token prompt (3.3 s) is worth it where speculation would multiply
+    the pace by 5, not at a modest gain, unless the request is long (512 tokens)."""
+    costs = CostModel(0.011, {1: 0.077, 2: 0.087, 8: 0.161, 16: 0.223, 32: 0.402})
+    modest, high = 0.4, 0.99                    # gains of about 1.2 and 5
+    assert costs.prefill_pays(20, 48, 32, modest) and costs.prefill_pays(300, 512, 32, modest)
+    assert not costs.prefill_pays(300, 48, 32, modest) and costs.prefill_pays(300, 48, 32, high)
+    assert not costs.prefill_pays(600, 48, 32, high)    # longer than the whole request
+    assert not costs.prefill_pays(100, 512, 32, 0.0)   # speculation is not expected to pay at all
     costs.observe_prefill(600, 0.6)            # a draft that prefills in batches: 1 ms a token
     assert 0.008 < costs.prefill_s < 0.010     # one timing moves the estimate a fifth of the way
     for _ in range(20):
         costs.observe_prefill(600, 0.6)
-    assert costs.prefill_pays(600, 48)
+    assert costs.prefill_pays(600, 48, 32, modest)
 
 
 def _judged(gate, rounds, seconds, committed):

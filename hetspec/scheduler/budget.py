@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-PREFILL_SHARE = 0.5   # see CostModel.prefill_pays
+CONTENTION = 1.3   # a target step beside a draft prefill takes this much longer: they share the memory bus
 
 
 def choose_gamma(draft_s_per_token: float, verify_s: dict[int, float], max_gamma: int) -> int:
@@ -108,13 +108,20 @@ class CostModel:
         if n_tokens >= 16 and seconds > 0:
             self.prefill_s += self.SMOOTHING * (seconds / n_tokens - self.prefill_s)
 
-    def prefill_pays(self, n_tokens: int, remaining: int) -> bool:
+    def prefill_pays(self, n_tokens: int, remaining: int, max_gamma: int, acceptance: float) -> bool:
         """Whether the draft should prefill n prompt tokens beside the target, which
-        decodes alone meanwhile but slower (they share the memory bus): only if
-        that takes under PREFILL_SHARE of what the target alone needs for the
-        rest of the request, leaving time to speculate in (docs/design.md)."""
+        decodes alone meanwhile but CONTENTION times slower, before speculating at
+        gain g: over prefill time P it loses P * (1 - 1/(g * CONTENTION)) against
+        the target alone, and speculating wins back (1 - 1/g) of the rest of the
+        request's time (docs/design.md). A short prefill always goes: the gate judges."""
+        if n_tokens < 16:
+            return True
+        gain = self.gain(max_gamma, acceptance)
+        if gain <= 1:
+            return False
         target_s = self.verify_scale * interpolate(self.verify_s, 1)
-        return n_tokens * self.prefill_s < PREFILL_SHARE * remaining * target_s
+        lost = n_tokens * self.prefill_s * (1 - 1 / (gain * CONTENTION))
+        return lost < remaining * target_s * (1 - 1 / gain)
 
     def rates(self, online: bool = True) -> tuple[float, float]:
         """(verify time scale, seconds per draft token): from the rounds so far, or

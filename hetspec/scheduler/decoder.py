@@ -220,7 +220,7 @@ class Decoder:
         """CostModel.prefill_pays, where timing may shape this request and speculation is not forced."""
         if self.costs is None or not self.request.timing_may_shape_windows or self.request.speculation == "always":
             return True
-        return self.costs.prefill_pays(n_tokens, self.out.remaining)
+        return self.costs.prefill_pays(n_tokens, self.out.remaining, self.caps.max_window, self.stats.acceptance)
 
     # ---- named steps -------------------------------------------------------------
 
