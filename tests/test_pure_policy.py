@@ -244,16 +244,16 @@ def test_a_draft_prefill_pays_only_if_it_leaves_time_to_speculate():
     alone): a 300-token prompt (3.3 s) is worth it where speculation would multiply
     the pace by 5, not at a modest gain, unless the request is long (512 tokens)."""
     costs = CostModel(0.011, {1: 0.077, 2: 0.087, 8: 0.161, 16: 0.223, 32: 0.402})
-    modest, high = 0.4, 0.99                    # gains of about 1.2 and 5
-    assert costs.prefill_pays(20, 48, 32, modest) and costs.prefill_pays(300, 512, 32, modest)
-    assert not costs.prefill_pays(300, 48, 32, modest) and costs.prefill_pays(300, 48, 32, high)
-    assert not costs.prefill_pays(600, 48, 32, high)    # longer than the whole request
-    assert not costs.prefill_pays(100, 512, 32, 0.0)   # speculation is not expected to pay at all
+    modest, high = costs.gain(32, 0.4), costs.gain(32, 0.99)   # about 1.2 and 5
+    assert costs.prefill_pays(20, 48, modest) and costs.prefill_pays(300, 512, modest)
+    assert not costs.prefill_pays(300, 48, modest) and costs.prefill_pays(300, 48, high)
+    assert not costs.prefill_pays(600, 48, high)    # longer than the whole request
+    assert not costs.prefill_pays(100, 512, costs.gain(32, 0.0))   # speculation is not expected to pay at all
     costs.observe_prefill(600, 0.6)            # a draft that prefills in batches: 1 ms a token
     assert 0.008 < costs.prefill_s < 0.010     # one timing moves the estimate a fifth of the way
     for _ in range(20):
         costs.observe_prefill(600, 0.6)
-    assert costs.prefill_pays(600, 48, 32, modest)
+    assert costs.prefill_pays(600, 48, modest)
 
 
 def _judged(gate, rounds, seconds, committed):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-CONTENTION = 1.3   # a target step beside a draft prefill takes this much longer: they share the memory bus
+CONTENTION = 1.3    # a target step beside a draft prefill takes this much longer: they share the memory bus
+SHORT_PREFILL = 16  # draft prompt tokens: fewer cost too little to weigh (prefill_pays) or to time
 
 
 def choose_gamma(draft_s_per_token: float, verify_s: dict[int, float], max_gamma: int) -> int:
@@ -105,18 +106,17 @@ class CostModel:
             self.verify_scale += self.SMOOTHING * (ratio - self.verify_scale)
 
     def observe_prefill(self, n_tokens: int, seconds: float) -> None:
-        if n_tokens >= 16 and seconds > 0:
+        if n_tokens >= SHORT_PREFILL and seconds > 0:
             self.prefill_s += self.SMOOTHING * (seconds / n_tokens - self.prefill_s)
 
-    def prefill_pays(self, n_tokens: int, remaining: int, max_gamma: int, acceptance: float) -> bool:
+    def prefill_pays(self, n_tokens: int, remaining: int, gain: float) -> bool:
         """Whether the draft should prefill n prompt tokens beside the target, which
         decodes alone meanwhile but CONTENTION times slower, before speculating at
-        gain g: over prefill time P it loses P * (1 - 1/(g * CONTENTION)) against
-        the target alone, and speculating wins back (1 - 1/g) of the rest of the
-        request's time (docs/design.md). A short prefill always goes: the gate judges."""
-        if n_tokens < 16:
+        gain g (CostModel.gain): over prefill time P it loses P * (1 - 1/(g * CONTENTION))
+        against the target alone, and speculating wins back (1 - 1/g) of the rest of
+        the request's time (docs/design.md). A short prefill always goes: the gate judges."""
+        if n_tokens < SHORT_PREFILL:
             return True
-        gain = self.gain(max_gamma, acceptance)
         if gain <= 1:
             return False
         target_s = self.verify_scale * interpolate(self.verify_s, 1)

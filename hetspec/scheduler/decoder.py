@@ -196,13 +196,13 @@ class Decoder:
             long_prompt = len(self.out.context) >= LONG_PROMPT
             handover = len(self.out.context) - 1 if self.caps.kv_handover and long_prompt else 0
             n_prefill = 0 if handover else self.draft.to_prefill(self.out.context, self.params.cache_prompt)
-            if not self.prefill_pays(n_prefill):
+            gain = self.costs.gain(self.caps.max_window, self.stats.acceptance) if self.costs else None
+            if not self.prefill_pays(n_prefill, gain):
                 self.mode, self.stats.fallback = "target", f"the draft's prefill ({n_prefill} tokens) would not pay"
                 return
             if handover:                       # the target's cache holds the prompt: a copy of a few ms
                 self.target.export_kv(self.id, handover)
-            waits = not self.request.timing_may_shape_windows or self.costs is None or \
-                self.costs.gain(self.caps.max_window, self.stats.acceptance) > 2
+            waits = not self.request.timing_may_shape_windows or gain is None or gain > 2
             borrowed = not handover and self.caps.draft_borrows_cores and long_prompt and waits
             self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
                                      borrow_cores=borrowed, kv_length=handover)
@@ -216,11 +216,11 @@ class Decoder:
             if self.costs is not None and not target_waits:
                 self.costs.observe_prefill(n_prefill, seconds)
 
-    def prefill_pays(self, n_tokens: int) -> bool:
+    def prefill_pays(self, n_tokens: int, gain: float | None) -> bool:
         """CostModel.prefill_pays, where timing may shape this request and speculation is not forced."""
-        if self.costs is None or not self.request.timing_may_shape_windows or self.request.speculation == "always":
+        if gain is None or not self.request.timing_may_shape_windows or self.request.speculation == "always":
             return True
-        return self.costs.prefill_pays(n_tokens, self.out.remaining, self.caps.max_window, self.stats.acceptance)
+        return self.costs.prefill_pays(n_tokens, self.out.remaining, gain)
 
     # ---- named steps -------------------------------------------------------------
 

@@ -63,9 +63,9 @@ def resolve(message: GenerateRequest, engine) -> tuple[Request, Output]:
         raise RequestError(f"sequences {sequences} exceeds [decoding] max_sequences = {decoding.max_sequences}")
     seed = params.seed if params.seed is not None else secrets.randbits(63)
     request = Request(message.request_id, dataclasses.replace(params, seed=seed), gamma, sequences,
-                      seeded=params.seed is not None, rebalance=engine.costs is not None and not params.gamma)
-    request = dataclasses.replace(request, speculation=params.speculation or decoding.speculation,
-                                  keyed=isinstance(engine.drafter, BridgedDraft))
+                      seeded=params.seed is not None, rebalance=engine.costs is not None and not params.gamma,
+                      speculation=params.speculation or decoding.speculation,
+                      keyed=isinstance(engine.drafter, BridgedDraft))
     request = dataclasses.replace(request, prior=engine.acceptance.prior(request))
     max_new = min(params.max_new_tokens, server.max_context - len(prompt_ids))
     return request, Output(prompt_ids, max_new, engine.eos, list(params.stop), engine.tokenizer)
