@@ -103,12 +103,14 @@ class DraftWindow:
     params: SamplingParams
     slot: int                  # which half of the double-buffered output to write
     branches: BranchPlan | None = None
+    keyed: bool = False        # sampling: each token is its position's keyed draw (core/sampling.draw_keyed),
+                               # and no probability rows are written
 
 
 @dataclass
 class Drafted:
     """Branch lengths in slot order (hetspec.core.branches.to_slot); tokens and,
-    when sampling, probability rows are in the output slot."""
+    when sampling unkeyed, probability rows are in the output slot."""
     request_id: int
     slot: int
     lengths: list[int]
@@ -149,14 +151,15 @@ class DraftCalibration:
 @dataclass
 class VerifyCommand:
     """Crop the KV cache to `keep` tokens, run the `n_tokens` tokens in the
-    target's input buffer and write the next-token choice (and, when sampling,
-    the probability rows) for the last `rows` of them."""
+    target's input buffer and write the next-token choice (and, when sampling
+    unkeyed, the probability rows) for the last `rows` of them."""
     request_id: int
     keep: int
     n_tokens: int
     rows: int                    # how many trailing positions need an answer
     params: SamplingParams
     borrow_cores: bool = False   # use the draft's cores too (prompt prefill)
+    keyed: bool = False          # sampling: the choice is each position's keyed draw (core/sampling.draw_keyed)
 
 
 @dataclass

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from hetspec.core.acceptance import accept_drawn, accept_greedy, accept_sampled, sample
-from hetspec.core.sampling import sample_at
+from hetspec.core.acceptance import accept_greedy, accept_sampled, sample
+from hetspec.core.sampling import draw_keyed
 
 
 def test_greedy_all_accepted_gives_bonus():
@@ -95,26 +95,38 @@ def test_sample_over_the_support_draws_what_the_whole_cdf_would():
         assert sample(probs, ours) == expected
 
 
-def test_drawn_rule_keeps_the_target_distribution_and_the_target_only_tokens():
-    """A proposal from another vocabulary has no probability here: the target draws
-    its own token with each position's random number and keeps x only if it is
-    that draw. The committed tokens follow p over two positions, x is kept with
-    probability p(x), and whatever x is the tokens are those the target alone
-    draws with the same numbers."""
+def _spread(rng, vocab, tokens):
+    """A distribution over a few tokens scattered across the vocabulary's blocks."""
+    probs = np.zeros(vocab, dtype=np.float32)
+    probs[tokens] = _random_dist(rng, len(tokens))
+    return probs
+
+
+def test_keyed_draws_follow_the_distribution_independently_at_each_position():
+    """Over seeds, the keyed draws at two positions (the second's distribution chosen
+    by the first draw) have the joint law of two ordinary samples; the vocabulary
+    spans several of the race's blocks, most of it of zero probability."""
     rng = np.random.default_rng(3)
-    vocab, n = 5, 60_000
-    p1 = _random_dist(rng, vocab)
-    p2 = np.stack([_random_dist(rng, vocab) for _ in range(vocab)])
-    counts, kept = np.zeros((vocab, vocab)), np.zeros(vocab)
-    for i in range(n):
-        x1, x2 = i % vocab, (3 * i + 1) % vocab            # proposals of any kind, even unlikely ones
-        u = rng.random(3)
-        n_acc, token = accept_drawn(np.array([x1, x2]), np.stack([p1, p2[x1], p2[x1]]), u)
-        first = x1 if n_acc >= 1 else token
-        second = (x2 if n_acc == 2 else token) if n_acc >= 1 else sample_at(p2[first], u[1])
-        alone = sample_at(p1, u[0])
-        assert (first, second) == (alone, sample_at(p2[alone], u[1]))
-        counts[first, second] += 1
-        kept[x1] += n_acc >= 1
-    assert 0.5 * np.abs(counts / n - p1[:, None] * p2).sum() < 0.02
-    assert np.abs(kept / (n / vocab) - p1).max() < 0.02
+    vocab, tokens, n = 2500, [3, 1030, 1031, 2049, 2499], 40_000
+    p1 = _spread(rng, vocab, tokens)
+    p2 = [_spread(rng, vocab, tokens) for _ in tokens]
+    counts = np.zeros((len(tokens), len(tokens)))
+    for seed in range(n):
+        first = tokens.index(draw_keyed(p1, seed, 7))
+        counts[first, tokens.index(draw_keyed(p2[first], seed, 8))] += 1
+    exact = p1[tokens][:, None] * np.stack([p[tokens] for p in p2])
+    assert 0.5 * np.abs(counts / n - exact).sum() < 0.02
+    assert draw_keyed(p1, 5, 7) == draw_keyed(p1.copy(), 5, 7)        # a function of its arguments alone
+
+
+def test_keyed_draws_of_close_distributions_mostly_agree():
+    """What makes a keyed draft useful: with the same key, a draft's draw is the
+    target's far more often than an independent sample from the draft would be."""
+    rng = np.random.default_rng(4)
+    p = np.zeros(3000)
+    p[rng.choice(3000, 40, replace=False)] = rng.dirichlet(np.ones(40))
+    q = p * np.exp(0.3 * rng.normal(size=3000))
+    q /= q.sum()
+    tv = 0.5 * np.abs(p - q).sum()
+    agree = np.mean([draw_keyed(p, seed, 0) == draw_keyed(q, seed, 0) for seed in range(4000)])
+    assert agree > (1 - tv) / (1 + tv) - 0.03 and agree > 3 * float(p @ q)

@@ -111,7 +111,7 @@ def test_sampling_across_vocabularies_follows_target_distribution(byte_pair, mod
 
 @pytest.mark.parametrize("mode,speculation", [("duodec", "always"), ("sequential", "always"), ("duodec", "auto")])
 def test_seeded_sampling_across_vocabularies_gives_the_target_alone_tokens(byte_pair, mode, speculation):
-    """Each token is drawn with its position's random number (accept_drawn), so a seed
+    """Each token is the target's keyed draw (core/sampling.draw_keyed), so a seed
     gives the tokens the target alone gives, however the rounds fell and whether or
     not the engine rested from speculating."""
     accepted = 0

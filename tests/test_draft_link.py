@@ -50,7 +50,7 @@ def test_extensions_grow_the_last_branch(link_and_worker):
     for total in (7, 8):                                 # two more tokens before the verdict
         tokens[total - 1] = 34 + total - 7
         worker.send(messages.DraftExtended(command.command, command.slot, total, 0.01 * total))
-    draft = link.finish_window(GREEDY)
+    draft = link.finish_window()
     assert [b.tolist() for b in draft.branches] == [[20, 21], [30, 31, 32, 33, 34, 35]]
     assert draft.seconds == pytest.approx(0.08)
 
@@ -61,7 +61,7 @@ def test_late_extensions_of_an_earlier_command_are_dropped(link_and_worker):
     first = _command(worker)
     link.buffers["tokens"].array[first.slot, :2] = [5, 6]
     worker.send(messages.Drafted(7, first.slot, [2], 0.01))
-    assert link.finish_window(GREEDY).branches[0].tolist() == [5, 6]
+    assert link.finish_window().branches[0].tolist() == [5, 6]
     link.start_window(7, [1, 2, 3, 6], 2, GREEDY, BranchPlan(1, 4, 0.8, extend_to=8))
     second = _command(worker)
     # the worker was still extending the first command when the second arrived
@@ -70,7 +70,7 @@ def test_late_extensions_of_an_earlier_command_are_dropped(link_and_worker):
     assert not link.poll()                               # ... and is no reply
     link.buffers["tokens"].array[second.slot, :2] = [8, 9]
     worker.send(messages.Drafted(7, second.slot, [2], 0.01))
-    assert link.finish_window(GREEDY).branches[0].tolist() == [8, 9]
+    assert link.finish_window().branches[0].tolist() == [8, 9]
     assert not link.busy
 
 
@@ -79,7 +79,7 @@ def test_settle_stops_an_extension_and_is_needed_only_once(link_and_worker):
     link.start_window(7, [1, 2, 3], 2, GREEDY, BranchPlan(1, 4, 0.8, extend_to=8))
     command = _command(worker)
     worker.send(messages.Drafted(7, command.slot, [2], 0.01))
-    link.finish_window(GREEDY)
+    link.finish_window()
     link.settle()
     assert isinstance(worker.recv(2.0), messages.Idle)
     link.settle()

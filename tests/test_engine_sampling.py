@@ -1,6 +1,7 @@
 """Sampling through the engine keeps the target's distribution (temperature,
-top-k, top-p), with rejections and multi-sequence branches in play; a seed
-makes a request reproducible."""
+top-k, top-p), with rejections and multi-sequence branches in play, under
+both rules: keyed draws (seeded) and speculative sampling (unseeded). A seed
+gives the tokens the target alone gives with it."""
 import numpy as np
 import pytest
 
@@ -17,7 +18,6 @@ N_SAMPLES = 1200
 
 @pytest.fixture(scope="module")
 def engine():
-    # keep_drafting only acts on unseeded requests (a seeded run must not depend on timing)
     with hetspec.launch(random_engine_config(draft=DRAFT, target=TARGET, keep_drafting=True)) as engine:
         yield engine
 
@@ -73,3 +73,19 @@ def test_seed_makes_sampling_reproducible(engine):
     assert runs[0] == runs[1]
     others = {tuple(engine.generate(PROMPT, max_new_tokens=20, temperature=1.0, seed=s).token_ids) for s in range(5)}
     assert len(others) > 1
+
+
+@pytest.mark.parametrize("mode,speculation", [("duodec", "always"), ("sequential", "always"), ("duodec", "auto")])
+def test_a_seed_gives_the_target_alone_tokens_in_every_mode(engine, mode, speculation):
+    """Each token is the target's keyed draw at its position (core/sampling.draw_keyed),
+    so a seed gives what the target alone gives with it, however the rounds fell,
+    whether the engine rested, and whatever the draft proposed; the draft, drawing
+    with the same key, proposes some of those tokens itself."""
+    accepted = 0
+    for seed in range(25):
+        sampling = {"max_new_tokens": 12, "temperature": 0.9, "top_p": 0.95, "seed": seed}
+        alone = engine.generate(PROMPT, mode="target", **sampling)
+        result = engine.generate(PROMPT, mode=mode, speculation=speculation, gamma=3, **sampling)
+        assert result.token_ids == alone.token_ids, seed
+        accepted += result.stats["accepted"]
+    assert accepted > 0

@@ -1,4 +1,6 @@
 """The budget, the branch count and the branch choice: small pure functions."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -160,7 +162,6 @@ def test_round_draft_length_follows_the_verify_it_overlaps():
     for _ in range(50):                                  # the machine got twice as slow at verifying
         costs.observe(8, 0.080, 8, 0.150)
     assert costs.draft_length(32, pending=0) == 8
-    assert costs.draft_length(32, pending=0, online=False) == 4   # seeded runs ignore timings
 
 
 def test_restart_drafts_while_a_token_beats_the_pipelines_pace():
@@ -195,12 +196,12 @@ def test_sps_gamma_minimises_time_per_token():
     for _ in range(50):                                         # the target got twice as slow
         costs.observe(4, 4 * 0.0046, 5, 2 * interpolate(verify, 5))
     assert costs.sequential_gamma(32, 0.9) == 5                 # each pass is worth more tokens
-    assert costs.sequential_gamma(32, 0.9, online=False) == 3   # seeded runs ignore timings
 
 
 def test_acceptance_prior_learns_from_earlier_requests_of_its_kind():
-    greedy = Request(0, SamplingParams(mode="sequential", seed=1), 4, 1, seeded=False, rebalance=False)
-    seeded = Request(0, SamplingParams(temperature=0.7, top_p=0.9, seed=1), 4, 1, seeded=True, rebalance=False)
+    greedy = Request(0, SamplingParams(mode="sequential", seed=1), 4, 1, rebalance=False)
+    unkeyed = Request(0, SamplingParams(temperature=0.7, top_p=0.9, seed=1), 4, 1, rebalance=False)
+    keyed = dataclasses.replace(unkeyed, keyed=True)
     history = AcceptancePrior()
     assert history.prior(greedy) == 0.8                      # nothing seen yet
     history.learn(greedy, Stats(accepted=200, rejections=2))  # 99% of 202 tokens
@@ -209,15 +210,9 @@ def test_acceptance_prior_learns_from_earlier_requests_of_its_kind():
         history.learn(greedy, Stats(accepted=500, rejections=0))
     assert history.prior(greedy) == 0.99                     # never certainty
     assert Stats(prior=0.99).acceptance == pytest.approx(0.99)
-    history.learn(seeded, Stats(accepted=10, rejections=90))
-    assert history.prior(seeded) == 0.8                      # a seeded run neither learns nor is taught
-    unseeded = Request(0, SamplingParams(temperature=0.7, top_p=0.9, seed=1), 4, 1, seeded=False, rebalance=False)
-    assert history.prior(unseeded) == 0.8                    # sampling keeps its own history
-    keyed = Request(0, SamplingParams(temperature=0.7, top_p=0.9, seed=1), 4, 1, seeded=True, rebalance=False,
-                    keyed=True)
-    assert keyed.timing_may_shape_windows                     # its tokens are drawn by position
+    assert history.prior(unkeyed) == history.prior(keyed) == 0.8   # each sampling rule keeps its own history
     history.learn(keyed, Stats(accepted=10, rejections=90))
-    assert history.prior(keyed) < 0.8
+    assert history.prior(keyed) < 0.8 == history.prior(unkeyed)
 
 
 def test_pipelined_window_shortens_where_long_verifies_cost_much():
@@ -258,12 +253,12 @@ def test_a_draft_prefill_pays_only_if_it_leaves_time_to_speculate():
 
 def _judged(gate, rounds, seconds, committed):
     for _ in range(rounds):
-        gate.judge(seconds, committed, 4)
+        gate.judge(seconds, committed)
 
 
 def test_gate_rests_while_speculation_does_not_pay_and_probes_again():
     memory = Memory(target_s=0.010)
-    gate = Gate(memory, None, timed=True, forced=False, parallel=True)
+    gate = Gate(memory, forced=False)
     _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)          # 12 ms a token against 10 alone: rest
     assert not gate.speculate and gate.rest == FIRST_REST and memory.rest == FIRST_REST
     for _ in range(FIRST_REST):
@@ -271,7 +266,7 @@ def test_gate_rests_while_speculation_does_not_pay_and_probes_again():
     assert gate.speculate                            # the probe
     _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)
     assert gate.rest == 2 * FIRST_REST               # a failed probe doubles the rest
-    nxt = Gate(memory, None, timed=True, forced=False, parallel=True)
+    nxt = Gate(memory, forced=False)
     assert not nxt.speculate and nxt.rest == 2 * FIRST_REST   # the next request inherits it
     for _ in range(nxt.rest):
         nxt.rested_one(0.010)
@@ -280,23 +275,9 @@ def test_gate_rests_while_speculation_does_not_pay_and_probes_again():
 
 
 def test_gate_never_rests_a_forced_request_and_times_the_target_first():
-    forced = Gate(Memory(target_s=0.010), None, timed=True, forced=True, parallel=True)
+    forced = Gate(Memory(target_s=0.010), forced=True)
     _judged(forced, 20, 1.0, 1)
     assert forced.speculate
-    unknown = Gate(Memory(target_s=None), None, timed=True, forced=False, parallel=True)
+    unknown = Gate(Memory(target_s=None), forced=False)
     _judged(unknown, 1 + MIN_ROUNDS, 0.001, 5)
     assert unknown.rest == MIN_ROUNDS                # nothing to compare with yet: time the target alone
-
-
-def test_gate_judges_a_seeded_request_by_the_cost_model_alone():
-    """Not by the clock: the same token counts give the same verdict whatever the rounds took."""
-    costs = CostModel(0.014, {1: 0.100, 8: 0.180})
-    verdicts = []
-    for seconds in (0.001, 10.0):
-        gate = Gate(Memory(target_s=0.05), costs, timed=False, forced=False, parallel=True)
-        _judged(gate, MIN_ROUNDS, seconds, 1)   # 134 ms modelled for 1 token: rest (the first round counts too)
-        low = gate.speculate
-        gate = Gate(Memory(target_s=0.05), costs, timed=False, forced=False, parallel=True)
-        _judged(gate, 1 + MIN_ROUNDS, seconds, 4)
-        verdicts.append((low, gate.speculate))
-    assert verdicts == [(False, True), (False, True)]

@@ -5,17 +5,25 @@ be tested on its own. Both return (n_accepted, next_token): the first
 n_accepted draft tokens are kept, then next_token is committed. next_token is
 the target's correction at the first rejected position, or, when every draft
 token was accepted, the target's own next token (the bonus).
+
+Which rule a request uses:
+  greedy     accept_greedy over the target's argmax;
+  keyed      accept_greedy over the target's keyed draws (core/sampling.draw_keyed):
+             each committed token is the target's own draw at its position, so
+             the output is what the target alone samples with that seed;
+  unkeyed    accept_sampled, for unseeded sampling with a draft of the target's
+             vocabulary: it keeps more of a moderately good draft's tokens.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from hetspec.core.sampling import sample, sample_at
+from hetspec.core.sampling import sample
 
 
 def accept_greedy(draft: np.ndarray, target_choice: np.ndarray) -> tuple[int, int]:
-    """Temperature 0. target_choice[i] is the target's argmax at draft position i;
-    it has one more entry than draft (the position after the window)."""
+    """target_choice[i] is the target's token at draft position i (argmax, or keyed
+    draw); it has one more entry than draft (the position after the window)."""
     n = len(draft)
     mismatch = np.flatnonzero(draft != target_choice[:n])
     a = int(mismatch[0]) if len(mismatch) else n
@@ -37,19 +45,3 @@ def accept_sampled(draft: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.rand
             total = residual.sum()
             return i, sample(residual / total if total > 0 else p[i], rng)
     return len(draft), sample(p[len(draft)], rng)
-
-
-def accept_drawn(draft: np.ndarray, p: np.ndarray, uniforms: np.ndarray) -> tuple[int, int]:
-    """For proposals with no distribution in the target's vocabulary (a draft of
-    another vocabulary, bridge.py). The target draws its own token at each position
-    from that position's random number (uniforms[i], in [0, 1)); a draft token is
-    kept only if it is that draw. Every committed token is the target's own sample,
-    so the output follows p exactly; x is kept with probability p(x), as a point
-    mass would be (q = 1 at x). And as the draws belong to positions, not to rounds,
-    a seeded request's tokens do not depend on where its windows fell, nor on
-    whether it speculated at all (Request.keyed)."""
-    for i, x in enumerate(draft):
-        token = sample_at(p[i], uniforms[i])
-        if token != x:
-            return i, token
-    return len(draft), sample_at(p[len(draft)], uniforms[len(draft)])

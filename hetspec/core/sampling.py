@@ -2,6 +2,13 @@
 
 The target's distribution defined here is the one hetspec's output follows
 exactly; the draft uses the same function for its own proposal distribution.
+
+Two kinds of draw. sample() takes a generator's next number: the speculative
+sampling rule (core/acceptance.accept_sampled) needs nothing more. A keyed draw
+(draw_keyed) is a function of (seed, position, distribution) alone, so it is the
+same whoever makes it and whenever: a seeded request draws each token so, and
+a draft that draws so at the same position proposes the target's own draw
+whenever their distributions are close (docs/design.md, "Keyed sampling").
 """
 from __future__ import annotations
 
@@ -55,21 +62,55 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    return sample_at(probs, rng.random())
-
-
-def sample_at(probs: np.ndarray, u: float) -> int:
-    """The token at u in [0, 1) of the inverse CDF, over the tokens of nonzero
-    probability: after top-p they are a few of the vocabulary, and a float64 cumsum
-    over all of it is slow. The token for a given u is the same as over the whole
-    vocabulary (zeros add nothing to the CDF). float64, so rounding cannot skip the tail."""
+    """Inverse CDF over the tokens of nonzero probability: after top-p they are a
+    few of the vocabulary, and a float64 cumsum over all of it is slow. The token
+    for a given random number is the same as over the whole vocabulary (zeros add
+    nothing to the CDF). float64, so rounding cannot skip the tail."""
     support = np.flatnonzero(probs)
     cdf = np.cumsum(probs[support], dtype=np.float64)
-    return int(support[min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1)])
+    return int(support[min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1)])
 
 
-def uniform_at(seed: int, position: int) -> float:
-    """The random number of a sequence's position under a seed: a request that
-    draws each token with its position's number gives the same tokens however its
-    rounds fell (core/acceptance.accept_drawn)."""
-    return float(np.random.default_rng([seed, 1, position]).random())
+def draw_keyed(probs: np.ndarray, seed: int, position: int) -> int:
+    """The keyed draw of the token at `position` of a sequence: exact over seeds,
+    independent between positions, and the same for any caller.
+
+    An exponential race: each token x gets an Exp(1) variate E(x) fixed by (seed,
+    position, x), and the token of least E(x) / p(x) wins, which is x with
+    probability p(x). Two distributions raced with the same E mostly agree on the
+    winner (for one race, with probability at least (1 - TV) / (1 + TV): Daliri,
+    Musco and Suresh, 2024), so a draft that draws so at the same position proposes
+    the target's own draw whenever the two are close. The race runs in two rounds,
+    between blocks of KEY_BLOCK tokens (by their mass), then within the winning
+    block: the same law, for a fraction of a whole vocabulary's variates."""
+    starts = np.arange(0, len(probs), KEY_BLOCK)
+    masses = np.add.reduceat(probs, starts, dtype=np.float64)
+    start = KEY_BLOCK * _race(masses, _key(seed, position, 0), np.arange(len(starts)))
+    block = probs[start:start + KEY_BLOCK]
+    return int(_race(block, _key(seed, position, 1), np.arange(start, start + len(block))))
+
+
+KEY_BLOCK = 1024
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _race(weights: np.ndarray, key: np.ndarray, ids: np.ndarray) -> int:
+    """The id of least E(id) / weight among those of nonzero weight."""
+    support = np.flatnonzero(weights)
+    bits = _mix(key + (ids[support].astype(np.uint64) + np.uint64(1)) * _GOLDEN)
+    exponentials = -np.log(((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53)
+    return int(ids[support[np.argmin(exponentials / weights[support])]])
+
+
+def _key(seed: int, position: int, level: int) -> np.ndarray:
+    """A counter-based hash's key for one race: its variates are computed for the
+    ids asked for only, in any order."""
+    key = _mix(np.array([seed], np.uint64) + _GOLDEN)
+    return _mix(_mix(key + np.array([position], np.uint64) * _GOLDEN) + np.uint64(level))
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer over uint64 arrays (their products wrap, as it needs)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))

@@ -1,11 +1,9 @@
 """Where a request's acceptance estimate starts: what the engine's earlier
-requests of the same kind (greedy or sampling) saw.
+requests of the same kind (greedy, keyed or unkeyed sampling) saw.
 
 The estimate sets window lengths (SpS's gamma, restarts, branch budgets).
 Starting every request at a generic 0.8 makes the first rounds of a pair that
-almost always agrees far too short. A seeded sampling request starts at the
-generic prior, and teaches nothing: its windows must not depend on what ran
-before it."""
+almost always agrees far too short."""
 from __future__ import annotations
 
 GENERIC = 0.8
@@ -15,18 +13,20 @@ LEARNING = 50      # tokens decided before a request's own rate outweighs the hi
 
 class AcceptancePrior:
     def __init__(self):
-        self._rates = {}           # greedy? -> per-token acceptance over past requests
+        self._rates = {}           # (greedy, keyed) -> per-token acceptance over past requests
 
     def prior(self, request) -> float:
-        if not request.timing_may_shape_windows:
-            return GENERIC
-        return self._rates.get(request.params.greedy, GENERIC)
+        return self._rates.get(_kind(request), GENERIC)
 
     def learn(self, request, stats) -> None:
         """Move the history toward this request's rate, by how many tokens it decided."""
         decided = stats.accepted + stats.rejections
-        if not request.timing_may_shape_windows or decided == 0:   # seeded, or nothing drafted (target mode)
+        if decided == 0:                         # nothing drafted (target mode)
             return
-        rate = self._rates.get(request.params.greedy, GENERIC)
+        rate = self._rates.get(_kind(request), GENERIC)
         rate += decided / (decided + LEARNING) * (stats.accepted / decided - rate)
-        self._rates[request.params.greedy] = min(rate, CEILING)
+        self._rates[_kind(request)] = min(rate, CEILING)
+
+
+def _kind(request) -> tuple[bool, bool]:
+    return request.params.greedy, request.keyed

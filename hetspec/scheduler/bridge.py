@@ -13,9 +13,9 @@ target never sees a draft token. Text is the common ground:
 A translated window is only a proposal, so exactness never depends on the
 translation: greedy verification keeps what the target itself would choose.
 Sampling needs care: the draft's distribution lives in another vocabulary,
-so the target draws its own token at each position and keeps a translated
-token only if it is that draw (core/acceptance.accept_drawn), and the draft
-proposes its likeliest tokens.
+so every request is keyed (Request.keyed): the target makes its own keyed draw
+at each position (core/sampling.draw_keyed) and keeps a translated token only
+if it is that draw, and the draft proposes its likeliest tokens.
 
 Re-encoding the whole context every round would cost milliseconds on a long
 prompt, so the text up to an anchor a few dozen tokens back is encoded once
@@ -138,15 +138,15 @@ class BridgedDraft:
         return self.link.to_prefill(self.anchor(np.asarray(context, np.int32)), reuse_cache)
 
     def start_window(self, request_id: int, context, n_tokens: int, params: SamplingParams,
-                     branches: BranchPlan | None = None) -> None:
-        """The draft proposes its likeliest tokens: a token x is kept with the
-        target's probability p(x) whatever the draft's distribution (accept_drawn),
-        and the likeliest is the one the target keeps most often."""
+                     branches: BranchPlan | None = None, keyed: bool = True) -> None:
+        """The draft proposes its likeliest tokens: the target keeps a token x only
+        if it is its own keyed draw, with probability p(x) whatever the draft's
+        distribution, and the likeliest is the one it keeps most often."""
         self.link.start_window(request_id, self._to_draft(context), n_tokens, _greedy(params), branches)
 
-    def finish_window(self, params: SamplingParams) -> Draft:
+    def finish_window(self) -> Draft:
         """The draft's branches as target tokens, no longer than the draft's."""
-        drafted = self.link.finish_window(_greedy(params))
+        drafted = self.link.finish_window()
         behind = [int(t) for t in self.context[-LOOKBEHIND:]]
         before = self.tokenizer.decode(behind) + self.healed
         branches = []

@@ -93,7 +93,7 @@ class CostModel:
     SMOOTHING = 0.2
 
     def __init__(self, draft_s_per_token: float, verify_s: dict[int, float]):
-        self.measured_draft_s = self.draft_s = draft_s_per_token
+        self.draft_s = draft_s_per_token
         self.verify_s = dict(verify_s)
         self.verify_scale = 1.0
         self.prefill_s = draft_s_per_token      # per draft prompt token: a draft step until a prefill is timed
@@ -123,26 +123,19 @@ class CostModel:
         lost = n_tokens * self.prefill_s * (1 - 1 / (gain * CONTENTION))
         return lost < remaining * target_s * (1 - 1 / gain)
 
-    def rates(self, online: bool = True) -> tuple[float, float]:
-        """(verify time scale, seconds per draft token): from the rounds so far, or
-        with online=False from the start-up measurement alone (see draft_length)."""
-        return (self.verify_scale, self.draft_s) if online else (1.0, self.measured_draft_s)
-
-    def s_per_token(self, gamma: int, acceptance: float, online: bool = True) -> float:
+    def s_per_token(self, gamma: int, acceptance: float) -> float:
         """A pipelined round's expected seconds per committed token: it lasts the
         longer of gamma draft steps and a verify of gamma tokens, and commits
         1 + a + ... + a**(gamma - 1) tokens at per-token acceptance a."""
-        scale, draft_s = self.rates(online)
-        round_s = max(gamma * draft_s, scale * interpolate(self.verify_s, gamma))
+        round_s = max(gamma * self.draft_s, self.verify_scale * interpolate(self.verify_s, gamma))
         return round_s / sum(acceptance ** j for j in range(gamma))
 
-    def sequential_gamma(self, max_gamma: int, acceptance: float, online: bool = True) -> int:
-        """See sequential_gamma, at the costs measured so far (online=False: see draft_length)."""
-        scale, draft_s = self.rates(online)
-        verify = {n: scale * t for n, t in self.verify_s.items()}
-        return sequential_gamma(draft_s, verify, acceptance, max_gamma)
+    def sequential_gamma(self, max_gamma: int, acceptance: float) -> int:
+        """See sequential_gamma, at the costs measured so far."""
+        verify = {n: self.verify_scale * t for n, t in self.verify_s.items()}
+        return sequential_gamma(self.draft_s, verify, acceptance, max_gamma)
 
-    def pipelined_gamma(self, max_gamma: int, acceptance: float, online: bool = True) -> int:
+    def pipelined_gamma(self, max_gamma: int, acceptance: float) -> int:
         """The pipelined window of least expected time per committed token: a round
         lasts the longer of drafting n tokens and verifying them (with the last
         committed token), and commits 1 + a + ... + a**n tokens. Where verifying
@@ -150,24 +143,21 @@ class CostModel:
         costs much more (a large output layer on a CPU) and acceptance is modest,
         a shorter window commits nearly as much for far less (docs/design.md, "Never
         slower than the target alone")."""
-        return min(range(1, max_gamma + 1), key=lambda n: self._pipelined_s(n, acceptance, online))
+        return min(range(1, max_gamma + 1), key=lambda n: self._pipelined_s(n, acceptance))
 
     def gain(self, max_gamma: int, acceptance: float) -> float:
         """Speculation's expected pace over the target alone's, at the best pipelined window."""
-        best = self._pipelined_s(self.pipelined_gamma(max_gamma, acceptance), acceptance, online=True)
+        best = self._pipelined_s(self.pipelined_gamma(max_gamma, acceptance), acceptance)
         return self.verify_scale * interpolate(self.verify_s, 1) / best
 
-    def _pipelined_s(self, n: int, acceptance: float, online: bool) -> float:
-        scale, draft_s = self.rates(online)
-        round_s = max(n * draft_s, scale * interpolate(self.verify_s, n + 1))
+    def _pipelined_s(self, n: int, acceptance: float) -> float:
+        round_s = max(n * self.draft_s, self.verify_scale * interpolate(self.verify_s, n + 1))
         return round_s / sum(acceptance ** j for j in range(n + 1))
 
-    def draft_length(self, gamma: int, pending: int, online: bool = True) -> int:
+    def draft_length(self, gamma: int, pending: int) -> int:
         """Per round: draft for as long as the target will take to verify the last
         committed token plus the pending window, at most gamma. After a rejection
         (nothing pending) that is a short draft, not a full gamma the target
-        would wait for. online=False uses the start-up measurement alone, so the
-        rounds of a seeded sampling request do not depend on timing."""
-        scale, draft_s = self.rates(online)
-        verify = scale * interpolate(self.verify_s, pending + 1)
-        return max(1, min(gamma, math.ceil(verify / draft_s)))
+        would wait for."""
+        verify = self.verify_scale * interpolate(self.verify_s, pending + 1)
+        return max(1, min(gamma, math.ceil(verify / self.draft_s)))

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetspec.core.acceptance import accept_drawn, accept_greedy, accept_sampled
-from hetspec.core.sampling import sample_at, uniform_at
+from hetspec.core.acceptance import accept_greedy, accept_sampled
+from hetspec.core.sampling import sample
 from hetspec.ipc.messages import BranchPlan
 from hetspec.scheduler.bridge import ContextTooLong
 from hetspec.scheduler.budget import CostModel, restart_length
@@ -58,8 +58,7 @@ class Decoder:
         self.rng = np.random.default_rng([request.params.seed, 0])
         self.stats = Stats(prior=request.prior, fallback=without_draft)
         self.mode = "target" if without_draft else request.params.mode   # target-only while there is no draft
-        self.gate = Gate(memory or Memory(None), costs, request.timing_may_shape_windows,
-                         forced=request.speculation == "always", parallel=self.mode == "duodec")
+        self.gate = Gate(memory or Memory(None), forced=request.speculation == "always")
         self.emit = None
 
     def run(self, emit) -> Stats:
@@ -110,12 +109,12 @@ class Decoder:
             plan = BranchPlan(self.request.sequences, self.caps.max_sequences, self.stats.acceptance,
                               self.extend_to(len(pending)))
             self.draft.start_window(self.id, np.concatenate([self.out.context, pending.tokens]), n_draft,
-                                    self.params, plan)
+                                    self.params, plan, self.request.keyed)
         self.start_verify(pending)             # both workers busy: stream the last round's tokens meanwhile
         self.emit_round()
-        verdict = self.target.finish_verify(len(pending) + 1, self.params)
+        verdict = self.target.finish_verify(len(pending) + 1)
         n_accepted, token, kept = self.accept_and_commit(pending, verdict)
-        drafted = self.draft.finish_window(self.params) if n_draft > 0 else NO_DRAFT
+        drafted = self.draft.finish_window() if n_draft > 0 else NO_DRAFT
         self.record(started, pending, verdict, drafted, n_accepted, kept, parallel=True, restart=restart)
         if drafted.branches:
             self.stats.sequences_hist[len(drafted.branches)] += 1
@@ -134,13 +133,12 @@ class Decoder:
         started = time.perf_counter()
         gamma = self.request.gamma
         if self.request.rebalance and self.costs is not None:
-            gamma = self.costs.sequential_gamma(self.caps.max_window, self.stats.acceptance,
-                                                self.request.timing_may_shape_windows)
+            gamma = self.costs.sequential_gamma(self.caps.max_window, self.stats.acceptance)
         window, drafted = self.draft_now(min(gamma, self.out.remaining - 1))
         if drafted.branches:
             self.stats.sequences_hist[1] += 1
         self.start_verify(window)
-        verdict = self.target.finish_verify(len(window) + 1, self.params)
+        verdict = self.target.finish_verify(len(window) + 1)
         n_accepted, _, kept = self.accept_and_commit(window, verdict)
         self.record(started, window, verdict, drafted, n_accepted, kept, parallel=False)
         self.emit_round()
@@ -150,7 +148,7 @@ class Decoder:
         returns the seconds it took."""
         started = time.perf_counter()
         self.start_verify(EMPTY)
-        self.out.commit([self.choose(self.target.finish_verify(1, self.params))])
+        self.out.commit([self.choose(self.target.finish_verify(1))])
         self.stats.rounds += 1
         self.stats.target_only_rounds += 1
         seconds = time.perf_counter() - started
@@ -174,11 +172,11 @@ class Decoder:
         short one leaves them, and the draft prefills at the same time."""
         long_prompt = len(self.out.context) >= LONG_PROMPT
         borrow = self.caps.borrow_cores and long_prompt
-        self.target.start_verify(self.id, self.out.context, 0, 1, self.params, borrow_cores=borrow)
+        self.target.start_verify(self.id, self.out.context, 0, 1, self.params, borrow, self.request.keyed)
         if self.mode != "target" and not borrow and self.gate.speculate:
             self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
                                      borrow_cores=False)
-        self.out.commit([self.choose(self.target.finish_verify(1, self.params))])
+        self.out.commit([self.choose(self.target.finish_verify(1))])
         self.stats.ttft_s = time.perf_counter() - self.stats.start
         self.emit_round()
 
@@ -188,9 +186,8 @@ class Decoder:
         copy of the target (kv_handover), or borrows the target's cores while the
         target waits: it is done twice as soon, which pays where speculating more
         than doubles the pace. Otherwise the target decodes alone until the draft
-        is ready; a seeded sampling run waits instead (and borrows), as where its
-        windows start must not depend on timing. A prefill that would not pay is
-        not started: the request goes on target-only."""
+        is ready. A prefill that would not pay is not started: the request goes
+        on target-only."""
         target_waits, n_prefill = False, 0
         if not self.draft.busy and not self.out.done:
             long_prompt = len(self.out.context) >= LONG_PROMPT
@@ -202,14 +199,13 @@ class Decoder:
                 return
             if handover:                       # the target's cache holds the prompt: a copy of a few ms
                 self.target.export_kv(self.id, handover)
-            waits = not self.request.timing_may_shape_windows or gain is None or gain > 2
+            waits = gain is None or gain > 2
             borrowed = not handover and self.caps.draft_borrows_cores and long_prompt and waits
             self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
                                      borrow_cores=borrowed, kv_length=handover)
             target_waits = borrowed or handover > 0
             self.stats.draft_prompt_kv = "target" if handover else "own"
-        overlap = not target_waits and self.request.timing_may_shape_windows
-        while overlap and not self.out.done and not self.draft.poll():
+        while not target_waits and not self.out.done and not self.draft.poll():
             self.target_step()
         if self.draft.busy:
             seconds = self.draft.finish_prefill()
@@ -217,8 +213,8 @@ class Decoder:
                 self.costs.observe_prefill(n_prefill, seconds)
 
     def prefill_pays(self, n_tokens: int, gain: float | None) -> bool:
-        """CostModel.prefill_pays, where timing may shape this request and speculation is not forced."""
-        if gain is None or not self.request.timing_may_shape_windows or self.request.speculation == "always":
+        """CostModel.prefill_pays, where speculation is not forced."""
+        if gain is None or self.request.speculation == "always":
             return True
         return self.costs.prefill_pays(n_tokens, self.out.remaining, gain)
 
@@ -229,24 +225,21 @@ class Decoder:
         plain sequence, its first token a draft guess too); nothing if n is 0."""
         if n <= 0:
             return EMPTY, NO_DRAFT
-        self.draft.start_window(self.id, self.out.context, n, self.params)
-        drafted = self.draft.finish_window(self.params)
+        self.draft.start_window(self.id, self.out.context, n, self.params, keyed=self.request.keyed)
+        drafted = self.draft.finish_window()
         return drafted.window(0), drafted
 
     def start_verify(self, window: Window) -> None:
         """The target's cache holds all but the last committed token: feed it, then the window."""
         context = self.out.context
         self.target.start_verify(self.id, np.concatenate([context[-1:], window.tokens]), len(context) - 1,
-                                 len(window) + 1, self.params)
+                                 len(window) + 1, self.params, keyed=self.request.keyed)
 
     def accept_and_commit(self, window: Window, verdict: Verification) -> tuple[int, int, int]:
         """(draft tokens accepted, the target's own next token, tokens actually
         committed: fewer if EOS, a stop string or the limit came first)."""
-        if self.params.greedy:
+        if self.params.greedy or self.request.keyed:    # the target's own argmax or keyed draws
             n_accepted, token = accept_greedy(window.tokens, verdict.choice)
-        elif self.request.keyed:               # drafted in another vocabulary (bridge.py)
-            uniforms = [uniform_at(self.params.seed, self.out.length + i) for i in range(len(window) + 1)]
-            n_accepted, token = accept_drawn(window.tokens, verdict.probs, uniforms)
         else:
             n_accepted, token = accept_sampled(window.tokens, window.probs, verdict.probs, self.rng)
         before = self.out.length
@@ -255,10 +248,9 @@ class Decoder:
 
     def choose(self, verdict: Verification) -> int:
         """The target's own next token after a pass with no window."""
-        if self.params.greedy:
+        if self.params.greedy or self.request.keyed:
             return int(verdict.choice[0])
-        u = uniform_at(self.params.seed, self.out.length) if self.request.keyed else self.rng.random()
-        return sample_at(verdict.probs[0], u)
+        return sample(verdict.probs[0], self.rng)
 
     def emit_round(self) -> None:
         self.emit(*self.out.take_round())
@@ -273,7 +265,7 @@ class Decoder:
         wall = time.perf_counter() - started
         self.stats.spec_round(wall, drafted.seconds, verdict.seconds,
                               len(window), min(n_accepted, kept), kept, parallel, restart.seconds)
-        self.gate.judge(wall, kept, len(window))
+        self.gate.judge(wall, kept)
 
     # ---- window lengths ------------------------------------------------------------
 
@@ -284,35 +276,31 @@ class Decoder:
         budget gamma is only where the first round starts: the rounds' own timings
         then set each length, up to max_window."""
         gamma = self.caps.max_window if self.request.rebalance else self.request.gamma
-        online = self.request.timing_may_shape_windows
         if self.costs is not None:
             if self.request.rebalance:
-                gamma = self.costs.pipelined_gamma(gamma, self.stats.acceptance, online)
-            gamma = self.costs.draft_length(gamma, pending, online)
+                gamma = self.costs.pipelined_gamma(gamma, self.stats.acceptance)
+            gamma = self.costs.draft_length(gamma, pending)
         return min(gamma, self.out.remaining - pending - 1)
 
     def restart_length(self) -> int:
         """See budget.restart_length: up to a pipelined window (gamma - 1 tokens),
         paced by this request's rounds so far, or by the cost model before there
-        are any and whenever timing must not shape windows."""
+        are enough of them."""
         limit = min(self.request.gamma - 1, self.out.remaining - 1)
         if self.costs is None or limit <= 0:
             return max(limit, 0)               # no cost model: every window is a full one
-        online = self.request.timing_may_shape_windows
         acceptance = self.stats.acceptance
-        if online and self.stats.spec_rounds >= 4:
+        if self.stats.spec_rounds >= 4:
             pace = self.stats.round_s / max(self.stats.committed_in_spec_rounds, 1)
         else:
-            pace = self.costs.s_per_token(self.request.gamma, acceptance, online)
-        _, draft_s = self.costs.rates(online)
-        return restart_length(acceptance, draft_s, pace, limit)
+            pace = self.costs.s_per_token(self.request.gamma, acceptance)
+        return restart_length(acceptance, self.costs.draft_s, pace, limit)
 
     def extend_to(self, pending: int) -> int:
         """How far the draft may grow the next window while the target verifies: the
         budget is what the draft must deliver, the rest uses time it would sit idle
         (free beside a GPU target; on a CPU one it competes for the memory bus, so
-        off there by default). Not for a seeded sampling run, whose windows must
-        not depend on timing; never past what could still be committed."""
-        if not (self.caps.keep_drafting and self.request.timing_may_shape_windows):
+        off there by default); never past what could still be committed."""
+        if not self.caps.keep_drafting:
             return 0
         return min(self.caps.max_window, self.out.remaining - pending - 1)

@@ -8,18 +8,14 @@ speculative rounds. Each failed probe doubles the rest (up to MAX_REST); one
 that pays resets it. The rest carries over to the next request (Memory), so an
 engine with a hopeless draft keeps to the target, probing now and then.
 
-Judging by the clock would make a seeded sampling request's output depend on
-timing (its tokens are drawn differently in the two kinds of round), unless
-they are drawn by position (a draft of another vocabulary, accept_drawn). Such
-a request is judged by its rounds' token counts and the start-up cost model's
-durations instead, and neither takes nor leaves a rest in Memory.
+Judging by the clock is safe for every request: greedy tokens and keyed draws
+(seeded requests) are the same in either kind of round, and an unseeded
+request's tokens are random anyway.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-
-from hetspec.scheduler.budget import CostModel, interpolate
 
 MIN_ROUNDS = 3       # speculative rounds a probe runs before it is judged (after its first, see judge)
 RECENT = 8           # rounds judged at once: a request's text may change character midway
@@ -30,18 +26,18 @@ SMOOTHING = 0.2
 
 @dataclass
 class Memory:
-    """What the engine's earlier requests learnt (timed requests only)."""
+    """What the engine's earlier requests learnt."""
     target_s: float | None     # seconds per token of the target alone (None: not measured yet)
     rest: int = 0              # target-only tokens the next request starts with
     rest_len: int = FIRST_REST  # the next rest, should a probe fail
 
 
 class Gate:
-    def __init__(self, memory: Memory, costs: CostModel | None, timed: bool, forced: bool, parallel: bool):
-        self.memory, self.costs, self.timed, self.forced, self.parallel = memory, costs, timed, forced, parallel
-        self.rest = memory.rest if timed and not forced else 0
-        self.rest_len = memory.rest_len if timed else FIRST_REST
-        self.recent: deque = deque(maxlen=RECENT)   # (seconds, committed, window) of this stint's rounds
+    def __init__(self, memory: Memory, forced: bool):
+        self.memory, self.forced = memory, forced
+        self.rest = 0 if forced else memory.rest
+        self.rest_len = memory.rest_len
+        self.recent: deque = deque(maxlen=RECENT)   # (seconds, committed) of this stint's rounds
         self.fresh = True                           # the stint's first round is yet to come
 
     @property
@@ -53,23 +49,21 @@ class Gate:
         self.rest -= 1
         self.fresh = self.rest <= 0
         self.observe_target(seconds)
-        if self.timed:
-            self.memory.rest = max(self.rest, 0)
+        self.memory.rest = max(self.rest, 0)
 
     def observe_target(self, seconds: float) -> None:
-        if self.timed:
-            known = self.memory.target_s
-            self.memory.target_s = seconds if known is None else known + SMOOTHING * (seconds - known)
+        known = self.memory.target_s
+        self.memory.target_s = seconds if known is None else known + SMOOTHING * (seconds - known)
 
-    def judge(self, seconds: float, committed: int, window: int) -> None:
-        """After a speculative round (committed tokens in seconds, a window of `window` draft tokens)."""
+    def judge(self, seconds: float, committed: int) -> None:
+        """After a speculative round: it committed `committed` tokens in `seconds`."""
         fresh, self.fresh = self.fresh, False
-        if self.forced or (fresh and self.timed):   # it also brought the draft up to date: its time is no guide
+        if self.forced or fresh:               # it also brought the draft up to date: its time is no guide
             return
-        self.recent.append((seconds, committed, window))
+        self.recent.append((seconds, committed))
         if len(self.recent) < MIN_ROUNDS:
             return
-        if self.timed and self.memory.target_s is None:   # nothing to compare with: time the target alone
+        if self.memory.target_s is None:       # nothing to compare with: time the target alone
             self.rest = MIN_ROUNDS
             self.recent.clear()
         elif self._pays():
@@ -77,19 +71,8 @@ class Gate:
         else:
             self.rest, self.rest_len = self.rest_len, min(2 * self.rest_len, MAX_REST)
             self.recent.clear()
-        if self.timed:
-            self.memory.rest, self.memory.rest_len = self.rest, self.rest_len
+        self.memory.rest, self.memory.rest_len = self.rest, self.rest_len
 
     def _pays(self) -> bool:
-        if self.timed:
-            seconds = sum(s for s, _, _ in self.recent)
-            return seconds / sum(c for _, c, _ in self.recent) < self.memory.target_s
-        if self.costs is None:
-            return True        # nothing to judge by: speculate, as configured
-        # The rounds' token counts do not depend on timing; their durations come from the cost model.
-        n = max(1, round(sum(w for _, _, w in self.recent) / len(self.recent)))   # the mean window
-        committed = sum(c for _, c, _ in self.recent) / len(self.recent)
-        _, draft_s = self.costs.rates(online=False)
-        verify_s = interpolate(self.costs.verify_s, n + 1)
-        round_s = max(n * draft_s, verify_s) if self.parallel else n * draft_s + verify_s
-        return round_s / committed < interpolate(self.costs.verify_s, 1)
+        seconds = sum(s for s, _ in self.recent)
+        return seconds / sum(c for _, c in self.recent) < self.memory.target_s

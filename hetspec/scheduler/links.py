@@ -55,7 +55,7 @@ class WorkerLost(EngineDeadError):
 @dataclass
 class Window:
     """Draft tokens waiting for the target's verdict, and the draft's distribution
-    at each (when sampling: the acceptance rule needs it)."""
+    at each when the acceptance rule needs it (accept_sampled)."""
     tokens: np.ndarray
     probs: np.ndarray | None = None
 
@@ -68,8 +68,8 @@ EMPTY = Window(np.zeros(0, dtype=np.int32))
 
 @dataclass
 class Verification:
-    choice: np.ndarray            # the target's argmax at each requested position
-    probs: np.ndarray | None      # its distribution there, when sampling (a shared-memory view)
+    choice: np.ndarray            # the target's token at each requested position: argmax or keyed draw
+    probs: np.ndarray | None      # its distribution there, sampling unkeyed (a shared-memory view)
     seconds: float
 
 
@@ -77,7 +77,7 @@ class Verification:
 class Draft:
     """What the draft returned: branches in slot order (the likeliest last)."""
     branches: list[np.ndarray]
-    probs: list[np.ndarray] | None   # per branch: (len, vocab) shared-memory views, when sampling
+    probs: list[np.ndarray] | None   # per branch: (len, vocab) shared-memory views, sampling unkeyed
     seconds: float
 
     def window(self, i: int, skip: int = 0) -> Window:
@@ -200,18 +200,21 @@ class WorkerLink:
 
 
 class TargetLink(WorkerLink):
+    with_probs = False    # the last verify writes probability rows
+
     def start_verify(self, request_id: int, tokens, keep: int, rows: int, params: SamplingParams,
-                     borrow_cores: bool = False) -> None:
+                     borrow_cores: bool = False, keyed: bool = False) -> None:
         """Crop the target's cache to `keep` tokens and run `tokens` after it; answers
         for the last `rows` positions (finish_verify)."""
         self.buffers["input"].array[:len(tokens)] = tokens
-        self.send(VerifyCommand(request_id, keep, len(tokens), rows, params, borrow_cores))
+        self.with_probs = not params.greedy and not keyed
+        self.send(VerifyCommand(request_id, keep, len(tokens), rows, params, borrow_cores, keyed))
 
-    def finish_verify(self, rows: int, params: SamplingParams) -> Verification:
+    def finish_verify(self, rows: int) -> Verification:
         reply = self.wait()
         assert isinstance(reply, Verified), reply
         choice = self.buffers["choice"].array[:rows].copy()
-        probs = None if params.greedy else self.buffers["probs"].array[:rows]
+        probs = self.buffers["probs"].array[:rows] if self.with_probs else None
         return Verification(choice, probs, reply.seconds)
 
     def export_kv(self, request_id: int, length: int) -> None:
@@ -228,6 +231,7 @@ class DraftLink(WorkerLink):
         self.slot = 0
         self.command = 0
         self.extending = False   # the last window may grow after its reply (DraftExtended)
+        self.with_probs = False  # the last window comes with probability rows
         self.sent = np.zeros(0, np.int32)   # the last command's context: the draft's cache holds it (drafter.sync)
 
     def start_prefill(self, request_id: int, context, seed: int, reuse_cache: bool, borrow_cores: bool,
@@ -252,16 +256,17 @@ class DraftLink(WorkerLink):
         return len(context) - (int(mismatch[0]) if len(mismatch) else n)
 
     def start_window(self, request_id: int, context, n_tokens: int, params: SamplingParams,
-                     branches: BranchPlan | None = None) -> None:
+                     branches: BranchPlan | None = None, keyed: bool = False) -> None:
         """Draft n_tokens after context: one plain sequence, or the pipeline's next
         window as branches (see BranchPlan); finish_window collects them."""
         self.buffers["context"].array[:len(context)] = self.sent = np.array(context, np.int32)
         self.slot ^= 1   # double buffering: the pending window's rows stay readable
         self.command += 1
         self.extending = branches is not None and branches.extend_to > n_tokens
-        self.send(DraftWindow(request_id, self.command, len(context), n_tokens, params, self.slot, branches))
+        self.with_probs = not params.greedy and not keyed
+        self.send(DraftWindow(request_id, self.command, len(context), n_tokens, params, self.slot, branches, keyed))
 
-    def finish_window(self, params: SamplingParams) -> Draft:
+    def finish_window(self) -> Draft:
         """The draft's reply, with whatever the likeliest branch grew since."""
         reply = self.wait()
         assert isinstance(reply, Drafted), reply
@@ -270,7 +275,7 @@ class DraftLink(WorkerLink):
             if isinstance(more, DraftExtended) and more.command == self.command:
                 total, seconds = more.total, more.seconds
         tokens = from_slot(self.buffers["tokens"].array[reply.slot], reply.lengths, total)
-        probs = None if params.greedy else from_slot(self.buffers["probs"].array[reply.slot], reply.lengths, total)
+        probs = from_slot(self.buffers["probs"].array[reply.slot], reply.lengths, total) if self.with_probs else None
         return Draft([b.copy() for b in tokens], probs, seconds)
 
     def is_stale(self, message) -> bool:

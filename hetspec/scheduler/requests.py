@@ -23,18 +23,11 @@ class Request:
     params: SamplingParams
     gamma: int
     sequences: int | str
-    seeded: bool               # the caller gave the seed: the run must be reproducible
     rebalance: bool            # gamma "auto": each round's length comes from the costs (CostModel)
     prior: float = GENERIC     # where the acceptance estimate starts (the engine's past requests)
     speculation: str = "auto"  # "always": never rest from speculating (gate.py)
-    keyed: bool = False        # each token drawn with its position's random number (a bridged draft)
-
-    @property
-    def timing_may_shape_windows(self) -> bool:
-        """Greedy output never depends on where windows start, nor keyed sampling's
-        (accept_drawn); other seeded sampling does, and must be reproducible, so its
-        windows must not follow timing."""
-        return self.params.greedy or not self.seeded or self.keyed
+    keyed: bool = False        # sampled by keyed draws (core/acceptance.py): seeded, or a draft of another
+                               # vocabulary; its tokens then never depend on timing, nor on the draft
 
 
 def resolve(message: GenerateRequest, engine) -> tuple[Request, Output]:
@@ -62,10 +55,10 @@ def resolve(message: GenerateRequest, engine) -> tuple[Request, Output]:
     if sequences != "dynamic" and sequences > decoding.max_sequences:
         raise RequestError(f"sequences {sequences} exceeds [decoding] max_sequences = {decoding.max_sequences}")
     seed = params.seed if params.seed is not None else secrets.randbits(63)
+    keyed = not params.greedy and (params.seed is not None or isinstance(engine.drafter, BridgedDraft))
     request = Request(message.request_id, dataclasses.replace(params, seed=seed), gamma, sequences,
-                      seeded=params.seed is not None, rebalance=engine.costs is not None and not params.gamma,
-                      speculation=params.speculation or decoding.speculation,
-                      keyed=isinstance(engine.drafter, BridgedDraft))
+                      rebalance=engine.costs is not None and not params.gamma,
+                      speculation=params.speculation or decoding.speculation, keyed=keyed)
     request = dataclasses.replace(request, prior=engine.acceptance.prior(request))
     max_new = min(params.max_new_tokens, server.max_context - len(prompt_ids))
     return request, Output(prompt_ids, max_new, engine.eos, list(params.stop), engine.tokenizer)

@@ -14,14 +14,14 @@ import numpy as np
 
 from hetspec.core.branches import allocate_budget, count_sequences, first_tokens, split_budget
 from hetspec.core.params import SamplingParams
-from hetspec.core.sampling import probabilities, sample, softmax
+from hetspec.core.sampling import draw_keyed, probabilities, sample, softmax
 from hetspec.ipc.messages import BranchPlan
 
 
 @dataclass
 class DraftOutput:
     branches: list[list[int]]
-    probs: list[np.ndarray] = field(default_factory=list)   # per branch: (len, vocab) rows, when sampling
+    probs: list[np.ndarray] = field(default_factory=list)   # per branch: (len, vocab) rows, for accept_sampled
 
 
 class Drafter:
@@ -30,7 +30,8 @@ class Drafter:
         self.cached = np.zeros(n_ctx, dtype=np.int32)   # tokens whose KV entries are in the cache
         self.n_cached = 0
         self.rng = np.random.default_rng()
-        self._likeliest = ([], [], None, False)   # (branch, rows, dist, sampling) of the last speculative draft
+        self._likeliest = ([], [], None, None, False)   # (branch, rows, dist, choose, keep_rows) of the last
+                                                        # speculative draft
 
     # ---- cache bookkeeping -------------------------------------------------
 
@@ -56,21 +57,27 @@ class Drafter:
     # ---- drafting ----------------------------------------------------------
 
     def draft(self, context: np.ndarray, n_tokens: int, params: SamplingParams,
-              plan: BranchPlan | None = None) -> DraftOutput:
+              plan: BranchPlan | None = None, keyed: bool = False) -> DraftOutput:
         """n_tokens after context: one plain sequence, or with a plan the branches
-        of a pipelined window (likeliest first), whose first token the target picks."""
-        sampling = not params.greedy
-        dist = self._distribution_fn(params)
+        of a pipelined window (likeliest first), whose first token the target picks.
+        Sampling, each token is the draw at its position (keyed: the same draw the
+        target makes, core/sampling.draw_keyed) or the generator's next, and only
+        the latter needs the distributions returned (accept_sampled)."""
+        sampling, keep_rows = not params.greedy, not params.greedy and not keyed
+        dist, choose = self._distribution_fn(params), self._choose_fn(params, keyed)
         first = dist(self.sync(context))
         start = len(context)
 
         if plan is None:
-            self._likeliest = ([], [], None, False)
-            branch, rows = self._extend([self._choose(first, sampling)], [first], n_tokens, dist, sampling)
-            return DraftOutput([branch], [rows] if sampling else [])
+            self._likeliest = ([], [], None, None, False)
+            branch, rows = self._extend([choose(first)], [first], n_tokens, dist, choose)
+            return DraftOutput([branch], [rows] if keep_rows else [])
 
         k = 1 if plan.sequences == "dynamic" else plan.sequences
         candidates = first_tokens(first, min(plan.max_sequences, len(first)))
+        if keyed:                              # the target's likeliest draw first
+            drawn = choose(first)
+            candidates = [drawn] + [c for c in candidates if c != drawn][:len(candidates) - 1]
         second = None
         lengths = split_budget(n_tokens, k)
         if plan.sequences == "dynamic" and n_tokens >= 4 and plan.max_sequences > 1:
@@ -86,9 +93,9 @@ class Drafter:
             reuse = second if (i == 0 and len(lengths) == 1) else None
             if reuse is None:
                 self.n_cached = start          # rewind: the next forward drops the rest
-            branches[i], rows[i] = self._extend([candidates[i]], [first], lengths[i], dist, sampling, reuse)
-        self._likeliest = (branches[0], rows[0], dist, sampling)
-        return DraftOutput(branches, rows if sampling else [])
+            branches[i], rows[i] = self._extend([candidates[i]], [first], lengths[i], dist, choose, reuse)
+        self._likeliest = (branches[0], rows[0], dist, choose, keep_rows)
+        return DraftOutput(branches, rows if keep_rows else [])
 
     def extend(self, limit: int):
         """Keep growing the likeliest branch of the last speculative draft, one
@@ -96,27 +103,34 @@ class Drafter:
 
         Pipelined, the draft would otherwise sit idle once its budget is spent
         and the target is still verifying: these tokens lengthen the next window
-        for free when the target accepts the pending one."""
-        branch, rows, dist, sampling = self._likeliest
+        for free when the target accepts the pending one. The distribution is None
+        where the draft returns none (draft)."""
+        branch, rows, dist, choose, keep_rows = self._likeliest
         while branch and len(branch) < limit:         # the cache holds everything before branch[-1]
             d = dist(self._feed([branch[-1]], self.n_cached))
-            branch.append(self._choose(d, sampling))
+            branch.append(choose(d))
             rows.append(d)
-            yield branch[-1], d
+            yield branch[-1], d if keep_rows else None
 
-    def _extend(self, branch, rows, length, dist, sampling, fed_dist=None):
+    def _extend(self, branch, rows, length, dist, choose, fed_dist=None):
         """Grow `branch` to `length` tokens, one forward pass per token. The cache
         holds everything before branch[-1]; fed_dist, if given, is the distribution
         after branch[-1], which was fed already."""
         while len(branch) < length:
             d = fed_dist if fed_dist is not None else dist(self._feed([branch[-1]], self.n_cached))
             fed_dist = None
-            branch.append(self._choose(d, sampling))
+            branch.append(choose(d))
             rows.append(d)
         return branch, rows
 
-    def _choose(self, dist: np.ndarray, sampling: bool) -> int:
-        return sample(dist, self.rng) if sampling else int(np.argmax(dist))
+    def _choose_fn(self, params: SamplingParams, keyed: bool):
+        """distribution -> token. A distribution is always the one after the cache's
+        last token, so the token it draws sits at position n_cached."""
+        if params.greedy:
+            return lambda d: int(np.argmax(d))
+        if keyed:
+            return lambda d: draw_keyed(d, params.seed, self.n_cached)
+        return lambda d: sample(d, self.rng)
 
     @staticmethod
     def _distribution_fn(params: SamplingParams):

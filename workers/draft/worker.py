@@ -75,7 +75,8 @@ def draft(state: DraftState, cmd: DraftWindow, buffers):
     if cmd.request_id != state.request_id:             # drafting without a prefill (e.g. calibration, tests)
         state.request_id = cmd.request_id
         state.drafter.rng = np.random.default_rng([cmd.params.seed or 0, 1])
-    out = state.drafter.draft(buffers["context"].array[:cmd.context_len], cmd.n_tokens, cmd.params, cmd.branches)
+    out = state.drafter.draft(buffers["context"].array[:cmd.context_len], cmd.n_tokens, cmd.params, cmd.branches,
+                              cmd.keyed)
     branches, probs = to_slot(out.branches), to_slot(out.probs)
     flat = [t for branch in branches for t in branch]
     tokens = buffers["tokens"].array[cmd.slot]
@@ -95,7 +96,7 @@ def _extension(state: DraftState, cmd: DraftWindow, buffers, total: int, limit: 
     written to the slot before the message that announces it."""
     for token, row in state.drafter.extend(limit):
         buffers["tokens"].array[cmd.slot, total] = token
-        if not cmd.params.greedy:
+        if row is not None:
             buffers["probs"].array[cmd.slot, total] = row
         total += 1
         yield DraftExtended(cmd.command, cmd.slot, total, time.perf_counter() - start)

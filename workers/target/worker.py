@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from hetspec.core.sampling import probabilities
+from hetspec.core.sampling import draw_keyed, probabilities
 from hetspec.ipc.messages import (
     CalibrateTarget,
     ExportKV,
@@ -80,11 +80,16 @@ def verify(state: TargetState, cmd: VerifyCommand, buffers) -> Verified:
     tokens = buffers["input"].array[:cmd.n_tokens]
     rows = cmd.rows
     logits = state.run(tokens, cmd.keep, rows, cmd.borrow_cores)
-    if not cmd.params.greedy:
-        p = cmd.params
+    p, choice = cmd.params, buffers["choice"].array
+    if p.greedy:
+        choice[:rows] = logits.argmax(dim=-1).cpu().numpy()
+    else:
         probs = probabilities(logits.cpu().numpy(), p.temperature, p.top_k, p.top_p)
-        buffers["probs"].array[:rows] = probs
-    buffers["choice"].array[:rows] = logits.argmax(dim=-1).cpu().numpy()
+        if cmd.keyed:                  # row i chooses the token at position keep + n_tokens - rows + 1 + i
+            after = cmd.keep + cmd.n_tokens - rows + 1
+            choice[:rows] = [draw_keyed(row, p.seed, after + i) for i, row in enumerate(probs)]
+        else:
+            buffers["probs"].array[:rows] = probs
     return Verified(cmd.request_id, time.perf_counter() - start)
 
 
