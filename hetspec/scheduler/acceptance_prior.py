@@ -13,20 +13,16 @@ LEARNING = 50      # tokens decided before a request's own rate outweighs the hi
 
 class AcceptancePrior:
     def __init__(self):
-        self._rates = {}           # (greedy, keyed) -> per-token acceptance over past requests
+        self._rates = {}           # Request.rule -> per-token acceptance over past requests
 
     def prior(self, request) -> float:
-        return self._rates.get(_kind(request), GENERIC)
+        return self._rates.get(request.rule, GENERIC)
 
     def learn(self, request, stats) -> None:
         """Move the history toward this request's rate, by how many tokens it decided."""
         decided = stats.accepted + stats.rejections
         if decided == 0:                         # nothing drafted (target mode)
             return
-        rate = self._rates.get(_kind(request), GENERIC)
+        rate = self._rates.get(request.rule, GENERIC)
         rate += decided / (decided + LEARNING) * (stats.accepted / decided - rate)
-        self._rates[_kind(request)] = min(rate, CEILING)
-
-
-def _kind(request) -> tuple[bool, bool]:
-    return request.params.greedy, request.keyed
+        self._rates[request.rule] = min(rate, CEILING)

@@ -29,6 +29,11 @@ class Request:
     keyed: bool = False        # sampled by keyed draws (core/acceptance.py): seeded, or a draft of another
                                # vocabulary; its tokens then never depend on timing, nor on the draft
 
+    @property
+    def rule(self) -> str:
+        """The acceptance rule (core/acceptance.py): "greedy", "keyed" or "unkeyed"."""
+        return "greedy" if self.params.greedy else "keyed" if self.keyed else "unkeyed"
+
 
 def resolve(message: GenerateRequest, engine) -> tuple[Request, Output]:
     """(the request, its output) for `engine`, the Scheduler; RequestError names what is wrong."""

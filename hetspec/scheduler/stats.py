@@ -67,7 +67,8 @@ class Stats:
             "finish_reason": out.finish_reason, "ttft_s": self.ttft_s, "total_s": total,
             "tokens_per_s": new / total if total > 0 else 0.0,
             "gamma": request.gamma if request.params.mode != "target" else 0,
-            "sequences": request.sequences, "seed": request.params.seed,
+            "sequences": request.sequences, "rule": request.rule,
+            "seed": request.params.seed if request.keyed else None,   # the seed that gives these tokens again
             "rounds": self.rounds, "spec_rounds": spec, "target_only_rounds": self.target_only_rounds,
             "rested": self.rested, "probes": self.probes,
             "drafts": self.drafts, "drafted": self.drafted, "accepted": self.accepted,
