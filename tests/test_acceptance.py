@@ -83,16 +83,24 @@ def test_sample_respects_zero_probabilities():
     assert draws == {1, 3}
 
 
-def test_sample_over_the_support_draws_what_the_whole_cdf_would():
-    """sample() searches only the nonzero tokens; for the same random numbers it
-    must pick what inverse-CDF sampling over the whole vocabulary picks."""
+def test_sample_by_blocks_draws_what_the_whole_cdf_would():
+    """sample() finds a block by mass, then the token within it; for the same random
+    numbers it must pick what inverse-CDF sampling over the whole vocabulary picks.
+    The last blocks hold no mass: a number at the very end (1.0, which random()
+    never returns, but a product may round up to the total) must fall back to the
+    last token that has some."""
     probs = np.zeros(5000, dtype=np.float32)
-    probs[[3, 17, 900, 4999]] = [0.1, 0.4, 0.3, 0.2]
+    probs[[3, 17, 900, 1023, 1024, 3000]] = [0.1, 0.2, 0.1, 0.15, 0.25, 0.2]
     cdf = np.cumsum(probs, dtype=np.float64)
     ours, reference = np.random.default_rng(7), np.random.default_rng(7)
-    for _ in range(500):
-        expected = int(min(np.searchsorted(cdf, reference.random() * cdf[-1], side="right"), len(cdf) - 1))
+    for _ in range(2000):
+        expected = int(np.searchsorted(cdf, reference.random() * cdf[-1], side="right"))
         assert sample(probs, ours) == expected
+
+    class End:
+        def random(self):
+            return 1.0
+    assert sample(probs, End()) == 3000
 
 
 def _spread(rng, vocab, tokens):

@@ -17,6 +17,9 @@ import numpy as np
 # The top-p nucleus usually sits in a few tokens: look among those above a floor first
 # rather than sorting the whole vocabulary, which would cost more than the rest of a row.
 _NUCLEUS_FLOORS = (1e-4, 1e-6)
+# Both draws look at a large vocabulary in blocks of this many tokens: first a block by
+# its mass, then a token within it.
+DRAW_BLOCK = 1024
 
 
 def probabilities(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
@@ -62,13 +65,21 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Inverse CDF over the tokens of nonzero probability: after top-p they are a
-    few of the vocabulary, and a float64 cumsum over all of it is slow. The token
-    for a given random number is the same as over the whole vocabulary (zeros add
-    nothing to the CDF). float64, so rounding cannot skip the tail."""
-    support = np.flatnonzero(probs)
-    cdf = np.cumsum(probs[support], dtype=np.float64)
-    return int(support[min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1)])
+    """Inverse CDF, in two steps: find the block of DRAW_BLOCK tokens the random
+    number falls in by the blocks' masses, then the token within it. The token for a
+    given number is the one a cumsum over the whole vocabulary would give (but at a
+    rounding boundary), for a fraction of its cost on a large vocabulary. float64, so rounding cannot skip
+    the tail; a number that rounds past the end takes the last token of nonzero mass."""
+    cdf = np.cumsum(np.add.reduceat(probs, np.arange(0, len(probs), DRAW_BLOCK), dtype=np.float64))
+    u = rng.random() * cdf[-1]
+    b = int(np.searchsorted(cdf, u, side="right"))
+    if b == len(cdf):
+        b = int(np.flatnonzero(np.diff(cdf, prepend=0.0))[-1])
+    block = probs[b * DRAW_BLOCK:(b + 1) * DRAW_BLOCK]
+    support = np.flatnonzero(block)
+    within = np.cumsum(block[support], dtype=np.float64)
+    i = min(int(np.searchsorted(within, u - (cdf[b - 1] if b else 0.0), side="right")), len(within) - 1)
+    return b * DRAW_BLOCK + int(support[i])
 
 
 def draw_keyed(probs: np.ndarray, seed: int, position: int) -> int:
@@ -81,16 +92,15 @@ def draw_keyed(probs: np.ndarray, seed: int, position: int) -> int:
     winner (for one race, with probability at least (1 - TV) / (1 + TV): Daliri,
     Musco and Suresh, 2024), so a draft that draws so at the same position proposes
     the target's own draw whenever the two are close. The race runs in two rounds,
-    between blocks of KEY_BLOCK tokens (by their mass), then within the winning
+    between blocks of DRAW_BLOCK tokens (by their mass), then within the winning
     block: the same law, for a fraction of a whole vocabulary's variates."""
-    starts = np.arange(0, len(probs), KEY_BLOCK)
+    starts = np.arange(0, len(probs), DRAW_BLOCK)
     masses = np.add.reduceat(probs, starts, dtype=np.float64)
-    start = KEY_BLOCK * _race(masses, _key(seed, position, 0), np.arange(len(starts)))
-    block = probs[start:start + KEY_BLOCK]
+    start = DRAW_BLOCK * _race(masses, _key(seed, position, 0), np.arange(len(starts)))
+    block = probs[start:start + DRAW_BLOCK]
     return int(_race(block, _key(seed, position, 1), np.arange(start, start + len(block))))
 
 
-KEY_BLOCK = 1024
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
