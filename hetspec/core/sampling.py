@@ -68,9 +68,10 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Inverse CDF, in two steps: find the block of DRAW_BLOCK tokens the random
     number falls in by the blocks' masses, then the token within it. The token for a
     given number is the one a cumsum over the whole vocabulary would give (but at a
-    rounding boundary), for a fraction of its cost on a large vocabulary. float64, so rounding cannot skip
-    the tail; a number that rounds past the end takes the last token of nonzero mass."""
-    cdf = np.cumsum(np.add.reduceat(probs, np.arange(0, len(probs), DRAW_BLOCK), dtype=np.float64))
+    rounding boundary), for a fraction of its cost on a large vocabulary. float64,
+    so rounding cannot skip the tail; a number that rounds past the end takes the
+    last token of nonzero mass."""
+    cdf = np.cumsum(_block_masses(probs))
     u = rng.random() * cdf[-1]
     b = int(np.searchsorted(cdf, u, side="right"))
     if b == len(cdf):
@@ -94,11 +95,15 @@ def draw_keyed(probs: np.ndarray, seed: int, position: int) -> int:
     the target's own draw whenever the two are close. The race runs in two rounds,
     between blocks of DRAW_BLOCK tokens (by their mass), then within the winning
     block: the same law, for a fraction of a whole vocabulary's variates."""
-    starts = np.arange(0, len(probs), DRAW_BLOCK)
-    masses = np.add.reduceat(probs, starts, dtype=np.float64)
-    start = DRAW_BLOCK * _race(masses, _key(seed, position, 0), np.arange(len(starts)))
+    masses = _block_masses(probs)
+    start = DRAW_BLOCK * _race(masses, _key(seed, position, 0), np.arange(len(masses)))
     block = probs[start:start + DRAW_BLOCK]
     return int(_race(block, _key(seed, position, 1), np.arange(start, start + len(block))))
+
+
+def _block_masses(probs: np.ndarray) -> np.ndarray:
+    """The probability of each block of DRAW_BLOCK tokens, float64."""
+    return np.add.reduceat(probs, np.arange(0, len(probs), DRAW_BLOCK), dtype=np.float64)
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
