@@ -6,6 +6,12 @@ but for the "poor draft" methods: a second engine whose draft never agrees
 with the target (a tiny random model), to show what a bad draft costs.
 The gamma sweep is relative to the budget the engine chose at start-up, so the
 same method list means the same experiment on any machine or model pair.
+
+`sps` and `duodec` run as a user's requests do (speculation "auto": the engine may
+rest from speculating where it does not pay). The ablations (sps-fixed, a fixed
+number of sequences, the gamma sweep) force speculation: each measures its own
+configuration, and a rest earned by one of them would otherwise be spent by the
+next on the same engine.
 """
 from __future__ import annotations
 
@@ -38,22 +44,24 @@ class Method:
         return self.mode in ("duodec", "sequential", "pld")
 
 
+FORCED = "always"          # a request's speculation: every round speculates
+
 METHODS = {m.name: m for m in [
     Method("vanilla", "baseline", "Vanilla (transformers generate)", "vanilla"),
     Method("target", "engine", "Engine, target only", "target"),
     Method("sps", "engine", "SpS (engine, sequential)", "sequential"),
-    Method("sps-fixed", "engine", "SpS, gamma fixed at the budget", "sequential", None, 0),
+    Method("sps-fixed", "engine", "SpS, gamma fixed at the budget", "sequential", None, 0, FORCED),
     Method("pld", "baseline", "PLD (transformers prompt lookup)", "pld"),
-    Method("duodec-s1", "engine", "DuoDecoding, 1 sequence", "duodec", 1),
-    Method("duodec-s2", "engine", "DuoDecoding, 2 sequences", "duodec", 2),
-    Method("duodec-s3", "engine", "DuoDecoding, 3 sequences", "duodec", 3),
+    Method("duodec-s1", "engine", "DuoDecoding, 1 sequence", "duodec", 1, None, FORCED),
+    Method("duodec-s2", "engine", "DuoDecoding, 2 sequences", "duodec", 2, None, FORCED),
+    Method("duodec-s3", "engine", "DuoDecoding, 3 sequences", "duodec", 3, None, FORCED),
     Method("duodec", "engine", "DuoDecoding, dynamic sequences", "duodec", "dynamic"),
-    Method("gamma-2", "engine", "DuoDecoding, gamma - 2", "duodec", "dynamic", -2),
-    Method("gamma-1", "engine", "DuoDecoding, gamma - 1", "duodec", "dynamic", -1),
-    Method("gamma+1", "engine", "DuoDecoding, gamma + 1", "duodec", "dynamic", +1),
-    Method("gamma+2", "engine", "DuoDecoding, gamma + 2", "duodec", "dynamic", +2),
+    Method("gamma-2", "engine", "DuoDecoding, gamma - 2", "duodec", "dynamic", -2, FORCED),
+    Method("gamma-1", "engine", "DuoDecoding, gamma - 1", "duodec", "dynamic", -1, FORCED),
+    Method("gamma+1", "engine", "DuoDecoding, gamma + 1", "duodec", "dynamic", +1, FORCED),
+    Method("gamma+2", "engine", "DuoDecoding, gamma + 2", "duodec", "dynamic", +2, FORCED),
     Method("poor", "poor", "Poor draft (never agrees), DuoDecoding", "duodec", "dynamic"),
-    Method("poor-forced", "poor", "Poor draft, speculation forced", "duodec", "dynamic", speculation="always"),
+    Method("poor-forced", "poor", "Poor draft, speculation forced", "duodec", "dynamic", speculation=FORCED),
 ]}
 
 # The gamma sweep (the paper's Table 3) is these methods plus "duodec" itself (offset 0).

@@ -89,7 +89,9 @@ def _budget_detail(budget: dict) -> str:
             f"at a {budget.get('context')}-token context. `duodec` and the `duodec-s*` methods start at gamma and "
             f"then draft each round for as long as the target verifies, from the rounds' own timings; SpS drafts "
             f"each round the window of least expected time per token, from the same timings and the acceptance "
-            f"seen so far; the sweep (`gamma-2` .. `gamma+2`) fixes gamma")
+            f"seen so far; the sweep (`gamma-2` .. `gamma+2`) fixes gamma. `sps` and `duodec` may rest from "
+            f"speculating where it does not pay, as a user's requests do; the ablations (`sps-fixed`, "
+            f"`duodec-s*`, the sweep) force speculation, so each measures its own configuration")
 
 
 def _prompt_count(doc: dict) -> str:

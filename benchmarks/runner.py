@@ -137,6 +137,7 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
                    "poor_draft": poor.config["draft"]["model"] if poor else None},
         "methods": {m.name: {"label": m.label, "kind": m.kind, "mode": m.mode, "sequences": m.sequences,
                              "gamma": m.gamma(chosen, max_gamma), "rebalanced": m.rebalanced(measured),
+                             "speculation": m.speculation or "auto",
                              **resources[m.name]} for m in methods},
         "draft_ceiling": ceiling,
         "engine_restarts": holder.restarts + (poor.restarts if poor else []),
