@@ -54,11 +54,14 @@ def test_every_method_ran_and_numbers_are_consistent(smoke):
             assert cell["tokens_per_s"] > 0 and cell["speedup"] > 0 and cell["ttft_rel"] > 0
             assert doc["results"][decoding][method]["average"]["speedup"] == pytest.approx(cell["speedup"])
             if METHODS[method].kind == "engine" and METHODS[method].mode != "target":
-                assert cell["spec_rounds"] > 0 and 0 <= cell["acceptance_rate"] <= 1
                 forced = METHODS[method].speculation == "always"
                 assert doc["methods"][method]["speculation"] == ("always" if forced else "auto")
                 if forced:                       # an ablation measures its configuration: it never rests
-                    assert all(r["rested"] == 0 for r in runs)
+                    assert all(r["rested"] == 0 for r in runs) and cell["spec_rounds"] > 0
+                elif cell["spec_rounds"] == 0:   # the gate judges by the clock: it may rest a whole run
+                    assert all(r["rested"] > 0 for r in runs)
+                    continue
+                assert 0 <= cell["acceptance_rate"] <= 1
                 assert 1 <= cell["mean_accepted_per_round"] <= NEW_TOKENS
 
 

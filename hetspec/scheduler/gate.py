@@ -5,8 +5,10 @@ A request speculates, and its recent rounds are judged against what the target
 alone takes per token. When speculating commits tokens more slowly, the request
 rests: it decodes target-only for a while, then probes again with a few
 speculative rounds. Each failed probe doubles the rest (up to MAX_REST); one
-that pays resets it. The rest carries over to the next request (Memory), so an
-engine with a hopeless draft keeps to the target, probing now and then.
+that pays resets it. The rest carries over to the engine's next request in
+the same mode (Memory), so an engine with a hopeless draft keeps to the target,
+probing now and then. Each mode has its own: SpS and DuoDecoding cost
+differently, so a verdict on one says nothing of the other.
 
 Judging by the clock is safe for every request: greedy tokens and keyed draws
 (seeded requests) are the same in either kind of round, and an unseeded
@@ -26,7 +28,7 @@ SMOOTHING = 0.2
 
 @dataclass
 class Memory:
-    """What the engine's earlier requests learnt."""
+    """What the engine's earlier requests of one mode learnt."""
     target_s: float | None     # seconds per token of the target alone (None: not measured yet)
     rest: int = 0              # target-only tokens the next request starts with
     rest_len: int = FIRST_REST  # the next rest, should a probe fail

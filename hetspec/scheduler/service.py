@@ -13,6 +13,7 @@ import zmq
 
 from hetspec.config import load_config
 from hetspec.core.errors import ConfigError, EngineDeadError, EngineStartError, RequestError
+from hetspec.core.params import MODES
 from hetspec.core.pinning import pin
 from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import (
@@ -122,7 +123,10 @@ class Scheduler:
                                    "probs": ((2, rows + self.config.decoding.max_sequences, n_draft_vocab),
                                              np.float32)}, shared)
         self.gamma, budget, self.costs = self._budget()
-        self.memory = Memory(target_s=interpolate(self.costs.verify_s, 1) if self.costs else None)
+        # What the gate learnt, per speculative mode: SpS and DuoDecoding cost differently,
+        # and a verdict on one says nothing of the other (gate.py).
+        self.memory = {mode: Memory(target_s=interpolate(self.costs.verify_s, 1) if self.costs else None)
+                       for mode in MODES if mode != "target"}
         keep = self.config.decoding.keep_drafting
         # On a CPU target both workers share the memory bus: a draft that never
         # rests slows verification more than its extra tokens gain (docs/performance.md).
@@ -266,7 +270,8 @@ class Scheduler:
     def _decoder(self, message: GenerateRequest) -> Decoder:
         request, output = resolve(message, self)
         without_draft = None if request.params.mode == "target" else self.crew.unavailable("draft")
-        return Decoder(request, self.caps, self.drafter, self.target, output, self.costs, without_draft, self.memory)
+        return Decoder(request, self.caps, self.drafter, self.target, output, self.costs, without_draft,
+                       self.memory.get(request.params.mode))
 
     def _drain(self) -> None:
         """After a failed or stopped round, collect both workers' outstanding replies."""
