@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from hetspec.core.params import MODES
+
 MIN_ROUNDS = 3       # speculative rounds a probe runs before it is judged (after its first, see judge)
 RECENT = 8           # rounds judged at once: a request's text may change character midway
 FIRST_REST = 16      # target-only tokens after the first verdict against speculation
@@ -32,6 +34,11 @@ class Memory:
     target_s: float | None     # seconds per token of the target alone (None: not measured yet)
     rest: int = 0              # target-only tokens the next request starts with
     rest_len: int = FIRST_REST  # the next rest, should a probe fail
+
+
+def memories(target_s: float | None) -> dict[str, Memory]:
+    """An engine's memories, one per speculative mode."""
+    return {mode: Memory(target_s) for mode in MODES if mode != "target"}
 
 
 class Gate:

@@ -13,7 +13,6 @@ import zmq
 
 from hetspec.config import load_config
 from hetspec.core.errors import ConfigError, EngineDeadError, EngineStartError, RequestError
-from hetspec.core.params import MODES
 from hetspec.core.pinning import pin
 from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import (
@@ -35,7 +34,7 @@ from hetspec.scheduler.bridge import BridgedDraft, check_expressible, describe_v
 from hetspec.scheduler.budget import CostModel, choose_gamma, interpolate, monotone
 from hetspec.scheduler.clients import Clients, Pending
 from hetspec.scheduler.decoder import Capabilities, Decoder
-from hetspec.scheduler.gate import Memory
+from hetspec.scheduler.gate import memories
 from hetspec.scheduler.links import DraftLink, TargetLink, WorkerError, WorkerLost
 from hetspec.scheduler.requests import resolve
 from hetspec.scheduler.supervisor import Crew
@@ -123,10 +122,7 @@ class Scheduler:
                                    "probs": ((2, rows + self.config.decoding.max_sequences, n_draft_vocab),
                                              np.float32)}, shared)
         self.gamma, budget, self.costs = self._budget()
-        # What the gate learnt, per speculative mode: SpS and DuoDecoding cost differently,
-        # and a verdict on one says nothing of the other (gate.py).
-        self.memory = {mode: Memory(target_s=interpolate(self.costs.verify_s, 1) if self.costs else None)
-                       for mode in MODES if mode != "target"}
+        self.memory = memories(target_s=interpolate(self.costs.verify_s, 1) if self.costs else None)
         keep = self.config.decoding.keep_drafting
         # On a CPU target both workers share the memory bus: a draft that never
         # rests slows verification more than its extra tokens gain (docs/performance.md).
