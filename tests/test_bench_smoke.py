@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hetspec.benchmarks.checks import check_results
-from hetspec.benchmarks.methods import METHODS
+from hetspec.benchmarks.methods import FORCED, METHODS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -54,8 +54,8 @@ def test_every_method_ran_and_numbers_are_consistent(smoke):
             assert cell["tokens_per_s"] > 0 and cell["speedup"] > 0 and cell["ttft_rel"] > 0
             assert doc["results"][decoding][method]["average"]["speedup"] == pytest.approx(cell["speedup"])
             if METHODS[method].kind == "engine" and METHODS[method].mode != "target":
-                forced = METHODS[method].speculation == "always"
-                assert doc["methods"][method]["speculation"] == ("always" if forced else "auto")
+                forced = METHODS[method].speculation == FORCED
+                assert doc["methods"][method]["speculation"] == (FORCED if forced else "auto")
                 if forced:                       # an ablation measures its configuration: it never rests
                     assert all(r["rested"] == 0 for r in runs) and cell["spec_rounds"] > 0
                 elif cell["spec_rounds"] == 0:   # the gate judges by the clock: it may rest a whole run

@@ -71,11 +71,12 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     rounding boundary), for a fraction of its cost on a large vocabulary. float64,
     so rounding cannot skip the tail; a number that rounds past the end takes the
     last token of nonzero mass."""
-    cdf = np.cumsum(_block_masses(probs))
+    masses = _block_masses(probs)
+    cdf = np.cumsum(masses)
     u = rng.random() * cdf[-1]
     b = int(np.searchsorted(cdf, u, side="right"))
     if b == len(cdf):
-        b = int(np.flatnonzero(np.diff(cdf, prepend=0.0))[-1])
+        b = int(np.flatnonzero(masses)[-1])
     block = probs[b * DRAW_BLOCK:(b + 1) * DRAW_BLOCK]
     support = np.flatnonzero(block)
     within = np.cumsum(block[support], dtype=np.float64)

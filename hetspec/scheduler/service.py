@@ -122,7 +122,7 @@ class Scheduler:
                                    "probs": ((2, rows + self.config.decoding.max_sequences, n_draft_vocab),
                                              np.float32)}, shared)
         self.gamma, budget, self.costs = self._budget()
-        self.memory = memories(target_s=interpolate(self.costs.verify_s, 1) if self.costs else None)
+        self.memories = memories(target_s=interpolate(self.costs.verify_s, 1) if self.costs else None)
         keep = self.config.decoding.keep_drafting
         # On a CPU target both workers share the memory bus: a draft that never
         # rests slows verification more than its extra tokens gain (docs/performance.md).
@@ -267,7 +267,7 @@ class Scheduler:
         request, output = resolve(message, self)
         without_draft = None if request.params.mode == "target" else self.crew.unavailable("draft")
         return Decoder(request, self.caps, self.drafter, self.target, output, self.costs, without_draft,
-                       self.memory.get(request.params.mode))
+                       self.memories.get(request.params.mode))
 
     def _drain(self) -> None:
         """After a failed or stopped round, collect both workers' outstanding replies."""
