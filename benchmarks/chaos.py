@@ -34,7 +34,7 @@ JOBS = [("The capital of France is", 16, 0.0), ("Write a haiku about the sea.", 
         ("1, 2, 3, 4, 5,", 96, 0.0), ("Explain photosynthesis in one paragraph.", 64, 0.7),
         ("def fibonacci(n):", 32, 0.7)]
 HANG_S = 120           # a request open this long has hung
-RUNTIME_FILES = {"run.json", "scheduler.log", "draft.log", "target.log", "client.sock", "draft.sock", "target.sock"}
+RUNTIME_FILES = {"run.json", "ready", "scheduler.log", "draft.log", "target.log", "client.sock", "draft.sock", "target.sock"}
 
 
 def client_main(endpoint: str, seed: int, stop_file: str, cancel_p: float) -> None:

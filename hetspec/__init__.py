@@ -19,10 +19,10 @@ _EXPORTS = {
     "ConfigError": "hetspec.core.errors", "EngineBusyError": "hetspec.core.errors",
     "EngineDeadError": "hetspec.core.errors", "EngineStartError": "hetspec.core.errors",
     "HetspecError": "hetspec.core.errors", "RequestError": "hetspec.core.errors",
-    "RequestAbortedError": "hetspec.core.errors",
+    "RequestAbortedError": "hetspec.core.errors", "InternalError": "hetspec.core.errors",
 }
 __all__ = ["ConfigError", "Engine", "EngineBusyError", "EngineDeadError", "EngineStartError", "HetspecError",
-           "RequestAbortedError", "RequestError", "Result", "SamplingParams", "connect", "launch"]
+           "InternalError", "RequestAbortedError", "RequestError", "Result", "SamplingParams", "connect", "launch"]
 
 
 def __getattr__(name):

@@ -22,6 +22,7 @@ from hetspec.client import launch
 from hetspec.config import load_config
 from hetspec.core.errors import HetspecError
 from hetspec.core.params import SamplingParams, check_prompt
+from hetspec.http import say_restart
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,8 +81,10 @@ def main(argv=None) -> int:
             if http:
                 return _serve_http(engine, args, *http)
             print(f"hetspec: serving (gamma={engine.info['gamma']}); Ctrl-C stops", file=sys.stderr, flush=True)
+            said = None
             while not stop.wait(0.5):
-                engine.check_alive()               # the scheduler died: exit non-zero, saying why
+                engine.check_alive()               # the scheduler kept dying: exit non-zero, saying why
+                said = say_restart(engine, said)   # it died: its launcher (this process) starts it again
             return 0
     except HetspecError as exc:
         print(f"hetspec-launch: error: {exc}", file=sys.stderr)

@@ -6,6 +6,7 @@ threads, and several clients may submit at once: the scheduler queues them.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -18,9 +19,10 @@ import psutil
 import zmq
 
 from hetspec.config import load_config
-from hetspec.core.errors import EngineDeadError, EngineStartError, HetspecError, error_from_kind
+from hetspec.core.errors import EngineDeadError, EngineStartError, HetspecError, RequestAbortedError, error_from_kind
 from hetspec.core.params import SamplingParams, check_prompt
 from hetspec.ipc.channel import Channel
+from hetspec.ipc.codec import encode
 from hetspec.ipc.messages import (
     CancelRequest,
     EngineInfo,
@@ -30,7 +32,6 @@ from hetspec.ipc.messages import (
     RequestFailed,
     StopEngine,
     TokensEvent,
-    encode,
 )
 from hetspec.launcher import Launcher
 
@@ -57,9 +58,10 @@ class Stream:
         self.result: Result | None = None
         self._channel = None             # set first: __del__ runs even if opening fails
         self._iterating = False          # a thread is inside __next__ (Engine.close leaves its socket to it)
+        frames, self._generation = encode(request), engine._generation()   # (too large: a RequestError)
         self._channel = engine._channel(watch=engine._launcher is None and engine.endpoint.startswith("tcp://"))
         engine._streams.add(self)
-        self._channel.send(request)
+        self._channel.socket.send_multipart(frames)
 
     def __iter__(self) -> Stream:
         return self
@@ -70,7 +72,7 @@ class Stream:
         self._iterating = True
         try:
             while self.result is None:
-                message = self.engine._receive(self._channel)
+                message = self.engine._receive(self._channel, generation=self._generation)
                 if isinstance(message, TokensEvent) and message.text:
                     return message.text
                 if isinstance(message, Finished):
@@ -151,8 +153,12 @@ class Engine:
         """What the engine measured and chose at start-up (gamma, costs, cores...)."""
         channel = self._channel()
         try:
-            channel.send(InfoRequest(self.token))
-            message = self._receive(channel, timeout_s)
+            message = None
+            while message is None:      # asked again when the scheduler it went to died
+                generation = self._generation()
+                channel.send(InfoRequest(self.token))
+                with contextlib.suppress(RequestAbortedError):
+                    message = self._receive(channel, timeout_s, generation)
         finally:
             channel.close()
         if isinstance(message, RequestFailed):
@@ -175,8 +181,9 @@ class Engine:
         except zmq.ZMQError as exc:     # closed from another thread meanwhile, or a malformed endpoint
             raise HetspecError(f"cannot reach the engine at {self.endpoint}: {exc}") from None
 
-    def _receive(self, channel: Channel, timeout_s: float | None = None):
-        """Wait for the scheduler's next message, noticing if the engine died."""
+    def _receive(self, channel: Channel, timeout_s: float | None = None, generation: int | None = None):
+        """Wait for the scheduler's next message, noticing if the engine died, or if the
+        scheduler that held this request (of `generation`) did."""
         waited = 0.0
         while True:
             message = channel.recv(POLL_S)
@@ -185,20 +192,47 @@ class Engine:
             if self._closed:
                 raise EngineDeadError("this engine handle was closed while the request was running")
             self.check_alive()
-            if channel.peer_lost():
-                raise EngineDeadError(f"the engine at {self.endpoint} closed the connection (it has stopped or died)")
+            self._check_scheduler(generation, channel)
             waited += POLL_S
             if timeout_s is not None and waited >= timeout_s:
                 raise EngineDeadError(f"no engine answered at {self.endpoint} within {timeout_s:g} s")
 
     def check_alive(self) -> None:
-        """Raise EngineDeadError if the engine's scheduler is gone (its workers are
-        restarted by it, and are not its clients' concern)."""
+        """Raise EngineDeadError if the engine cannot serve any more: its scheduler was
+        given up (it kept dying) or stopped, or (connected over ipc) it is gone and no
+        launcher is left to start it again. Workers are restarted by the scheduler, and
+        the scheduler by its launcher: neither is its clients' concern."""
         if self._launcher is not None:
             if death := self._launcher.death():
                 raise EngineDeadError(death)
-        elif self.info.get("pid") and self.endpoint.startswith("ipc://") and not psutil.pid_exists(self.info["pid"]):
+        elif self._scheduler_gone() and not _alive(self.info.get("launcher_pid")):
             raise EngineDeadError(f"the engine at {self.endpoint} (scheduler pid {self.info['pid']}) is gone")
+
+    def _check_scheduler(self, generation: int | None, channel: Channel) -> None:
+        """RequestAbortedError if the scheduler that held a request has died since: it is
+        started again (so the engine serves on), but the request went with it."""
+        launcher, why = self._launcher, None
+        if launcher is not None and generation is not None and launcher.generation != generation:
+            why = f"the engine's scheduler died ({launcher.last_death()})"
+        elif launcher is None and self._scheduler_gone():
+            why = f"the engine's scheduler (pid {self.info['pid']}) died"
+            self.info["pid"] = None          # its launcher starts another: later requests wait for it
+        elif launcher is None and channel.peer_lost():
+            why = f"the engine at {self.endpoint} closed the connection (its scheduler died or was stopped)"
+        if why:
+            raise RequestAbortedError(f"{why} while this request ran; it is started again and the engine keeps "
+                                      "serving: send the request again")
+
+    def _scheduler_gone(self) -> bool:
+        return bool(self.info.get("pid")) and self.endpoint.startswith("ipc://") and not _alive(self.info["pid"])
+
+    def _generation(self) -> int | None:
+        """Which start of the scheduler a request sent now goes to (launched engines)."""
+        return None if self._launcher is None else self._launcher.current_generation()
+
+    def restarting(self) -> str | None:
+        """Why the engine's scheduler is starting again, while it is (launched engines)."""
+        return self._launcher.restarting() if self._launcher is not None else None
 
     def close(self) -> None:
         """Stop what launch() started; a connect()ed handle only lets go."""
@@ -207,6 +241,7 @@ class Engine:
         self._closed = True
         try:
             if self._launcher is not None:
+                self._launcher.stop_supervising()     # the scheduler is about to leave: that is no death
                 channel = Channel(self._context, self.endpoint, bind=False)
                 channel.send(StopEngine(self.token))
                 channel.close()
@@ -238,6 +273,7 @@ def launch(config=None) -> Engine:
     try:
         launcher.start()
         engine.endpoint = _wait_ready(engine, launcher, config.server.startup_timeout_s)
+        launcher.watch()
     except BaseException:
         engine.close()
         raise
@@ -278,3 +314,7 @@ def connect(endpoint: str, timeout_s: float = CONNECT_TIMEOUT_S, token: str = ""
         engine.close()
         raise
     return engine
+
+
+def _alive(pid) -> bool:
+    return bool(pid) and psutil.pid_exists(pid)

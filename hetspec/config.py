@@ -2,27 +2,30 @@
 
 Every key is checked here, before any process starts, so that a typo or a
 missing file fails in a second with a message naming it rather than minutes
-later inside a worker.
+later inside a worker. Each section checks its own values (its `checked`
+method, beside its fields); what spans sections (the draft's context, the
+cores) is resolved last (_resolved).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import psutil
 
 from hetspec.core.errors import ConfigError
-from hetspec.core.params import SPECULATION
+from hetspec.core.params import SPECULATION, show
 from hetspec.models import resolve_model
 
 SHIPPED_CONFIGS = {"smollm2": "smollm2.toml", "gemma3-270m": "gemma3-270m.toml", "gemma3-smollm2": "gemma3-smollm2.toml"}
 DEFAULT_CONFIG = "smollm2"
-MODES = ("duodec", "sequential", "target")
+DRAFT_BACKENDS = ("native", "llama.cpp", "torch")
 DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
 CPU_KERNELS = ("gguf", "onednn", "torch")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -43,6 +46,29 @@ class DraftConfig:
     prompt_kv: str = "auto"             # "auto": take the target's KV cache of a long prompt when the
                                         # models' caches have one layout (a quantized copy), else prefill it
 
+    BOUNDS: ClassVar[dict] = {"threads": (0, 1024), "n_ctx": (0, 2**24)}
+
+    def checked(self, keys: set[str]) -> DraftConfig:
+        """keys: the [draft] keys the config sets (llama.cpp's weight options are refused
+        with another backend only when set, not at their defaults)."""
+        _choice("draft", "backend", self.backend, DRAFT_BACKENDS)
+        model = resolve_model(self.model, "draft")      # a ConfigError for a missing file
+        if self.backend != "torch" and not model.gguf_file:
+            raise ConfigError(f"[draft] backend {self.backend!r} needs a GGUF file, got model {self.model!r} "
+                              "(backend = \"torch\" runs a transformers checkpoint or a random model)")
+        _choice("draft", "weights", self.weights, DRAFT_WEIGHTS)
+        if self.prefill_weights != "same" and self.prefill_weights not in DRAFT_WEIGHTS:
+            raise ConfigError(f"[draft] prefill_weights must be 'same' or one of {', '.join(DRAFT_WEIGHTS)}, "
+                              f"got {show(self.prefill_weights)}")
+        _choice("draft", "prompt_kv", self.prompt_kv, ("own", "auto"))
+        if self.backend != "torch":
+            return self
+        if "weights" in keys and self.weights != "as-is":
+            raise ConfigError(f"[draft] weights = {self.weights!r} needs backend 'llama.cpp' (it converts the GGUF file)")
+        if "prefill_weights" in keys and self.prefill_weights != "same":
+            raise ConfigError(f"[draft] prefill_weights = {self.prefill_weights!r} needs backend 'llama.cpp'")
+        return dataclasses.replace(self, weights="as-is", prefill_weights="same")   # they do not apply
+
 
 @dataclass(frozen=True)
 class TargetConfig:
@@ -55,6 +81,16 @@ class TargetConfig:
     cpu_kernels: str = "gguf"           # "gguf" (windows read a GGUF target's blocks, else as "onednn"),
                                         # "onednn" (prepacked linear weights, shared GQA heads) or "torch"
 
+    BOUNDS: ClassVar[dict] = {"threads": (0, 1024)}
+
+    def checked(self) -> TargetConfig:
+        resolve_model(self.model, "target")
+        _choice("target", "cpu_kernels", self.cpu_kernels, CPU_KERNELS)
+        _choice("target", "dtype", self.dtype, DTYPES)
+        if not (self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,3}", self.device)):
+            raise ConfigError(f"[target] device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {show(self.device)}")
+        return self
+
 
 @dataclass(frozen=True)
 class DecodingConfig:
@@ -66,6 +102,20 @@ class DecodingConfig:
                                         # "auto": only for a GPU target (on a CPU one it slows verification)
     speculation: str = "auto"           # "auto": target-only rounds while speculating does not pay; "always"
 
+    BOUNDS: ClassVar[dict] = {"max_sequences": (1, 64), "max_gamma": (1, 256)}
+
+    def checked(self) -> DecodingConfig:
+        if self.gamma != "auto" and not (_is_int(self.gamma) and 1 <= self.gamma <= self.max_gamma):
+            raise ConfigError(f"[decoding] gamma must be 'auto' or an integer in 1..{self.max_gamma}, "
+                              f"got {show(self.gamma)}")
+        if not (self.keep_drafting == "auto" or isinstance(self.keep_drafting, bool)):
+            raise ConfigError(f"[decoding] keep_drafting must be 'auto', true or false, got {show(self.keep_drafting)}")
+        _choice("decoding", "speculation", self.speculation, SPECULATION)
+        if self.sequences != "dynamic" and not (_is_int(self.sequences) and 1 <= self.sequences <= self.max_sequences):
+            raise ConfigError("[decoding] sequences must be 'dynamic' or an integer in 1..max_sequences, "
+                              f"got {show(self.sequences)}")
+        return self
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -73,10 +123,22 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 0                       # 0: pick a free port
     max_context: int = 4096             # prompt + new tokens
-    max_queue: int = 64                 # requests waiting behind the running one; past it: EngineBusyError
+    max_new_tokens: int = 0             # a request's new tokens at most (a larger max_new_tokens is capped to it);
+                                        # 0: [server] max_context
+    max_running: int = 4                # requests taking turns (each keeps its own cache in the target)
+    turn_s: float = 0.25                # a turn's least length while another request waits (then it hands over)
+    max_queue: int = 64                 # requests waiting to be admitted; past it: EngineBusyError
     startup_timeout_s: float = 600.0
     api_key: str = ""                   # clients must send it ("" : none needed); hetspec-launch --api-key sets it
     cores: tuple[int, ...] | str = "auto"   # the scheduler's; "auto": the target's (see assign_cores)
+
+    BOUNDS: ClassVar[dict] = {"port": (0, 65535), "max_context": (16, 2**24), "max_new_tokens": (0, 2**31 - 1),
+                              "max_running": (1, 64), "turn_s": (0.001, 3600), "max_queue": (0, 10**6),
+                              "startup_timeout_s": (0.001, 86400)}
+
+    def checked(self) -> ServerConfig:
+        _choice("server", "transport", self.transport, ("ipc", "tcp"))
+        return dataclasses.replace(self, max_new_tokens=self.max_new_tokens or self.max_context)
 
 
 @dataclass(frozen=True)
@@ -88,7 +150,19 @@ class ReplicasConfig:
     min_replicas: int = 1               # autoscaling, when max_replicas > min_replicas
     max_replicas: int = 1
     target_ongoing_requests: float = 2.0
-    max_ongoing_requests: int = 8       # per replica; one decodes at a time, the rest queue in its engine
+    max_ongoing_requests: int = 8       # per replica; the engine queues them and they take turns
+
+    BOUNDS: ClassVar[dict] = {"num": (1, 4096), "cpus": (0, 1 << 16), "min_replicas": (1, 4096),
+                              "max_replicas": (1, 4096), "target_ongoing_requests": (0.001, 10**6),
+                              "max_ongoing_requests": (1, 10**6)}
+
+    def checked(self) -> ReplicasConfig:
+        if self.max_replicas < self.min_replicas:
+            raise ConfigError(f"[replicas] max_replicas ({self.max_replicas}) is below min_replicas "
+                              f"({self.min_replicas})")
+        if not (self.gpus == "auto" or (_is_int(self.gpus) and 0 <= self.gpus <= 64)):
+            raise ConfigError(f"[replicas] gpus must be 'auto' or an integer in 0..64, got {show(self.gpus)}")
+        return self
 
 
 @dataclass(frozen=True)
@@ -105,22 +179,8 @@ class EngineConfig:
 
 _SECTIONS = {"draft": DraftConfig, "target": TargetConfig, "decoding": DecodingConfig, "server": ServerConfig,
              "replicas": ReplicasConfig}
-_WORD_OR_NUMBERS = {"cores", "gamma", "sequences", "keep_drafting", "gpus"}   # "auto"/"dynamic" or others: see _validated
+_WORD_OR_NUMBERS = {"cores", "gamma", "sequences", "keep_drafting", "gpus"}   # "auto"/"dynamic" or others: checked()
 _KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
-
-
-def _check_types(name: str, cls, section: dict) -> None:
-    """Each value has its field's type, so a wrong one fails here rather than deep inside the engine."""
-    for f in dataclasses.fields(cls):
-        if f.name not in section or f.name in _WORD_OR_NUMBERS:
-            continue
-        value, kind = section[f.name], type(f.default)
-        if kind is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if not ok:
-            raise ConfigError(f"[{name}] {f.name} must be {_KIND_NAMES[kind]}, got {value!r}")
 
 
 def load_config(source: None | str | os.PathLike | dict = None) -> EngineConfig:
@@ -131,30 +191,35 @@ def load_config(source: None | str | os.PathLike | dict = None) -> EngineConfig:
     if source is None:
         source = DEFAULT_CONFIG
     if isinstance(source, dict):
-        data = source
-    else:
-        text = _read_config_text(str(source))
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config {source}: invalid TOML: {exc}") from None
+        return _build(source)
+    text = _read_config_text(str(source))
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {source}: invalid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config {source}: invalid TOML: nested too deeply") from None
     return _build(data)
 
 
 def _read_config_text(source: str) -> str:
     if source in SHIPPED_CONFIGS:
         return resources.files("hetspec.configs").joinpath(SHIPPED_CONFIGS[source]).read_text()
-    path = Path(source)
-    if not path.is_file():
-        shipped = ", ".join(SHIPPED_CONFIGS)
-        raise ConfigError(f"config file not found: {source} (shipped configs: {shipped})")
-    return path.read_text()
+    try:
+        if not Path(source).is_file():
+            raise ConfigError(f"config file not found: {source} (shipped configs: {', '.join(SHIPPED_CONFIGS)})")
+        return Path(source).read_text()
+    except (OSError, ValueError) as exc:        # unreadable, not UTF-8, or a path no file system takes
+        raise ConfigError(f"config file {show(source)} cannot be read: {exc}") from None
 
 
 def _build(data: dict) -> EngineConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"a config must be a table (a dict), got {type(data).__name__}")
     unknown = set(data) - set(_SECTIONS)
     if unknown:
-        raise ConfigError(f"unknown config section(s): {', '.join(sorted(unknown))}; known: {', '.join(_SECTIONS)}")
+        names = ", ".join(sorted(map(_key, unknown)))
+        raise ConfigError(f"unknown config section(s): {names}; known: {', '.join(_SECTIONS)}")
     parts = {}
     for name, cls in _SECTIONS.items():
         section = data.get(name, {})
@@ -163,97 +228,65 @@ def _build(data: dict) -> EngineConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         bad = set(section) - known
         if bad:
-            raise ConfigError(f"unknown key(s) in [{name}]: {', '.join(sorted(bad))}; known: {', '.join(sorted(known))}")
+            raise ConfigError(f"unknown key(s) in [{name}]: {', '.join(sorted(map(_key, bad)))}; "
+                              f"known: {', '.join(sorted(known))}")
         _check_types(name, cls, section)
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in section.items()}
         parts[name] = cls(**values)
-    config = EngineConfig(**parts)
-    return _validated(config, set(data.get("draft", {})))
+    config = EngineConfig(draft=parts["draft"].checked(set(data.get("draft", {}))), target=parts["target"].checked(),
+                          decoding=parts["decoding"].checked(), server=parts["server"].checked(),
+                          replicas=parts["replicas"].checked())
+    return _resolved(config)
 
 
-def _validated(c: EngineConfig, draft_keys: set[str]) -> EngineConfig:
-    """draft_keys: the [draft] keys the config sets (llama.cpp's weight options are
-    refused with another backend only when set, not at their defaults)."""
-    d, t, dec, s = c.draft, c.target, c.decoding, c.server
-    if d.backend not in ("native", "llama.cpp", "torch"):
-        raise ConfigError(f"[draft] backend must be 'native', 'llama.cpp' or 'torch', got {d.backend!r}")
-    for section, model in (("draft", d.model), ("target", t.model)):
-        resolve_model(model, section)   # raises ConfigError for a missing file
-    if d.backend in ("native", "llama.cpp") and not resolve_model(d.model, "draft").gguf_file:
-        raise ConfigError(f"[draft] backend {d.backend!r} needs a GGUF file, got model {d.model!r} "
-                          "(backend = \"torch\" runs a transformers checkpoint or a random model)")
-    if d.weights not in DRAFT_WEIGHTS:
-        raise ConfigError(f"[draft] weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {d.weights!r}")
-    if "weights" in draft_keys and d.weights != "as-is" and d.backend == "torch":
-        raise ConfigError(f"[draft] weights = {d.weights!r} needs backend 'llama.cpp' (it converts the GGUF file)")
-    if d.prefill_weights != "same" and d.prefill_weights not in DRAFT_WEIGHTS:
-        raise ConfigError(f"[draft] prefill_weights must be 'same' or one of {', '.join(DRAFT_WEIGHTS)}, "
-                          f"got {d.prefill_weights!r}")
-    if "prefill_weights" in draft_keys and d.prefill_weights != "same" and d.backend == "torch":
-        raise ConfigError(f"[draft] prefill_weights = {d.prefill_weights!r} needs backend 'llama.cpp'")
-    if d.backend == "torch":   # llama.cpp's weight options do not apply: resolved to "no conversion"
-        d = dataclasses.replace(d, weights="as-is", prefill_weights="same")
-    if d.prompt_kv not in ("own", "auto"):
-        raise ConfigError(f"[draft] prompt_kv must be 'own' or 'auto', got {d.prompt_kv!r}")
-    if t.cpu_kernels not in CPU_KERNELS:
-        raise ConfigError(f"[target] cpu_kernels must be one of {', '.join(CPU_KERNELS)}, got {t.cpu_kernels!r}")
-    if t.dtype not in DTYPES:
-        raise ConfigError(f"[target] dtype must be one of {', '.join(DTYPES)}, got {t.dtype!r}")
-    if not (t.device in ("auto", "cpu", "cuda") or t.device.startswith("cuda:")):
-        raise ConfigError(f"[target] device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {t.device!r}")
-    for name, value in (("[draft] threads", d.threads), ("[target] threads", t.threads)):
-        if not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-    if not isinstance(dec.max_gamma, int) or dec.max_gamma < 1:
-        raise ConfigError(f"[decoding] max_gamma must be a positive integer, got {dec.max_gamma!r}")
-    if dec.gamma != "auto" and not (isinstance(dec.gamma, int) and 1 <= dec.gamma <= dec.max_gamma):
-        raise ConfigError(f"[decoding] gamma must be 'auto' or an integer in 1..{dec.max_gamma}, got {dec.gamma!r}")
-    if not (dec.keep_drafting == "auto" or isinstance(dec.keep_drafting, bool)):
-        raise ConfigError(f"[decoding] keep_drafting must be 'auto', true or false, got {dec.keep_drafting!r}")
-    if not isinstance(dec.max_sequences, int) or dec.max_sequences < 1:
-        raise ConfigError(f"[decoding] max_sequences must be a positive integer, got {dec.max_sequences!r}")
-    if dec.speculation not in SPECULATION:
-        raise ConfigError(f"[decoding] speculation must be one of {', '.join(SPECULATION)}, got {dec.speculation!r}")
-    if dec.sequences != "dynamic" and not (isinstance(dec.sequences, int) and 1 <= dec.sequences <= dec.max_sequences):
-        raise ConfigError(f"[decoding] sequences must be 'dynamic' or an integer in 1..max_sequences, got {dec.sequences!r}")
-    if s.transport not in ("ipc", "tcp"):
-        raise ConfigError(f"[server] transport must be 'ipc' or 'tcp', got {s.transport!r}")
-    if not isinstance(s.port, int) or not 0 <= s.port <= 65535:
-        raise ConfigError(f"[server] port must be in 0..65535, got {s.port!r}")
-    if not isinstance(s.max_context, int) or s.max_context < 16:
-        raise ConfigError(f"[server] max_context must be an integer >= 16, got {s.max_context!r}")
-    if not isinstance(s.max_queue, int) or s.max_queue < 0:
-        raise ConfigError(f"[server] max_queue must be an integer >= 0, got {s.max_queue!r}")
-    if not s.startup_timeout_s > 0:
-        raise ConfigError(f"[server] startup_timeout_s must be positive, got {s.startup_timeout_s!r}")
-    r = c.replicas
-    for name in ("num", "min_replicas", "max_replicas", "max_ongoing_requests"):
-        if getattr(r, name) < 1:
-            raise ConfigError(f"[replicas] {name} must be at least 1, got {getattr(r, name)!r}")
-    if r.max_replicas < r.min_replicas:
-        raise ConfigError(f"[replicas] max_replicas ({r.max_replicas}) is below min_replicas ({r.min_replicas})")
-    if r.cpus < 0 or r.target_ongoing_requests <= 0:
-        raise ConfigError("[replicas] cpus must be >= 0 and target_ongoing_requests > 0")
-    if not (r.gpus == "auto" or (isinstance(r.gpus, int) and not isinstance(r.gpus, bool) and r.gpus >= 0)):
-        raise ConfigError(f"[replicas] gpus must be 'auto' or an integer >= 0, got {r.gpus!r}")
-    if d.n_ctx < 0:
-        raise ConfigError(f"[draft] n_ctx must be 0 (automatic) or a positive integer, got {d.n_ctx!r}")
+def _check_types(name: str, cls, section: dict) -> None:
+    """Each value has its field's type and lies in its range (cls.BOUNDS), so that a
+    wrong one fails here rather than deep inside the engine."""
+    for f in dataclasses.fields(cls):
+        if f.name not in section or f.name in _WORD_OR_NUMBERS:
+            continue
+        value, kind = section[f.name], type(f.default)
+        if kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if not ok:
+            raise ConfigError(f"[{name}] {f.name} must be {_KIND_NAMES[kind]}, got {show(value)}")
+        low, high = cls.BOUNDS.get(f.name, (None, None))
+        if low is not None and not low <= value <= high:   # (NaN fails both comparisons)
+            raise ConfigError(f"[{name}] {f.name} must be in {low}..{high}, got {show(value)}")
+
+
+def _resolved(c: EngineConfig) -> EngineConfig:
+    """What spans sections: the draft's context, and every process's cores."""
+    d, s, max_gamma = c.draft, c.server, c.decoding.max_gamma
     if d.n_ctx == 0:   # another model may need more tokens for the same text (a draft of another vocabulary)
-        d = dataclasses.replace(d, n_ctx=s.max_context * (1 if d.model == t.model else 2) + dec.max_gamma + 1)
-    if d.n_ctx < s.max_context + dec.max_gamma + 1:
+        d = dataclasses.replace(d, n_ctx=s.max_context * (1 if d.model == c.target.model else 2) + max_gamma + 1)
+    if d.n_ctx < s.max_context + max_gamma + 1:
         raise ConfigError(f"[draft] n_ctx ({d.n_ctx}) must be at least [server] max_context + max_gamma + 1 "
-                          f"({s.max_context + dec.max_gamma + 1})")
-    draft_cores, target_cores, scheduler_cores = assign_cores(d.cores, t.cores, s.cores)
+                          f"({s.max_context + max_gamma + 1})")
+    draft_cores, target_cores, scheduler_cores = assign_cores(d.cores, c.target.cores, s.cores)
     return dataclasses.replace(
         c,
         draft=dataclasses.replace(d, cores=draft_cores, threads=d.threads or len(draft_cores)),
-        target=dataclasses.replace(t, cores=target_cores, threads=t.threads or len(target_cores)),
+        target=dataclasses.replace(c.target, cores=target_cores, threads=c.target.threads or len(target_cores)),
         server=dataclasses.replace(s, cores=scheduler_cores),
     )
 
 
-def available_cores() -> list[int]:
-    return sorted(psutil.Process().cpu_affinity())
+def _choice(section: str, key: str, value, choices: tuple) -> None:
+    if not (isinstance(value, str) and value in choices):
+        allowed = " or ".join(map(repr, choices)) if len(choices) == 2 else f"one of {', '.join(choices)}"
+        raise ConfigError(f"[{section}] {key} must be {allowed}, got {show(value)}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _key(key) -> str:
+    """A key as a message names it: as written, its odd characters escaped."""
+    return show(key)[1:-1] if isinstance(key, str) and len(key) < 60 else show(key)
 
 
 def assign_cores(draft: tuple[int, ...] | str, target: tuple[int, ...] | str,
@@ -266,14 +299,14 @@ def assign_cores(draft: tuple[int, ...] | str, target: tuple[int, ...] | str,
     runs while both compute, so it must sit beside the side with time to
     spare; the budget makes the draft the longer side, so beside the target
     (docs/performance.md, "Where the scheduler sits")."""
-    cores = available_cores()
+    cores = sorted(psutil.Process().cpu_affinity())
     for name, value in (("draft", draft), ("target", target), ("server", scheduler)):
         if value == "auto":
             continue
-        if not isinstance(value, tuple) or not value \
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in value) or len(set(value)) != len(value):
+        if not isinstance(value, tuple) or not value or not all(_is_int(x) for x in value) \
+                or len(set(value)) != len(value):
             raise ConfigError(f"[{name}] cores must be 'auto' or a non-empty list of distinct core numbers, "
-                              f"got {value!r}")
+                              f"got {show(value)}")
         missing = sorted(set(value) - set(cores))
         if missing:
             raise ConfigError(f"[{name}] cores {missing} do not exist on this machine (available: {cores})")

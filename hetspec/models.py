@@ -26,17 +26,29 @@ import os
 from pathlib import Path
 
 from hetspec.core.errors import ConfigError
+from hetspec.core.params import show
 from hetspec.ipc.specs import ModelSpec
 
 RANDOM_DEFAULTS = {"arch": "llama", "vocab": 320, "hidden": 64, "layers": 2, "heads": 4, "seed": 0,
                    "intermediate": 128, "window": 8}
+RANDOM_BOUNDS = {"vocab": (1, 2**20), "hidden": (1, 8192), "layers": (1, 128), "heads": (1, 128), "seed": (0, 2**32 - 1),
+                 "intermediate": (1, 32768), "window": (1, 2**20)}
 RANDOM_ARCHS = ("llama", "gemma3")   # gemma3: sliding-window attention of `window` tokens
 RANDOM_TOKENIZERS = ("bytes", "smollm2", "gemma3-270m")
 
 
 def resolve_model(spec: str, section: str = "model") -> ModelSpec:
     if not isinstance(spec, str) or not spec:
-        raise ConfigError(f"[{section}] model must be a non-empty string, got {spec!r}")
+        raise ConfigError(f"[{section}] model must be a non-empty string, got {show(spec)}")
+    try:
+        return _resolve(spec, section)
+    except (OSError, ValueError, RuntimeError) as exc:   # a path no file system takes ("\0"), "~nobody/..."
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"[{section}] model {show(spec)}: {exc}") from None
+
+
+def _resolve(spec: str, section: str) -> ModelSpec:
     if spec.startswith("builtin:"):
         return _gguf(_builtin_path(spec[len("builtin:"):], section), section)
     if spec.startswith("random:") or spec == "random":
@@ -97,10 +109,15 @@ def _parse_random(spec: str, section: str) -> dict:
         value = value.strip()
         if key == "arch" and value in RANDOM_ARCHS or key == "tokenizer" and value in RANDOM_TOKENIZERS:
             values[key] = value
-        elif key in RANDOM_DEFAULTS and key != "arch" and value.isdigit():
+        elif key in RANDOM_BOUNDS and value.isascii() and value.isdigit() and len(value) < 12 \
+                and RANDOM_BOUNDS[key][0] <= int(value) <= RANDOM_BOUNDS[key][1]:
             values[key] = int(value)
         else:
-            raise ConfigError(f"[{section}] bad random model field {item!r}; fields: {', '.join(RANDOM_DEFAULTS)}, "
+            raise ConfigError(f"[{section}] bad random model field {show(item)}; fields: {', '.join(RANDOM_DEFAULTS)}, "
                               f"tokenizer (arch one of {', '.join(RANDOM_ARCHS)}; tokenizer one of "
-                              f"{', '.join(RANDOM_TOKENIZERS)})")
+                              f"{', '.join(RANDOM_TOKENIZERS)}; numbers within "
+                              f"{', '.join(f'{k} {lo}..{hi}' for k, (lo, hi) in RANDOM_BOUNDS.items())})")
+    if values["hidden"] % values["heads"]:
+        raise ConfigError(f"[{section}] random model: hidden ({values['hidden']}) must be a multiple of heads "
+                          f"({values['heads']})")
     return values

@@ -12,7 +12,7 @@ import stat
 import zmq
 import zmq.utils.monitor
 
-from hetspec.ipc.messages import decode, encode
+from hetspec.ipc.codec import MAX_MESSAGE_BYTES, Malformed, decode, encode
 
 
 def make_runtime_dir(path: str) -> str:
@@ -89,6 +89,7 @@ class Router:
         self.socket.setsockopt(zmq.SNDHWM, 0)
         self.socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
         self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES + 64)   # a larger frame disconnects its sender
         self.socket.bind(endpoint)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
@@ -103,15 +104,15 @@ class Router:
             raise
 
     def recv_nowait(self):
-        """(identity, message) or None; a malformed message comes back as (identity, ValueError)."""
+        """(identity, message) or None; a malformed message comes back as (identity, Malformed)."""
         try:
             identity, *frames = self.socket.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
             return None
         try:
             return identity, decode(frames)
-        except (ValueError, TypeError) as exc:
-            return identity, ValueError(str(exc))
+        except Malformed as exc:
+            return identity, exc
 
     def close(self) -> None:
         self.socket.close()

@@ -1,15 +1,12 @@
 """Every message that crosses a process boundary, as a plain dataclass.
 
-A message travels as two zmq frames: a one-byte type tag and a small JSON
-header (nested dataclasses, such as SamplingParams, as JSON objects). Anything large (token windows, draft branches, probability rows)
+How one travels is codec.py's: two zmq frames, a type tag and a small JSON
+object. Anything large (token windows, draft branches, probability rows)
 travels in shared memory (ipc/shm.py); a message only says where to look.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from hetspec.core.params import SamplingParams
 
@@ -160,6 +157,7 @@ class VerifyCommand:
     params: SamplingParams
     borrow_cores: bool = False   # use the draft's cores too (prompt prefill)
     keyed: bool = False          # sampling: the choice is each position's keyed draw (core/sampling.draw_keyed)
+    slot: int = 0                # which request's cache: each admitted request keeps its own (requests take turns)
 
 
 @dataclass
@@ -170,10 +168,11 @@ class Verified:
 
 @dataclass
 class ExportKV:
-    """Target: write the first `length` positions of the request's KV cache to the
-    shared "kv" buffer, float16, (2, layers, kv_heads, positions, head_dim)."""
+    """Target: write the first `length` positions of the request's KV cache (in `slot`)
+    to the shared "kv" buffer, float16, (2, layers, kv_heads, positions, head_dim)."""
     request_id: int
     length: int
+    slot: int = 0
 
 
 @dataclass
@@ -220,7 +219,7 @@ class Finished:
     request_id: int
     token_ids: list[int]
     text: str
-    finish_reason: str        # "eos", "stop", "length" or "cancelled"
+    finish_reason: str        # "eos", "stop", "length", "cancelled" or "timeout"
     stats: dict = field(default_factory=dict)
 
 
@@ -253,51 +252,3 @@ class EngineInfo:
 class StopEngine:
     """Ask the scheduler to stop its workers and exit."""
     token: str = ""
-
-
-_TYPES = [
-    WorkerHello, WorkerFailed, AttachBuffers, Attached, Shutdown,
-    PrefillDraft, Prefilled, DraftWindow, Drafted, DraftExtended, Idle, CalibrateDraft, DraftCalibration,
-    VerifyCommand, Verified, ExportKV, KVExported, CalibrateTarget, TargetCalibration,
-    GenerateRequest, TokensEvent, Finished, RequestFailed, InfoRequest, EngineInfo, StopEngine, CancelRequest,
-]
-_TAG_OF = {cls: bytes([i]) for i, cls in enumerate(_TYPES)}
-_CLASS_OF = {tag: cls for cls, tag in _TAG_OF.items()}
-
-
-def encode(message) -> list[bytes]:
-    return [_TAG_OF[type(message)], json.dumps(dataclasses.asdict(message)).encode()]
-
-
-def decode(frames: list[bytes]):
-    if len(frames) != 2 or frames[0] not in _CLASS_OF:
-        raise ValueError(f"malformed message: {len(frames)} frame(s)")
-    cls = _CLASS_OF[frames[0]]
-    values = json.loads(frames[1])
-    if not isinstance(values, dict):
-        raise TypeError(f"malformed {cls.__name__}: not a JSON object")
-    return build(cls, values)
-
-
-def build(cls, values: dict):
-    """A dataclass from its JSON fields, nested dataclasses (SamplingParams, BranchPlan) included."""
-    names = {f.name for f in fields(cls)}
-    unexpected = values.keys() - names
-    if unexpected:
-        raise ValueError(f"malformed {cls.__name__}: unexpected fields {sorted(unexpected)}")
-    for name, kind in _nested(cls).items():
-        if isinstance(values.get(name), dict):
-            values[name] = build(kind, values[name])
-    return cls(**values)
-
-
-def _nested(cls) -> dict[str, type]:
-    """Fields whose type is (or may be) a dataclass, by name."""
-    if cls not in _NESTED:
-        hints = typing.get_type_hints(cls)
-        _NESTED[cls] = {name: kind for name, hint in hints.items()
-                        for kind in (typing.get_args(hint) or (hint,)) if dataclasses.is_dataclass(kind)}
-    return _NESTED[cls]
-
-
-_NESTED: dict[type, dict[str, type]] = {}

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hetspec.ipc.messages import build
+from hetspec.ipc.codec import build
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ One engine (tiny random models, max_context 64) serves the whole module.
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 import sys
@@ -24,7 +25,8 @@ import hetspec
 import hetspec.client
 from hetspec import ConfigError, EngineStartError, RequestError
 from hetspec.ipc.channel import Channel
-from hetspec.ipc.messages import Finished, GenerateRequest, RequestFailed, Shutdown, TokensEvent, encode
+from hetspec.ipc.codec import encode
+from hetspec.ipc.messages import Finished, GenerateRequest, RequestFailed, Shutdown, TokensEvent
 
 DRAFT = "random:seed=1"
 TARGET = "random:seed=0"
@@ -97,6 +99,20 @@ BAD_REQUESTS = {
     "token-id-negative": ({"prompt": [5, -1]}, r"non-negative"),
     "messages-without-chat-template": ({"messages": [{"role": "user", "content": "hi"}]}, r"no chat template"),
     "messages-malformed": ({"messages": [{"role": "user"}]}, r"messages must be"),
+    "prompt-lone-surrogate": ({"prompt": "\ud800 x"},
+                              r"the prompt is not valid text: its character 0 is a lone surrogate \(U\+D800\)"),
+    "message-lone-surrogate": ({"messages": [{"role": "user", "content": "ok \udfff"}]},
+                               r"messages\[0\]\.content is not valid text: its character 3"),
+    "stop-lone-surrogate": (hello(stop=["fine", "\ud800"]), r"stop string 1 is not valid text"),
+    "params-not-a-dict": ({"prompt": "hi", "params": 5}, r"params must be a SamplingParams or a dict, got int"),
+    "max-new-tokens-huge": (hello(max_new_tokens=10**12), r"max_new_tokens must be an integer in 1\.\.2147483647, "
+                                                          r"got 1000000000000"),
+    "temperature-infinite": (hello(temperature=math.inf), r"temperature must be a number in \[0, 100\], got inf"),
+    "temperature-huge-int": (hello(temperature=10**400), r"temperature.*got an integer of 1329 bits"),
+    "top-k-huge": (hello(top_k=2**40), r"top_k must be an integer in 0\.\.2147483647"),
+    "seed-past-64-bits": (hello(seed=2**64), r"seed must be an integer in 0\.\.9223372036854775807"),
+    "gamma-huge": (hello(gamma=10**6), r"gamma must be an integer in 1\.\.1024"),
+    "timeout-past-a-day": (hello(timeout_s=1e9), r"timeout_s must be a number of seconds in \(0, 86400\]"),
 }
 
 
@@ -122,6 +138,15 @@ def test_prompt_that_just_fits_the_context_is_capped_not_refused(engine, referen
     assert len(result.token_ids) == 1                          # prompt + new tokens <= max_context
     assert result.finish_reason == "length"
     assert_still_serves(engine, reference)
+
+
+def test_max_new_tokens_is_capped_by_the_engines_per_request_maximum(reference):
+    """[server] max_new_tokens caps a request (as the context does): it ends at the cap with
+    finish_reason "length", and its tokens are those an uncapped request starts with."""
+    with hetspec.launch(config(server={"max_context": MAX_CONTEXT, "max_new_tokens": 5})) as capped:
+        assert capped.info["config"]["server"]["max_new_tokens"] == 5
+        result = capped.generate("a valid prompt", max_new_tokens=8)
+    assert result.token_ids == reference[:5] and result.finish_reason == "length"
 
 
 def test_many_bad_requests_in_a_row_then_a_good_one(engine, reference):
@@ -162,7 +187,7 @@ def raw_request(endpoint: str, **fields):
 
 RAW_BAD = {
     "empty-prompt": ({"prompt": ""}, r"prompt is empty"),
-    "prompt-object": ({"prompt": {"a": 1}}, r"prompt must be a string or a list of token ids"),
+    "prompt-object": ({"prompt": {"a": 1}}, r"malformed GenerateRequest: prompt must be a string or a list"),
     "negative-token": ({"prompt": [1, -4]}, r"non-negative"),
     "token-outside-vocab": ({"prompt": [VOCAB + 1]}, rf"token id {VOCAB + 1} is outside the vocabulary"),
     "max-new-tokens-zero": ({"max_new_tokens": 0}, r"max_new_tokens"),
@@ -173,6 +198,10 @@ RAW_BAD = {
     "unknown-mode": ({"mode": "turbo"}, r"unknown mode 'turbo'"),
     "unknown-parameter": ({"tempreature": 0.5}, r"unknown parameter\(s\) 'tempreature'; known: .*temperature"),
     "messages-not-a-list": ({"prompt": None, "messages": "hi"}, r"messages must be"),
+    "prompt-lone-surrogate": ({"prompt": "\ud800 x"}, r"the prompt is not valid text: its character 0"),
+    "temperature-nan": ({"temperature": math.nan}, r"temperature.*got nan"),
+    "seed-past-64-bits": ({"seed": 2**70}, r"seed must be an integer in 0\.\.9223372036854775807"),
+    "max-new-tokens-huge": ({"max_new_tokens": 10**12}, r"max_new_tokens must be an integer in 1\.\.2147483647"),
 }
 
 
@@ -204,7 +233,13 @@ SHUTDOWN_TAG = encode(Shutdown())[0]
     ([GENERATE_TAG, b'[1, 2]'], r"malformed.*not a JSON object"),
     ([GENERATE_TAG, b'{"prompt": "hi"}'], r"malformed.*request_id"),
     ([SHUTDOWN_TAG, b"{}"], r"unexpected Shutdown"),
-], ids=["one-frame", "unknown-tag", "bad-json", "unknown-field", "json-list", "missing-field", "worker-message"])
+    ([GENERATE_TAG, b'{"request_id": "7", "prompt": "hi"}'], r"request_id must be a 64-bit integer, got '7'"),
+    ([GENERATE_TAG, b'{"request_id": 7, "prompt": [1, 1e400]}'], r"prompt must be a string or a list"),
+    ([GENERATE_TAG, b'{"request_id": 7, "token": ["not", "text"]}'], r"token must be a string"),
+    ([GENERATE_TAG, b"[" * 100000], r"nested too deeply"),
+    ([GENERATE_TAG, b'{"request_id": 7, "prompt": "\xff\xfe"}'], r"malformed GenerateRequest: not JSON"),
+], ids=["one-frame", "unknown-tag", "bad-json", "unknown-field", "json-list", "missing-field", "worker-message",
+        "id-not-an-integer", "id-list-with-infinity", "token-not-text", "deep-json", "not-utf8"])
 def test_scheduler_survives_malformed_messages(engine, reference, frames, pattern):
     answer = raw_exchange(engine.endpoint, frames)
     assert isinstance(answer, RequestFailed), answer
@@ -255,6 +290,14 @@ BAD_CONFIGS = {
     "keep-drafting-not-auto-or-bool": (config(decoding={"keep_drafting": 1}),
                                        r"\[decoding\] keep_drafting must be 'auto', true or false, got 1"),
     "section-not-a-table": ({**config(), "decoding": 4}, r"\[decoding\] must be a table"),
+    "max-context-huge": (config(server={"max_context": 2**40}), r"\[server\] max_context must be in 16\.\.16777216"),
+    "timeout-nan": (config(server={"startup_timeout_s": math.nan}), r"startup_timeout_s must be in .*got nan"),
+    "turn-infinite": (config(server={"turn_s": math.inf}), r"\[server\] turn_s must be in .*got inf"),
+    "max-running-zero": (config(server={"max_running": 0}), r"\[server\] max_running must be in 1\.\.64"),
+    "threads-huge": (config(draft={"threads": 10**30}), r"\[draft\] threads must be in 0\.\.1024"),
+    "model-with-nul": (config(target={"model": "/models/a\x00b.gguf"}), r"\[target\] model"),
+    "random-field-huge": (config(target={"model": "random:vocab=99999999999"}), r"bad random model field"),
+    "random-heads-do-not-divide": (config(target={"model": "random:hidden=30,heads=4"}), r"multiple of heads"),
 }
 
 
@@ -337,8 +380,9 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> N
     (["--prompt", "hi", "--mode", "turbo"], ["unknown mode", "turbo"]),
     (["--prompt", "hi", "--max-new-tokens", "many"], ["--max-new-tokens", "many"]),
     (["--no-such-flag"], ["--no-such-flag"]),
+    (["--prompt", os.fsdecode(b"caf\xe9")], ["the prompt is not valid text", "lone surrogate (U+DCE9)"]),
 ], ids=["empty-prompt", "max-new-tokens-zero", "temperature-negative", "top-p-zero", "top-p-above-one",
-        "unknown-mode", "max-new-tokens-not-a-number", "unknown-flag"])
+        "unknown-mode", "max-new-tokens-not-a-number", "unknown-flag", "argv-not-utf8"])
 def test_cli_bad_arguments(tmp_path, args, needles):
     toml = write_toml(tmp_path / "random.toml")
     assert_one_line_error(run_cli(toml, *args), *needles)

@@ -5,8 +5,9 @@
 - a killed target aborts the one request it was running (RequestAbortedError) and is
   restarted; queued and later requests succeed;
 - a worker that keeps dying while it loads is given up, with its last log lines;
-- a killed scheduler is an EngineDeadError for its clients, never a hang, and a
-  served engine exits non-zero saying why;
+- a killed scheduler is started again by its launcher: the requests it held fail with
+  RequestAbortedError, later ones succeed; one that keeps dying before it is ready is
+  given up, an EngineDeadError for its clients, never a hang;
 - a client that closes its stream, cancels, or dies has its request cancelled;
 - timeout_s ends a request with finish_reason "timeout" and the tokens it has.
 
@@ -37,6 +38,7 @@ from test_lifecycle import (
 
 import hetspec
 from hetspec import EngineDeadError, RequestAbortedError, RequestError
+from hetspec.core.errors import InternalError
 
 from helpers import TARGET, WEAK_DRAFT, load_reference, random_engine_config
 
@@ -178,35 +180,116 @@ def byte_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer)
 
 
+# ---- a request that fails inside the engine ---------------------------------------------------
+
+def short_context_model(path) -> str:
+    """A real model that cannot run past 64 positions (GPT-2's learned position embeddings):
+    a request that gets there fails inside both workers, through no fault of its own."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=4, initializer_range=0.25,
+                               bos_token_id=None, eos_token_id=None)).save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def test_a_request_the_engine_fails_on_is_an_internal_error_and_the_engine_serves_on(tmp_path):
+    """The fault boundary: the draft's failure costs speed (the target goes on alone), the
+    target's ends the request with an InternalError (HTTP 500) and the traceback in the
+    scheduler's log; the next request's output is exact."""
+    model = short_context_model(tmp_path / "gpt2")
+    config = {"draft": {"backend": "torch", "model": model}, "target": {"model": model, "cpu_kernels": "torch"},
+              "decoding": {"gamma": 4, "speculation": "always"}, "server": {"max_context": 200}}
+    with hetspec.launch(config) as engine:
+        expected = engine.generate("hello", max_new_tokens=10, mode="target").token_ids
+        stream = engine.stream("x" * 40, max_new_tokens=60)
+        streamed = []
+        with pytest.raises(InternalError, match=r"the engine failed on this request \(WorkerError: target worker: "
+                                                r"IndexError.*scheduler's log has the traceback"):
+            streamed.extend(stream)
+        assert streamed, "it failed after some tokens were streamed"
+        result = engine.generate("hello", max_new_tokens=10)
+        assert result.token_ids == expected and result.stats["spec_rounds"] > 0
+        assert engine.get_info()["requests"]["failed"] == 1
+        with open(os.path.join(engine._launcher.runtime_dir, "scheduler.log")) as log:
+            assert "Traceback" in log.read()
+
+
 # ---- the scheduler -----------------------------------------------------------------------------
 
-def test_a_killed_scheduler_is_an_engine_dead_error_for_every_client():
+def scheduler_pid(engine) -> int | None:
+    """The launched engine's scheduler process, as its launcher knows it now."""
+    return engine._launcher.scheduler.pid
+
+
+def kill_scheduler(pid: int) -> None:
+    """SIGKILL, and no more: its launcher (this process) must be the one to reap it."""
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_a_killed_scheduler_aborts_its_requests_and_is_started_again(reference):
+    """Both handles' requests in flight fail with RequestAbortedError (the launch()ed one by
+    its launcher's count of starts, the connect()ed one over tcp by the closed connection);
+    the launcher starts a new scheduler with fresh workers, and the next requests are exact."""
     before = children()
     engine = hetspec.launch({**CONFIG, "server": {"transport": "tcp", "host": "127.0.0.1"}})
-    footprint = Footprint.of(engine._launcher)
     other = hetspec.connect(engine.endpoint)                       # over tcp, without the launcher's view
-    stream = other.stream(PROMPT, max_new_tokens=2000)
-    next(stream)
-    kill(engine.info["pid"])
-    _, error = call_within(DEADLINE_S, list, stream)
-    assert isinstance(error, EngineDeadError), error
-    _, error = call_within(DEADLINE_S, engine.generate, PROMPT, max_new_tokens=8)
-    assert isinstance(error, EngineDeadError) and "scheduler" in str(error), error
+    mine, theirs = engine.stream(PROMPT, max_new_tokens=2000), other.stream(PROMPT, max_new_tokens=2000)
+    next(mine)
+    next(theirs)
+    old = scheduler_pid(engine)
+    kill_scheduler(old)
+    for stream in (mine, theirs):
+        _, error = call_within(DEADLINE_S, list, stream)
+        assert isinstance(error, RequestAbortedError) and "scheduler" in str(error), error
+    for handle in (engine, other):                                 # they wait for the new scheduler
+        result, error = call_within(DEADLINE_S, handle.generate, PROMPT, max_new_tokens=24)
+        assert error is None and result.token_ids == reference[:24], error
+    info = engine.get_info()
+    assert info["pid"] == scheduler_pid(engine) != old and info["dead"] is None
+    assert info["scheduler"]["restarts"] == 1 and "SIGKILL" in info["scheduler"]["deaths"][-1]["reason"]
+    footprint = Footprint.of(engine._launcher)
     other.close()
     engine.close()
-    assert_nothing_left(footprint, before)                        # the workers died with it
+    assert_nothing_left(footprint, before)                        # the old workers died with their scheduler
 
 
-def test_a_served_engine_exits_non_zero_when_its_scheduler_dies(tmp_path):
+def test_a_scheduler_that_keeps_dying_is_given_up_with_its_last_log_lines():
+    before = children()
+    engine = hetspec.launch(CONFIG)
+    footprint = Footprint.of(engine._launcher)
+    pid = scheduler_pid(engine)
+    kill_scheduler(pid)                                           # it was ready: it is started again
+    for _ in range(3):                                            # ... and dies before it is ready, 3 times
+        pid = wait_for(lambda old=pid: (p := scheduler_pid(engine)) != old and p, "a restart")
+        kill_scheduler(pid)
+    _, error = call_within(DEADLINE_S, engine.generate, PROMPT, max_new_tokens=8)
+    assert isinstance(error, EngineDeadError), error
+    assert "the scheduler died 3 times in a row before it was ready" in str(error) and "last log lines" in str(error)
+    engine.close()
+    assert_nothing_left(footprint, before)
+
+
+def test_a_served_engine_starts_its_scheduler_again_and_says_so(tmp_path, reference):
     proc, endpoint, _ = start_serving(write_toml(tmp_path))
     try:
         client = hetspec.connect(endpoint)
-        kill(client.info["pid"])
+        old = client.info["pid"]
+        thread, box = start_long_request(client)
+        kill(old)
+        thread.join(DEADLINE_S)
+        assert isinstance(box.get("error"), RequestAbortedError), box
+        result, error = call_within(DEADLINE_S, client.generate, PROMPT, max_new_tokens=24)
+        assert error is None and result.token_ids == reference[:24], error
+        assert client.get_info()["pid"] != old
         client.close()
+        proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=DEADLINE_S)
     finally:
         proc.kill()
-    assert proc.returncode not in (0, None) and "scheduler" in stderr, stderr
+    assert proc.returncode == 0 and "the scheduler was killed by SIGKILL; it is starting again" in stderr, stderr
     assert cli_leftovers(proc.pid) == ([], [], [])
 
 

@@ -255,7 +255,7 @@ def test_zmq_token_guards_a_launched_engine():
         assert hetspec.connect(engine.endpoint, token="secret").generate([1, 2, 3], max_new_tokens=3).token_ids
 
 
-def test_busy_is_a_503_a_dead_scheduler_ends_the_server_and_a_public_address_without_key_warns(tmp_path):
+def test_busy_is_a_503_a_killed_scheduler_is_started_again_and_a_public_address_without_key_warns(tmp_path):
     toml = tmp_path / "random.toml"
     toml.write_text('[draft]\nbackend = "torch"\nmodel = "random:seed=1"\n\n[target]\nmodel = "random:seed=0"\n\n'
                     '[server]\nmax_queue = 0\n')                   # nothing may wait behind a running request
@@ -277,19 +277,56 @@ def test_busy_is_a_503_a_dead_scheduler_ends_the_server_and_a_public_address_wit
             return process
 
         engine_process("hetspec.workers.target").kill()           # restarted: the next request waits for it
-        response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 3},
-                              timeout=DEADLINE_S)
+        short = {"prompt": "hi", "max_tokens": 3, "temperature": 0}
+        response = httpx.post(f"{server.url}/v1/completions", json=short, timeout=DEADLINE_S)
         assert response.status_code == 200, response.text
         assert httpx.get(f"{server.url}/health", timeout=DEADLINE_S).json() == {"status": "ok"}
         assert 'hetspec:worker_restarts{model_name="random",worker="target"} 1.0' in \
             httpx.get(f"{server.url}/metrics", timeout=DEADLINE_S).text
 
-        engine_process("hetspec.scheduler").kill()                 # the server cannot go on: it exits, saying why
-        server.process.wait(DEADLINE_S)
-        assert server.process.returncode not in (0, None)
+        # The scheduler killed under a streaming request: that request ends with an error event,
+        # the launcher (the server's process) starts a new scheduler, and the next request is served.
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=DEADLINE_S) as running:
+            lines = running.iter_lines()
+            assert next(lines).startswith("data: ")
+            engine_process("hetspec.scheduler").kill()
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert events[-1]["error"]["code"] == "request_aborted", events[-1]
+        again = httpx.post(f"{server.url}/v1/completions", json=short, timeout=DEADLINE_S)
+        assert again.status_code == 200 and again.json()["choices"][0]["text"] == response.json()["choices"][0]["text"]
+        assert httpx.get(f"{server.url}/health", timeout=DEADLINE_S).json() == {"status": "ok"}
+        assert 'hetspec:scheduler_restarts{model_name="random"} 1.0' in \
+            httpx.get(f"{server.url}/metrics", timeout=DEADLINE_S).text
     finally:
         server.engine.close()
         server.process.send_signal(signal.SIGINT)
         _, stderr = server.process.communicate(timeout=DEADLINE_S)
+    assert server.process.returncode == 0, stderr
     assert "without --api-key" in stderr
-    assert "scheduler" in stderr.split("without --api-key")[-1], stderr
+    assert "the scheduler was killed by SIGKILL; it is starting again" in stderr, stderr
+
+
+def test_hostile_input_is_a_400_and_a_failure_inside_the_engine_a_500(tmp_path):
+    """A prompt with a lone surrogate (valid JSON, and Python reads it) is a 400 naming it;
+    a request the engine fails on (a model that cannot run past 64 positions) is a 500 in
+    OpenAI's shape; the server serves on after both."""
+    from test_faults import short_context_model
+
+    model = short_context_model(tmp_path / "gpt2")
+    toml = tmp_path / "short.toml"
+    toml.write_text(f'[draft]\nbackend = "torch"\nmodel = "{model}"\n[target]\nmodel = "{model}"\ncpu_kernels = "torch"\n'
+                    '[decoding]\ngamma = 4\n[server]\nmax_context = 200\n')
+    server = Server(str(toml), api_key=None)
+    try:
+        url = f"{server.url}/v1/completions"
+        surrogate = httpx.post(url, content=b'{"prompt": "\\ud800 x", "max_tokens": 4}', timeout=DEADLINE_S,
+                               headers={"content-type": "application/json"})
+        assert surrogate.status_code == 400, surrogate.text
+        assert "its character 0 is a lone surrogate (U+D800)" in surrogate.json()["error"]["message"]
+        failed = httpx.post(url, json={"prompt": "x" * 40, "max_tokens": 60, "temperature": 0}, timeout=DEADLINE_S)
+        assert failed.status_code == 500, failed.text
+        assert failed.json()["error"]["type"] == "server_error" and failed.json()["error"]["code"] == "internal_error"
+        fine = httpx.post(url, json={"prompt": "hello", "max_tokens": 8, "temperature": 0}, timeout=DEADLINE_S)
+        assert fine.status_code == 200 and fine.json()["usage"]["completion_tokens"] == 8
+    finally:
+        server.stop()

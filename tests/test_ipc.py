@@ -3,36 +3,53 @@ import dataclasses
 import os
 import subprocess
 import sys
+import types
+import typing
 
 import numpy as np
 import pytest
 import zmq
 
-from hetspec.ipc import messages
+from hetspec.core.params import SamplingParams
+from hetspec.ipc import codec, messages
 from hetspec.ipc.channel import Channel, Router, ipc_endpoint, make_runtime_dir
 from hetspec.ipc.shm import SharedArray, new_run_id, remove_leftovers, segment_name
 
 
 def _example(cls):
+    """A message with every required field set to a value of its declared type."""
     values = {}
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
             continue
-        values[f.name] = {"int": 3, "str": "x", "float": 0.5, "bool": True}.get(str(f.type).split(" ")[0], [1, 2])
+        hint = hints[f.name]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            hint = typing.get_args(hint)[0]
+        values[f.name] = SamplingParams() if hint is SamplingParams else {
+            int: 3, str: "x", float: 0.5, bool: True, dict: {"a": [1]}}.get(typing.get_origin(hint) or hint, [1, 2])
     return cls(**values)
 
 
-@pytest.mark.parametrize("cls", messages._TYPES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", codec.TYPES, ids=lambda c: c.__name__)
 def test_every_message_round_trips(cls):
     message = _example(cls)
-    assert messages.decode(messages.encode(message)) == message
+    assert codec.decode(codec.encode(message)) == message
 
 
 def test_malformed_messages_are_rejected():
-    with pytest.raises(ValueError):
-        messages.decode([b"\xff", b"{}"])
-    with pytest.raises(ValueError):
-        messages.decode([messages.encode(messages.Shutdown())[0], b'{"surprise": 1}'])
+    with pytest.raises(codec.Malformed):
+        codec.decode([b"\xff", b"{}"])
+    with pytest.raises(codec.Malformed, match="unexpected fields"):
+        codec.decode([codec.encode(messages.Shutdown())[0], b'{"surprise": 1}'])
+    tag = codec.encode(messages.GenerateRequest(0))[0]
+    with pytest.raises(codec.Malformed, match="prompt must be") as refused:
+        codec.decode([tag, b'{"request_id": 7, "prompt": [1, 2.5]}'])
+    assert refused.value.request_id == 7                  # so the client is answered about its own request
+    with pytest.raises(codec.Malformed, match="request_id must be a 64-bit integer"):
+        codec.decode([tag, b'{"request_id": 18446744073709551616}'])
+    with pytest.raises(codec.Malformed, match="nested too deeply"):
+        codec.decode([tag, b"[" * 100000])
 
 
 def test_channel_and_router_over_ipc(tmp_path):

@@ -53,7 +53,7 @@ def echo_link(request):
 
 
 def _round_trip(link, window, sampling, read_probs):
-    link.start_verify(1, window, 100, ROWS, sampling)
+    link.start_verify(1, 0, window, 100, ROWS, sampling)
     result = link.finish_verify(ROWS)
     if read_probs:
         return np.array(result.probs)      # the scheduler reads every row it was sent

@@ -36,7 +36,7 @@ def rig(bench_config):
 def primed(rig, context_ids):
     """Both workers hold the context; the draft's window after it is pending."""
     context = np.asarray(context_ids, dtype=np.int32)
-    rig.target.start_verify(1, context, 0, 1, GREEDY)
+    rig.target.start_verify(1, 0, context, 0, 1, GREEDY)
     rig.target.finish_verify(1)
     rig.draft.start_window(1, context, GAMMA, GREEDY)
     window = rig.draft.finish_window().branches[0]
@@ -48,7 +48,8 @@ def test_duodec_round(benchmark, rig, primed):
     max_sequences = rig.scheduler.config.decoding.max_sequences
 
     def one_round():
-        rig.target.start_verify(1, np.concatenate([context[-1:], window]), len(context) - 1, len(window) + 1, GREEDY)
+        rig.target.start_verify(1, 0, np.concatenate([context[-1:], window]), len(context) - 1, len(window) + 1,
+                                GREEDY)
         rig.draft.start_window(1, np.concatenate([context, window]), GAMMA, GREEDY, BranchPlan("dynamic", max_sequences, 0.8))
         verification = rig.target.finish_verify(len(window) + 1)
         draft = rig.draft.finish_window()

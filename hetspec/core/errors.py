@@ -30,6 +30,11 @@ class EngineStartError(HetspecError, RuntimeError):
     """The engine could not start (a worker failed while loading its model)."""
 
 
+class InternalError(HetspecError, RuntimeError):
+    """The engine failed on this request by a fault of its own, not of the request's;
+    the request ended, the engine keeps serving, and the scheduler's log has the traceback."""
+
+
 class AuthError(HetspecError, PermissionError):
     """The engine wants an API key ([server] api_key) and the client sent none, or another."""
 
@@ -42,6 +47,7 @@ ERROR_KINDS = {
     "dead": EngineDeadError,
     "aborted": RequestAbortedError,
     "start": EngineStartError,
+    "internal": InternalError,
 }
 
 

@@ -1,6 +1,11 @@
 """What one request asks for: SamplingParams, checked once on construction, and
 the prompt check. The same object travels from Engine.generate, the CLI and
 the wire into both workers, so every parameter is defined here and nowhere else.
+
+Every number is bounded here, whoever sent it: NaN, infinities and integers
+past a bound are refused with a RequestError naming the field. The engine then
+applies its own limits (its context, max_gamma, max_sequences, its per-request
+maximum of new tokens) in scheduler/requests.py.
 """
 from __future__ import annotations
 
@@ -13,6 +18,12 @@ from hetspec.core.errors import RequestError
 
 MODES = ("duodec", "sequential", "target")   # pipelined DuoDecoding, ordinary SpS, the target alone
 SPECULATION = ("auto", "always")   # auto: target-only rounds while speculating does not pay (scheduler/gate.py)
+
+MAX_INT32 = 2**31 - 1        # token counts, token ids, top_k
+MAX_SEED = 2**63 - 1
+MAX_TEMPERATURE = 100.0      # far past any useful value; a bound, so that nothing absurd reaches a kernel
+MAX_TIMEOUT_S = 86400.0      # one day
+MAX_WINDOW = 1024            # gamma and sequences (an engine allows its [decoding] max_gamma / max_sequences)
 
 
 @dataclass(frozen=True)
@@ -34,27 +45,33 @@ class SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         _check(isinstance(stop, (list, tuple)) and all(isinstance(s, str) and s for s in stop),
                "stop must be a non-empty string or a list of non-empty strings")
+        for i, s in enumerate(stop):
+            check_text(f"stop string {i}", s)
         object.__setattr__(self, "stop", tuple(stop))
-        _check(_is_int(self.max_new_tokens) and self.max_new_tokens > 0,
-               f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        _check(_is_real(self.temperature) and 0 <= self.temperature < math.inf,
-               f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        _check(_is_real(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
-        _check(self.seed is None or (_is_int(self.seed) and self.seed >= 0),
-               f"seed must be a non-negative integer or None, got {self.seed!r}")
-        _check(self.mode in MODES, f"unknown mode {self.mode!r}; modes: {', '.join(MODES)}")
-        _check(self.speculation is None or self.speculation in SPECULATION,
-               f"speculation must be one of {', '.join(SPECULATION)} or None, got {self.speculation!r}")
-        _check(self.gamma is None or (_is_int(self.gamma) and self.gamma >= 1),
-               f"gamma must be a positive integer or None, got {self.gamma!r}")
-        _check(self.sequences in (None, "dynamic") or (_is_int(self.sequences) and self.sequences >= 1),
-               f"sequences must be 'dynamic', a positive integer or None, got {self.sequences!r}")
-        _check(isinstance(self.cache_prompt, bool), f"cache_prompt must be true or false, got {self.cache_prompt!r}")
-        _check(self.timeout_s is None or (_is_real(self.timeout_s) and 0 < self.timeout_s < math.inf),
-               f"timeout_s must be a number of seconds > 0 or None, got {self.timeout_s!r}")
+        _check_int("max_new_tokens", self.max_new_tokens, 1, MAX_INT32)
+        _check_real("temperature", self.temperature, 0, MAX_TEMPERATURE)
+        _check(_is_real(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {show(self.top_p)}")
+        _check_int("top_k", self.top_k, 0, MAX_INT32, " (0 disables it)")
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, MAX_SEED, " or None")
+        _check(_one_of(self.mode, MODES), f"unknown mode {show(self.mode)}; modes: {', '.join(MODES)}")
+        _check(self.speculation is None or _one_of(self.speculation, SPECULATION),
+               f"speculation must be one of {', '.join(SPECULATION)} or None, got {show(self.speculation)}")
+        if self.gamma is not None:
+            _check_int("gamma", self.gamma, 1, MAX_WINDOW, " or None")
+        if self.sequences != "dynamic" and self.sequences is not None:
+            _check_int("sequences", self.sequences, 1, MAX_WINDOW, ", 'dynamic' or None")
+        _check(isinstance(self.cache_prompt, bool), f"cache_prompt must be true or false, got {show(self.cache_prompt)}")
+        if self.timeout_s is not None:
+            _check(_is_real(self.timeout_s) and 0 < self.timeout_s <= MAX_TIMEOUT_S,
+                   f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}] or None, got {show(self.timeout_s)}")
+            object.__setattr__(self, "timeout_s", float(self.timeout_s))
         for name in ("temperature", "top_p"):
             object.__setattr__(self, name, float(getattr(self, name)))
+        for name in ("max_new_tokens", "top_k", "seed", "gamma", "sequences"):   # plain ints (numpy's, too)
+            value = getattr(self, name)
+            if _is_int(value):
+                object.__setattr__(self, name, int(value))
 
     @property
     def greedy(self) -> bool:
@@ -64,10 +81,12 @@ class SamplingParams:
     def make(cls, params: SamplingParams | dict | None = None, **overrides) -> SamplingParams:
         """From an existing SamplingParams or a dict (e.g. off the wire), with keyword
         overrides; an unknown name is a RequestError that lists the known ones."""
+        _check(params is None or isinstance(params, (SamplingParams, dict)),
+               f"params must be a SamplingParams or a dict, got {type(params).__name__}")
         values = dataclasses.asdict(params) if isinstance(params, SamplingParams) else dict(params or {})
         values.update(overrides)
-        unknown = sorted(set(values) - FIELDS)
-        _check(not unknown, f"unknown parameter(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(FIELDS))}")
+        unknown = sorted(show(k) for k in set(values) - FIELDS)
+        _check(not unknown, f"unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(FIELDS))}")
         return cls(**values)
 
 
@@ -82,9 +101,13 @@ def check_prompt(prompt, messages) -> str | list[int] | None:
         _check(isinstance(messages, list) and messages and all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages), "messages must be a non-empty list of {'role': str, 'content': str}")
+        for i, m in enumerate(messages):
+            check_text(f"messages[{i}].role", m["role"])
+            check_text(f"messages[{i}].content", m["content"])
         return None
     if isinstance(prompt, str):
         _check(prompt != "", "prompt is empty")
+        check_text("the prompt", prompt)
         return prompt
     _check(isinstance(prompt, (list, tuple)),
            f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
@@ -93,9 +116,44 @@ def check_prompt(prompt, messages) -> str | list[int] | None:
     return [int(t) for t in prompt]
 
 
+def check_text(what: str, text: str) -> None:
+    """Text a tokenizer can take: UTF-8 encodable (a lone surrogate, which JSON's
+    escapes and Python's str allow, is not), named by its position."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"{what} is not valid text: its character {exc.start} is a lone surrogate "
+                           f"(U+{ord(text[exc.start]):04X}), which has no UTF-8 encoding") from None
+
+
+def show(value, limit: int = 60) -> str:
+    """A value as an error message quotes it: its repr (which escapes surrogates and
+    control characters), cut short."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a caller's object whose repr fails is still named
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _check(ok, message: str) -> None:
     if not ok:
         raise RequestError(message)
+
+
+def _check_int(name: str, value, low: int, high: int, alternatives: str = "") -> None:
+    _check(_is_int(value) and low <= value <= high,
+           f"{name} must be an integer in {low}..{high}{alternatives}, got {show(value)}")
+
+
+def _check_real(name: str, value, low: float, high: float) -> None:
+    _check(_is_real(value) and low <= value <= high, f"{name} must be a number in [{low:g}, {high:g}], got {show(value)}")
+
+
+def _one_of(value, choices: tuple) -> bool:
+    return isinstance(value, str) and value in choices
 
 
 def _is_int(value) -> bool:
@@ -103,4 +161,10 @@ def _is_int(value) -> bool:
 
 
 def _is_real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    """A finite real number: not NaN, not an infinity, not an integer past float's range."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

@@ -4,6 +4,11 @@ Each request is one engine request with its own zmq socket, driven from a
 worker thread; the event loop only waits. A client that disconnects, mid-stream
 or while waiting for a whole response, has its request cancelled
 (Engine.cancel), so the engine moves on to the next one within a round.
+
+Every answer that is not a completion is an error in OpenAI's shape, whatever
+went wrong: a bad body (400), an unknown route (404), a body too large (413),
+an engine that refuses or fails the request (400, 500, 503), or a fault of
+this server itself (500).
 """
 from __future__ import annotations
 
@@ -11,47 +16,69 @@ import asyncio
 import json
 import secrets
 import time
+import traceback
 
 import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hetspec.core.errors import EngineBusyError, EngineDeadError, HetspecError, RequestAbortedError, RequestError
+from hetspec.core.errors import (
+    EngineBusyError,
+    EngineDeadError,
+    HetspecError,
+    InternalError,
+    RequestAbortedError,
+    RequestError,
+)
 from hetspec.http import protocol
 from hetspec.http.metrics import Metrics
 from hetspec.http.protocol import ChatCompletionRequest, CompletionRequest, HTTPError
 
 DISCONNECT_POLL_S = 0.25
+MAX_BODY_BYTES = 16 * 2**20
 
 
 def build_app(engine, model: str, api_key: str | None = None) -> FastAPI:
     """The ASGI app serving `engine` as `model`; with api_key, /v1 needs `Authorization: Bearer KEY`."""
     app = FastAPI(title="hetspec", description="OpenAI-compatible API of a hetspec engine")
+    app.add_middleware(BoundedBody)
     metrics = Metrics(model)
-    max_context = engine.info.get("config", {}).get("server", {}).get("max_context", 4096)
+    server = engine.info.get("config", {}).get("server", {})
+    max_new_tokens = server.get("max_new_tokens") or server.get("max_context", 4096)
 
     def authorize(request: Request) -> None:
         if not api_key:                      # None or "": no key needed
             return
         given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        if not secrets.compare_digest(given.encode(errors="replace"), f"Bearer {api_key}".encode()):
             raise HTTPError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')", code="invalid_api_key")
 
     @app.exception_handler(HTTPError)
     async def _http_error(_, exc: HTTPError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return _answer(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return JSONResponse(HTTPError(400, f"invalid request: {where or 'body'}: {first.get('msg', exc)}",
-                                      where).body(), status_code=400)
+        return _answer(HTTPError(400, f"invalid request: {where or 'body'}: {first.get('msg', exc)}", where))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _starlette(_, exc: StarletteHTTPException):   # unknown route or method, a body that is no JSON
+        return _answer(HTTPError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def _fault(_, exc: Exception):                     # a fault of this server: logged, answered
+        traceback.print_exception(exc)
+        return _answer(HTTPError(500, f"the server failed on this request ({type(exc).__name__}: {exc})"))
 
     @app.get("/health")
     def health():
+        if why := engine.restarting():
+            return JSONResponse({"status": "restarting", "reason": why}, status_code=503)
         try:
             info = engine.get_info(timeout_s=10)
         except HetspecError as exc:
@@ -89,9 +116,10 @@ def build_app(engine, model: str, api_key: str | None = None) -> FastAPI:
         started = time.perf_counter()
         limit = body.limit()
         try:
-            stream = engine.stream(prompt, messages=messages, params=body.params(max_context if limit is None else limit))
-        except RequestError as exc:
-            raise HTTPError(400, str(exc)) from None
+            params = body.params(max_new_tokens if limit is None else limit)
+            stream = engine.stream(prompt, messages=messages, params=params)
+        except HetspecError as exc:
+            raise _error(exc) from None
         rid = protocol.completion_id(kind)
         if body.stream:                      # a request the engine refuses is a 400, before the stream starts
             try:
@@ -130,11 +158,56 @@ def build_app(engine, model: str, api_key: str | None = None) -> FastAPI:
             yield "[DONE]"
         except HetspecError as exc:          # after the first event the status is sent: report in the stream
             yield json.dumps(_error(exc).body())
+        except Exception as exc:  # noqa: BLE001 - this stream's fault boundary: logged, reported in the stream
+            traceback.print_exception(exc)
+            yield json.dumps(HTTPError(500, f"the server failed on this request ({type(exc).__name__})").body())
         finally:
             if stream.result is None:
                 engine.cancel(stream.request_id)
 
     return app
+
+
+class BoundedBody:
+    """ASGI middleware: a body over MAX_BODY_BYTES is a 413, refused by its length or,
+    sent without one, once that much has arrived (the engine's messages are bounded
+    too, and reading a huge body must not take the server's memory)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            if length.isdigit() and int(length) <= MAX_BODY_BYTES:
+                return await self.app(scope, receive, send)
+            return await _answer(HTTPError(413, f"the body's length is {length[:20].decode(errors='replace')!r}; "
+                                                f"this server takes at most {MAX_BODY_BYTES} bytes"))(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None                  # the client left
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+            if len(body) > MAX_BODY_BYTES:
+                return await _answer(HTTPError(413, f"the body is over {MAX_BODY_BYTES} bytes, the most this server "
+                                                    "takes"))(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()       # later: a disconnect
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await self.app(scope, replay, send)
+
+
+def _answer(error: HTTPError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
 
 
 def _next(stream):
@@ -161,6 +234,8 @@ def _error(exc: HetspecError) -> HTTPError:
         return HTTPError(503, str(exc), code="engine_busy")
     if isinstance(exc, RequestError):
         return HTTPError(400, str(exc))
+    if isinstance(exc, InternalError):
+        return HTTPError(500, str(exc), code="internal_error")
     if isinstance(exc, EngineDeadError):
         return HTTPError(503, f"the engine is dead: {exc}", code="engine_dead")
     if isinstance(exc, RequestAbortedError):

@@ -41,6 +41,8 @@ class Metrics:
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests queued in the engine", label, registry=r)
         self.restarts = Gauge("hetspec:worker_restarts", "Worker restarts since the engine started",
                               [*label, "worker"], registry=r)
+        self.scheduler_restarts = Gauge("hetspec:scheduler_restarts", "Scheduler restarts since the engine started",
+                                        label, registry=r)
 
     def observe(self, result, e2e_s: float, ttft_s: float | None) -> None:
         """Count one finished request from its Result (its stats are the engine's own)."""
@@ -66,4 +68,5 @@ class Metrics:
             self.waiting.labels(self.model).set(info.get("waiting", 0))
             for worker, count in info.get("restarts", {"draft": 0, "target": 0}).items():
                 self.restarts.labels(self.model, worker).set(count)
+            self.scheduler_restarts.labels(self.model).set(info.get("scheduler", {}).get("restarts", 0))
         return generate_latest(self.registry)

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hetspec.core.params import SamplingParams
+from hetspec.core.params import SamplingParams, show
 
 # OpenAI's finish reasons: a request cut off by its deadline was cut off by a limit, like one cut by max_tokens
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
@@ -24,15 +24,22 @@ class HTTPError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
     TYPES: typing.ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "authentication_error",
-                                              503: "service_unavailable_error"}
+                                              404: "invalid_request_error", 405: "invalid_request_error",
+                                              413: "invalid_request_error", 503: "service_unavailable_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
+        """The error's JSON; its text never holds what UTF-8 cannot encode (a lone
+        surrogate quoted from a request), so that it always reaches the client."""
+        return {"error": {"message": _encodable(self.message), "type": self.TYPES.get(self.status, "server_error"),
+                          "param": _encodable(self.param), "code": self.code}}
+
+
+def _encodable(text: str | None) -> str | None:
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class StreamOptions(BaseModel):
@@ -64,8 +71,8 @@ class _Request(BaseModel):
 
     def check(self, served_model: str) -> None:
         if self.model is not None and self.model != served_model:
-            raise HTTPError(400, f"the model {self.model!r} is not served here; this server serves {served_model!r}",
-                            "model", "model_not_found")
+            raise HTTPError(400, f"the model {show(self.model)} is not served here; this server serves "
+                                 f"{served_model!r}", "model", "model_not_found")
         if self.n != 1:
             raise HTTPError(400, "n must be 1: hetspec returns one choice per request", "n")
         for name in ("presence_penalty", "frequency_penalty"):

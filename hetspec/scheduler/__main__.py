@@ -38,12 +38,21 @@ def main(argv=None) -> int:
             _refuse_clients(scheduler, exc)
             return 1
         serving = True
+        _say_ready(os.path.dirname(os.path.abspath(argv[0])))
         scheduler.serve()
         return 0
     finally:
         scheduler.close()
         if os.getppid() != scheduler.parent:   # orphaned: the launcher cannot clean up any more
             shutil.rmtree(os.path.dirname(os.path.abspath(argv[0])), ignore_errors=True)
+
+
+def _say_ready(runtime_dir: str) -> None:
+    """Tell the launcher (hetspec.launcher.READY_FILE) that this scheduler serves."""
+    partial = os.path.join(runtime_dir, f"ready.{os.getpid()}")
+    with open(partial, "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(partial, os.path.join(runtime_dir, "ready"))
 
 
 def _refuse_clients(scheduler: Scheduler, exc: Exception) -> None:

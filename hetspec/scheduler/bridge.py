@@ -175,7 +175,7 @@ class BridgedDraft:
 
 class ContextTooLong(Exception):
     """The draft's tokens of this context do not fit its cache: the target goes on alone,
-    as when the draft worker is lost (Decoder.run)."""
+    as when the draft worker is lost (Decoder.rounds)."""
     role = "draft"
 
 

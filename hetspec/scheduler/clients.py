@@ -1,5 +1,6 @@
 """The scheduler's side of its clients: one ROUTER socket, the queue of requests
-waiting their turn, cancels, deadlines, and the count of how requests ended.
+waiting to be admitted, the admitted ones (they take turns: turns.py), cancels,
+deadlines, and the count of how requests ended.
 
 A client is gone when a send to it fails (ipc.channel.Router): its request is
 then cancelled like one whose client asked.
@@ -8,10 +9,14 @@ from __future__ import annotations
 
 import secrets
 import time
+import traceback
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from hetspec.core.errors import RequestError
+from hetspec.core.params import SamplingParams, check_prompt
 from hetspec.ipc.channel import Router
+from hetspec.ipc.codec import Malformed
 from hetspec.ipc.messages import CancelRequest, Finished, GenerateRequest, RequestFailed, TokensEvent
 
 MAX_EARLY_CANCELS = 1024
@@ -19,15 +24,27 @@ MAX_EARLY_CANCELS = 1024
 
 @dataclass
 class Pending:
-    """A request in the queue, and when it must be done by (timeout_s, from arrival)."""
+    """A client's request with its parameters checked (the one place they are, for a
+    request off the wire), and when it must be done by (timeout_s, from arrival)."""
     identity: bytes
     message: GenerateRequest
-    deadline: float | None
+    params: SamplingParams
     retried: bool = False          # run again once already: its target died before its first token
+    arrived: float = field(default_factory=time.monotonic)
 
     @property
     def id(self) -> int:
         return self.message.request_id
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.params.timeout_s is None else self.arrived + self.params.timeout_s
+
+    @classmethod
+    def checked(cls, identity: bytes, message: GenerateRequest) -> Pending:
+        """RequestError names what is wrong with the request's prompt or parameters."""
+        check_prompt(message.prompt, message.messages)
+        return cls(identity, message, SamplingParams.make(message.params))
 
 
 class Clients:
@@ -36,9 +53,9 @@ class Clients:
         self.endpoint = self.router.endpoint
         self.max_queue, self.api_key = max_queue, api_key
         self.queue: deque[Pending] = deque()
-        self.running: Pending | None = None   # the request being decoded
-        self.cancelled: set[int] = set()      # ... or one not seen yet, asked to stop (CancelRequest)
-        self.counts = Counter()               # requests by how they ended: completed, cancelled, timeout...
+        self.admitted: dict[int, Pending] = {}   # request id -> a request taking turns (turns.py)
+        self.cancelled: set[int] = set()         # ids asked to stop (CancelRequest): admitted, or not seen yet
+        self.counts = Counter()                  # requests by how they ended: completed, cancelled, timeout...
 
     def send(self, identity: bytes, message) -> bool:
         """False if that client is gone."""
@@ -52,47 +69,62 @@ class Clients:
             return []
         others = []
         while (item := self.router.recv_nowait()) is not None:
-            identity, message = item
-            if isinstance(message, ValueError):
-                self.send(identity, RequestFailed(-1, "request", f"malformed message: {message}"))
-            elif not self._authorized(message):
-                rid = getattr(message, "request_id", -1)
-                self.send(identity, RequestFailed(rid, "auth", "this engine needs its API key (the token)"))
-            elif isinstance(message, GenerateRequest) and message.request_id in self.cancelled:
-                self.cancelled.discard(message.request_id)    # cancelled before it arrived
-                self.finish_early(identity, message.request_id, "cancelled")
-            elif isinstance(message, GenerateRequest) and len(self.queue) + (self.running is not None) > self.max_queue:
-                self.counts["busy"] += 1   # (when idle, the first in the queue runs at once)
-                self.send(identity, RequestFailed(message.request_id, "busy", "the engine is busy: "
-                                                  f"{len(self.queue)} requests are waiting ([server] max_queue)"))
-            elif isinstance(message, GenerateRequest):
-                self.queue.append(Pending(identity, message, _deadline(message)))
-            elif isinstance(message, CancelRequest):
-                self._cancel(message.request_id)
-            else:
-                others.append((identity, message))
+            try:
+                self._take(*item, others)
+            except Exception as exc:  # noqa: BLE001 - this message's fault boundary: logged, answered
+                traceback.print_exc()
+                rid = getattr(item[1], "request_id", -1)
+                self.send(item[0], RequestFailed(rid if isinstance(rid, int) else -1, "internal",
+                                                 f"the engine failed on this message ({type(exc).__name__})"))
         return others
 
-    def next(self) -> Pending | None:
-        """The next request whose client is still there, now running."""
+    def _take(self, identity: bytes, message, others: list) -> None:
+        if isinstance(message, Malformed):
+            self.send(identity, RequestFailed(message.request_id, "request", str(message)))
+        elif not self._authorized(message):
+            rid = getattr(message, "request_id", -1)
+            self.send(identity, RequestFailed(rid, "auth", "this engine needs its API key (the token)"))
+        elif isinstance(message, GenerateRequest) and message.request_id in self.cancelled:
+            self.cancelled.discard(message.request_id)    # cancelled before it arrived
+            self.finish_early(identity, message.request_id, "cancelled")
+        elif isinstance(message, GenerateRequest) and len(self.queue) + len(self.admitted) > self.max_queue:
+            self.counts["busy"] += 1   # (when idle, the first in the queue is admitted at once)
+            self.send(identity, RequestFailed(message.request_id, "busy", "the engine is busy: "
+                                              f"{len(self.queue)} requests are waiting ([server] max_queue)"))
+        elif isinstance(message, GenerateRequest):
+            self._enqueue(identity, message)
+        elif isinstance(message, CancelRequest):
+            self._cancel(message.request_id)
+        else:
+            others.append((identity, message))
+
+    def _enqueue(self, identity: bytes, message: GenerateRequest) -> None:
+        try:
+            self.queue.append(Pending.checked(identity, message))
+        except RequestError as exc:
+            self.counts["refused"] += 1
+            self.send(identity, RequestFailed(message.request_id, "request", str(exc)))
+
+    def admit(self) -> Pending | None:
+        """The next queued request whose client is still there, now admitted."""
         while self.queue:
             pending = self.queue.popleft()
             if self.send(pending.identity, TokensEvent(pending.id, [], "")):   # an empty event: is anyone there?
-                self.running = pending
+                self.admitted[pending.id] = pending
                 return pending
             self.counts["cancelled"] += 1
         return None
 
-    def done(self) -> None:
-        if self.running is not None:
-            self.cancelled.discard(self.running.id)   # a cancel that came too late is forgotten
-        self.running = None
+    def done(self, pending: Pending) -> None:
+        """An admitted request ended (however): a cancel that came too late is forgotten."""
+        self.admitted.pop(pending.id, None)
+        self.cancelled.discard(pending.id)
 
-    def must_stop(self) -> str | None:
-        """Why the running request must end now, if it must: "cancelled" or "timeout"."""
-        if self.running.id in self.cancelled:
+    def must_stop(self, pending: Pending) -> str | None:
+        """Why an admitted request must end now, if it must: "cancelled" or "timeout"."""
+        if pending.id in self.cancelled:
             return "cancelled"
-        if self.running.deadline is not None and time.monotonic() >= self.running.deadline:
+        if pending.deadline is not None and time.monotonic() >= pending.deadline:
             return "timeout"
         return None
 
@@ -110,12 +142,13 @@ class Clients:
 
     def refuse_all(self, message: str) -> None:
         """Never leave a client waiting (the engine is stopping)."""
-        while self.queue:
-            pending = self.queue.popleft()
+        for pending in [*self.admitted.values(), *self.queue]:
             self.send(pending.identity, RequestFailed(pending.id, "dead", message))
+        self.admitted.clear()
+        self.queue.clear()
 
     def _cancel(self, rid: int) -> None:
-        """A queued request ends at once, the running one at its next round, and one
+        """A queued request ends at once, an admitted one at its next round, and one
         not seen yet (its cancel overtook it on another socket) as soon as it arrives."""
         for pending in list(self.queue):
             if pending.id == rid:
@@ -127,16 +160,9 @@ class Clients:
         self.cancelled.add(rid)
 
     def _authorized(self, message) -> bool:
-        return not self.api_key or secrets.compare_digest(str(getattr(message, "token", "")).encode(),
-                                                          self.api_key.encode())
+        token = str(getattr(message, "token", "")).encode("utf-8", "surrogatepass")   # (any text: it is compared)
+        return not self.api_key or secrets.compare_digest(token, self.api_key.encode())
 
     def close(self) -> None:
         self.router.close()
 
-
-def _deadline(message: GenerateRequest) -> float | None:
-    """When the request must end (its timeout_s from now); an invalid value is
-    refused later, with the other parameters (requests.resolve)."""
-    timeout = message.params.get("timeout_s") if isinstance(message.params, dict) else None
-    valid = isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < float("inf")
-    return time.monotonic() + timeout if valid else None

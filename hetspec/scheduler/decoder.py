@@ -1,4 +1,5 @@
-"""The decoding loop of one request, in one of three explicit modes:
+"""The decoding loop of one request, round by round (requests take turns between
+rounds: turns.py), in one of three explicit modes:
 
   duodec      DuoDecoding: the draft drafts the next window while the target
               verifies the current one (duodec_round);
@@ -27,10 +28,9 @@ import numpy as np
 from hetspec.core.acceptance import accept_greedy, accept_sampled
 from hetspec.core.sampling import sample
 from hetspec.ipc.messages import BranchPlan
-from hetspec.scheduler.bridge import ContextTooLong
 from hetspec.scheduler.budget import CostModel, restart_length
 from hetspec.scheduler.gate import Gate, Memory
-from hetspec.scheduler.links import EMPTY, NO_DRAFT, Draft, DraftLink, TargetLink, Verification, Window, WorkerLost
+from hetspec.scheduler.links import EMPTY, NO_DRAFT, Draft, DraftLink, TargetLink, Verification, Window
 from hetspec.scheduler.output import Output
 from hetspec.scheduler.requests import Request
 from hetspec.scheduler.stats import Stats
@@ -51,50 +51,63 @@ class Capabilities:
 
 class Decoder:
     def __init__(self, request: Request, caps: Capabilities, draft: DraftLink, target: TargetLink, output: Output,
-                 costs: CostModel | None = None, without_draft: str | None = None, memory: Memory | None = None):
+                 costs: CostModel | None = None, without_draft: str | None = None, memory: Memory | None = None,
+                 slot: int = 0):
         self.request, self.caps, self.id, self.params = request, caps, request.id, request.params
         self.draft, self.target, self.out = draft, target, output
+        self.slot = slot                       # the target's cache of this request (requests take turns)
         self.costs = costs                     # None: every round drafts gamma tokens
         self.rng = np.random.default_rng([request.params.seed, 0])
         self.stats = Stats(prior=request.prior, fallback=without_draft)
         self.mode = "target" if without_draft else request.params.mode   # target-only while there is no draft
         self.gate = Gate(memory or Memory(None), forced=request.speculation == "always")
+        self.draft_ready = False               # the draft's cache holds this request's context
         self.emit = None
 
-    def run(self, emit) -> Stats:
-        """Decode until a stop condition; emit(tokens, text) streams committed tokens.
-        If the draft dies (or cannot hold the context), the target finishes alone: a
-        verify it was running is dropped (the next pass crops the cache to the
-        committed tokens)."""
+    def rounds(self, emit):
+        """Decode until a stop condition, a round per step; emit(tokens, text) streams committed
+        tokens. Between steps the scheduler may give other requests turns (suspend). If the
+        draft dies, fails a command, or cannot hold the context, the target finishes alone: a
+        verify it was running is dropped (the next pass crops the cache to the committed tokens)."""
         self.emit = emit
         try:
-            self.decode()
-        except (WorkerLost, ContextTooLong) as lost:
-            if lost.role != "draft":
+            yield from self.decode()
+            if self.draft.busy:                # a prefill begun beside the target's, for a request done at once
+                self.draft.finish_prefill()
+        except Exception as lost:              # WorkerLost, WorkerError, bridge.ContextTooLong: they name the role
+            if getattr(lost, "role", None) != "draft":
                 raise
             self.target.discard()
             self.mode, self.stats.fallback = "target", str(lost)
-            self.decode()
+            yield from self.decode()
         self.emit_round()
         self.draft.settle()
         return self.stats
 
-    def decode(self) -> None:
+    def suspend(self) -> None:
+        """Another request's turn: the draft will hold its context (the target keeps ours in our slot)."""
+        self.draft.settle()
+        self.draft_ready = False
+
+    def decode(self):
         if self.out.length == self.out.n_prompt:
             self.prefill()
-        if self.mode != "target" and self.gate.speculate:   # resting from the start: no draft needed yet
-            self.draft_catches_up()
         pending = EMPTY
         while not self.out.done:
-            if self.mode != "target" and not self.gate.speculate:
-                pending = EMPTY                # the draft's next window, if any, is dropped
+            if self.mode == "target":
+                self.target_step()
+            elif not self.gate.speculate:      # resting: the draft's next window, if any, is dropped
+                pending = EMPTY
                 self.rest_step()
+            elif not self.draft_ready:         # first, after a rest, or after another request's turn
+                pending = EMPTY
+                self.draft_catches_up()
+                continue                       # a turn holds a round, not only the draft catching up
             elif self.mode == "duodec":
                 pending = self.duodec_round(pending)
-            elif self.mode == "sequential":
-                self.sequential_round()
             else:
-                self.target_step()
+                self.sequential_round()
+            yield
 
     # ---- the three kinds of round ------------------------------------------------
 
@@ -162,7 +175,7 @@ class Decoder:
         self.stats.rested += 1
         if self.gate.speculate and not self.out.done:
             self.stats.probes += 1
-            self.draft_catches_up()
+            self.draft_ready = False
 
     # ---- getting started ---------------------------------------------------------
 
@@ -172,7 +185,7 @@ class Decoder:
         short one leaves them, and the draft prefills at the same time."""
         long_prompt = len(self.out.context) >= LONG_PROMPT
         borrow = self.caps.borrow_cores and long_prompt
-        self.target.start_verify(self.id, self.out.context, 0, 1, self.params, borrow, self.request.keyed)
+        self.target.start_verify(self.id, self.slot, self.out.context, 0, 1, self.params, borrow, self.request.keyed)
         if self.mode != "target" and not borrow and self.gate.speculate:
             self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
                                      borrow_cores=False)
@@ -198,7 +211,7 @@ class Decoder:
                 self.mode, self.stats.fallback = "target", f"the draft's prefill ({n_prefill} tokens) would not pay"
                 return
             if handover:                       # the target's cache holds the prompt: a copy of a few ms
-                self.target.export_kv(self.id, handover)
+                self.target.export_kv(self.id, self.slot, handover)
             waits = gain is None or gain > 2
             borrowed = not handover and self.caps.draft_borrows_cores and long_prompt and waits
             self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
@@ -211,6 +224,7 @@ class Decoder:
             seconds = self.draft.finish_prefill()
             if self.costs is not None and not target_waits:
                 self.costs.observe_prefill(n_prefill, seconds)
+        self.draft_ready = True
 
     def prefill_pays(self, n_tokens: int, gain: float | None) -> bool:
         """CostModel.prefill_pays, where speculation is not forced."""
@@ -232,8 +246,8 @@ class Decoder:
     def start_verify(self, window: Window) -> None:
         """The target's cache holds all but the last committed token: feed it, then the window."""
         context = self.out.context
-        self.target.start_verify(self.id, np.concatenate([context[-1:], window.tokens]), len(context) - 1,
-                                 len(window) + 1, self.params, keyed=self.request.keyed)
+        self.target.start_verify(self.id, self.slot, np.concatenate([context[-1:], window.tokens]),
+                                 len(context) - 1, len(window) + 1, self.params, keyed=self.request.keyed)
 
     def accept_and_commit(self, window: Window, verdict: Verification) -> tuple[int, int, int]:
         """(draft tokens accepted, the target's own next token, tokens actually

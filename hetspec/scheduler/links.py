@@ -41,7 +41,11 @@ POLL_S = 0.2
 
 
 class WorkerError(HetspecError, RuntimeError):
-    """A worker could not carry out a command but is still alive."""
+    """A worker could not carry out a command but is still alive (it logged why)."""
+
+    def __init__(self, role: str, message: str):
+        super().__init__(message)
+        self.role = role
 
 
 class WorkerLost(EngineDeadError):
@@ -113,7 +117,9 @@ class WorkerLink:
             if message is not None:
                 self.busy = False
                 if isinstance(message, WorkerFailed):
-                    raise (EngineDeadError if message.fatal else WorkerError)(message.message)
+                    if message.fatal:
+                        raise EngineDeadError(message.message)
+                    raise WorkerError(self.role, message.message)
                 return message
             waited += POLL_S
             self.check_alive()
@@ -202,13 +208,13 @@ class WorkerLink:
 class TargetLink(WorkerLink):
     with_probs = False    # the last verify writes probability rows
 
-    def start_verify(self, request_id: int, tokens, keep: int, rows: int, params: SamplingParams,
+    def start_verify(self, request_id: int, slot: int, tokens, keep: int, rows: int, params: SamplingParams,
                      borrow_cores: bool = False, keyed: bool = False) -> None:
-        """Crop the target's cache to `keep` tokens and run `tokens` after it; answers
-        for the last `rows` positions (finish_verify)."""
+        """Crop the target's cache in `slot` to `keep` tokens and run `tokens` after it;
+        answers for the last `rows` positions (finish_verify)."""
         self.buffers["input"].array[:len(tokens)] = tokens
         self.with_probs = not params.greedy and not keyed
-        self.send(VerifyCommand(request_id, keep, len(tokens), rows, params, borrow_cores, keyed))
+        self.send(VerifyCommand(request_id, keep, len(tokens), rows, params, borrow_cores, keyed, slot))
 
     def finish_verify(self, rows: int) -> Verification:
         reply = self.wait()
@@ -217,10 +223,10 @@ class TargetLink(WorkerLink):
         probs = self.buffers["probs"].array[:rows] if self.with_probs else None
         return Verification(choice, probs, reply.seconds)
 
-    def export_kv(self, request_id: int, length: int) -> None:
-        """Have the target write its cache of the first `length` positions to the shared
-        "kv" buffer, for the draft to take; returns once it is written."""
-        self.send(ExportKV(request_id, length))
+    def export_kv(self, request_id: int, slot: int, length: int) -> None:
+        """Have the target write its cache (in `slot`) of the first `length` positions to
+        the shared "kv" buffer, for the draft to take; returns once it is written."""
+        self.send(ExportKV(request_id, length, slot))
         reply = self.wait()
         assert isinstance(reply, KVExported), reply
 

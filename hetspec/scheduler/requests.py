@@ -1,6 +1,6 @@
-"""A client's GenerateRequest checked and resolved against the engine: its prompt
-tokenized, its parameters checked again (a client built without hetspec.client
-may send anything), and the engine's choices for it (gamma, branches, seed)."""
+"""A client's request (its parameters checked on arrival: clients.Pending) resolved
+against the engine: its prompt tokenized, the engine's limits applied, and the
+engine's choices for it (gamma, branches, seed)."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,10 +8,10 @@ import secrets
 from dataclasses import dataclass
 
 from hetspec.core.errors import RequestError
-from hetspec.core.params import SamplingParams, check_prompt
-from hetspec.ipc.messages import GenerateRequest
+from hetspec.core.params import SamplingParams
 from hetspec.scheduler.acceptance_prior import GENERIC
 from hetspec.scheduler.bridge import BridgedDraft
+from hetspec.scheduler.clients import Pending
 from hetspec.scheduler.output import Output
 
 
@@ -35,17 +35,17 @@ class Request:
         return "greedy" if self.params.greedy else "keyed" if self.keyed else "unkeyed"
 
 
-def resolve(message: GenerateRequest, engine) -> tuple[Request, Output]:
-    """(the request, its output) for `engine`, the Scheduler; RequestError names what is wrong."""
-    params = SamplingParams.make(message.params if isinstance(message.params, dict) else {})
-    prompt = check_prompt(message.prompt, message.messages)
+def resolve(pending: Pending, engine) -> tuple[Request, Output]:
+    """(the request, its output) for `engine`, the Scheduler: the prompt tokenized,
+    and the engine's limits applied; RequestError names what is wrong."""
+    message, params = pending.message, pending.params
     decoding, server = engine.config.decoding, engine.config.server
     if message.messages is not None:
         prompt_ids = engine.tokenizer.encode_chat(message.messages)
-    elif isinstance(prompt, str):
-        prompt_ids = engine.tokenizer.encode_prompt(prompt)
+    elif isinstance(message.prompt, str):
+        prompt_ids = engine.tokenizer.encode_prompt(message.prompt)
     else:
-        prompt_ids = prompt
+        prompt_ids = list(message.prompt)
         if max(prompt_ids) >= engine.n_vocab:
             raise RequestError(f"token id {max(prompt_ids)} is outside the vocabulary (size {engine.n_vocab})")
     if not prompt_ids:
@@ -65,5 +65,6 @@ def resolve(message: GenerateRequest, engine) -> tuple[Request, Output]:
                       rebalance=engine.costs is not None and not params.gamma,
                       speculation=params.speculation or decoding.speculation, keyed=keyed)
     request = dataclasses.replace(request, prior=engine.acceptance.prior(request))
-    max_new = min(params.max_new_tokens, server.max_context - len(prompt_ids))
+    # max_new_tokens is a bound: the engine's per-request maximum and the context's room cap it
+    max_new = min(params.max_new_tokens, server.max_new_tokens, server.max_context - len(prompt_ids))
     return request, Output(prompt_ids, max_new, engine.eos, list(params.stop), engine.tokenizer)

@@ -49,10 +49,12 @@ def exit_reason(process: subprocess.Popen) -> str | None:
 
 
 class Worker:
-    """One worker process and its history: "starting" (loading), "ready", or "failed" (given up)."""
+    """One supervised process (a worker, or the launcher's scheduler) and its history:
+    "starting" (loading), "ready", or "failed" (given up)."""
 
-    def __init__(self, role: str, args: list[str], threads: int, log_path: str):
+    def __init__(self, role: str, args: list[str], threads: int, log_path: str, name: str = ""):
         self.role, self.args, self.threads, self.log_path = role, args, threads, log_path
+        self.name = name or f"the {role} worker"
         self.process: subprocess.Popen | None = None
         self.state = "starting"
         self.restarts = 0
@@ -72,18 +74,21 @@ class Worker:
         """None while the process runs; else how it ended (the process is reaped)."""
         return None if self.process is None else exit_reason(self.process)
 
-    def died(self, reason: str) -> None:
-        """Record a death, and start the worker again unless it is in a crash loop."""
+    def died(self, reason: str, before_start=None) -> None:
+        """Record a death, and start the process again unless it is in a crash loop;
+        before_start(reason), if given, runs just before it starts again."""
         self.deaths.append((time.time(), reason))
         self.failed_in_a_row = self.failed_in_a_row + 1 if self.state == "starting" else 0
         if self.state == "starting" and self.failed_in_a_row >= CRASH_LOOP:
             self.state = "failed"
-            self.failure = (f"the {self.role} worker died {self.failed_in_a_row} times in a row before it was "
+            self.failure = (f"{self.name} died {self.failed_in_a_row} times in a row before it was "
                             f"ready ({reason}); it is not restarted again. Its last log lines:\n"
                             + "\n".join(self.last_log_lines()))
             return
         self.restarts += 1
-        self._mark_log(f"--- hetspec: the {self.role} worker {reason}; restart {self.restarts} ---")
+        self._mark_log(f"--- hetspec: {self.name} {reason}; restart {self.restarts} ---")
+        if before_start is not None:
+            before_start(reason)
         self.start()
 
     def ready(self) -> None:

@@ -76,9 +76,14 @@ class Tokenizer:
         return {int(self.hf.eos_token_id)}
 
     def encode_prompt(self, prompt: str) -> list[int]:
-        if self.hf is None:
-            return self.byte.encode(prompt)
-        return list(self.hf(prompt)["input_ids"])
+        """RequestError if the tokenizer rejects the text (core.params.check_text
+        already refused what UTF-8 cannot encode)."""
+        try:
+            if self.hf is None:
+                return self.byte.encode(prompt)
+            return list(self.hf(prompt)["input_ids"])
+        except Exception as exc:  # noqa: BLE001 - tokenizers raise many kinds; the text is the request's
+            raise RequestError(f"the prompt could not be tokenized: {type(exc).__name__}: {exc}") from None
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         if self.hf is None or not getattr(self.hf, "chat_template", None):

@@ -29,10 +29,11 @@ def parse_args(argv, spec_type):
     return args.endpoint, spec_type.from_json(args.spec)
 
 
-def serve(role: str, endpoint: str, spec, load, handlers: dict) -> int:
+def serve(role: str, endpoint: str, spec, load, handlers: dict, recover=None) -> int:
     """load(spec) -> (hello, state); handlers[MessageType](state, message, buffers) -> reply,
     or (reply, background): an iterator of progress messages, worked through
-    after the reply until the next message arrives (see DraftExtended)."""
+    after the reply until the next message arrives (see DraftExtended).
+    recover(state), if given, puts the state right after a handler raised."""
     parent = os.getppid()
     _die_with_parent()
     context = zmq.Context()
@@ -70,6 +71,8 @@ def serve(role: str, endpoint: str, spec, load, handlers: dict) -> int:
                 channel.send(reply)
             except Exception as exc:  # noqa: BLE001 - report, keep serving
                 traceback.print_exc(file=sys.stderr)
+                if recover is not None:
+                    recover(state)
                 channel.send(WorkerFailed(role, f"{role} worker: {_describe(exc)}", fatal=False))
                 continue
             if background is not None:

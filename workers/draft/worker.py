@@ -63,8 +63,8 @@ def load(spec: DraftSpec):
 
 def prefill(state: DraftState, cmd: PrefillDraft, buffers) -> Prefilled:
     start = time.perf_counter()
-    state.request_id = cmd.request_id                  # a new request: its own random stream
-    state.drafter.rng = np.random.default_rng([cmd.seed, 1])
+    state.request_id = cmd.request_id                  # a new request, or its next turn: a fresh random stream
+    state.drafter.rng = np.random.default_rng([cmd.seed, 1, cmd.context_len])
     kv = buffers["kv"].array if "kv" in buffers else None   # shared with the target, when handing over
     state.prefill(buffers["context"].array[:cmd.context_len], cmd.reuse_cache, cmd.borrow_cores, kv, cmd.kv_length)
     return Prefilled(cmd.request_id, time.perf_counter() - start)
@@ -74,7 +74,7 @@ def draft(state: DraftState, cmd: DraftWindow, buffers):
     start = time.perf_counter()
     if cmd.request_id != state.request_id:             # drafting without a prefill (e.g. calibration, tests)
         state.request_id = cmd.request_id
-        state.drafter.rng = np.random.default_rng([cmd.params.seed or 0, 1])
+        state.drafter.rng = np.random.default_rng([cmd.params.seed or 0, 1, cmd.context_len])
     out = state.drafter.draft(buffers["context"].array[:cmd.context_len], cmd.n_tokens, cmd.params, cmd.branches,
                               cmd.keyed)
     branches, probs = to_slot(out.branches), to_slot(out.probs)
@@ -116,6 +116,13 @@ def calibrate(state: DraftState, cmd: CalibrateDraft, buffers) -> DraftCalibrati
     return DraftCalibration(best)
 
 
+def recover(state: DraftState) -> None:
+    """After a command failed, the model's cache may not hold what the drafter thinks:
+    the next command evaluates its whole context."""
+    state.drafter.n_cached = 0
+
+
 def main(argv=None) -> int:
     endpoint, spec = parse_args(argv, DraftSpec)
-    return serve("draft", endpoint, spec, load, {PrefillDraft: prefill, DraftWindow: draft, CalibrateDraft: calibrate})
+    return serve("draft", endpoint, spec, load, {PrefillDraft: prefill, DraftWindow: draft, CalibrateDraft: calibrate},
+                 recover)

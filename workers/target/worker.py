@@ -58,8 +58,9 @@ class TargetState:
             self.kernels += f"; {blocks}"
         self.eos = eos_token_ids(self.kv.lm)
 
-    def run(self, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
+    def run(self, slot: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
         lent = self.lent if borrow and self.device == "cpu" else []
+        self.kv.use(slot)
         with borrowed_cores(self.cores, lent, set_torch_threads, self.threads):
             return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
 
@@ -79,7 +80,7 @@ def verify(state: TargetState, cmd: VerifyCommand, buffers) -> Verified:
     start = time.perf_counter()
     tokens = buffers["input"].array[:cmd.n_tokens]
     rows = cmd.rows
-    logits = state.run(tokens, cmd.keep, rows, cmd.borrow_cores)
+    logits = state.run(cmd.slot, tokens, cmd.keep, rows, cmd.borrow_cores)
     p, choice = cmd.params, buffers["choice"].array
     if p.greedy:
         choice[:rows] = logits.argmax(dim=-1).cpu().numpy()
@@ -97,6 +98,7 @@ def export_kv(state: TargetState, cmd: ExportKV, buffers) -> KVExported:
     """The prompt's KV cache, for a draft that is a copy of this model (see workers/draft/llama_kv_state.py)."""
     start = time.perf_counter()
     kv = buffers["kv"].array
+    state.kv.use(cmd.slot)
     for i, (keys, values) in enumerate(state.kv.layer_kv(cmd.length)):
         kv[0, i, :, :cmd.length] = keys.to(torch.float16).cpu().numpy()
         kv[1, i, :, :cmd.length] = values.to(torch.float16).cpu().numpy()
@@ -122,7 +124,14 @@ def calibrate(state: TargetState, cmd: CalibrateTarget, buffers) -> TargetCalibr
     return TargetCalibration(seconds)
 
 
+def recover(state: TargetState) -> None:
+    """After a command failed: its slot's cache may be half written, so it goes (the
+    request it belonged to has failed; the next one in that slot starts afresh)."""
+    state.kv.forget()
+
+
 def main(argv=None) -> int:
     endpoint, spec = parse_args(argv, TargetSpec)
-    return serve("target", endpoint, spec, load, {VerifyCommand: verify, CalibrateTarget: calibrate, ExportKV: export_kv})
+    return serve("target", endpoint, spec, load, {VerifyCommand: verify, CalibrateTarget: calibrate, ExportKV: export_kv},
+                 recover)
 

@@ -1,0 +1,156 @@
+"""The scheduler's start-up steps, each named (Scheduler.start runs them in order):
+wait for the workers, check the vocabularies, attach the shared buffers,
+calibrate the draft budget, fix the capabilities, and describe the engine.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from hetspec.config import EngineConfig
+from hetspec.core.errors import ConfigError, EngineStartError
+from hetspec.ipc.messages import CalibrateDraft, CalibrateTarget, WorkerHello
+from hetspec.ipc.shm import SharedArray, segment_name
+from hetspec.ipc.specs import ModelSpec
+from hetspec.scheduler.bridge import check_expressible, describe_vocabularies
+from hetspec.scheduler.budget import CostModel, choose_gamma, monotone
+from hetspec.scheduler.decoder import Capabilities
+from hetspec.scheduler.links import DraftLink, TargetLink, WorkerLost
+from hetspec.scheduler.supervisor import Crew
+from hetspec.scheduler.tokenizer import Tokenizer
+
+CALIBRATION_CONTEXT = 256
+VERIFY_SIZES = [1, 2, 4, 6, 8, 10, 12, 16, 24, 32]
+
+
+def draft_tokenizer(models: dict[str, ModelSpec]) -> Tokenizer | None:
+    """The draft's tokenizer, when the draft is another model than the target (its
+    vocabulary may then differ); None when it is the target's own file."""
+    draft, target = models["draft"], models["target"]
+    if (draft.kind, draft.file, draft.random) == (target.kind, target.file, target.random):
+        return None
+    try:
+        return Tokenizer(draft)
+    except ConfigError as exc:
+        raise EngineStartError(f"the draft's tokenizer: {exc} (a draft that is another model than the target "
+                               "needs its own tokenizer files, even if it shares the target's vocabulary)") from None
+
+
+def wait_for_workers(crew: Crew, links: tuple[DraftLink, TargetLink], timeout_s: float) -> dict[str, WorkerHello]:
+    """Each worker's hello once its model is loaded. A worker that dies while starting
+    fails the start (no restarts), with its last log lines."""
+    hellos = {}
+    for link in links:
+        try:
+            message = link.wait(timeout_s)
+        except WorkerLost as lost:
+            log = "\n".join(crew.workers[link.role].last_log_lines())
+            raise EngineStartError(f"{lost} while loading its model; its last log lines:\n{log}") from None
+        if isinstance(message, WorkerHello):
+            link.hello = hellos[link.role] = message
+            crew.workers[link.role].ready()
+    return hellos
+
+
+def check_vocabularies(target: Tokenizer, draft: Tokenizer | None, hellos: dict[str, WorkerHello],
+                       draft_model: ModelSpec) -> str | None:
+    """Each tokenizer fits its model; returns how the two vocabularies differ (None: one
+    vocabulary). A draft of another vocabulary must carry plain text through."""
+    for role, tokenizer in (("target", target), ("draft", draft)):
+        n_vocab = hellos[role].n_vocab
+        if tokenizer and tokenizer.hf is not None and len(tokenizer.hf) > n_vocab:   # (bytes: a test model's)
+            raise EngineStartError(f"the {role}'s tokenizer has {len(tokenizer.hf)} tokens but its model only "
+                                   f"{n_vocab}: they do not belong together")
+    differ = draft and describe_vocabularies(target, draft, hellos["target"].n_vocab, hellos["draft"].n_vocab)
+    if differ:
+        check_expressible(draft, draft_model.file or "random")
+    return differ or None
+
+
+def attach_buffers(config: EngineConfig, run_id: str, draft: DraftLink, target: TargetLink,
+                   hellos: dict[str, WorkerHello]) -> SharedArray | None:
+    """Create each worker's shared buffers and have it map them; returns the buffer a
+    prompt's KV cache crosses in, when the draft can take the target's (else None)."""
+    rows = config.decoding.max_gamma + 2
+    max_tokens = config.server.max_context + rows
+    # The draft reports a cache shape only with [draft] prompt_kv = "auto": one it
+    # can take from the target when the target's has the same (a quantized copy).
+    geometry, kv_buffer = hellos["draft"].kv_geometry, None
+    if geometry and geometry == hellos["target"].kv_geometry:
+        layers, heads, head_dim, _ = geometry
+        kv_buffer = SharedArray.create(segment_name(run_id, "kv"), (2, layers, heads, max_tokens, head_dim), np.float16)
+    shared = {"kv": kv_buffer} if kv_buffer is not None else {}
+    branch_rows = rows + config.decoding.max_sequences
+    target.attach(run_id, {"input": ((max_tokens,), np.int32), "choice": ((rows,), np.int32),
+                           "probs": ((rows, hellos["target"].n_vocab), np.float32)}, shared)
+    draft.attach(run_id, {"context": ((max(max_tokens, config.draft.n_ctx),), np.int32),
+                          "tokens": ((2, branch_rows), np.int32),
+                          "probs": ((2, branch_rows, hellos["draft"].n_vocab), np.float32)}, shared)
+    return kv_buffer
+
+
+def calibrate(config: EngineConfig, draft: DraftLink, target: TargetLink) -> tuple[int, dict, CostModel | None]:
+    """(gamma, how it was chosen, the cost model): gamma = "auto" times both workers at
+    once (as they will run) and balances them."""
+    decoding = config.decoding
+    if decoding.gamma != "auto":
+        return decoding.gamma, {"source": "config"}, None
+    sizes = [n for n in VERIFY_SIZES if n <= decoding.max_gamma + 1]
+    context = min(CALIBRATION_CONTEXT, config.server.max_context // 2)
+    draft.send(CalibrateDraft(context, 8, repeats=6))
+    target.send(CalibrateTarget(context, sizes))
+    verify_s = monotone(dict(zip(sizes, target.wait().seconds)))
+    draft_s = draft.wait().seconds_per_token
+    gamma = choose_gamma(draft_s, verify_s, decoding.max_gamma)
+    return gamma, {"source": "measured", "context": context, "draft_s_per_token": draft_s,
+                   "verify_s": {str(k): v for k, v in verify_s.items()}}, CostModel(draft_s, verify_s)
+
+
+def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handover: bool) -> Capabilities:
+    keep = config.decoding.keep_drafting
+    # On a CPU target both workers share the memory bus: a draft that never
+    # rests slows verification more than its extra tokens gain (docs/performance.md).
+    keep_drafting = hellos["target"].device.startswith("cuda") if keep == "auto" else keep
+    return Capabilities(
+        max_window=config.decoding.max_gamma, max_sequences=config.decoding.max_sequences,
+        borrow_cores=config.target.prefill_borrows_draft_cores,
+        draft_borrows_cores=config.draft.prefill_borrows_target_cores and hellos["draft"].prefill_threads,
+        keep_drafting=keep_drafting, kv_handover=kv_handover)
+
+
+def describe(config: EngineConfig, endpoint: str, gamma: int, budget: dict, caps: Capabilities, differ: str | None,
+             hellos: dict[str, WorkerHello], run: dict) -> dict:
+    """The engine's info as clients see it (Engine.get_info), at start-up."""
+    n_target, n_draft = hellos["target"].n_vocab, hellos["draft"].n_vocab
+    return {
+        "pid": os.getpid(), "launcher_pid": run.get("launcher_pid"), "endpoint": endpoint,
+        "scheduler": run.get("scheduler", {"restarts": 0, "deaths": []}), "gamma": gamma, "budget": budget,
+        "keep_drafting": caps.keep_drafting, "prompt_kv": "target" if caps.kv_handover else "own",
+        "n_vocab": n_target, "vocabulary": _vocabulary(differ, n_target, n_draft),
+        "config": _redacted(config.to_dict()),
+        "draft": _worker_info(hellos["draft"]), "target": _worker_info(hellos["target"]),
+    }
+
+
+def _redacted(config: dict) -> dict:
+    """The config as clients may see it: never the API key."""
+    if config["server"].get("api_key"):
+        config["server"]["api_key"] = "(set)"
+    return config
+
+
+def _vocabulary(differ: str | None, n_target: int, n_draft: int) -> dict:
+    """How the draft's tokens become the target's (bridge.py)."""
+    if not differ:
+        return {"shared": True, "target": n_target, "draft": n_draft,
+                "bridge": "none: the draft and the target use the same tokens"}
+    return {"shared": False, "target": n_target, "draft": n_draft,
+            "bridge": f"text: {differ}; committed tokens reach the draft as text in its own tokens, and its "
+                      "windows reach the target as text in the target's tokens (sampling accepts each "
+                      "proposed token with the target's probability)"}
+
+
+def _worker_info(hello: WorkerHello) -> dict:
+    return {"pid": hello.pid, "device": hello.device, "cores": hello.cores, "threads": hello.threads,
+            "load_s": round(hello.load_s, 3), "kernels": hello.kernels}

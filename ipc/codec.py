@@ -1,0 +1,168 @@
+"""How a message (messages.py) crosses a process boundary: two zmq frames, a
+one-byte type tag and a JSON object (nested dataclasses, such as SamplingParams,
+as JSON objects). Decoding checks every field against the type its dataclass
+declares, so a message from anywhere (a client built without hetspec, a
+fuzzer) either is well-formed or is Malformed, with what is wrong named.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import MISSING, fields
+
+from hetspec.core.errors import RequestError
+from hetspec.core.params import show
+from hetspec.ipc.messages import (
+    AttachBuffers,
+    Attached,
+    CalibrateDraft,
+    CalibrateTarget,
+    CancelRequest,
+    DraftCalibration,
+    Drafted,
+    DraftExtended,
+    DraftWindow,
+    EngineInfo,
+    ExportKV,
+    Finished,
+    GenerateRequest,
+    Idle,
+    InfoRequest,
+    KVExported,
+    PrefillDraft,
+    Prefilled,
+    RequestFailed,
+    Shutdown,
+    StopEngine,
+    TargetCalibration,
+    TokensEvent,
+    Verified,
+    VerifyCommand,
+    WorkerFailed,
+    WorkerHello,
+)
+
+MAX_MESSAGE_BYTES = 64 * 2**20   # a message's JSON at most; the scheduler's socket drops larger ones unread
+
+TYPES = [
+    WorkerHello, WorkerFailed, AttachBuffers, Attached, Shutdown,
+    PrefillDraft, Prefilled, DraftWindow, Drafted, DraftExtended, Idle, CalibrateDraft, DraftCalibration,
+    VerifyCommand, Verified, ExportKV, KVExported, CalibrateTarget, TargetCalibration,
+    GenerateRequest, TokensEvent, Finished, RequestFailed, InfoRequest, EngineInfo, StopEngine, CancelRequest,
+]
+TAG_OF = {cls: bytes([i]) for i, cls in enumerate(TYPES)}   # each message type's tag
+_CLASS_OF = {tag: cls for cls, tag in TAG_OF.items()}
+
+
+def encode(message) -> list[bytes]:
+    header = json.dumps(dataclasses.asdict(message)).encode()
+    if len(header) > MAX_MESSAGE_BYTES:
+        raise RequestError(f"the {type(message).__name__} is {len(header)} bytes of JSON; an engine takes "
+                           f"messages of at most {MAX_MESSAGE_BYTES} bytes")
+    return [TAG_OF[type(message)], header]
+
+
+class Malformed(ValueError):
+    """Frames that are no message: what is wrong, and the request_id they name, if any
+    (so that a client is answered about its own request)."""
+
+    def __init__(self, message: str, request_id: int = -1):
+        super().__init__(message)
+        self.request_id = request_id
+
+
+def decode(frames: list[bytes]):
+    """A message from its frames; Malformed names what is wrong with them."""
+    if len(frames) != 2 or frames[0] not in _CLASS_OF:
+        raise Malformed(f"malformed message: {len(frames)} frame(s)")
+    cls = _CLASS_OF[frames[0]]
+    try:
+        values = json.loads(frames[1])
+    except RecursionError:
+        raise Malformed(f"malformed {cls.__name__}: its JSON is nested too deeply") from None
+    except ValueError as exc:
+        raise Malformed(f"malformed {cls.__name__}: not JSON ({exc})") from None
+    if not isinstance(values, dict):
+        raise Malformed(f"malformed {cls.__name__}: not a JSON object")
+    try:
+        return build(cls, values)
+    except (ValueError, TypeError) as exc:
+        rid = values.get("request_id")
+        raise Malformed(str(exc), rid if type(rid) is int and -2**63 <= rid < 2**63 else -1) from None
+
+
+def build(cls, values: dict):
+    """A dataclass from its JSON fields, each checked against the type it declares,
+    nested dataclasses (SamplingParams, BranchPlan) included."""
+    hints = _hints(cls)
+    unexpected = values.keys() - hints.keys()
+    if unexpected:
+        raise ValueError(f"malformed {cls.__name__}: unexpected fields {sorted(unexpected)}")
+    missing = [f.name for f in fields(cls)
+               if f.name not in values and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ValueError(f"malformed {cls.__name__}: missing field(s) {missing}")
+    for name, value in values.items():
+        if not _fits(value, hints[name]):
+            raise ValueError(f"malformed {cls.__name__}: {name} must be {_describe(hints[name])}, got {show(value)}")
+    for name, kind in _nested(cls).items():
+        if isinstance(values.get(name), dict):
+            values[name] = build(kind, values[name])
+    return cls(**values)
+
+
+def _fits(value, hint) -> bool:
+    """Whether a JSON value has a field's declared type: ints within 64 bits, floats finite."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return type(value) is int and -2**63 <= value < 2**63
+    if hint is float:
+        return (type(value) is int and -2**63 <= value < 2**63) or (type(value) is float and math.isfinite(value))
+    if hint is str:
+        return isinstance(value, str)
+    if hint is list or origin is list:
+        return isinstance(value, list) and (not args or all(_fits(v, args[0]) for v in value))
+    if hint is dict or origin is dict:
+        return isinstance(value, dict)
+    if dataclasses.is_dataclass(hint):
+        return isinstance(value, (dict, hint))
+    return True
+
+
+def _describe(hint) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
+    if typing.get_origin(hint) is dict:
+        return "an object"
+    if typing.get_origin(hint) is list:
+        return f"a list ({_describe(typing.get_args(hint)[0])} each)" if typing.get_args(hint) else "a list"
+    names = {type(None): "null", bool: "true or false", int: "a 64-bit integer", float: "a finite number",
+             str: "a string", dict: "an object", list: "a list"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _hints(cls) -> dict[str, type]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _nested(cls) -> dict[str, type]:
+    """Fields whose type is (or may be) a dataclass, by name."""
+    if cls not in _NESTED:
+        _NESTED[cls] = {name: kind for name, hint in _hints(cls).items()
+                        for kind in (typing.get_args(hint) or (hint,)) if dataclasses.is_dataclass(kind)}
+    return _NESTED[cls]
+
+
+_HINTS: dict[type, dict[str, type]] = {}
+_NESTED: dict[type, dict[str, type]] = {}
