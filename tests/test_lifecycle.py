@@ -276,6 +276,20 @@ def test_stream_with_a_stop_string_joins_to_the_generated_text(engine):
     assert "".join(engine.stream(prompt, max_new_tokens=48, stop=stop)) == expected
 
 
+@pytest.mark.parametrize("how", ["cancel", "timeout"])
+def test_a_stream_stopped_early_still_joins_to_its_result_text(engine, how):
+    """Text held back in case it begins a stop string ("e" of "e\\0") is streamed when the
+    request is cut short too: the pieces always join to the result's text."""
+    extra = {"timeout_s": 0.3} if how == "timeout" else {}
+    stream = engine.stream("Stream me some text", max_new_tokens=2000, stop=["e\0", " \0"], **extra)
+    pieces = [next(stream)]
+    if how == "cancel":
+        engine.cancel(stream.request_id)
+    pieces.extend(stream)
+    assert stream.result.finish_reason == ("cancelled" if how == "cancel" else "timeout")
+    assert "".join(pieces) == stream.result.text
+
+
 def _cancelled(engine) -> int:
     return engine.get_info()["requests"].get("cancelled", 0)
 

@@ -239,8 +239,13 @@ class Scheduler:
                                                                   "serving: send the request again"))
 
     def _finished(self, running: Running) -> None:
+        """Send what was not streamed yet (a request stopped early: text held back, in case it
+        began a stop string), then the whole result."""
         decoder, pending = running.decoder, running.pending
         out = decoder.out
+        ids, text = out.take_round()
+        if ids or text:
+            self.clients.send(pending.identity, TokensEvent(pending.id, ids, text))
         self.clients.send(pending.identity, Finished(pending.id, out.new_ids, out.text, out.finish_reason,
                                                      decoder.stats.report(decoder.request, out)))
 
