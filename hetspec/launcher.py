@@ -168,6 +168,7 @@ class Launcher:
 
     def restarting(self) -> str | None:
         """Why the scheduler is starting again, while it is."""
+        self.supervise()                   # (it may have just begun to serve)
         scheduler = self.scheduler
         if scheduler is None or self.stopped or scheduler.state != "starting" or not scheduler.deaths:
             return None
