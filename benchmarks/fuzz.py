@@ -207,7 +207,7 @@ def client_once(served: Served, call: dict, tally: Tally) -> None:
         raise Finding(f"an internal error: {exc} for {call!r}") from None
     except RequestError:
         outcome = "RequestError"
-    except Exception as exc:  # noqa: BLE001 - anything else is the finding
+    except Exception as exc:
         raise Finding(f"{type(exc).__name__}: {exc} for {call!r}") from exc
     seconds = time.monotonic() - started
     if seconds > BOUND_S:
@@ -269,7 +269,7 @@ def config_once(value, tally: Tally) -> None:
         outcome = "EngineConfig"
     except ConfigError:
         outcome = "ConfigError"
-    except Exception as exc:  # noqa: BLE001 - anything else is the finding
+    except Exception as exc:
         raise Finding(f"{type(exc).__name__}: {exc} for {value!r}"[:2000]) from exc
     tally.add(outcome, time.monotonic() - started)
 
@@ -296,7 +296,7 @@ def run_surface(surface: str, served: Served | None, examples: int, seed: int | 
             once(value)
         except Finding:
             raise
-        except Exception as exc:  # noqa: BLE001 - the harness's own checks, failing: a finding too
+        except Exception as exc:
             raise Finding(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}") from exc
 
     if seed is not None and not derandomize:
@@ -361,19 +361,19 @@ def report(results: dict) -> str:
     deaths = sum(sum(r["after"]["restarts"].values()) for r in results["surfaces"].values())
     return "\n".join([
         "# hetspec-fuzz", "",
-        f"`{results['command']}`, Hypothesis seed {results['seed']}, {results['seconds']:.0f} s; "
-        f"{results['machine']['cpu']}, git {results['machine']['git_commit']}.", "",
+        (f"`{results['command']}`, Hypothesis seed {results['seed']}, {results['seconds']:.0f} s; "
+         f"{results['machine']['cpu']}, git {results['machine']['git_commit']}."), "",
         f"- inputs tried: {inputs_tried}",
         f"- engine deaths (scheduler or worker restarts): {deaths}",
         f"- hangs (no answer within {BOUND_S:g} s): {hangs}",
         f"- answers in the wrong shape, or other findings: {sum(1 for r in results['surfaces'].values() if r['finding'])}",
-        f"- a greedy request after each surface gave the tokens it gave before: "
-        f"{all(r['after']['exact'] for r in results['surfaces'].values())}", "",
+        (f"- a greedy request after each surface gave the tokens it gave before: "
+         f"{all(r['after']['exact'] for r in results['surfaces'].values())}"), "",
         *rows, "",
-        "Each input is answered by a completion or an error in the documented shape (HTTP: OpenAI's error "
-        "object with status 400, 401, 404, 405 or 413; Python: a RequestError; zmq: a RequestFailed of kind "
-        "request or auth; configs: a ConfigError). The config surface starts no engine; the others share one "
-        "(tiny random models with SmolLM2's tokenizer, `[server] max_new_tokens = 32`, an API key).", ""])
+        ("Each input is answered by a completion or an error in the documented shape (HTTP: OpenAI's error "
+         "object with status 400, 401, 404, 405 or 413; Python: a RequestError; zmq: a RequestFailed of kind "
+         "request or auth; configs: a ConfigError). The config surface starts no engine; the others share one "
+         "(tiny random models with SmolLM2's tokenizer, `[server] max_new_tokens = 32`, an API key)."), ""])
 
 
 if __name__ == "__main__":

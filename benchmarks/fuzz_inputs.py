@@ -12,7 +12,7 @@ import math
 
 from hypothesis import strategies as st
 
-from hetspec.core.params import FIELDS, MODES
+from hetspec.core.params import FIELDS, Mode
 from hetspec.ipc import codec, messages
 
 # ---- leaves ---------------------------------------------------------------------------------
@@ -94,7 +94,7 @@ SAMPLING = {   # each SamplingParams field, with values the engine takes
     "max_new_tokens": st.integers(1, 40), "temperature": st.sampled_from([0, 0, 0.7, 1.0, 1e-9, 100]),
     "top_p": st.sampled_from([1.0, 0.9, 0.01]), "top_k": st.sampled_from([0, 1, 5, 2**31 - 1]),
     "seed": st.one_of(st.none(), st.integers(0, 2**63 - 1)), "stop": st.lists(plain_text(1), max_size=3),
-    "mode": st.sampled_from(MODES), "gamma": st.one_of(st.none(), st.integers(1, 8)),
+    "mode": st.sampled_from(Mode.values()), "gamma": st.one_of(st.none(), st.integers(1, 8)),
     "sequences": st.one_of(st.none(), st.just("dynamic"), st.integers(1, 4)), "cache_prompt": st.booleans(),
     "timeout_s": st.one_of(st.none(), st.sampled_from([0.001, 0.05, 5.0, 86400.0])),
     "speculation": st.sampled_from([None, "auto", "always"]),

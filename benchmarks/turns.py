@@ -77,12 +77,12 @@ def main(argv=None) -> int:
     machine = describe_machine()
     (out / "turns.json").write_text(json.dumps({"config": args.config, "machine": machine, "rows": rows}, indent=1))
     lines = [f"# A {args.short}-token request behind a {args.long}-token one ({args.config})", "",
-             f"`python -m hetspec.benchmarks.turns --config {args.config} --long {args.long} --short {args.short}`; "
-             f"the short request is sent {HEAD_START_S:g} s after the long one starts. {machine['cpu']}, "
-             f"{machine['logical_cores']} cores, git {machine['git_commit']}; every greedy output compared with "
-             "the same request alone.", "",
-             "| setting | short: wait until done | short: wait for its first token | short alone | "
-             "long: total | long alone | outputs as alone |", "|---|---|---|---|---|---|---|"]
+             (f"`python -m hetspec.benchmarks.turns --config {args.config} --long {args.long} --short {args.short}`; "
+              f"the short request is sent {HEAD_START_S:g} s after the long one starts. {machine['cpu']}, "
+              f"{machine['logical_cores']} cores, git {machine['git_commit']}; every greedy output compared with "
+              "the same request alone."), "",
+             ("| setting | short: wait until done | short: wait for its first token | short alone | "
+              "long: total | long alone | outputs as alone |"), "|---|---|---|---|---|---|---|"]
     for r in rows:
         setting = "one at a time (max_running 1)" if r["max_running"] == 1 else \
             f"turns (max_running {r['max_running']}, turn_s {r['turn_s']:g})"

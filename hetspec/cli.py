@@ -32,6 +32,31 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    http = _host_port(parser, args.http) if args.http else None
+    signals = _Signals()
+    try:
+        if args.prompt is not None:
+            request = _request(args)               # a bad request fails before the engine starts
+            check_prompt(request.get("prompt"), request.get("messages"))
+        config = load_config(args.config)
+        if args.api_key:
+            config = dataclasses.replace(config, server=dataclasses.replace(config.server, api_key=args.api_key))
+        with launch(config) as engine:
+            if args.prompt is not None:
+                return _one_shot(engine, args)
+            signals.serving = True
+            print(engine.endpoint, flush=True)
+            return _serve_http(engine, args, *http) if http else _serve(engine, signals.stop)
+    except HetspecError as exc:
+        print(f"hetspec-launch: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> _Parser:
     parser = _Parser(prog="hetspec-launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default=None,
                         help="TOML config path or shipped config name (default: the embedded SmolLM2 pair)")
@@ -48,49 +73,34 @@ def main(argv=None) -> int:
                         help="clients must send it (HTTP: 'Authorization: Bearer KEY'; zmq: the token); "
                              "default $HETSPEC_API_KEY")
     parser.add_argument("--served-model-name", help="the model name of the HTTP API (default: the config's)")
-    args = parser.parse_args(argv)
-    http = _host_port(parser, args.http) if args.http else None
+    return parser
 
-    stop = threading.Event()
-    serving = interrupted = False
 
-    def on_signal(*_):
-        """Serving: stop. Starting, or running one prompt: unwind once (closing the engine on the
-        way out); a second signal must not interrupt that cleanup."""
-        nonlocal interrupted
-        if serving or interrupted:
-            stop.set()
+class _Signals:
+    """SIGINT and SIGTERM. Serving: stop. Starting, or running one prompt: unwind once
+    (closing the engine on the way out); a second signal must not interrupt that cleanup."""
+
+    def __init__(self):
+        self.stop, self.serving, self.interrupted = threading.Event(), False, False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, *_):
+        if self.serving or self.interrupted:
+            self.stop.set()
             return
-        interrupted = True
+        self.interrupted = True
         raise KeyboardInterrupt
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-    try:
-        if args.prompt is not None:
-            request = _request(args)               # a bad request fails before the engine starts
-            check_prompt(request.get("prompt"), request.get("messages"))
-        config = load_config(args.config)
-        if args.api_key:
-            config = dataclasses.replace(config, server=dataclasses.replace(config.server, api_key=args.api_key))
-        with launch(config) as engine:
-            if args.prompt is not None:
-                return _one_shot(engine, args)
-            serving = True
-            print(engine.endpoint, flush=True)
-            if http:
-                return _serve_http(engine, args, *http)
-            print(f"hetspec: serving (gamma={engine.info['gamma']}); Ctrl-C stops", file=sys.stderr, flush=True)
-            said = None
-            while not stop.wait(0.5):
-                engine.check_alive()               # the scheduler kept dying: exit non-zero, saying why
-                said = say_restart(engine, said)   # it died: its launcher (this process) starts it again
-            return 0
-    except HetspecError as exc:
-        print(f"hetspec-launch: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+
+def _serve(engine, stop: threading.Event) -> int:
+    """Serve the zmq endpoint until stopped; saying so when the scheduler is started again."""
+    print(f"hetspec: serving (gamma={engine.info['gamma']}); Ctrl-C stops", file=sys.stderr, flush=True)
+    said = None
+    while not stop.wait(0.5):
+        engine.check_alive()               # the scheduler kept dying: exit non-zero, saying why
+        said = say_restart(engine, said)   # it died: its launcher (this process) starts it again
+    return 0
 
 
 def _host_port(parser, value: str) -> tuple[str, int]:

@@ -184,18 +184,16 @@ class Engine:
     def _receive(self, channel: Channel, timeout_s: float | None = None, generation: int | None = None):
         """Wait for the scheduler's next message, noticing if the engine died, or if the
         scheduler that held this request (of `generation`) did."""
-        waited = 0.0
-        while True:
-            message = channel.recv(POLL_S)
-            if message is not None:
-                return message
+        def between():
             if self._closed:
                 raise EngineDeadError("this engine handle was closed while the request was running")
             self.check_alive()
             self._check_scheduler(generation, channel)
-            waited += POLL_S
-            if timeout_s is not None and waited >= timeout_s:
-                raise EngineDeadError(f"no engine answered at {self.endpoint} within {timeout_s:g} s")
+
+        message = channel.receive(timeout_s, between, POLL_S)
+        if message is None:
+            raise EngineDeadError(f"no engine answered at {self.endpoint} within {timeout_s:g} s")
+        return message
 
     def check_alive(self) -> None:
         """Raise EngineDeadError if the engine cannot serve any more: its scheduler was
@@ -268,7 +266,7 @@ def launch(config=None) -> Engine:
     """Start an engine (None: the embedded default; a shipped name, a TOML path or a dict)."""
     config = load_config(config)
     launcher = Launcher(config)
-    engine = Engine(launcher.endpoints["client"], launcher, config.server.api_key)
+    engine = Engine(launcher.endpoints.client, launcher, config.server.api_key)
     atexit.register(engine.close)
     try:
         launcher.start()
@@ -283,22 +281,17 @@ def launch(config=None) -> Engine:
 def _wait_ready(engine: Engine, launcher: Launcher, timeout_s: float) -> str:
     """Ask for the engine's info; it answers once both workers are loaded and measured."""
     channel = engine._channel()
-    waited = 0.0
     try:
         channel.send(InfoRequest(engine.token))
-        while True:
-            message = channel.recv(POLL_S)
-            if isinstance(message, EngineInfo):
-                engine.info = message.info
-                return message.info["endpoint"]
-            if isinstance(message, RequestFailed):
-                raise EngineStartError(message.message)
-            launcher.check()
-            waited += POLL_S
-            if waited > timeout_s:
-                raise EngineStartError(f"the engine did not start within {timeout_s:.0f} s")
+        message = channel.receive(timeout_s, launcher.check, POLL_S)
     finally:
         channel.close()
+    if message is None:
+        raise EngineStartError(f"the engine did not start within {timeout_s:.0f} s")
+    if not isinstance(message, EngineInfo):
+        raise EngineStartError(message.message if isinstance(message, RequestFailed) else f"the engine answered {message}")
+    engine.info = message.info
+    return message.info["endpoint"]
 
 
 def connect(endpoint: str, timeout_s: float = CONNECT_TIMEOUT_S, token: str = "") -> Engine:

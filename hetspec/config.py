@@ -15,14 +15,17 @@ import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import psutil
 
+from hetspec.core.branches import DYNAMIC, Dynamic
 from hetspec.core.errors import ConfigError
-from hetspec.core.params import SPECULATION, show
+from hetspec.core.params import Speculation, show
 from hetspec.models import resolve_model
 
+Auto = Literal["auto"]              # a value the engine chooses: at load (cores), or at start-up (gamma)
+AUTO: Auto = "auto"
 SHIPPED_CONFIGS = {"smollm2": "smollm2.toml", "gemma3-270m": "gemma3-270m.toml", "gemma3-smollm2": "gemma3-smollm2.toml"}
 DEFAULT_CONFIG = "smollm2"
 DRAFT_BACKENDS = ("native", "llama.cpp", "torch")
@@ -36,7 +39,7 @@ class DraftConfig:
     backend: str = "native"             # "native" (a Llama or Gemma 3 GGUF file's blocks, workers/kernels/native_draft.c;
                                         # where it cannot run, llama.cpp does), "llama.cpp" (a GGUF file) or "torch"
     model: str = "builtin:smollm2"
-    cores: tuple[int, ...] | str = "auto"
+    cores: tuple[int, ...] | Auto = AUTO
     threads: int = 0                    # 0: one thread per pinned core
     n_ctx: int = 0                      # 0: [server] max_context + max_gamma + 1 (twice max_context
                                         # for a draft that is not the target's own model)
@@ -75,7 +78,7 @@ class TargetConfig:
     model: str = "builtin:smollm2"
     device: str = "auto"                # "auto", "cpu", "cuda", "cuda:N"
     dtype: str = "float32"
-    cores: tuple[int, ...] | str = "auto"
+    cores: tuple[int, ...] | Auto = AUTO
     threads: int = 0
     prefill_borrows_draft_cores: bool = True
     cpu_kernels: str = "gguf"           # "gguf" (windows read a GGUF target's blocks, else as "onednn"),
@@ -94,27 +97,27 @@ class TargetConfig:
 
 @dataclass(frozen=True)
 class DecodingConfig:
-    gamma: int | str = "auto"
-    sequences: int | str = "dynamic"
+    gamma: int | Auto = AUTO            # auto: measured at start-up (drafting matches verifying), then per round
+    sequences: int | Dynamic = DYNAMIC
     max_sequences: int = 4
     max_gamma: int = 32
-    keep_drafting: bool | str = "auto"  # the draft grows the next window while the target still verifies;
+    keep_drafting: bool | Auto = AUTO  # the draft grows the next window while the target still verifies;
                                         # "auto": only for a GPU target (on a CPU one it slows verification)
-    speculation: str = "auto"           # "auto": target-only rounds while speculating does not pay; "always"
+    speculation: Speculation = Speculation.AUTO   # auto: target-only rounds while speculating does not pay
 
     BOUNDS: ClassVar[dict] = {"max_sequences": (1, 64), "max_gamma": (1, 256)}
 
     def checked(self) -> DecodingConfig:
-        if self.gamma != "auto" and not (_is_int(self.gamma) and 1 <= self.gamma <= self.max_gamma):
+        if self.gamma != AUTO and not (_is_int(self.gamma) and 1 <= self.gamma <= self.max_gamma):
             raise ConfigError(f"[decoding] gamma must be 'auto' or an integer in 1..{self.max_gamma}, "
                               f"got {show(self.gamma)}")
-        if not (self.keep_drafting == "auto" or isinstance(self.keep_drafting, bool)):
+        if not (self.keep_drafting == AUTO or isinstance(self.keep_drafting, bool)):
             raise ConfigError(f"[decoding] keep_drafting must be 'auto', true or false, got {show(self.keep_drafting)}")
-        _choice("decoding", "speculation", self.speculation, SPECULATION)
-        if self.sequences != "dynamic" and not (_is_int(self.sequences) and 1 <= self.sequences <= self.max_sequences):
+        _choice("decoding", "speculation", self.speculation, Speculation.values())
+        if self.sequences != DYNAMIC and not (_is_int(self.sequences) and 1 <= self.sequences <= self.max_sequences):
             raise ConfigError("[decoding] sequences must be 'dynamic' or an integer in 1..max_sequences, "
                               f"got {show(self.sequences)}")
-        return self
+        return dataclasses.replace(self, speculation=Speculation(self.speculation))
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ class ServerConfig:
     max_queue: int = 64                 # requests waiting to be admitted; past it: EngineBusyError
     startup_timeout_s: float = 600.0
     api_key: str = ""                   # clients must send it ("" : none needed); hetspec-launch --api-key sets it
-    cores: tuple[int, ...] | str = "auto"   # the scheduler's; "auto": the target's (see assign_cores)
+    cores: tuple[int, ...] | Auto = AUTO   # the scheduler's; "auto": the target's (see assign_cores)
 
     BOUNDS: ClassVar[dict] = {"port": (0, 65535), "max_context": (16, 2**24), "max_new_tokens": (0, 2**31 - 1),
                               "max_running": (1, 64), "turn_s": (0.001, 3600), "max_queue": (0, 10**6),
@@ -146,7 +149,7 @@ class ReplicasConfig:
     """Ray Serve (hetspec.http.ray_serve): how many engines, and what each asks Ray for."""
     num: int = 1                        # replicas, when not autoscaling
     cpus: int = 0                       # Ray CPUs per replica; 0: the draft's and the target's cores
-    gpus: int | str = "auto"            # GPUs per replica; "auto": 1 for a CUDA target, else 0
+    gpus: int | Auto = AUTO            # GPUs per replica; "auto": 1 for a CUDA target, else 0
     min_replicas: int = 1               # autoscaling, when max_replicas > min_replicas
     max_replicas: int = 1
     target_ongoing_requests: float = 2.0
@@ -160,7 +163,7 @@ class ReplicasConfig:
         if self.max_replicas < self.min_replicas:
             raise ConfigError(f"[replicas] max_replicas ({self.max_replicas}) is below min_replicas "
                               f"({self.min_replicas})")
-        if not (self.gpus == "auto" or (_is_int(self.gpus) and 0 <= self.gpus <= 64)):
+        if not (self.gpus == AUTO or (_is_int(self.gpus) and 0 <= self.gpus <= 64)):
             raise ConfigError(f"[replicas] gpus must be 'auto' or an integer in 0..64, got {show(self.gpus)}")
         return self
 
@@ -179,7 +182,7 @@ class EngineConfig:
 
 _SECTIONS = {"draft": DraftConfig, "target": TargetConfig, "decoding": DecodingConfig, "server": ServerConfig,
              "replicas": ReplicasConfig}
-_WORD_OR_NUMBERS = {"cores", "gamma", "sequences", "keep_drafting", "gpus"}   # "auto"/"dynamic" or others: checked()
+_WORD_OR_NUMBERS = {"cores", "gamma", "sequences", "keep_drafting", "gpus", "speculation"}   # checked()
 _KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
 
 
@@ -289,8 +292,8 @@ def _key(key) -> str:
     return show(key)[1:-1] if isinstance(key, str) and len(key) < 60 else show(key)
 
 
-def assign_cores(draft: tuple[int, ...] | str, target: tuple[int, ...] | str,
-                 scheduler: tuple[int, ...] | str = "auto") -> tuple[tuple[int, ...], ...]:
+def assign_cores(draft: tuple[int, ...] | Auto, target: tuple[int, ...] | Auto,
+                 scheduler: tuple[int, ...] | Auto = AUTO) -> tuple[tuple[int, ...], ...]:
     """Resolve "auto": the draft owns the first core, the target the rest
     (on a 2-core machine: draft on core 0, target on core 1), and the scheduler
     shares the target's.
@@ -301,7 +304,7 @@ def assign_cores(draft: tuple[int, ...] | str, target: tuple[int, ...] | str,
     (docs/performance.md, "Where the scheduler sits")."""
     cores = sorted(psutil.Process().cpu_affinity())
     for name, value in (("draft", draft), ("target", target), ("server", scheduler)):
-        if value == "auto":
+        if value == AUTO:
             continue
         if not isinstance(value, tuple) or not value or not all(_is_int(x) for x in value) \
                 or len(set(value)) != len(value):
@@ -310,11 +313,11 @@ def assign_cores(draft: tuple[int, ...] | str, target: tuple[int, ...] | str,
         missing = sorted(set(value) - set(cores))
         if missing:
             raise ConfigError(f"[{name}] cores {missing} do not exist on this machine (available: {cores})")
-    if draft == "auto":
+    if draft == AUTO:
         draft = (cores[0],)
-    if target == "auto":
+    if target == AUTO:
         rest = [x for x in cores if x not in draft]
         target = tuple(rest) if rest else tuple(cores)
-    if scheduler == "auto":
+    if scheduler == AUTO:
         scheduler = target
     return tuple(draft), tuple(target), tuple(scheduler)

@@ -17,7 +17,6 @@ log lines. A scheduler that exits cleanly was asked to stop: that is the end.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import socket
@@ -29,9 +28,9 @@ from hetspec.config import EngineConfig
 from hetspec.core.errors import EngineStartError
 from hetspec.ipc.channel import ipc_endpoint, make_runtime_dir
 from hetspec.ipc.shm import new_run_id, remove_leftovers
-from hetspec.ipc.specs import DraftSpec, TargetSpec
+from hetspec.ipc.specs import DraftSpec, Endpoints, RunSpec, TargetSpec, WorkerCommand
 from hetspec.models import resolve_model
-from hetspec.scheduler.supervisor import Worker
+from hetspec.scheduler.supervisor import State, Worker
 
 WATCH_S = 0.2          # how often the scheduler's process is looked at
 READY_FILE = "ready"   # the scheduler writes its pid here once it serves (hetspec.scheduler.__main__)
@@ -54,8 +53,7 @@ class Launcher:
             client = f"tcp://{server.host}:{server.port or _free_port(server.host)}"
         else:
             client = ipc_endpoint(self.runtime_dir, "client")
-        self.endpoints = {"client": client, "draft": ipc_endpoint(self.runtime_dir, "draft"),
-                          "target": ipc_endpoint(self.runtime_dir, "target")}
+        self.endpoints = Endpoints(client, ipc_endpoint(self.runtime_dir, "draft"), ipc_endpoint(self.runtime_dir, "target"))
         self.run_file = os.path.join(self.runtime_dir, "run.json")
 
     @property
@@ -74,16 +72,14 @@ class Launcher:
         target = TargetSpec(model=target_model, dtype=c.target.dtype, device=c.target.device,
                             cores=list(c.target.cores), threads=c.target.threads, cpu_kernels=c.target.cpu_kernels,
                             borrow_cores=list(c.draft.cores) if c.target.prefill_borrows_draft_cores else [])
-        workers = {   # the scheduler starts these (and starts them again if they die)
-            "draft": {"args": ["-m", "hetspec.workers.draft", "--endpoint", self.endpoints["draft"],
-                               "--spec", draft.to_json()], "threads": c.draft.threads},
-            "target": {"args": ["-m", "hetspec.workers.target", "--endpoint", self.endpoints["target"],
-                                "--spec", target.to_json()], "threads": c.target.threads}}
-        self.run = {"run_id": self.run_id, "config": c.to_dict(), "endpoints": self.endpoints,
-                    "runtime_dir": self.runtime_dir, "workers": workers, "launcher_pid": os.getpid(),
-                    "scheduler": {"restarts": 0, "deaths": []},
-                    "models": {"draft": dataclasses.asdict(draft_model), "target": dataclasses.asdict(target_model)}}
-        self._write_run()
+        self.spec = RunSpec(
+            run_id=self.run_id, config=c.to_dict(), endpoints=self.endpoints, runtime_dir=self.runtime_dir,
+            draft=WorkerCommand(["-m", "hetspec.workers.draft", "--endpoint", self.endpoints.draft,
+                                 "--spec", draft.to_json()], c.draft.threads),
+            target=WorkerCommand(["-m", "hetspec.workers.target", "--endpoint", self.endpoints.target,
+                                  "--spec", target.to_json()], c.target.threads),
+            draft_model=draft_model, target_model=target_model, launcher_pid=os.getpid())
+        self.spec.save(self.run_file)
         self.scheduler = Worker("scheduler", ["-m", "hetspec.scheduler", self.run_file], threads=1,
                                 log_path=os.path.join(self.runtime_dir, "scheduler.log"), name="the scheduler")
         self.scheduler.start()
@@ -119,7 +115,7 @@ class Launcher:
                 return
             reason = scheduler.exit_reason()
             if reason is None:
-                if scheduler.state == "starting" and self._serving(scheduler.pid):
+                if scheduler.state is State.STARTING and self._serving(scheduler.pid):
                     scheduler.ready()
                 return
             self.generation += 1
@@ -128,15 +124,14 @@ class Launcher:
                 return
             remove_leftovers(self.run_id)                  # its shared memory; its workers died with it
             scheduler.died(reason, before_start=self._record_death)
-            if scheduler.state == "failed":
+            if scheduler.state is State.FAILED:
                 self.stopped = scheduler.failure
 
     def _record_death(self, reason: str) -> None:
         """The next scheduler reports its predecessors' deaths (engine info)."""
-        record = self.run["scheduler"]
-        record["restarts"] += 1
-        record["deaths"] = [*record["deaths"][-9:], {"at": round(time.time(), 3), "reason": reason}]
-        self._write_run()
+        deaths = [*self.spec.deaths[-9:], {"at": round(time.time(), 3), "reason": reason}]
+        self.spec = dataclasses.replace(self.spec, restarts=self.spec.restarts + 1, deaths=deaths)
+        self.spec.save(self.run_file)
 
     def _serving(self, pid: int) -> bool:
         try:
@@ -144,12 +139,6 @@ class Launcher:
                 return f.read().strip() == str(pid)
         except OSError:
             return False
-
-    def _write_run(self) -> None:
-        partial = f"{self.run_file}.partial"
-        with open(partial, "w") as f:
-            json.dump(self.run, f)
-        os.replace(partial, self.run_file)
 
     def current_generation(self) -> int:
         """The scheduler's generation, a death not seen yet seen first (so that a request
@@ -170,7 +159,7 @@ class Launcher:
         """Why the scheduler is starting again, while it is."""
         self.supervise()                   # (it may have just begun to serve)
         scheduler = self.scheduler
-        if scheduler is None or self.stopped or scheduler.state != "starting" or not scheduler.deaths:
+        if scheduler is None or self.stopped or scheduler.state is not State.STARTING or not scheduler.deaths:
             return None
         return f"the scheduler {scheduler.deaths[-1][1]}; it is starting again (restart {scheduler.restarts})"
 

@@ -62,6 +62,18 @@ class Channel:
             return None
         return decode(self.socket.recv_multipart())
 
+    def receive(self, timeout_s: float | None, between, every_s: float):
+        """The next message, waiting at most timeout_s (None: no limit); between() runs
+        after each every_s seconds of silence, to notice a dead peer (it raises).
+        None if the time ran out."""
+        waited = 0.0
+        while (message := self.recv(every_s)) is None:
+            between()
+            waited += every_s
+            if timeout_s is not None and waited >= timeout_s:
+                return None
+        return message
+
     def close(self) -> None:
         if self.monitor is not None:
             try:

@@ -1,6 +1,6 @@
 """How a message (messages.py) crosses a process boundary: two zmq frames, a
-one-byte type tag and a JSON object (nested dataclasses, such as SamplingParams,
-as JSON objects). Decoding checks every field against the type its dataclass
+one-byte type tag and a JSON object (nested dataclasses, such as Sampling, as JSON
+objects; a Choice as its value). Decoding checks every field against the type its dataclass
 declares, so a message from anywhere (a client built without hetspec, a
 fuzzer) either is well-formed or is Malformed, with what is wrong named.
 """
@@ -14,7 +14,7 @@ import typing
 from dataclasses import MISSING, fields
 
 from hetspec.core.errors import RequestError
-from hetspec.core.params import show
+from hetspec.core.params import Choice, show
 from hetspec.ipc.messages import (
     AttachBuffers,
     Attached,
@@ -96,7 +96,7 @@ def decode(frames: list[bytes]):
 
 def build(cls, values: dict):
     """A dataclass from its JSON fields, each checked against the type it declares,
-    nested dataclasses (SamplingParams, BranchPlan) included."""
+    nested dataclasses (Sampling, BranchPlan) and choices (Rule) included."""
     hints = _hints(cls)
     unexpected = values.keys() - hints.keys()
     if unexpected:
@@ -111,6 +111,8 @@ def build(cls, values: dict):
     for name, kind in _nested(cls).items():
         if isinstance(values.get(name), dict):
             values[name] = build(kind, values[name])
+        elif isinstance(kind, type) and issubclass(kind, Choice) and isinstance(values.get(name), str):
+            values[name] = kind(values[name])
     return cls(**values)
 
 
@@ -119,16 +121,12 @@ def _fits(value, hint) -> bool:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         return any(_fits(value, arg) for arg in args)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return type(value) is int and -2**63 <= value < 2**63
-    if hint is float:
-        return (type(value) is int and -2**63 <= value < 2**63) or (type(value) is float and math.isfinite(value))
-    if hint is str:
-        return isinstance(value, str)
+    if origin is typing.Literal:
+        return value in args
+    if hint in _SCALARS:
+        return _SCALARS[hint](value)
+    if isinstance(hint, type) and issubclass(hint, Choice):
+        return isinstance(value, str) and value in hint.values()
     if hint is list or origin is list:
         return isinstance(value, list) and (not args or all(_fits(v, args[0]) for v in value))
     if hint is dict or origin is dict:
@@ -138,6 +136,14 @@ def _fits(value, hint) -> bool:
     return True
 
 
+def _int64(value) -> bool:
+    return type(value) is int and -2**63 <= value < 2**63
+
+
+_SCALARS = {type(None): lambda v: v is None, bool: lambda v: isinstance(v, bool), int: _int64,
+            float: lambda v: _int64(v) or (type(v) is float and math.isfinite(v)), str: lambda v: isinstance(v, str)}
+
+
 def _describe(hint) -> str:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return " or ".join(_describe(arg) for arg in typing.get_args(hint))
@@ -145,6 +151,10 @@ def _describe(hint) -> str:
         return "an object"
     if typing.get_origin(hint) is list:
         return f"a list ({_describe(typing.get_args(hint)[0])} each)" if typing.get_args(hint) else "a list"
+    if isinstance(hint, type) and issubclass(hint, Choice):
+        return " or ".join(map(repr, hint.values()))
+    if typing.get_origin(hint) is typing.Literal:
+        return " or ".join(map(repr, typing.get_args(hint)))
     names = {type(None): "null", bool: "true or false", int: "a 64-bit integer", float: "a finite number",
              str: "a string", dict: "an object", list: "a list"}
     return names.get(hint, getattr(hint, "__name__", str(hint)))
@@ -157,10 +167,10 @@ def _hints(cls) -> dict[str, type]:
 
 
 def _nested(cls) -> dict[str, type]:
-    """Fields whose type is (or may be) a dataclass, by name."""
+    """Fields whose type is (or may be) a dataclass or a Choice, by name."""
     if cls not in _NESTED:
-        _NESTED[cls] = {name: kind for name, hint in _hints(cls).items()
-                        for kind in (typing.get_args(hint) or (hint,)) if dataclasses.is_dataclass(kind)}
+        _NESTED[cls] = {name: kind for name, hint in _hints(cls).items() for kind in (typing.get_args(hint) or (hint,))
+                        if dataclasses.is_dataclass(kind) or (isinstance(kind, type) and issubclass(kind, Choice))}
     return _NESTED[cls]
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hetspec.core.params import SamplingParams
+from hetspec.core.branches import Dynamic
+from hetspec.core.sampling import Sampling
 
 # ---- worker lifecycle (scheduler <-> draft and target workers) -------------
 
@@ -81,27 +82,26 @@ class BranchPlan:
     """How a pipelined window branches: its first token is the target's to choose
     (it comes out of the verify pass running meanwhile), so the draft proposes up
     to `max_sequences` branches, each starting with a different candidate."""
-    sequences: int | str       # a number, or "dynamic" (hetspec.core.branches)
+    sequences: int | Dynamic   # a number, or DYNAMIC (hetspec.core.branches)
     max_sequences: int
     acceptance: float          # the request's per-token acceptance so far: sizes dynamic branches
-    extend_to: int = 0         # > n_tokens: after replying, keep growing the likeliest branch up to this
+    extend_to: int = 0         # > gamma: after replying, keep growing the likeliest branch up to this
                                # many tokens, one DraftExtended each, until the next message arrives
 
 
 @dataclass
 class DraftWindow:
-    """Draft `n_tokens` after the `context_len` tokens in the context buffer into
+    """Draft `gamma` tokens after the `context_len` tokens in the context buffer into
     output slot `slot`: one plain sequence, or with `branches` the pipeline's next
-    window. Answered by Drafted."""
+    window. Answered by Drafted; probability rows come with it only under the
+    unkeyed rule."""
     request_id: int
     command: int               # numbers the command, so a late DraftExtended is recognised as stale
     context_len: int
-    n_tokens: int
-    params: SamplingParams
+    gamma: int
+    sampling: Sampling
     slot: int                  # which half of the double-buffered output to write
     branches: BranchPlan | None = None
-    keyed: bool = False        # sampling: each token is its position's keyed draw (core/sampling.draw_keyed),
-                               # and no probability rows are written
 
 
 @dataclass
@@ -147,17 +147,17 @@ class DraftCalibration:
 
 @dataclass
 class VerifyCommand:
-    """Crop the KV cache to `keep` tokens, run the `n_tokens` tokens in the
-    target's input buffer and write the next-token choice (and, when sampling
-    unkeyed, the probability rows) for the last `rows` of them."""
+    """Crop the KV cache `cache` to `keep` tokens, run the `n_tokens` tokens in the
+    target's input buffer and write the next-token choice (argmax or keyed draw, by
+    the rule) and, under the unkeyed rule, the probability rows, for the last
+    `rows` of them."""
     request_id: int
     keep: int
     n_tokens: int
     rows: int                    # how many trailing positions need an answer
-    params: SamplingParams
+    sampling: Sampling
     borrow_cores: bool = False   # use the draft's cores too (prompt prefill)
-    keyed: bool = False          # sampling: the choice is each position's keyed draw (core/sampling.draw_keyed)
-    slot: int = 0                # which request's cache: each admitted request keeps its own (requests take turns)
+    cache: int = 0               # which request's cache: each admitted request keeps its own (requests take turns)
 
 
 @dataclass
@@ -168,11 +168,11 @@ class Verified:
 
 @dataclass
 class ExportKV:
-    """Target: write the first `length` positions of the request's KV cache (in `slot`)
-    to the shared "kv" buffer, float16, (2, layers, kv_heads, positions, head_dim)."""
+    """Target: write the first `length` positions of KV cache `cache` to the shared
+    "kv" buffer, float16, (2, layers, kv_heads, positions, head_dim)."""
     request_id: int
     length: int
-    slot: int = 0
+    cache: int = 0
 
 
 @dataclass

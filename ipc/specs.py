@@ -1,12 +1,12 @@
-"""What a worker process is started with: its model and its settings, typed.
-
-The launcher builds these from the config and passes each to its worker as
-JSON on the command line; the worker reads them back with from_json.
+"""What a process is started with, typed: a worker's model and settings
+(DraftSpec, TargetSpec: JSON on its command line), and the scheduler's run
+file (RunSpec: the launcher writes it, the scheduler reads it).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,3 +63,45 @@ class TargetSpec:
     @classmethod
     def from_json(cls, text: str) -> TargetSpec:
         return build(cls, json.loads(text))
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    client: str                # where clients reach the scheduler (ipc:// or tcp://)
+    draft: str                 # where the scheduler reaches each worker (ipc://)
+    target: str
+
+
+@dataclass(frozen=True)
+class WorkerCommand:
+    """How the scheduler starts a worker: python `args`, with `threads` OpenMP threads."""
+    args: list[str]
+    threads: int
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The run file (runtime_dir/run.json): everything the scheduler is started with."""
+    run_id: str
+    config: dict               # hetspec.config.EngineConfig.to_dict(); the scheduler loads it (and so checks it)
+    endpoints: Endpoints
+    runtime_dir: str
+    draft: WorkerCommand
+    target: WorkerCommand
+    draft_model: ModelSpec
+    target_model: ModelSpec
+    launcher_pid: int
+    restarts: int = 0          # the scheduler's restarts before this one, and why (engine info)
+    deaths: list[dict] = field(default_factory=list)   # {"at": time, "reason": how it ended}
+
+    def save(self, path: str) -> None:
+        """Written whole, then renamed: a scheduler never reads half a file."""
+        partial = f"{path}.partial"
+        with open(partial, "w") as f:
+            json.dump(dataclasses.asdict(self), f)
+        os.replace(partial, path)
+
+    @classmethod
+    def load(cls, path: str) -> RunSpec:
+        with open(path) as f:
+            return build(cls, json.load(f))

@@ -105,8 +105,8 @@ BAD_REQUESTS = {
                                r"messages\[0\]\.content is not valid text: its character 3"),
     "stop-lone-surrogate": (hello(stop=["fine", "\ud800"]), r"stop string 1 is not valid text"),
     "params-not-a-dict": ({"prompt": "hi", "params": 5}, r"params must be a SamplingParams or a dict, got int"),
-    "max-new-tokens-huge": (hello(max_new_tokens=10**12), r"max_new_tokens must be an integer in 1\.\.2147483647, "
-                                                          r"got 1000000000000"),
+    "max-new-tokens-huge": (hello(max_new_tokens=10**12),
+                            r"max_new_tokens must be an integer in 1\.\.2147483647, got 1000000000000"),
     "temperature-infinite": (hello(temperature=math.inf), r"temperature must be a number in \[0, 100\], got inf"),
     "temperature-huge-int": (hello(temperature=10**400), r"temperature.*got an integer of 1329 bits"),
     "top-k-huge": (hello(top_k=2**40), r"top_k must be an integer in 0\.\.2147483647"),

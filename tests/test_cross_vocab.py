@@ -1,4 +1,4 @@
-"""A draft with another tokenizer than the target's (scheduler/bridge.py): output
+"""A draft with another tokenizer than the target's (scheduler/decoding/bridge.py): output
 stays exactly the target's, greedy and sampled, in every mode; bad pairs are
 refused by name."""
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 import hetspec
 from hetspec.core.errors import EngineStartError
 from hetspec.models import resolve_model
-from hetspec.scheduler.bridge import Anchor
+from hetspec.scheduler.decoding.bridge import Anchor
 from hetspec.scheduler.tokenizer import Tokenizer
 
 from helpers import exact_joint, load_reference, reference_greedy, total_variation

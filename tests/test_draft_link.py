@@ -5,14 +5,12 @@ import numpy as np
 import pytest
 import zmq
 
-from hetspec.core.params import SamplingParams
+from hetspec.core.sampling import GREEDY
 from hetspec.ipc import messages
 from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import BranchPlan
 from hetspec.ipc.shm import SharedArray, new_run_id, segment_name
-from hetspec.scheduler.links import DraftLink
-
-GREEDY = SamplingParams(seed=0)
+from hetspec.scheduler.decoding.links import DraftLink
 
 
 @pytest.fixture

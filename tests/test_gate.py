@@ -1,5 +1,5 @@
 """A draft that never agrees must not make the engine slower than the target
-alone (scheduler/gate.py): the engine's own counters show it resting, and a
+alone (scheduler/decoding/gate.py): the engine's own counters show it resting, and a
 forced request still speculates. Output stays exact either way."""
 import pytest
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from hetspec.core.gguf_formats import BLOCK, GGML_TYPES, KERNEL_FORMATS
 from hetspec.models import resolve_model
+from hetspec.workers.kernels.formats import BLOCK, GGML_TYPES, KERNEL_FORMATS
 from hetspec.workers.kernels.gguf_kernels import FORMATS, KernelUnavailable, load
 from hetspec.workers.kernels.gguf_tensors import read_tensors
 from hetspec.workers.target.gguf_linear import MAX_ROWS, GGUFLinear, attach_gguf_blocks
@@ -64,7 +64,7 @@ def test_products_match_torch_for_every_window_size(kernels, fmt):
 
 
 def test_python_and_c_agree_on_the_block_formats():
-    """hetspec.core.gguf_formats and workers/kernels/formats.h describe the same formats."""
+    """hetspec.workers.kernels.formats and workers/kernels/formats.h describe the same formats."""
     constants = {name: int(value) for name, value in re.findall(r"\b([A-Z][A-Z0-9_]*) = (\d+)", HEADER.read_text())}
     assert {name: constants[f"FMT_{name}"] for name in KERNEL_FORMATS} == {n: f.code for n, f in KERNEL_FORMATS.items()}
     assert {name: constants[f"{name}_BYTES"] for name in KERNEL_FORMATS} == {

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zmq
 
-from hetspec.core.params import SamplingParams
+from hetspec.core.sampling import GREEDY, Sampling
 from hetspec.ipc import codec, messages
 from hetspec.ipc.channel import Channel, Router, ipc_endpoint, make_runtime_dir
 from hetspec.ipc.shm import SharedArray, new_run_id, remove_leftovers, segment_name
@@ -26,7 +26,7 @@ def _example(cls):
         hint = hints[f.name]
         if typing.get_origin(hint) in (typing.Union, types.UnionType):
             hint = typing.get_args(hint)[0]
-        values[f.name] = SamplingParams() if hint is SamplingParams else {
+        values[f.name] = GREEDY if hint is Sampling else {
             int: 3, str: "x", float: 0.5, bool: True, dict: {"a": [1]}}.get(typing.get_origin(hint) or hint, [1, 2])
     return cls(**values)
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from hetspec.core.params import SamplingParams
+from hetspec.core.sampling import GREEDY
 from hetspec.ipc.messages import BranchPlan
 from hetspec.ipc.specs import ModelSpec
 from hetspec.workers.draft.drafter import Drafter
@@ -13,8 +13,6 @@ from hetspec.workers.target import kv_cache
 from hetspec.workers.target.kv_model import KVModel
 
 from helpers import load_reference
-
-GREEDY = SamplingParams()
 
 
 class CountingModel(TorchDraftModel):

@@ -84,10 +84,21 @@ def test_the_wheel_installs_every_package_under_hetspec():
     assert {folder: mapping[package] for folder, package in FOLDERS.items()} == {f: f for f in FOLDERS}
 
 
-def test_modules_stay_small_enough_to_read():
+def test_no_function_is_too_complex_to_read():
+    """ruff's C901, McCabe's count of the paths through a function, at the bound
+    pyproject.toml sets (10: McCabe's own, and ruff's default): past it a function is
+    seldom read, or tested, whole. Nested functions count toward the one around them."""
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "C901", "--output-format", "concise",
+                           "hetspec", "workers", "ipc"], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_no_module_is_a_monolith():
+    """A loose bound, well above every module (the largest are near 320 lines): only a
+    module that has become several concepts in one crosses it."""
     sizes = {path.relative_to(ROOT): len(path.read_text().splitlines()) for module, path in _modules()
              if _side(module) != "benchmarks"}
-    assert {str(p): n for p, n in sizes.items() if n > 320} == {}
+    assert {str(p): n for p, n in sizes.items() if n > 500} == {}
 
 
 def test_the_public_names_all_resolve():

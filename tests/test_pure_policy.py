@@ -14,12 +14,18 @@ from hetspec.core.branches import (
     to_slot,
 )
 from hetspec.core.params import SamplingParams
-from hetspec.core.sampling import probabilities
-from hetspec.scheduler.acceptance_prior import AcceptancePrior
-from hetspec.scheduler.budget import CostModel, choose_gamma, interpolate, monotone, restart_length, sequential_gamma
-from hetspec.scheduler.gate import FIRST_REST, MIN_ROUNDS, Gate, Memory
-from hetspec.scheduler.requests import Request
-from hetspec.scheduler.stats import Stats
+from hetspec.core.sampling import Rule, Sampling, probabilities
+from hetspec.scheduler.decoding.acceptance_prior import AcceptancePrior
+from hetspec.scheduler.decoding.budget import (
+    CostModel,
+    Windows,
+    choose_gamma,
+    interpolate,
+    monotone,
+)
+from hetspec.scheduler.decoding.gate import FIRST_REST, MIN_ROUNDS, Gate, Memory
+from hetspec.scheduler.decoding.request import Request
+from hetspec.scheduler.decoding.stats import Stats
 
 
 def test_gamma_balances_draft_against_verify():
@@ -156,21 +162,25 @@ def test_nucleus_is_the_most_likely_tokens_whatever_the_shape(rng):
 
 def test_round_draft_length_follows_the_verify_it_overlaps():
     costs = CostModel(0.010, {1: 0.040, 8: 0.075, 16: 0.115})
-    assert costs.draft_length(12, pending=7) == 8        # verify of 8 tokens: 75 ms = 7.5 draft tokens
-    assert costs.draft_length(12, pending=0) == 4        # after a rejection: a short draft, no idle target
-    assert costs.draft_length(6, pending=15) == 6        # never above gamma
+    assert costs.covering(12, pending=7) == 8            # verify of 8 tokens: 75 ms = 7.5 draft tokens
+    assert costs.covering(12, pending=0) == 4            # after a rejection: a short draft, no idle target
+    assert costs.covering(6, pending=15) == 6            # never above gamma
+    fixed = Windows(12, rebalance=False, max_gamma=32, costs=costs)
+    assert fixed.pipelined(7, 0.9, room=100) == 8 and fixed.pipelined(7, 0.9, room=3) == 3   # room caps it
     for _ in range(50):                                  # the machine got twice as slow at verifying
         costs.observe(8, 0.080, 8, 0.150)
-    assert costs.draft_length(32, pending=0) == 8
+    assert costs.covering(32, pending=0) == 8
 
 
 def test_restart_drafts_while_a_token_beats_the_pipelines_pace():
     # 16 ms per committed token in the pipeline, 10 ms a draft step: worth it while 0.95**j >= 0.625.
-    assert restart_length(0.95, 0.010, 0.016, limit=32) == 9
-    assert restart_length(0.95, 0.010, 0.016, limit=4) == 4       # at most a pipelined window
-    assert restart_length(0.6, 0.010, 0.016, limit=4) == 0        # 0.6 < 0.625: verify alone
-    assert restart_length(0.99, 0.020, 0.016, limit=4) == 0       # a draft slower than the pipeline
-    assert restart_length(0.95, 0.010, 0.016, limit=0) == 0
+    costs = CostModel(0.010, {1: 0.040, 8: 0.075})
+    assert Windows(33, False, 32, costs).restart(0.95, 0.016, room=100) == 9
+    assert Windows(5, False, 32, costs).restart(0.95, 0.016, room=100) == 4    # at most a pipelined window
+    assert Windows(5, False, 32, costs).restart(0.6, 0.016, room=100) == 0     # 0.6 < 0.625: verify alone
+    assert Windows(5, False, 32, CostModel(0.020, costs.verify_s)).restart(0.99, 0.016, room=100) == 0  # slow draft
+    assert Windows(5, False, 32, costs).restart(0.95, 0.016, room=0) == 0
+    assert Windows(5, False, 32, None).restart(0.1, None, room=100) == 4       # no cost model: a full window
 
 
 def test_pipeline_pace_from_the_cost_model():
@@ -186,22 +196,25 @@ def test_sps_gamma_minimises_time_per_token():
     verify = {n: t / 1000 for n, t in {1: 14, 2: 16, 4: 18, 6: 21, 8: 25, 10: 50, 16: 56, 32: 76}.items()}
     assert choose_gamma(0.0046, verify, 32) == 4                # the pipelined balance point
     # At 99% acceptance SpS drafts longer: 7 tokens, a pass of 8 (25 ms) before the costly sizes.
-    assert sequential_gamma(0.0046, verify, 0.99, 32) == 7
-    assert sequential_gamma(0.0046, verify, 0.6, 32) == 1       # most of a long window would be lost
-    gammas = [sequential_gamma(0.0046, verify, a, 32) for a in (0.5, 0.7, 0.9, 0.95, 0.99)]
-    assert gammas == sorted(gammas)
-    assert sequential_gamma(0.0046, verify, 0.99, 5) == 5       # never above the cap
     costs = CostModel(0.0046, verify)
-    assert costs.sequential_gamma(32, 0.9) == 3
+    assert costs.best_sequential(32, 0.99) == 7
+    assert costs.best_sequential(32, 0.6) == 1                  # most of a long window would be lost
+    gammas = [costs.best_sequential(32, a) for a in (0.5, 0.7, 0.9, 0.95, 0.99)]
+    assert gammas == sorted(gammas)
+    assert costs.best_sequential(5, 0.99) == 5                  # never above the cap
+    assert Windows(4, rebalance=True, max_gamma=32, costs=costs).sequential(0.99, room=100) == 7
+    assert Windows(4, rebalance=False, max_gamma=32, costs=costs).sequential(0.99, room=100) == 4   # fixed
+    assert costs.best_sequential(32, 0.9) == 3
     for _ in range(50):                                         # the target got twice as slow
         costs.observe(4, 4 * 0.0046, 5, 2 * interpolate(verify, 5))
-    assert costs.sequential_gamma(32, 0.9) == 5                 # each pass is worth more tokens
+    assert costs.best_sequential(32, 0.9) == 5                  # each pass is worth more tokens
 
 
 def test_acceptance_prior_learns_from_earlier_requests_of_its_kind():
-    greedy = Request(0, SamplingParams(mode="sequential", seed=1), 4, 1, rebalance=False)
-    unkeyed = Request(0, SamplingParams(temperature=0.7, top_p=0.9, seed=1), 4, 1, rebalance=False)
-    keyed = dataclasses.replace(unkeyed, keyed=True)
+    greedy = Request(0, SamplingParams(mode="sequential", seed=1), Sampling(Rule.GREEDY), 4, 1, rebalance=False)
+    unkeyed = Request(0, SamplingParams(temperature=0.7, top_p=0.9), Sampling(Rule.UNKEYED, 0.7, 0, 0.9, 1), 4, 1,
+                      rebalance=False)
+    keyed = dataclasses.replace(unkeyed, sampling=Sampling(Rule.KEYED, 0.7, 0, 0.9, 1))
     history = AcceptancePrior()
     assert history.prior(greedy) == 0.8                      # nothing seen yet
     history.learn(greedy, Stats(accepted=200, rejections=2))  # 99% of 202 tokens
@@ -220,9 +233,9 @@ def test_pipelined_window_shortens_where_long_verifies_cost_much():
     modest acceptance: a short window commits nearly as much for far less. Where a
     window costs the target little more, the pipelined window stays at the balance point."""
     steep = CostModel(0.014, {1: 0.106, 4: 0.130, 8: 0.182, 16: 0.269, 32: 0.426})
-    assert 3 <= steep.pipelined_gamma(32, 0.7) <= 6
+    assert 3 <= steep.best_pipelined(32, 0.7) <= 6
     flat = CostModel(0.004, {1: 0.030, 8: 0.032, 16: 0.036, 32: 0.045})
-    assert flat.pipelined_gamma(32, 0.99) == choose_gamma(0.004, flat.verify_s, 32)
+    assert flat.best_pipelined(32, 0.99) == choose_gamma(0.004, flat.verify_s, 32)
 
 
 def test_gain_says_when_speculating_pays_for_a_waiting_target():

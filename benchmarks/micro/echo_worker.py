@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hetspec.core.sampling import Rule
 from hetspec.ipc.messages import Verified, VerifyCommand, WorkerHello
 from hetspec.workers.common.process import parse_args, serve
 
@@ -39,7 +40,7 @@ def load(spec: EchoSpec):
 
 def verify(state: dict, cmd: VerifyCommand, buffers) -> Verified:
     tokens = buffers["input"].array[:cmd.n_tokens].copy()
-    if not cmd.params.greedy:
+    if cmd.sampling.rule is Rule.UNKEYED:
         buffers["probs"].array[:cmd.rows] = state["probs"][:cmd.rows]
     buffers["choice"].array[:cmd.rows] = tokens[-cmd.rows:]
     return Verified(cmd.request_id, 0.0)

@@ -19,11 +19,11 @@ import pytest
 import zmq
 
 from hetspec.benchmarks.micro.conftest import GAMMA
-from hetspec.core.params import SamplingParams
+from hetspec.core.sampling import GREEDY, Rule, Sampling
 from hetspec.ipc.channel import Channel, ipc_endpoint, make_runtime_dir
 from hetspec.ipc.messages import WorkerHello
 from hetspec.ipc.shm import new_run_id
-from hetspec.scheduler.links import TargetLink
+from hetspec.scheduler.decoding.links import TargetLink
 
 ROWS = GAMMA + 1
 VOCABS = {"smollm2": 49152, "gemma3": 262144}
@@ -64,7 +64,7 @@ def test_ipc_round_trip_token_window(benchmark, echo_link):
     link, vocab = echo_link
     window = np.arange(ROWS, dtype=np.int32)
     benchmark.extra_info.update(tokens=ROWS, vocab=vocab)
-    choice = benchmark(_round_trip, link, window, SamplingParams(), False)
+    choice = benchmark(_round_trip, link, window, GREEDY, False)
     assert list(choice) == list(window)
 
 
@@ -72,6 +72,6 @@ def test_ipc_round_trip_probability_rows(benchmark, echo_link):
     link, vocab = echo_link
     window = np.arange(ROWS, dtype=np.int32)
     benchmark.extra_info.update(rows=ROWS, vocab=vocab, megabytes=ROWS * vocab * 4 / 2**20)
-    probs = benchmark(_round_trip, link, window, SamplingParams(temperature=0.7, top_p=0.9), True)
+    probs = benchmark(_round_trip, link, window, Sampling(Rule.UNKEYED, 0.7, 0, 0.9, 1), True)
     assert probs.shape == (ROWS, vocab)
     assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-3)

@@ -17,10 +17,8 @@ from hetspec.benchmarks.micro.conftest import GAMMA
 from hetspec.benchmarks.micro.rig import Rig
 from hetspec.core.acceptance import accept_greedy
 from hetspec.core.branches import pick_branch
-from hetspec.core.params import SamplingParams
+from hetspec.core.sampling import GREEDY
 from hetspec.ipc.messages import BranchPlan
-
-GREEDY = SamplingParams(seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,12 @@ can keep growing at the end of the slot while the target still verifies
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
+
+Dynamic = Literal["dynamic"]
+DYNAMIC: Dynamic = "dynamic"   # as many branches as the draft's doubt warrants (count_sequences), not a fixed number
 
 
 def count_sequences(first_probs: np.ndarray, second_top_prob: float, max_sequences: int) -> int:

@@ -13,11 +13,37 @@ import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
+from enum import Enum
 
+from hetspec.core.branches import DYNAMIC, Dynamic
 from hetspec.core.errors import RequestError
 
-MODES = ("duodec", "sequential", "target")   # pipelined DuoDecoding, ordinary SpS, the target alone
-SPECULATION = ("auto", "always")   # auto: target-only rounds while speculating does not pay (scheduler/gate.py)
+
+class Choice(str, Enum):
+    """A closed set of words: each compares, prints and travels as its value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        return tuple(member.value for member in cls)
+
+
+class Mode(Choice):
+    """How a request decodes (scheduler/decoding/decoder.py)."""
+    DUODEC = "duodec"            # DuoDecoding: the draft drafts the next window while the target verifies this one
+    SEQUENTIAL = "sequential"    # ordinary speculative decoding (SpS): draft, then verify
+    TARGET = "target"            # the target alone
+
+
+class Speculation(Choice):
+    """Whether a request may rest from speculating (scheduler/decoding/gate.py)."""
+    AUTO = "auto"                # target-only rounds while speculating does not pay
+    ALWAYS = "always"            # every round speculates
 
 MAX_INT32 = 2**31 - 1        # token counts, token ids, top_k
 MAX_SEED = 2**63 - 1
@@ -34,12 +60,12 @@ class SamplingParams:
     top_k: int = 0                       # 0: off
     seed: int | None = None              # None: a fresh one per request
     stop: tuple[str, ...] = ()           # stop strings (not included in the output)
-    mode: str = "duodec"                 # see MODES
+    mode: Mode = Mode.DUODEC
     gamma: int | None = None             # draft budget; None: the engine's (measured at start-up)
-    sequences: int | str | None = None   # draft branches: a number, "dynamic", or None: the config's
+    sequences: int | Dynamic | None = None   # draft branches: a number, DYNAMIC, or None: the config's
     cache_prompt: bool = True            # the draft may keep a matching prefix from an earlier request
     timeout_s: float | None = None       # a deadline from arrival: then finish_reason "timeout", tokens so far
-    speculation: str | None = None       # see SPECULATION; None: the config's ([decoding] speculation)
+    speculation: Speculation | None = None   # None: the config's ([decoding] speculation)
 
     def __post_init__(self):
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
@@ -54,12 +80,15 @@ class SamplingParams:
         _check_int("top_k", self.top_k, 0, MAX_INT32, " (0 disables it)")
         if self.seed is not None:
             _check_int("seed", self.seed, 0, MAX_SEED, " or None")
-        _check(_one_of(self.mode, MODES), f"unknown mode {show(self.mode)}; modes: {', '.join(MODES)}")
-        _check(self.speculation is None or _one_of(self.speculation, SPECULATION),
-               f"speculation must be one of {', '.join(SPECULATION)} or None, got {show(self.speculation)}")
+        _check(_one_of(self.mode, Mode), f"unknown mode {show(self.mode)}; modes: {', '.join(Mode.values())}")
+        object.__setattr__(self, "mode", Mode(self.mode))
+        _check(self.speculation is None or _one_of(self.speculation, Speculation),
+               f"speculation must be one of {', '.join(Speculation.values())} or None, got {show(self.speculation)}")
+        if self.speculation is not None:
+            object.__setattr__(self, "speculation", Speculation(self.speculation))
         if self.gamma is not None:
             _check_int("gamma", self.gamma, 1, MAX_WINDOW, " or None")
-        if self.sequences != "dynamic" and self.sequences is not None:
+        if self.sequences != DYNAMIC and self.sequences is not None:
             _check_int("sequences", self.sequences, 1, MAX_WINDOW, ", 'dynamic' or None")
         _check(isinstance(self.cache_prompt, bool), f"cache_prompt must be true or false, got {show(self.cache_prompt)}")
         if self.timeout_s is not None:
@@ -152,8 +181,8 @@ def _check_real(name: str, value, low: float, high: float) -> None:
     _check(_is_real(value) and low <= value <= high, f"{name} must be a number in [{low:g}, {high:g}], got {show(value)}")
 
 
-def _one_of(value, choices: tuple) -> bool:
-    return isinstance(value, str) and value in choices
+def _one_of(value, choices: type[Choice]) -> bool:
+    return isinstance(value, str) and value in choices.values()
 
 
 def _is_int(value) -> bool:

@@ -12,7 +12,34 @@ whenever their distributions are close (docs/design.md, "Keyed sampling").
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+from hetspec.core.params import Choice
+
+
+class Rule(Choice):
+    """How the target's tokens are chosen, and so which draft tokens it keeps
+    (core/acceptance.py). Decided once per request (scheduler/requests.py)."""
+    GREEDY = "greedy"      # the target's argmax
+    KEYED = "keyed"        # the target's keyed draw at each position (draw_keyed): seeded sampling, or any
+                           # sampling with a draft of another vocabulary
+    UNKEYED = "unkeyed"    # speculative sampling over both distributions (accept_sampled)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What a worker needs to turn logits into a request's tokens: the distribution
+    (temperature, top_k, top_p), the seed of its keyed draws, and the rule."""
+    rule: Rule
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+GREEDY = Sampling(Rule.GREEDY)
 
 # The top-p nucleus usually sits in a few tokens: look among those above a floor first
 # rather than sorting the whole vocabulary, which would cost more than the rest of a row.

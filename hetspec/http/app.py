@@ -43,44 +43,62 @@ MAX_BODY_BYTES = 16 * 2**20
 
 def build_app(engine, model: str, api_key: str | None = None) -> FastAPI:
     """The ASGI app serving `engine` as `model`; with api_key, /v1 needs `Authorization: Bearer KEY`."""
+    api = OpenAIServer(engine, model, api_key)
     app = FastAPI(title="hetspec", description="OpenAI-compatible API of a hetspec engine")
     app.add_middleware(BoundedBody)
-    metrics = Metrics(model)
-    server = engine.info.get("config", {}).get("server", {})
-    max_new_tokens = server.get("max_new_tokens") or server.get("max_context", 4096)
+    app.add_exception_handler(HTTPError, _http_error)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(StarletteHTTPException, _starlette)
+    app.add_exception_handler(Exception, _fault)
+    app.add_api_route("/health", api.health, methods=["GET"])
+    app.add_api_route("/metrics", api.prometheus, methods=["GET"])
+    key = [Depends(api.authorize)]
+    app.add_api_route("/v1/models", api.models, methods=["GET"], dependencies=key)
+    app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"], dependencies=key)
+    app.add_api_route("/v1/completions", api.completions, methods=["POST"], dependencies=key)
+    return app
 
-    def authorize(request: Request) -> None:
-        if not api_key:                      # None or "": no key needed
+
+async def _http_error(_, exc: HTTPError):
+    return _answer(exc)
+
+
+async def _invalid(_, exc: RequestValidationError):
+    first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+    return _answer(HTTPError(400, f"invalid request: {where or 'body'}: {first.get('msg', exc)}", where))
+
+
+async def _starlette(_, exc: StarletteHTTPException):   # unknown route or method, a body that is no JSON
+    return _answer(HTTPError(exc.status_code, str(exc.detail)))
+
+
+async def _fault(_, exc: Exception):                     # a fault of this server: logged, answered
+    traceback.print_exception(exc)
+    return _answer(HTTPError(500, f"the server failed on this request ({type(exc).__name__}: {exc})"))
+
+
+class OpenAIServer:
+    """The routes: each HTTP request is one engine request (Engine.stream)."""
+
+    def __init__(self, engine, model: str, api_key: str | None):
+        self.engine, self.model, self.api_key = engine, model, api_key
+        self.metrics = Metrics(model)
+        server = engine.info.get("config", {}).get("server", {})
+        self.max_new_tokens = server.get("max_new_tokens") or server.get("max_context", 4096)
+
+    def authorize(self, request: Request) -> None:
+        if not self.api_key:                 # None or "": no key needed
             return
         given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(errors="replace"), f"Bearer {api_key}".encode()):
+        if not secrets.compare_digest(given.encode(errors="replace"), f"Bearer {self.api_key}".encode()):
             raise HTTPError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')", code="invalid_api_key")
 
-    @app.exception_handler(HTTPError)
-    async def _http_error(_, exc: HTTPError):
-        return _answer(exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return _answer(HTTPError(400, f"invalid request: {where or 'body'}: {first.get('msg', exc)}", where))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _starlette(_, exc: StarletteHTTPException):   # unknown route or method, a body that is no JSON
-        return _answer(HTTPError(exc.status_code, str(exc.detail)))
-
-    @app.exception_handler(Exception)
-    async def _fault(_, exc: Exception):                     # a fault of this server: logged, answered
-        traceback.print_exception(exc)
-        return _answer(HTTPError(500, f"the server failed on this request ({type(exc).__name__}: {exc})"))
-
-    @app.get("/health")
-    def health():
-        if why := engine.restarting():
+    def health(self):
+        if why := self.engine.restarting():
             return JSONResponse({"status": "restarting", "reason": why}, status_code=503)
         try:
-            info = engine.get_info(timeout_s=10)
+            info = self.engine.get_info(timeout_s=10)
         except HetspecError as exc:
             info = {"dead": str(exc)}
         if info.get("dead"):
@@ -90,34 +108,29 @@ def build_app(engine, model: str, api_key: str | None = None) -> FastAPI:
             return {"status": "degraded", "reason": draft.get("failure")}
         return {"status": "ok"}
 
-    @app.get("/metrics")
-    def prometheus():
+    def prometheus(self):
         try:
-            info = engine.get_info(timeout_s=10)
+            info = self.engine.get_info(timeout_s=10)
         except HetspecError:
             info = None
-        return Response(metrics.exposition(info), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(self.metrics.exposition(info), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models", dependencies=[Depends(authorize)])
-    def models():
-        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "hetspec"}]}
+    def models(self):
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "hetspec"}]}
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
-    async def chat(body: ChatCompletionRequest, request: Request):
-        body.check(model)
-        return await _complete("chat", body, request, prompt=None, messages=[m.as_dict() for m in body.messages])
+    async def chat(self, body: ChatCompletionRequest, request: Request):
+        body.check(self.model)
+        return await self._complete("chat", body, request, prompt=None, messages=[m.as_dict() for m in body.messages])
 
-    @app.post("/v1/completions", dependencies=[Depends(authorize)])
-    async def completions(body: CompletionRequest, request: Request):
-        body.check(model)
-        return await _complete("text", body, request, prompt=body.single_prompt(), messages=None)
+    async def completions(self, body: CompletionRequest, request: Request):
+        body.check(self.model)
+        return await self._complete("text", body, request, prompt=body.single_prompt(), messages=None)
 
-    async def _complete(kind: str, body, request: Request, prompt, messages):
-        started = time.perf_counter()
-        limit = body.limit()
+    async def _complete(self, kind: str, body, request: Request, prompt, messages):
+        started, limit = time.perf_counter(), body.limit()
         try:
-            params = body.params(max_new_tokens if limit is None else limit)
-            stream = engine.stream(prompt, messages=messages, params=params)
+            params = body.params(self.max_new_tokens if limit is None else limit)
+            stream = self.engine.stream(prompt, messages=messages, params=params)
         except HetspecError as exc:
             raise _error(exc) from None
         rid = protocol.completion_id(kind)
@@ -126,22 +139,22 @@ def build_app(engine, model: str, api_key: str | None = None) -> FastAPI:
                 piece = await anyio.to_thread.run_sync(_next, stream)
             except HetspecError as exc:
                 raise _error(exc) from None
-            return EventSourceResponse(_events(kind, rid, body, stream, started, piece), ping=15)
+            return EventSourceResponse(self._events(kind, rid, body, stream, started, piece), ping=15)
         collected = asyncio.ensure_future(anyio.to_thread.run_sync(_drain, stream))
         cancelled = False
         while not collected.done():          # a client gone before the answer cancels its request, once
             await asyncio.wait([collected], timeout=DISCONNECT_POLL_S)
             if not (collected.done() or cancelled) and await request.is_disconnected():
-                engine.cancel(stream.request_id)
+                self.engine.cancel(stream.request_id)
                 cancelled = True
         result, first = await collected
-        metrics.observe(result, time.perf_counter() - started, first and first - started)
-        return protocol.response(kind, rid, model, result)
+        self.metrics.observe(result, time.perf_counter() - started, first and first - started)
+        return protocol.response(kind, rid, self.model, result)
 
-    async def _events(kind: str, rid: str, body, stream, started: float, piece: str | None):
+    async def _events(self, kind: str, rid: str, body, stream, started: float, piece: str | None):
         """Server-sent events: chunks, then (if asked) usage, then [DONE]. Leaving early
         (the client disconnected) cancels the request."""
-        first, usage = None, body.include_usage
+        first, usage, model = None, body.include_usage, self.model
         try:
             yield json.dumps(protocol.chunk(kind, rid, model, first=True, include_usage=usage))
             while piece is not None:
@@ -149,7 +162,7 @@ def build_app(engine, model: str, api_key: str | None = None) -> FastAPI:
                 yield json.dumps(protocol.chunk(kind, rid, model, piece, include_usage=usage))
                 piece = await anyio.to_thread.run_sync(_next, stream, abandon_on_cancel=True)
             result = stream.result
-            metrics.observe(result, time.perf_counter() - started, first and first - started)
+            self.metrics.observe(result, time.perf_counter() - started, first and first - started)
             final = protocol.chunk(kind, rid, model, finish=protocol.FINISH_REASONS.get(result.finish_reason),
                                    include_usage=usage)
             yield json.dumps({**final, "hetspec": result.stats})
@@ -163,9 +176,7 @@ def build_app(engine, model: str, api_key: str | None = None) -> FastAPI:
             yield json.dumps(HTTPError(500, f"the server failed on this request ({type(exc).__name__})").body())
         finally:
             if stream.result is None:
-                engine.cancel(stream.request_id)
-
-    return app
+                self.engine.cancel(stream.request_id)
 
 
 class BoundedBody:

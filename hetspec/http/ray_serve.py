@@ -20,7 +20,7 @@ import threading
 from ray import serve
 
 from hetspec.client import launch
-from hetspec.config import load_config
+from hetspec.config import AUTO, load_config
 from hetspec.core.errors import EngineDeadError
 from hetspec.http.app import build_app
 
@@ -60,7 +60,7 @@ def application(config=None, *, model: str = "smollm2", api_key: str | None = No
     engine_config = load_config(config)
     r = engine_config.replicas
     cpus = r.cpus or len(set(engine_config.draft.cores) | set(engine_config.target.cores))
-    gpus = r.gpus if r.gpus != "auto" else (1 if engine_config.target.device.startswith("cuda") else 0)
+    gpus = r.gpus if r.gpus != AUTO else (1 if engine_config.target.device.startswith("cuda") else 0)
     options = dict(ray_actor_options={"num_cpus": cpus, "num_gpus": gpus}, max_ongoing_requests=r.max_ongoing_requests)
     if r.max_replicas > r.min_replicas:
         options["autoscaling_config"] = {"min_replicas": r.min_replicas, "max_replicas": r.max_replicas,

@@ -6,7 +6,6 @@ leaves nothing behind.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -15,14 +14,14 @@ import time
 
 from hetspec.core.errors import HetspecError
 from hetspec.ipc.messages import RequestFailed
+from hetspec.ipc.specs import RunSpec
+from hetspec.launcher import READY_FILE
 from hetspec.scheduler.service import Scheduler
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    with open(argv[0]) as f:
-        run = json.load(f)
-    scheduler = Scheduler(run)
+    scheduler = Scheduler(RunSpec.load(argv[0]))
     serving = False
 
     def on_sigterm(*_):
@@ -48,11 +47,11 @@ def main(argv=None) -> int:
 
 
 def _say_ready(runtime_dir: str) -> None:
-    """Tell the launcher (hetspec.launcher.READY_FILE) that this scheduler serves."""
-    partial = os.path.join(runtime_dir, f"ready.{os.getpid()}")
+    """Tell the launcher that this scheduler serves (its pid in READY_FILE)."""
+    partial = os.path.join(runtime_dir, f"{READY_FILE}.{os.getpid()}")
     with open(partial, "w") as f:
         f.write(str(os.getpid()))
-    os.replace(partial, os.path.join(runtime_dir, "ready"))
+    os.replace(partial, os.path.join(runtime_dir, READY_FILE))
 
 
 def _refuse_clients(scheduler: Scheduler, exc: Exception) -> None:

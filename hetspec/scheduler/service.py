@@ -17,17 +17,17 @@ from hetspec.core.errors import EngineDeadError, HetspecError, RequestError
 from hetspec.core.pinning import pin
 from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import EngineInfo, Finished, InfoRequest, RequestFailed, StopEngine, TokensEvent
-from hetspec.ipc.specs import ModelSpec
+from hetspec.ipc.specs import RunSpec
 from hetspec.scheduler import startup
-from hetspec.scheduler.acceptance_prior import AcceptancePrior
-from hetspec.scheduler.bridge import BridgedDraft
-from hetspec.scheduler.budget import interpolate
 from hetspec.scheduler.clients import Clients, Pending
-from hetspec.scheduler.decoder import Decoder
-from hetspec.scheduler.gate import memories
-from hetspec.scheduler.links import DraftLink, TargetLink, WorkerLost
-from hetspec.scheduler.requests import resolve
-from hetspec.scheduler.supervisor import Crew
+from hetspec.scheduler.decoding.acceptance_prior import AcceptancePrior
+from hetspec.scheduler.decoding.bridge import BridgedDraft
+from hetspec.scheduler.decoding.budget import interpolate
+from hetspec.scheduler.decoding.decoder import Decoder
+from hetspec.scheduler.decoding.gate import memories
+from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerLost
+from hetspec.scheduler.requests import Resolver
+from hetspec.scheduler.supervisor import Crew, State
 from hetspec.scheduler.tokenizer import Tokenizer
 from hetspec.scheduler.turns import Running, Turns
 
@@ -45,19 +45,21 @@ class Stopped(Exception):
 
 
 class Scheduler:
-    def __init__(self, run: dict):
-        self.run = run
-        self.config = load_config(run["config"])
+    """The links to both workers are draft_link and target; `draft` is what a request
+    drafts with: the draft link itself, or a BridgedDraft over it (another vocabulary)."""
+
+    def __init__(self, spec: RunSpec):
+        self.spec = spec
+        self.config = load_config(spec.config)
         pin(self.config.server.cores)   # before zmq starts its threads, which inherit it
-        self.models = {k: ModelSpec(**v) for k, v in run["models"].items()}
         self.context = zmq.Context()
-        self.draft = DraftLink("draft", Channel(self.context, run["endpoints"]["draft"], bind=True))
-        self.target = TargetLink("target", Channel(self.context, run["endpoints"]["target"], bind=True))
-        self.crew = Crew(run, {"draft": self.draft, "target": self.target})
+        self.draft_link = DraftLink("draft", Channel(self.context, spec.endpoints.draft, bind=True))
+        self.target = TargetLink("target", Channel(self.context, spec.endpoints.target, bind=True))
+        self.crew = Crew(spec, {"draft": self.draft_link, "target": self.target})
         server = self.config.server
-        self.clients = Clients(self.context, run["endpoints"]["client"], server.max_queue, server.api_key)
+        self.clients = Clients(self.context, spec.endpoints.client, server.max_queue, server.api_key)
         self.turns = Turns(server.max_running, server.turn_s)
-        for link in (self.draft, self.target):
+        for link in (self.draft_link, self.target):
             link.channel.socket.setsockopt(zmq.SNDTIMEO, WORKER_SEND_TIMEOUT_MS)
         self.counts = self.clients.counts     # requests by how they ended
         self.info: dict = {}
@@ -69,21 +71,23 @@ class Scheduler:
     def start(self) -> None:
         """Start the workers and load the tokenizers while they load their models, then
         wire them up (startup.py's steps, in order)."""
+        spec, links = self.spec, (self.draft_link, self.target)
         self.crew.start()
-        self.tokenizer = Tokenizer(self.models["target"])
-        draft_tokenizer = startup.draft_tokenizer(self.models)
-        hellos = startup.wait_for_workers(self.crew, (self.draft, self.target), self.config.server.startup_timeout_s)
-        self.n_vocab = hellos["target"].n_vocab
-        differ = startup.check_vocabularies(self.tokenizer, draft_tokenizer, hellos, self.models["draft"])
-        self.eos = set(hellos["target"].eos_token_ids) | self.tokenizer.eos_token_ids
-        self.kv_buffer = startup.attach_buffers(self.config, self.run["run_id"], self.draft, self.target, hellos)
-        self.gamma, budget, self.costs = startup.calibrate(self.config, self.draft, self.target)
+        tokenizer = Tokenizer(spec.target_model)
+        draft_tokenizer = startup.draft_tokenizer(spec.draft_model, spec.target_model)
+        hellos = startup.wait_for_workers(self.crew, links, self.config.server.startup_timeout_s)
+        differ = startup.check_vocabularies(tokenizer, draft_tokenizer, hellos, spec.draft_model)
+        self.kv_buffer = startup.attach_buffers(self.config, spec.run_id, *links, hellos)
+        gamma, budget, self.costs = startup.calibrate(self.config, *links)
         self.caps = startup.capabilities(self.config, hellos, kv_handover=self.kv_buffer is not None)
         self.memories = memories(target_s=interpolate(self.costs.verify_s, 1) if self.costs else None)
-        self.drafter = BridgedDraft(self.draft, self.tokenizer, draft_tokenizer, self.caps.max_window,
-                                    self.config.draft.n_ctx, self.n_vocab) if differ else self.draft
-        self.info = startup.describe(self.config, self.clients.endpoint, self.gamma, budget, self.caps, differ, hellos,
-                                     self.run)
+        self.draft = BridgedDraft(self.draft_link, tokenizer, draft_tokenizer, self.caps.max_gamma,
+                                  self.config.draft.n_ctx, hellos["target"].n_vocab) if differ else self.draft_link
+        self.resolver = Resolver(tokenizer, hellos["target"].n_vocab,
+                                 frozenset(hellos["target"].eos_token_ids) | tokenizer.eos_token_ids, gamma,
+                                 measured=self.costs is not None, cross_vocab=bool(differ),
+                                 decoding=self.config.decoding, server=self.config.server, acceptance=self.acceptance)
+        self.info = startup.describe(self.config, self.clients.endpoint, gamma, budget, self.caps, differ, hellos, spec)
 
     # ---- serving ---------------------------------------------------------------
 
@@ -118,7 +122,7 @@ class Scheduler:
         return bool(self.clients.queue or self.turns.running) and self._target_up()
 
     def _target_up(self) -> bool:
-        return self.crew.workers["target"].state != "starting"
+        return self.crew.workers["target"].state is not State.STARTING
 
     def _read_clients(self, timeout_ms: int) -> None:
         for identity, message in self.clients.read(timeout_ms):
@@ -146,7 +150,7 @@ class Scheduler:
     def _dead(self) -> str | None:
         """Why no request can be served, if none can: the target was given up."""
         target = self.crew.workers["target"]
-        return target.failure if target.state == "failed" else None
+        return target.failure if target.state is State.FAILED else None
 
     # ---- one request at a time, in turns (turns.py) -----------------------------------
 
@@ -158,7 +162,7 @@ class Scheduler:
                 self.clients.send(pending.identity, RequestFailed(pending.id, "dead", dead))
                 continue
             try:
-                self.turns.admit(pending, lambda slot, p=pending: self._decoder(p, slot), self._target_starts())
+                self.turns.admit(pending, lambda cache, p=pending: self._decoder(p, cache), self._target_starts())
             except RequestError as exc:
                 self.counts["refused"] += 1
                 self._fail(pending, "request", str(exc))
@@ -167,11 +171,11 @@ class Scheduler:
                 self.counts["failed"] += 1
                 self._fail(pending, "internal", _internal(exc))
 
-    def _decoder(self, pending: Pending, slot: int):
-        request, output = resolve(pending, self)
+    def _decoder(self, pending: Pending, cache: int):
+        request, output = self.resolver.resolve(pending)
         without_draft = None if request.params.mode == "target" else self.crew.unavailable("draft")
-        decoder = Decoder(request, self.caps, self.drafter, self.target, output, self.costs, without_draft,
-                          self.memories.get(request.params.mode), slot)
+        decoder = Decoder(request, self.caps, self.draft, self.target, output, self.costs, without_draft,
+                          self.memories.get(request.params.mode), cache)
         return decoder, decoder.rounds(lambda ids, text: self._emit(pending, TokensEvent(pending.id, ids, text)))
 
     def _turn(self, running: Running) -> None:
@@ -276,16 +280,16 @@ class Scheduler:
 
     def _drain(self) -> None:
         """After a failed or stopped round, collect both workers' outstanding replies."""
-        for link in (self.draft, self.target):
+        for link in (self.draft_link, self.target):
             try:
                 link.discard()
             except HetspecError:           # lost, or failed for good: nothing more will come
                 pass
-        self.draft.settle()
+        self.draft_link.settle()
 
     def close(self) -> None:
         """Tell both workers to leave and wait for them (a dead one is not waited on)."""
-        for link in (self.draft, self.target):
+        for link in (self.draft_link, self.target):
             try:
                 link.channel.socket.setsockopt(zmq.SNDTIMEO, 0)   # never wait on a dead worker
                 link.close()
@@ -295,7 +299,7 @@ class Scheduler:
             worker.stop(grace_s=5)
         if self.kv_buffer is not None:
             self.kv_buffer.close()
-        self.draft.channel.close()
+        self.draft_link.channel.close()
         self.target.channel.close()
         self.clients.close()
         self.context.term()

@@ -8,15 +8,15 @@ import os
 
 import numpy as np
 
-from hetspec.config import EngineConfig
+from hetspec.config import AUTO, EngineConfig
 from hetspec.core.errors import ConfigError, EngineStartError
 from hetspec.ipc.messages import CalibrateDraft, CalibrateTarget, WorkerHello
 from hetspec.ipc.shm import SharedArray, segment_name
-from hetspec.ipc.specs import ModelSpec
-from hetspec.scheduler.bridge import check_expressible, describe_vocabularies
-from hetspec.scheduler.budget import CostModel, choose_gamma, monotone
-from hetspec.scheduler.decoder import Capabilities
-from hetspec.scheduler.links import DraftLink, TargetLink, WorkerLost
+from hetspec.ipc.specs import ModelSpec, RunSpec
+from hetspec.scheduler.decoding.bridge import check_expressible, describe_vocabularies
+from hetspec.scheduler.decoding.budget import CostModel, choose_gamma, monotone
+from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerLost
+from hetspec.scheduler.decoding.request import Capabilities
 from hetspec.scheduler.supervisor import Crew
 from hetspec.scheduler.tokenizer import Tokenizer
 
@@ -24,10 +24,9 @@ CALIBRATION_CONTEXT = 256
 VERIFY_SIZES = [1, 2, 4, 6, 8, 10, 12, 16, 24, 32]
 
 
-def draft_tokenizer(models: dict[str, ModelSpec]) -> Tokenizer | None:
+def draft_tokenizer(draft: ModelSpec, target: ModelSpec) -> Tokenizer | None:
     """The draft's tokenizer, when the draft is another model than the target (its
     vocabulary may then differ); None when it is the target's own file."""
-    draft, target = models["draft"], models["target"]
     if (draft.kind, draft.file, draft.random) == (target.kind, target.file, target.random):
         return None
     try:
@@ -94,7 +93,7 @@ def calibrate(config: EngineConfig, draft: DraftLink, target: TargetLink) -> tup
     """(gamma, how it was chosen, the cost model): gamma = "auto" times both workers at
     once (as they will run) and balances them."""
     decoding = config.decoding
-    if decoding.gamma != "auto":
+    if decoding.gamma != AUTO:
         return decoding.gamma, {"source": "config"}, None
     sizes = [n for n in VERIFY_SIZES if n <= decoding.max_gamma + 1]
     context = min(CALIBRATION_CONTEXT, config.server.max_context // 2)
@@ -111,21 +110,21 @@ def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handov
     keep = config.decoding.keep_drafting
     # On a CPU target both workers share the memory bus: a draft that never
     # rests slows verification more than its extra tokens gain (docs/performance.md).
-    keep_drafting = hellos["target"].device.startswith("cuda") if keep == "auto" else keep
+    keep_drafting = hellos["target"].device.startswith("cuda") if keep == AUTO else keep
     return Capabilities(
-        max_window=config.decoding.max_gamma, max_sequences=config.decoding.max_sequences,
+        max_gamma=config.decoding.max_gamma, max_sequences=config.decoding.max_sequences,
         borrow_cores=config.target.prefill_borrows_draft_cores,
         draft_borrows_cores=config.draft.prefill_borrows_target_cores and hellos["draft"].prefill_threads,
         keep_drafting=keep_drafting, kv_handover=kv_handover)
 
 
 def describe(config: EngineConfig, endpoint: str, gamma: int, budget: dict, caps: Capabilities, differ: str | None,
-             hellos: dict[str, WorkerHello], run: dict) -> dict:
+             hellos: dict[str, WorkerHello], spec: RunSpec) -> dict:
     """The engine's info as clients see it (Engine.get_info), at start-up."""
     n_target, n_draft = hellos["target"].n_vocab, hellos["draft"].n_vocab
     return {
-        "pid": os.getpid(), "launcher_pid": run.get("launcher_pid"), "endpoint": endpoint,
-        "scheduler": run.get("scheduler", {"restarts": 0, "deaths": []}), "gamma": gamma, "budget": budget,
+        "pid": os.getpid(), "launcher_pid": spec.launcher_pid, "endpoint": endpoint,
+        "scheduler": {"restarts": spec.restarts, "deaths": spec.deaths}, "gamma": gamma, "budget": budget,
         "keep_drafting": caps.keep_drafting, "prompt_kv": "target" if caps.kv_handover else "own",
         "n_vocab": n_target, "vocabulary": _vocabulary(differ, n_target, n_draft),
         "config": _redacted(config.to_dict()),

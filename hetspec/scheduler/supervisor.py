@@ -16,7 +16,9 @@ import time
 from collections import deque
 
 from hetspec.core.errors import EngineDeadError
+from hetspec.core.params import Choice
 from hetspec.ipc.messages import WorkerHello
+from hetspec.ipc.specs import RunSpec
 
 CRASH_LOOP = 3        # deaths before ready, in a row, that end the restarts
 HISTORY = 10          # deaths remembered per worker (engine info)
@@ -48,15 +50,21 @@ def exit_reason(process: subprocess.Popen) -> str | None:
     return f"exited with code {code}"
 
 
+class State(Choice):
+    """Where a supervised process stands."""
+    STARTING = "starting"      # loading its model (a worker) or its workers (the scheduler)
+    READY = "ready"            # serving
+    FAILED = "failed"          # given up: it kept dying before it was ready
+
+
 class Worker:
-    """One supervised process (a worker, or the launcher's scheduler) and its history:
-    "starting" (loading), "ready", or "failed" (given up)."""
+    """One supervised process (a worker, or the launcher's scheduler) and its history."""
 
     def __init__(self, role: str, args: list[str], threads: int, log_path: str, name: str = ""):
         self.role, self.args, self.threads, self.log_path = role, args, threads, log_path
         self.name = name or f"the {role} worker"
         self.process: subprocess.Popen | None = None
-        self.state = "starting"
+        self.state = State.STARTING
         self.restarts = 0
         self.deaths: deque = deque(maxlen=HISTORY)   # (time, reason)
         self.failed_in_a_row = 0
@@ -64,7 +72,11 @@ class Worker:
 
     def start(self) -> None:
         self.process = spawn(self.args, self.log_path, self.threads)
-        self.state = "starting"
+        self.state = State.STARTING
+
+    @property
+    def ready_now(self) -> bool:
+        return self.state is State.READY
 
     @property
     def pid(self) -> int | None:
@@ -78,9 +90,9 @@ class Worker:
         """Record a death, and start the process again unless it is in a crash loop;
         before_start(reason), if given, runs just before it starts again."""
         self.deaths.append((time.time(), reason))
-        self.failed_in_a_row = self.failed_in_a_row + 1 if self.state == "starting" else 0
-        if self.state == "starting" and self.failed_in_a_row >= CRASH_LOOP:
-            self.state = "failed"
+        self.failed_in_a_row = self.failed_in_a_row + 1 if self.state is State.STARTING else 0
+        if self.state is State.STARTING and self.failed_in_a_row >= CRASH_LOOP:
+            self.state = State.FAILED
             self.failure = (f"{self.name} died {self.failed_in_a_row} times in a row before it was "
                             f"ready ({reason}); it is not restarted again. Its last log lines:\n"
                             + "\n".join(self.last_log_lines()))
@@ -92,7 +104,7 @@ class Worker:
         self.start()
 
     def ready(self) -> None:
-        self.state = "ready"
+        self.state = State.READY
         self.failed_in_a_row = 0
 
     def last_log_lines(self, n: int = LOG_LINES) -> list[str]:
@@ -130,11 +142,10 @@ class Crew:
     """Both workers with their links: started together, watched between rounds, and
     each started again when it dies (a restarted worker maps the same buffers)."""
 
-    def __init__(self, run: dict, links: dict):
+    def __init__(self, spec: RunSpec, links: dict):
         self.links = links
-        self.workers = {role: Worker(role, spec["args"], spec["threads"],
-                                     os.path.join(run["runtime_dir"], f"{role}.log"))
-                        for role, spec in run["workers"].items()}
+        self.workers = {role: Worker(role, command.args, command.threads, os.path.join(spec.runtime_dir, f"{role}.log"))
+                        for role, command in (("draft", spec.draft), ("target", spec.target))}
         for role, link in links.items():
             link.process = self.workers[role]
 
@@ -149,12 +160,12 @@ class Crew:
         to whoever sent the command (links.WorkerLost), and the next check restarts."""
         for role, worker in self.workers.items():
             link = self.links[role]
-            if worker.state == "failed" or link.busy:
+            if worker.state is State.FAILED or link.busy:
                 continue
             if reason := worker.exit_reason():
                 link.lost()
                 worker.died(reason)
-            elif worker.state == "starting" and link.channel.socket.poll(0):
+            elif worker.state is State.STARTING and link.channel.socket.poll(0):
                 hello = link.channel.recv(0)
                 if isinstance(hello, WorkerHello):   # anything else is a dead worker's last words
                     link.hello = hello
@@ -165,14 +176,14 @@ class Crew:
                     worker.ready()
 
     def ready(self, role: str) -> bool:
-        return self.workers[role].state == "ready"
+        return self.workers[role].state is State.READY
 
     def unavailable(self, role: str) -> str | None:
         """Why this worker cannot take commands now (None: it can)."""
         worker = self.workers[role]
-        if worker.state == "failed":
+        if worker.state is State.FAILED:
             return worker.failure
-        if worker.state == "starting":
+        if worker.state is State.STARTING:
             return f"the {role} worker is restarting (it {worker.deaths[-1][1]})" if worker.deaths else \
                 f"the {role} worker is starting"
         return None

@@ -5,9 +5,9 @@ Workers see token ids only; all text handling lives here, in one process.
 from __future__ import annotations
 
 import os
-import shutil
 
 from hetspec.core.errors import ConfigError, RequestError
+from hetspec.core.kept import load_or_convert
 from hetspec.ipc.specs import ModelSpec
 from hetspec.models import resolve_model
 
@@ -42,32 +42,17 @@ class Tokenizer:
             return
         from transformers import AutoTokenizer
 
-        kept = os.path.join(model.cache_dir, "tokenizer") if model.cache_dir else ""
-        if kept and os.path.isdir(kept):
+        def convert():
             try:
-                self.hf = AutoTokenizer.from_pretrained(kept)
-                return
-            except Exception:  # noqa: BLE001 - an unreadable copy: convert again and replace it
-                shutil.rmtree(kept, ignore_errors=True)
-        try:
-            if model.kind == "gguf":
-                self.hf = AutoTokenizer.from_pretrained(model.path, gguf_file=model.gguf_file)
-            else:
-                self.hf = AutoTokenizer.from_pretrained(model.path)
-        except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
-            raise ConfigError(f"could not load the tokenizer of {model.file}: {exc}") from None
-        if kept:
-            self._keep(kept)
+                if model.kind == "gguf":
+                    return AutoTokenizer.from_pretrained(model.path, gguf_file=model.gguf_file)
+                return AutoTokenizer.from_pretrained(model.path)
+            except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
+                raise ConfigError(f"could not load the tokenizer of {model.file}: {exc}") from None
 
-    def _keep(self, folder: str) -> None:
-        """As the target keeps its model (workers/target/hf_loading.py): saved under a private
-        name and renamed, so a reader never sees half a copy; best effort."""
-        partial = f"{folder}.partial-{os.getpid()}"
-        try:
-            self.hf.save_pretrained(partial)
-            os.rename(partial, folder)
-        except Exception:  # noqa: BLE001 - keeping a copy is optional; loading already succeeded
-            shutil.rmtree(partial, ignore_errors=True)
+        kept = os.path.join(model.cache_dir, "tokenizer") if model.cache_dir else ""
+        self.hf = load_or_convert(kept, AutoTokenizer.from_pretrained, convert,
+                                  lambda tokenizer, path: tokenizer.save_pretrained(path))
 
     @property
     def eos_token_ids(self) -> set[int]:

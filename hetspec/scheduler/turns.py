@@ -2,7 +2,7 @@
 all of its tokens.
 
 Up to [server] max_running requests are admitted at once; each keeps its own
-cache in the target (a slot), so switching between them costs the target
+cache in the target (numbered: Running.cache), so switching between them costs the target
 nothing. The draft has one cache: a request whose turn comes round after
 another's brings it up to date first (Decoder.draft_catches_up: the target's
 cache of the same model, or a prefill of what differs). A turn is whole rounds, and lasts at least
@@ -17,16 +17,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from hetspec.scheduler.clients import Pending
-from hetspec.scheduler.decoder import Decoder
+from hetspec.scheduler.decoding.decoder import Decoder
 
 
 @dataclass
 class Running:
-    """An admitted request: its decoder, stepped a round at a time, and its slot."""
+    """An admitted request: its decoder, stepped a round at a time, and its cache in the target."""
     pending: Pending
     decoder: Decoder
     rounds: Iterator
-    slot: int
+    cache: int
     target_starts: int                  # the target's starts when it was admitted: its cache lives in that one
     waiting_since: float = field(default_factory=time.monotonic)
 
@@ -35,21 +35,21 @@ class Turns:
     def __init__(self, max_running: int, turn_s: float):
         self.turn_s = turn_s
         self.running: list[Running] = []
-        self.free = list(range(max_running))    # target cache slots
+        self.free = list(range(max_running))    # the target's caches not in use
         self.last: Running | None = None        # whose turn was last: the draft holds its context
 
     def has_room(self) -> bool:
         return bool(self.free)
 
     def admit(self, pending: Pending, decoder_for, target_starts: int) -> Running:
-        """decoder_for(slot) -> (Decoder, its rounds) of the pending request."""
-        slot = self.free.pop(0)
+        """decoder_for(cache) -> (Decoder, its rounds) of the pending request."""
+        cache = self.free.pop(0)
         try:
-            decoder, rounds = decoder_for(slot)
+            decoder, rounds = decoder_for(cache)
         except BaseException:
-            self.free.insert(0, slot)
+            self.free.insert(0, cache)
             raise
-        running = Running(pending, decoder, rounds, slot, target_starts, pending.arrived)
+        running = Running(pending, decoder, rounds, cache, target_starts, pending.arrived)
         self.running.append(running)
         return running
 
@@ -74,7 +74,7 @@ class Turns:
 
     def remove(self, running: Running) -> None:
         self.running.remove(running)
-        self.free.append(running.slot)
+        self.free.append(running.cache)
         self.free.sort()
         if self.last is running:            # (an extension of its last window must stop)
             running.decoder.suspend()

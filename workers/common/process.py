@@ -38,7 +38,7 @@ def serve(role: str, endpoint: str, spec, load, handlers: dict, recover=None) ->
     _die_with_parent()
     context = zmq.Context()
     channel = Channel(context, endpoint, bind=False)
-    buffers = {}
+    loop = None
     try:
         try:
             hello, state = load(spec)
@@ -49,39 +49,50 @@ def serve(role: str, endpoint: str, spec, load, handlers: dict, recover=None) ->
             channel.send(WorkerFailed(role, message))
             return 1
         channel.send(hello)
+        loop = CommandLoop(role, channel, state, handlers, recover)
         while True:
             message = channel.recv(POLL_S)
-            if message is None:
-                if os.getppid() != parent:      # the launcher is gone: so are we
-                    return 0
-                continue
-            if isinstance(message, Shutdown):
+            if message is None and os.getppid() != parent:   # the launcher is gone: so are we
                 return 0
-            if isinstance(message, Idle):       # arriving, it stopped the background work: that was all
-                continue
-            if isinstance(message, AttachBuffers):
-                buffers = attach_all(message.buffers)
-                channel.send(Attached(role))
-                continue
-            try:
-                background = None
-                reply = handlers[type(message)](state, message, buffers)
-                if isinstance(reply, tuple):
-                    reply, background = reply
-                channel.send(reply)
-            except Exception as exc:  # noqa: BLE001 - report, keep serving
-                traceback.print_exc(file=sys.stderr)
-                if recover is not None:
-                    recover(state)
-                channel.send(WorkerFailed(role, f"{role} worker: {_describe(exc)}", fatal=False))
-                continue
-            if background is not None:
-                _work_until_next_message(channel, background)
+            if message is not None and not loop.answer(message):
+                return 0
     finally:
-        for buffer in buffers.values():
+        for buffer in (loop.buffers if loop else {}).values():
             buffer.close()
         channel.close()
         context.term()
+
+
+class CommandLoop:
+    """A loaded worker's answers to the scheduler's messages."""
+
+    def __init__(self, role: str, channel: Channel, state, handlers: dict, recover):
+        self.role, self.channel, self.state, self.handlers, self.recover = role, channel, state, handlers, recover
+        self.buffers = {}
+
+    def answer(self, message) -> bool:
+        """Carry out one message; False: it was Shutdown."""
+        if isinstance(message, Shutdown):
+            return False
+        if isinstance(message, Idle):       # arriving, it stopped the background work: that was all
+            return True
+        if isinstance(message, AttachBuffers):
+            self.buffers = attach_all(message.buffers)
+            self.channel.send(Attached(self.role))
+            return True
+        try:
+            reply = self.handlers[type(message)](self.state, message, self.buffers)
+            reply, background = reply if isinstance(reply, tuple) else (reply, None)
+            self.channel.send(reply)
+        except Exception as exc:  # noqa: BLE001 - report, keep serving
+            traceback.print_exc(file=sys.stderr)
+            if self.recover is not None:
+                self.recover(self.state)
+            self.channel.send(WorkerFailed(self.role, f"{self.role} worker: {_describe(exc)}", fatal=False))
+            return True
+        if background is not None:
+            _work_until_next_message(self.channel, background)
+        return True
 
 
 def _die_with_parent() -> None:

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hetspec.core.branches import allocate_budget, count_sequences, first_tokens, split_budget
-from hetspec.core.params import SamplingParams
-from hetspec.core.sampling import draw_keyed, probabilities, sample, softmax
+from hetspec.core.sampling import Rule, Sampling, draw_keyed, probabilities, sample, softmax
 from hetspec.ipc.messages import BranchPlan
 
 
@@ -56,36 +55,35 @@ class Drafter:
 
     # ---- drafting ----------------------------------------------------------
 
-    def draft(self, context: np.ndarray, n_tokens: int, params: SamplingParams,
-              plan: BranchPlan | None = None, keyed: bool = False) -> DraftOutput:
-        """n_tokens after context: one plain sequence, or with a plan the branches
+    def draft(self, context: np.ndarray, gamma: int, sampling: Sampling, plan: BranchPlan | None = None) -> DraftOutput:
+        """gamma tokens after context: one plain sequence, or with a plan the branches
         of a pipelined window (likeliest first), whose first token the target picks.
-        Sampling, each token is the draw at its position (keyed: the same draw the
-        target makes, core/sampling.draw_keyed) or the generator's next, and only
-        the latter needs the distributions returned (accept_sampled)."""
-        sampling, keep_rows = not params.greedy, not params.greedy and not keyed
-        dist, choose = self._distribution_fn(params), self._choose_fn(params, keyed)
+        Each token is the argmax, the keyed draw at its position (the same draw the
+        target makes, core/sampling.draw_keyed) or the generator's next, by the rule;
+        only the last needs the distributions returned (accept_sampled)."""
+        greedy, keep_rows = sampling.rule is Rule.GREEDY, sampling.rule is Rule.UNKEYED
+        dist, choose = self._distribution_fn(sampling), self._choose_fn(sampling)
         first = dist(self.sync(context))
         start = len(context)
 
         if plan is None:
             self._likeliest = ([], [], None, None, False)
-            branch, rows = self._extend([choose(first)], [first], n_tokens, dist, choose)
+            branch, rows = self._extend([choose(first)], [first], gamma, dist, choose)
             return DraftOutput([branch], [rows] if keep_rows else [])
 
         k = 1 if plan.sequences == "dynamic" else plan.sequences
         candidates = first_tokens(first, min(plan.max_sequences, len(first)))
-        if keyed:                              # the target's likeliest draw first
+        if sampling.rule is Rule.KEYED:        # the target's likeliest draw first
             drawn = choose(first)
             candidates = [drawn] + [c for c in candidates if c != drawn][:len(candidates) - 1]
         second = None
-        lengths = split_budget(n_tokens, k)
-        if plan.sequences == "dynamic" and n_tokens >= 4 and plan.max_sequences > 1:
+        lengths = split_budget(gamma, k)
+        if plan.sequences == "dynamic" and gamma >= 4 and plan.max_sequences > 1:
             second = dist(self._feed([candidates[0]], start))
-            as_probs = (lambda d: d) if sampling else softmax
+            as_probs = softmax if greedy else (lambda d: d)
             first_p = as_probs(first)
             k = count_sequences(first_p, float(as_probs(second).max()), plan.max_sequences)
-            lengths = allocate_budget(n_tokens, [float(first_p[c]) for c in candidates[:k]], plan.acceptance)
+            lengths = allocate_budget(gamma, [float(first_p[c]) for c in candidates[:k]], plan.acceptance)
         branches, rows = [None] * len(lengths), [None] * len(lengths)
         # Alternatives first, the most likely branch last: its KV entries then stay
         # in the cache, ready for the next window when the target picks it.
@@ -123,17 +121,18 @@ class Drafter:
             rows.append(d)
         return branch, rows
 
-    def _choose_fn(self, params: SamplingParams, keyed: bool):
+    def _choose_fn(self, sampling: Sampling):
         """distribution -> token. A distribution is always the one after the cache's
         last token, so the token it draws sits at position n_cached."""
-        if params.greedy:
+        if sampling.rule is Rule.GREEDY:
             return lambda d: int(np.argmax(d))
-        if keyed:
-            return lambda d: draw_keyed(d, params.seed, self.n_cached)
+        if sampling.rule is Rule.KEYED:
+            return lambda d: draw_keyed(d, sampling.seed, self.n_cached)
         return lambda d: sample(d, self.rng)
 
     @staticmethod
-    def _distribution_fn(params: SamplingParams):
-        if not params.greedy:
-            return lambda logits: probabilities(logits[None, :], params.temperature, params.top_k, params.top_p)[0]
+    def _distribution_fn(sampling: Sampling):
+        if sampling.rule is not Rule.GREEDY:
+            s = sampling
+            return lambda logits: probabilities(logits[None, :], s.temperature, s.top_k, s.top_p)[0]
         return np.array   # greedy: the logits (a copy: the model's buffer is reused); argmax is all it needs

@@ -41,46 +41,58 @@ class StateLayout:
 
 def read_layout(state: bytes) -> StateLayout:
     """The layout of a one-token, one-sequence state; raises ValueError if it is not the one above."""
-    def fail(why):
-        raise ValueError(f"unexpected llama.cpp sequence state ({why})")
-
     header, off = state[:8], 8
     sections, kv_dims, v_transes = [], set(), set()
     while off < len(state) and len(sections) < MAX_SECTIONS:
-        if len(state) - off < 28:
-            fail(f"{len(state) - off} bytes left over")
-        n_stream, cells, pos, n_seq, seq = struct.unpack_from("<IIiIi", state, off)
-        if (n_stream, cells, pos, n_seq, seq) != (1, 1, 0, 1, 0):
-            fail(f"{n_stream} streams, {cells} cells, first at {pos} in {n_seq} sequence(s)")
-        v_trans, layers = struct.unpack_from("<II", state, off + 20)
-        off += 28
-        if layers == 0:
-            fail("a cache without layers")
-        for _ in range(layers):                                     # K
-            typ, size = struct.unpack_from("<iQ", state, off)
-            if typ != GGML_TYPE_F16 or size % 2:
-                fail(f"K type {typ}, row {size} bytes")
-            kv_dims.add(size // 2)
-            off += 12 + size
-        for _ in range(layers):                                     # V
-            if v_trans:
-                typ, el, n = struct.unpack_from("<iII", state, off)
-                if typ != GGML_TYPE_F16 or el != 2:
-                    fail(f"V type {typ}, {el}-byte elements")
-            else:
-                typ, size = struct.unpack_from("<iQ", state, off)
-                if typ != GGML_TYPE_F16:
-                    fail(f"V type {typ}")
-                n = size // 2
-            kv_dims.add(n)
-            off += 12 + 2 * n
+        layers, v_trans, off = _read_section(state, off, kv_dims)
         sections.append(layers)
         v_transes.add(v_trans)
     if off != len(state):
-        fail(f"{len(state) - off} bytes left over")
+        _fail(f"{len(state) - off} bytes left over")
     if len(kv_dims) != 1 or len(v_transes) != 1:
-        fail(f"K and V widths {sorted(kv_dims)}, v_trans {sorted(v_transes)}")
+        _fail(f"K and V widths {sorted(kv_dims)}, v_trans {sorted(v_transes)}")
     return StateLayout(header, sections, kv_dims.pop(), bool(v_transes.pop()))
+
+
+def _read_section(state: bytes, off: int, kv_dims: set) -> tuple[int, int, int]:
+    """One cache's cells header, then its layers' K rows and V rows: (layers, v_trans, the
+    offset after it); each row's width goes into kv_dims."""
+    if len(state) - off < 28:
+        _fail(f"{len(state) - off} bytes left over")
+    n_stream, cells, pos, n_seq, seq = struct.unpack_from("<IIiIi", state, off)
+    if (n_stream, cells, pos, n_seq, seq) != (1, 1, 0, 1, 0):
+        _fail(f"{n_stream} streams, {cells} cells, first at {pos} in {n_seq} sequence(s)")
+    v_trans, layers = struct.unpack_from("<II", state, off + 20)
+    off += 28
+    if layers == 0:
+        _fail("a cache without layers")
+    for _ in range(layers):                                         # K
+        typ, size = struct.unpack_from("<iQ", state, off)
+        if typ != GGML_TYPE_F16 or size % 2:
+            _fail(f"K type {typ}, row {size} bytes")
+        kv_dims.add(size // 2)
+        off += 12 + size
+    for _ in range(layers):                                         # V
+        n = _v_width(state, off, v_trans)
+        kv_dims.add(n)
+        off += 12 + 2 * n
+    return layers, v_trans, off
+
+
+def _v_width(state: bytes, off: int, v_trans: int) -> int:
+    if v_trans:
+        typ, el, n = struct.unpack_from("<iII", state, off)
+        if typ != GGML_TYPE_F16 or el != 2:
+            _fail(f"V type {typ}, {el}-byte elements")
+        return n
+    typ, size = struct.unpack_from("<iQ", state, off)
+    if typ != GGML_TYPE_F16:
+        _fail(f"V type {typ}")
+    return size // 2
+
+
+def _fail(why: str):
+    raise ValueError(f"unexpected llama.cpp sequence state ({why})")
 
 
 def to_llama_order(keys: np.ndarray, rope_type: int) -> np.ndarray:

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetspec.core.gguf_formats import BLOCK, BY_NAME, KERNEL_FORMATS
 from hetspec.workers.draft.llama_kv_state import ROPE_NEOX, ROPE_NORM, to_llama_order
 from hetspec.workers.kernels.build import KernelUnavailable, built, kernel_source
+from hetspec.workers.kernels.formats import BLOCK, BY_NAME, KERNEL_FORMATS
 from hetspec.workers.kernels.gguf_tensors import read_gguf
 
 SOURCE = kernel_source("native_draft.c")
@@ -151,6 +151,24 @@ class NativeDraftModel:
 
 
 def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list, formats: dict):
+    """The C side's model: its shape from the file's metadata, its matrices and norms
+    from its tensors (kept alive in `keep`; their formats counted in `formats`)."""
+    model, gemma = _shape(meta, n_ctx)
+    model.embd = _mat(tensors, "token_embd.weight", keep, formats)
+    model.out = _mat(tensors, "output.weight", keep, formats) if "output.weight" in tensors else model.embd
+    model.n_vocab = model.embd.rows
+    model.out_norm = _norm(tensors, "output_norm.weight", model.n_embd, keep)
+    layers = (_Layer * model.n_layer)()
+    for i, layer in enumerate(layers):
+        _fill_layer(layer, i, model, gemma, tensors, keep, formats)
+    _check_shapes(model, layers)
+    model.layers = layers
+    return model, layers
+
+
+def _shape(meta: dict, n_ctx: int) -> tuple[_Model, bool]:
+    """(the model's dimensions and settings, whether it is Gemma 3); Unsupported names
+    what the native draft cannot run."""
     arch = meta.get("general.architecture")
     if arch not in ("llama", "gemma3"):
         raise Unsupported(f"the native draft runs Llama and Gemma 3 files, not {arch!r}")
@@ -179,32 +197,31 @@ def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list, formats: dict):
                    rope_base_local=GEMMA3_LOCAL_ROPE_BASE if gemma else rope_base)
     if head_dim % 8 or head_dim > 256 or n_embd % BLOCK or model.n_ff % BLOCK or n_head % model.n_kv:
         raise Unsupported(f"the native draft cannot run heads of {head_dim} or widths {n_embd}/{model.n_ff}")
-    model.embd = _mat(tensors, "token_embd.weight", keep, formats)
-    model.out = _mat(tensors, "output.weight", keep, formats) if "output.weight" in tensors else model.embd
-    model.n_vocab = model.embd.rows
-    model.out_norm = _norm(tensors, "output_norm.weight", n_embd, keep)
-    layers = (_Layer * model.n_layer)()
-    for i, layer in enumerate(layers):
-        for field, name in zip(("wq", "wk", "wv", "wo", "gate", "up", "down"), LAYER_MATRICES):
-            setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight", keep, formats))
-        layer.attn_norm = _norm(tensors, f"blk.{i}.attn_norm.weight", n_embd, keep)
-        layer.ffn_norm = _norm(tensors, f"blk.{i}.ffn_norm.weight", n_embd, keep)
-        if gemma:
-            for field, name in GEMMA3_NORMS.items():
-                width = head_dim if field in ("q_norm", "k_norm") else n_embd
-                setattr(layer, field, _norm(tensors, f"blk.{i}.{name}.weight", width, keep))
-            layer.sliding = int((i + 1) % GEMMA3_GLOBAL_EVERY != 0)
-    q_dim, kv_dim = n_head * head_dim, model.n_kv * head_dim
+    return model, gemma
+
+
+def _fill_layer(layer: _Layer, i: int, model: _Model, gemma: bool, tensors: dict, keep: list, formats: dict) -> None:
+    for field, name in zip(("wq", "wk", "wv", "wo", "gate", "up", "down"), LAYER_MATRICES):
+        setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight", keep, formats))
+    layer.attn_norm = _norm(tensors, f"blk.{i}.attn_norm.weight", model.n_embd, keep)
+    layer.ffn_norm = _norm(tensors, f"blk.{i}.ffn_norm.weight", model.n_embd, keep)
+    if gemma:
+        for field, name in GEMMA3_NORMS.items():
+            width = model.head_dim if field in ("q_norm", "k_norm") else model.n_embd
+            setattr(layer, field, _norm(tensors, f"blk.{i}.{name}.weight", width, keep))
+        layer.sliding = int((i + 1) % GEMMA3_GLOBAL_EVERY != 0)
+
+
+def _check_shapes(model: _Model, layers) -> None:
+    n_embd, q_dim, kv_dim = model.n_embd, model.n_head * model.head_dim, model.n_kv * model.head_dim
     shapes = {"wq": (q_dim, n_embd), "wk": (kv_dim, n_embd), "wv": (kv_dim, n_embd), "wo": (n_embd, q_dim),
               "gate": (model.n_ff, n_embd), "up": (model.n_ff, n_embd), "down": (n_embd, model.n_ff)}
     for field, (rows, cols) in shapes.items():
         mat = getattr(layers[0], field)
         if (mat.rows, mat.cols) != (rows, cols):
-            raise Unsupported(f"blk.0 {field} is {mat.rows} x {mat.cols}, not the {rows} x {cols} of a {arch} layer")
+            raise Unsupported(f"blk.0 {field} is {mat.rows} x {mat.cols}, not the {rows} x {cols} of a layer")
     if model.embd.cols != n_embd or model.out.cols != n_embd or model.out.rows != model.n_vocab:
         raise Unsupported("the embedding and output matrices do not match the model's width and vocabulary")
-    model.layers = layers
-    return model, layers
 
 
 def _mat(tensors: dict, name: str, keep: list, formats: dict) -> _Mat:

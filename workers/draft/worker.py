@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from hetspec.core.branches import to_slot
-from hetspec.core.params import SamplingParams
+from hetspec.core.sampling import GREEDY
 from hetspec.ipc.messages import (
     CalibrateDraft,
     DraftCalibration,
@@ -74,9 +74,8 @@ def draft(state: DraftState, cmd: DraftWindow, buffers):
     start = time.perf_counter()
     if cmd.request_id != state.request_id:             # drafting without a prefill (e.g. calibration, tests)
         state.request_id = cmd.request_id
-        state.drafter.rng = np.random.default_rng([cmd.params.seed or 0, 1, cmd.context_len])
-    out = state.drafter.draft(buffers["context"].array[:cmd.context_len], cmd.n_tokens, cmd.params, cmd.branches,
-                              cmd.keyed)
+        state.drafter.rng = np.random.default_rng([cmd.sampling.seed, 1, cmd.context_len])
+    out = state.drafter.draft(buffers["context"].array[:cmd.context_len], cmd.gamma, cmd.sampling, cmd.branches)
     branches, probs = to_slot(out.branches), to_slot(out.probs)
     flat = [t for branch in branches for t in branch]
     tokens = buffers["tokens"].array[cmd.slot]
@@ -111,7 +110,7 @@ def calibrate(state: DraftState, cmd: CalibrateDraft, buffers) -> DraftCalibrati
     for _ in range(max(1, cmd.repeats)):
         state.drafter.sync(context)
         start = time.perf_counter()
-        state.drafter.draft(context, cmd.n_tokens, SamplingParams())
+        state.drafter.draft(context, cmd.n_tokens, GREEDY)
         best = min(best, (time.perf_counter() - start) / cmd.n_tokens)
     return DraftCalibration(best)
 

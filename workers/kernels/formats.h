@@ -1,5 +1,5 @@
 /* The GGUF block formats the C kernels read, shared by gguf_kernels.c and
-   native_draft.c. hetspec/core/gguf_formats.py (KERNEL_FORMATS, BLOCK) holds
+   native_draft.c. workers/kernels/formats.py (KERNEL_FORMATS, BLOCK) holds
    the same values for the Python side; the kernel tests check they agree. */
 #ifndef HS_FORMATS_H
 #define HS_FORMATS_H

@@ -8,8 +8,8 @@ import ctypes
 import numpy as np
 import torch
 
-from hetspec.core.gguf_formats import KERNEL_FORMATS as FORMATS
 from hetspec.workers.kernels.build import KernelUnavailable, built, kernel_source
+from hetspec.workers.kernels.formats import KERNEL_FORMATS as FORMATS
 
 __all__ = ["FORMATS", "GGUFKernels", "KernelUnavailable", "load"]
 

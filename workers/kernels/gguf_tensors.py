@@ -5,7 +5,7 @@ merges among them) into numpy objects first, which is slow (measured:
 docs/kernels.md); the tensors need only the header walked past. Layout (GGUF
 versions 2 and 3): magic, version, tensor count, metadata count; the metadata
 key/value pairs; per tensor its name, dimensions, type and offset; then,
-aligned, the data. The block types are hetspec.core.gguf_formats'.
+aligned, the data. The block types are hetspec.workers.kernels.formats'.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetspec.core.gguf_formats import GGML_TYPES, GGMLType
+from hetspec.workers.kernels.formats import GGML_TYPES, GGMLType
 
 # value type -> struct format of a scalar; 8 is a string, 9 an array
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 
 import torch
 
+from hetspec.core.kept import load_or_convert
 from hetspec.ipc.specs import ModelSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,35 +37,22 @@ def _from_gguf(model: ModelSpec, dtype: str):
 
     torch_dtype = DTYPES[dtype]
     kept = os.path.join(model.cache_dir, f"model-{dtype}") if model.cache_dir else ""
-    if kept and os.path.isdir(kept):
-        try:
-            return AutoModelForCausalLM.from_pretrained(kept, dtype=torch_dtype)
-        except Exception:  # noqa: BLE001 - an unreadable copy: convert again and replace it
-            shutil.rmtree(kept, ignore_errors=True)
-    lm = AutoModelForCausalLM.from_pretrained(model.path, gguf_file=model.gguf_file, dtype=torch_dtype)
-    if kept:
-        _keep(lm, kept)
-    return lm
+    return load_or_convert(
+        kept, lambda folder: AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype),
+        lambda: AutoModelForCausalLM.from_pretrained(model.path, gguf_file=model.gguf_file, dtype=torch_dtype), _save)
 
 
-def _keep(lm, folder: str) -> None:
-    """Save under a private name, then rename: a reader never sees half a copy, and
-    of two processes converting at once one copy wins. Best effort: a full disk
-    or a read-only cache only costs the next start its conversion again."""
+def _save(lm, folder: str) -> None:
+    """A plain checkpoint: the weights are saved dequantized, tied ones once."""
     from safetensors.torch import save_model
 
-    partial = f"{folder}.partial-{os.getpid()}"
-    try:
-        config = copy.deepcopy(lm.config)
-        if "quantization_config" in vars(config):   # the weights are saved dequantized: a plain checkpoint
-            del config.quantization_config
-        os.makedirs(partial)
-        config.save_pretrained(partial)
-        lm.generation_config.save_pretrained(partial)
-        save_model(lm, os.path.join(partial, "model.safetensors"))    # tied weights stored once
-        os.rename(partial, folder)
-    except Exception:  # noqa: BLE001 - keeping a copy is optional; loading already succeeded
-        shutil.rmtree(partial, ignore_errors=True)
+    config = copy.deepcopy(lm.config)
+    if "quantization_config" in vars(config):
+        del config.quantization_config
+    os.makedirs(folder)
+    config.save_pretrained(folder)
+    lm.generation_config.save_pretrained(folder)
+    save_model(lm, os.path.join(folder, "model.safetensors"))
 
 
 def _random_model(spec: dict, torch_dtype):

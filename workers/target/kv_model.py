@@ -20,18 +20,18 @@ class KVModel:
         self.n_vocab = int(lm.config.get_text_config().vocab_size)
         self.length = 0
         self.cache = None
-        self.slot = 0                 # whose cache forward() works on: each admitted request keeps one
-        self._kept: dict[int, tuple] = {}   # the other slots' (cache, length)
+        self.number = 0               # which cache forward() works on: each admitted request has one
+        self._kept: dict[int, tuple] = {}   # the others' (cache, length)
 
-    def use(self, slot: int) -> None:
-        """Work on `slot`'s cache from now on; the current one is kept as it is."""
-        if slot != self.slot:
-            self._kept[self.slot] = (self.cache, self.length)
-            self.cache, self.length = self._kept.pop(slot, (None, 0))
-            self.slot = slot
+    def use(self, number: int) -> None:
+        """Work on cache `number` from now on; the current one is kept as it is."""
+        if number != self.number:
+            self._kept[self.number] = (self.cache, self.length)
+            self.cache, self.length = self._kept.pop(number, (None, 0))
+            self.number = number
 
     def forget(self) -> None:
-        """Drop the current slot's cache (after a failed pass it may be half written)."""
+        """Drop the current cache (after a failed pass it may be half written)."""
         self.cache, self.length = None, 0
 
     @staticmethod

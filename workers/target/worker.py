@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from hetspec.core.sampling import draw_keyed, probabilities
+from hetspec.core.sampling import Rule, draw_keyed, probabilities
 from hetspec.ipc.messages import (
     CalibrateTarget,
     ExportKV,
@@ -58,9 +58,9 @@ class TargetState:
             self.kernels += f"; {blocks}"
         self.eos = eos_token_ids(self.kv.lm)
 
-    def run(self, slot: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
+    def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
         lent = self.lent if borrow and self.device == "cpu" else []
-        self.kv.use(slot)
+        self.kv.use(cache)
         with borrowed_cores(self.cores, lent, set_torch_threads, self.threads):
             return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
 
@@ -79,16 +79,15 @@ def load(spec: TargetSpec):
 def verify(state: TargetState, cmd: VerifyCommand, buffers) -> Verified:
     start = time.perf_counter()
     tokens = buffers["input"].array[:cmd.n_tokens]
-    rows = cmd.rows
-    logits = state.run(cmd.slot, tokens, cmd.keep, rows, cmd.borrow_cores)
-    p, choice = cmd.params, buffers["choice"].array
-    if p.greedy:
+    rows, s, choice = cmd.rows, cmd.sampling, buffers["choice"].array
+    logits = state.run(cmd.cache, tokens, cmd.keep, rows, cmd.borrow_cores)
+    if s.rule is Rule.GREEDY:
         choice[:rows] = logits.argmax(dim=-1).cpu().numpy()
     else:
-        probs = probabilities(logits.cpu().numpy(), p.temperature, p.top_k, p.top_p)
-        if cmd.keyed:                  # row i chooses the token at position keep + n_tokens - rows + 1 + i
+        probs = probabilities(logits.cpu().numpy(), s.temperature, s.top_k, s.top_p)
+        if s.rule is Rule.KEYED:       # row i chooses the token at position keep + n_tokens - rows + 1 + i
             after = cmd.keep + cmd.n_tokens - rows + 1
-            choice[:rows] = [draw_keyed(row, p.seed, after + i) for i, row in enumerate(probs)]
+            choice[:rows] = [draw_keyed(row, s.seed, after + i) for i, row in enumerate(probs)]
         else:
             buffers["probs"].array[:rows] = probs
     return Verified(cmd.request_id, time.perf_counter() - start)
@@ -98,7 +97,7 @@ def export_kv(state: TargetState, cmd: ExportKV, buffers) -> KVExported:
     """The prompt's KV cache, for a draft that is a copy of this model (see workers/draft/llama_kv_state.py)."""
     start = time.perf_counter()
     kv = buffers["kv"].array
-    state.kv.use(cmd.slot)
+    state.kv.use(cmd.cache)
     for i, (keys, values) in enumerate(state.kv.layer_kv(cmd.length)):
         kv[0, i, :, :cmd.length] = keys.to(torch.float16).cpu().numpy()
         kv[1, i, :, :cmd.length] = values.to(torch.float16).cpu().numpy()
@@ -125,8 +124,8 @@ def calibrate(state: TargetState, cmd: CalibrateTarget, buffers) -> TargetCalibr
 
 
 def recover(state: TargetState) -> None:
-    """After a command failed: its slot's cache may be half written, so it goes (the
-    request it belonged to has failed; the next one in that slot starts afresh)."""
+    """After a command failed: the cache it ran on may be half written, so it goes (the
+    request it belonged to has failed; the next one given that cache starts afresh)."""
     state.kv.forget()
 
 

@@ -1,5 +1,5 @@
 """The decoding loop of one request, round by round (requests take turns between
-rounds: turns.py), in one of three explicit modes:
+rounds: scheduler/turns.py), in one of three explicit modes (core.params.Mode):
 
   duodec      DuoDecoding: the draft drafts the next window while the target
               verifies the current one (duodec_round);
@@ -7,10 +7,11 @@ rounds: turns.py), in one of three explicit modes:
   target      the target alone, one token a pass (target_step).
 
 A request also runs target-only while the draft worker is restarting, and
-finishes so if the draft dies under it, or if its text outgrows a draft of
-another vocabulary (run): it loses speed, never tokens. It rests, running
-target-only rounds, while speculating does not pay (gate.py). The draft is a
-DraftLink, or a BridgedDraft for another vocabulary (bridge.py): same methods.
+finishes so if the draft dies under it, fails a command, or if its text
+outgrows a draft of another vocabulary: it loses speed, never tokens. It
+rests, running target-only rounds, while speculating does not pay (gate.py).
+The draft is a DraftLink, or a BridgedDraft for another vocabulary (bridge.py):
+same methods. Every window length comes from budget.Windows.
 
 Invariant: the target's KV cache holds every committed token but the last,
 so each verify pass feeds [last committed token] + pending window W and reads
@@ -21,46 +22,44 @@ loop never tracks it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from hetspec.core.acceptance import accept_greedy, accept_sampled
-from hetspec.core.sampling import sample
+from hetspec.core.params import Mode, Speculation
+from hetspec.core.sampling import Rule, sample
 from hetspec.ipc.messages import BranchPlan
-from hetspec.scheduler.budget import CostModel, restart_length
-from hetspec.scheduler.gate import Gate, Memory
-from hetspec.scheduler.links import EMPTY, NO_DRAFT, Draft, DraftLink, TargetLink, Verification, Window
-from hetspec.scheduler.output import Output
-from hetspec.scheduler.requests import Request
-from hetspec.scheduler.stats import Stats
+from hetspec.scheduler.decoding.budget import CostModel, Windows
+from hetspec.scheduler.decoding.gate import Gate, Memory
+from hetspec.scheduler.decoding.links import EMPTY, NO_DRAFT, Draft, DraftLink, TargetLink, Verification, Window
+from hetspec.scheduler.decoding.output import Output
+from hetspec.scheduler.decoding.request import Capabilities, Request
+from hetspec.scheduler.decoding.stats import Stats
 
 LONG_PROMPT = 16   # tokens; shorter prompts prefill fast anyway, so neither worker borrows the other's cores
 
 
-@dataclass(frozen=True)
-class Capabilities:
-    """What this engine can do, fixed at start-up."""
-    max_window: int            # the shared buffers' rows: no window is longer
-    max_sequences: int
-    borrow_cores: bool         # the target prefills a long prompt on the draft's cores too
-    draft_borrows_cores: bool  # the draft prefills a long prompt on the target's cores too, the target waiting
-    keep_drafting: bool        # the draft grows the next window until the target's verdict is in
-    kv_handover: bool          # the draft takes the target's cache of a long prompt instead of prefilling it
+class PrefillPlan(NamedTuple):
+    """How the draft catches up with a context (Decoder.plan_draft_prefill)."""
+    handover: int      # > 0: it takes the target's cache of this many tokens
+    n_tokens: int      # tokens it evaluates itself
+    borrow: bool       # on the target's cores too, the target waiting
 
 
 class Decoder:
     def __init__(self, request: Request, caps: Capabilities, draft: DraftLink, target: TargetLink, output: Output,
                  costs: CostModel | None = None, without_draft: str | None = None, memory: Memory | None = None,
-                 slot: int = 0):
+                 cache: int = 0):
         self.request, self.caps, self.id, self.params = request, caps, request.id, request.params
         self.draft, self.target, self.out = draft, target, output
-        self.slot = slot                       # the target's cache of this request (requests take turns)
+        self.cache = cache                     # the target's cache of this request (requests take turns)
         self.costs = costs                     # None: every round drafts gamma tokens
+        self.windows = Windows(request.gamma, request.rebalance, caps.max_gamma, costs)
         self.rng = np.random.default_rng([request.params.seed, 0])
         self.stats = Stats(prior=request.prior, fallback=without_draft)
-        self.mode = "target" if without_draft else request.params.mode   # target-only while there is no draft
-        self.gate = Gate(memory or Memory(None), forced=request.speculation == "always")
+        self.mode = Mode.TARGET if without_draft else request.params.mode   # target-only while there is no draft
+        self.gate = Gate(memory or Memory(None), forced=request.speculation is Speculation.ALWAYS)
         self.draft_ready = False               # the draft's cache holds this request's context
         self.emit = None
 
@@ -78,7 +77,7 @@ class Decoder:
             if getattr(lost, "role", None) != "draft":
                 raise
             self.target.discard()
-            self.mode, self.stats.fallback = "target", str(lost)
+            self.mode, self.stats.fallback = Mode.TARGET, str(lost)
             yield from self.decode()
         self.emit_round()
         self.draft.settle()
@@ -94,7 +93,7 @@ class Decoder:
             self.prefill()
         pending = EMPTY
         while not self.out.done:
-            if self.mode == "target":
+            if self.mode is Mode.TARGET:
                 self.target_step()
             elif not self.gate.speculate:      # resting: the draft's next window, if any, is dropped
                 pending = EMPTY
@@ -103,7 +102,7 @@ class Decoder:
                 pending = EMPTY
                 self.draft_catches_up()
                 continue                       # a turn holds a round, not only the draft catching up
-            elif self.mode == "duodec":
+            elif self.mode is Mode.DUODEC:
                 pending = self.duodec_round(pending)
             else:
                 self.sequential_round()
@@ -116,18 +115,19 @@ class Decoder:
         drafts W' after it (branches for W's bonus token); returns the next W."""
         started, restart = time.perf_counter(), NO_DRAFT
         if not pending:                        # nothing to verify: draft a short W first, the target waiting
-            pending, restart = self.draft_now(self.restart_length())
-        n_draft = self.draft_length(len(pending))
-        if n_draft > 0:                        # W' as if W will be accepted
+            pending, restart = self.draft_now(self.windows.restart(self.stats.acceptance, self.pace(),
+                                                                   self.out.remaining - 1))
+        gamma = self.windows.pipelined(len(pending), self.stats.acceptance, self.room(len(pending)))
+        if gamma > 0:                          # W' as if W will be accepted
             plan = BranchPlan(self.request.sequences, self.caps.max_sequences, self.stats.acceptance,
                               self.extend_to(len(pending)))
-            self.draft.start_window(self.id, np.concatenate([self.out.context, pending.tokens]), n_draft,
-                                    self.params, plan, self.request.keyed)
+            self.draft.start_window(self.id, np.concatenate([self.out.context, pending.tokens]), gamma,
+                                    self.request.sampling, plan)
         self.start_verify(pending)             # both workers busy: stream the last round's tokens meanwhile
         self.emit_round()
         verdict = self.target.finish_verify(len(pending) + 1)
         n_accepted, token, kept = self.accept_and_commit(pending, verdict)
-        drafted = self.draft.finish_window() if n_draft > 0 else NO_DRAFT
+        drafted = self.draft.finish_window() if gamma > 0 else NO_DRAFT
         self.record(started, pending, verdict, drafted, n_accepted, kept, parallel=True, restart=restart)
         if drafted.branches:
             self.stats.sequences_hist[len(drafted.branches)] += 1
@@ -140,14 +140,9 @@ class Decoder:
         return after
 
     def sequential_round(self) -> None:
-        """SpS: draft a window, the target waiting, then verify it. With an automatic
-        budget each round takes the window of least expected time per token
-        (CostModel.sequential_gamma): no verify runs alongside to be matched."""
+        """SpS: draft a window, the target waiting, then verify it."""
         started = time.perf_counter()
-        gamma = self.request.gamma
-        if self.request.rebalance and self.costs is not None:
-            gamma = self.costs.sequential_gamma(self.caps.max_window, self.stats.acceptance)
-        window, drafted = self.draft_now(min(gamma, self.out.remaining - 1))
+        window, drafted = self.draft_now(self.windows.sequential(self.stats.acceptance, self.out.remaining - 1))
         if drafted.branches:
             self.stats.sequences_hist[1] += 1
         self.start_verify(window)
@@ -185,8 +180,8 @@ class Decoder:
         short one leaves them, and the draft prefills at the same time."""
         long_prompt = len(self.out.context) >= LONG_PROMPT
         borrow = self.caps.borrow_cores and long_prompt
-        self.target.start_verify(self.id, self.slot, self.out.context, 0, 1, self.params, borrow, self.request.keyed)
-        if self.mode != "target" and not borrow and self.gate.speculate:
+        self.target.start_verify(self.id, self.cache, self.out.context, 0, 1, self.request.sampling, borrow)
+        if self.mode is not Mode.TARGET and not borrow and self.gate.speculate:
             self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
                                      borrow_cores=False)
         self.out.commit([self.choose(self.target.finish_verify(1))])
@@ -194,77 +189,91 @@ class Decoder:
         self.emit_round()
 
     def draft_catches_up(self) -> None:
-        """Speculation starts once the draft holds the prompt. A long prompt's draft
-        prefill takes the target's cache outright when the draft is a quantized
-        copy of the target (kv_handover), or borrows the target's cores while the
-        target waits: it is done twice as soon, which pays where speculating more
-        than doubles the pace. Otherwise the target decodes alone until the draft
-        is ready. A prefill that would not pay is not started: the request goes
-        on target-only."""
-        target_waits, n_prefill = False, 0
+        """Speculation starts once the draft holds the context: plan its prefill (or
+        go on target-only where it would not pay), start it (unless one began beside
+        the target's prompt prefill), and wait for it."""
+        plan = None
         if not self.draft.busy and not self.out.done:
-            long_prompt = len(self.out.context) >= LONG_PROMPT
-            handover = len(self.out.context) - 1 if self.caps.kv_handover and long_prompt else 0
-            n_prefill = 0 if handover else self.draft.to_prefill(self.out.context, self.params.cache_prompt)
-            gain = self.costs.gain(self.caps.max_window, self.stats.acceptance) if self.costs else None
-            if not self.prefill_pays(n_prefill, gain):
-                self.mode, self.stats.fallback = "target", f"the draft's prefill ({n_prefill} tokens) would not pay"
+            plan = self.plan_draft_prefill()
+            if plan is None:
                 return
-            if handover:                       # the target's cache holds the prompt: a copy of a few ms
-                self.target.export_kv(self.id, self.slot, handover)
-            waits = gain is None or gain > 2
-            borrowed = not handover and self.caps.draft_borrows_cores and long_prompt and waits
-            self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
-                                     borrow_cores=borrowed, kv_length=handover)
-            target_waits = borrowed or handover > 0
-            self.stats.draft_prompt_kv = "target" if handover else "own"
+            self.start_draft_prefill(plan)
+        self.wait_for_draft(plan)
+        self.draft_ready = True
+
+    def plan_draft_prefill(self) -> PrefillPlan | None:
+        """A long prompt's draft prefill takes the target's cache outright when the
+        draft is a quantized copy of the target (kv_handover), or borrows the target's
+        cores while the target waits: it is done twice as soon, which pays where
+        speculating more than doubles the pace. None: the prefill would not pay, and
+        the request goes on target-only."""
+        long_prompt = len(self.out.context) >= LONG_PROMPT
+        handover = len(self.out.context) - 1 if self.caps.kv_handover and long_prompt else 0
+        n_tokens = 0 if handover else self.draft.to_prefill(self.out.context, self.params.cache_prompt)
+        gain = self.costs.gain(self.caps.max_gamma, self.stats.acceptance) if self.costs else None
+        if not self.prefill_pays(n_tokens, gain):
+            self.mode, self.stats.fallback = Mode.TARGET, f"the draft's prefill ({n_tokens} tokens) would not pay"
+            return None
+        borrow = not handover and self.caps.draft_borrows_cores and long_prompt and (gain is None or gain > 2)
+        return PrefillPlan(handover, n_tokens, borrow)
+
+    def start_draft_prefill(self, plan: PrefillPlan) -> None:
+        if plan.handover:                      # the target's cache holds the prompt: a copy of a few ms
+            self.target.export_kv(self.id, self.cache, plan.handover)
+        self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
+                                 borrow_cores=plan.borrow, kv_length=plan.handover)
+        self.stats.draft_prompt_kv = "target" if plan.handover else "own"
+
+    def wait_for_draft(self, plan: PrefillPlan | None) -> None:
+        """The target decodes alone until the draft is ready, unless it waits for it (a
+        handed-over cache, borrowed cores); a timed prefill teaches the cost model."""
+        target_waits = plan is not None and (plan.borrow or plan.handover > 0)
         while not target_waits and not self.out.done and not self.draft.poll():
             self.target_step()
         if self.draft.busy:
             seconds = self.draft.finish_prefill()
-            if self.costs is not None and not target_waits:
-                self.costs.observe_prefill(n_prefill, seconds)
-        self.draft_ready = True
+            if self.costs is not None and plan is not None and not target_waits:
+                self.costs.observe_prefill(plan.n_tokens, seconds)
 
     def prefill_pays(self, n_tokens: int, gain: float | None) -> bool:
         """CostModel.prefill_pays, where speculation is not forced."""
-        if gain is None or self.request.speculation == "always":
+        if gain is None or self.request.speculation is Speculation.ALWAYS:
             return True
         return self.costs.prefill_pays(n_tokens, self.out.remaining, gain)
 
     # ---- named steps -------------------------------------------------------------
 
-    def draft_now(self, n: int) -> tuple[Window, Draft]:
-        """n tokens drafted after the committed context while the target waits (one
-        plain sequence, its first token a draft guess too); nothing if n is 0."""
-        if n <= 0:
+    def draft_now(self, gamma: int) -> tuple[Window, Draft]:
+        """gamma tokens drafted after the committed context while the target waits (one
+        plain sequence, its first token a draft guess too); nothing if gamma is 0."""
+        if gamma <= 0:
             return EMPTY, NO_DRAFT
-        self.draft.start_window(self.id, self.out.context, n, self.params, keyed=self.request.keyed)
+        self.draft.start_window(self.id, self.out.context, gamma, self.request.sampling)
         drafted = self.draft.finish_window()
         return drafted.window(0), drafted
 
     def start_verify(self, window: Window) -> None:
         """The target's cache holds all but the last committed token: feed it, then the window."""
         context = self.out.context
-        self.target.start_verify(self.id, self.slot, np.concatenate([context[-1:], window.tokens]),
-                                 len(context) - 1, len(window) + 1, self.params, keyed=self.request.keyed)
+        self.target.start_verify(self.id, self.cache, np.concatenate([context[-1:], window.tokens]),
+                                 len(context) - 1, len(window) + 1, self.request.sampling)
 
     def accept_and_commit(self, window: Window, verdict: Verification) -> tuple[int, int, int]:
         """(draft tokens accepted, the target's own next token, tokens actually
         committed: fewer if EOS, a stop string or the limit came first)."""
-        if self.params.greedy or self.request.keyed:    # the target's own argmax or keyed draws
-            n_accepted, token = accept_greedy(window.tokens, verdict.choice)
-        else:
+        if self.request.rule is Rule.UNKEYED:
             n_accepted, token = accept_sampled(window.tokens, window.probs, verdict.probs, self.rng)
+        else:                                  # the target's own argmax or keyed draws
+            n_accepted, token = accept_greedy(window.tokens, verdict.choice)
         before = self.out.length
         self.out.commit([*window.tokens[:n_accepted], token])
         return n_accepted, token, self.out.length - before
 
     def choose(self, verdict: Verification) -> int:
         """The target's own next token after a pass with no window."""
-        if self.params.greedy or self.request.keyed:
-            return int(verdict.choice[0])
-        return sample(verdict.probs[0], self.rng)
+        if self.request.rule is Rule.UNKEYED:
+            return sample(verdict.probs[0], self.rng)
+        return int(verdict.choice[0])
 
     def emit_round(self) -> None:
         self.emit(*self.out.take_round())
@@ -281,34 +290,19 @@ class Decoder:
                               len(window), min(n_accepted, kept), kept, parallel, restart.seconds)
         self.gate.judge(wall, kept)
 
-    # ---- window lengths ------------------------------------------------------------
+    # ---- what the windows depend on ---------------------------------------------------
 
-    def draft_length(self, pending: int) -> int:
-        """gamma, or less when the target will be done sooner (CostModel.draft_length),
-        and no more than could still be committed after the pending window and the
-        target's own next token (0: drafting would be wasted). With an automatic
-        budget gamma is only where the first round starts: the rounds' own timings
-        then set each length, up to max_window."""
-        gamma = self.caps.max_window if self.request.rebalance else self.request.gamma
-        if self.costs is not None:
-            if self.request.rebalance:
-                gamma = self.costs.pipelined_gamma(gamma, self.stats.acceptance)
-            gamma = self.costs.draft_length(gamma, pending)
-        return min(gamma, self.out.remaining - pending - 1)
+    def room(self, pending: int) -> int:
+        """Tokens a window drafted after `pending` ones could still commit (the target's
+        own next token comes first)."""
+        return self.out.remaining - pending - 1
 
-    def restart_length(self) -> int:
-        """See budget.restart_length: up to a pipelined window (gamma - 1 tokens),
-        paced by this request's rounds so far, or by the cost model before there
-        are enough of them."""
-        limit = min(self.request.gamma - 1, self.out.remaining - 1)
-        if self.costs is None or limit <= 0:
-            return max(limit, 0)               # no cost model: every window is a full one
-        acceptance = self.stats.acceptance
-        if self.stats.spec_rounds >= 4:
-            pace = self.stats.round_s / max(self.stats.committed_in_spec_rounds, 1)
-        else:
-            pace = self.costs.s_per_token(self.request.gamma, acceptance)
-        return restart_length(acceptance, self.costs.draft_s, pace, limit)
+    def pace(self) -> float | None:
+        """This request's seconds per committed token in speculative rounds, once there
+        are enough of them to go by."""
+        if self.stats.spec_rounds < 4:
+            return None
+        return self.stats.round_s / max(self.stats.committed_in_spec_rounds, 1)
 
     def extend_to(self, pending: int) -> int:
         """How far the draft may grow the next window while the target verifies: the
@@ -317,4 +311,4 @@ class Decoder:
         off there by default); never past what could still be committed."""
         if not self.caps.keep_drafting:
             return 0
-        return min(self.caps.max_window, self.out.remaining - pending - 1)
+        return min(self.caps.max_gamma, self.room(pending))

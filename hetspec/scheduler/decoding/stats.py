@@ -5,7 +5,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from hetspec.scheduler.acceptance_prior import GENERIC
+from hetspec.core.sampling import Rule
+from hetspec.scheduler.decoding.acceptance_prior import GENERIC
 
 PRIOR_WEIGHT = 5         # tokens' worth of belief in the acceptance prior
 
@@ -68,7 +69,7 @@ class Stats:
             "tokens_per_s": new / total if total > 0 else 0.0,
             "gamma": request.gamma if request.params.mode != "target" else 0,
             "sequences": request.sequences, "rule": request.rule,
-            "seed": request.params.seed if request.keyed else None,   # the seed that gives these tokens again
+            "seed": request.params.seed if request.rule is Rule.KEYED else None,   # it gives these tokens again
             "rounds": self.rounds, "spec_rounds": spec, "target_only_rounds": self.target_only_rounds,
             "rested": self.rested, "probes": self.probes,
             "drafts": self.drafts, "drafted": self.drafted, "accepted": self.accepted,

@@ -25,38 +25,6 @@ def choose_gamma(draft_s_per_token: float, verify_s: dict[int, float], max_gamma
     return max_gamma
 
 
-def sequential_gamma(draft_s_per_token: float, verify_s: dict[int, float], acceptance: float,
-                     max_gamma: int) -> int:
-    """SpS's gamma: the one with the least expected time per committed token.
-
-    A sequential round drafts gamma tokens (gamma draft steps), then verifies
-    them with the last committed token (a pass of gamma + 1 tokens), and
-    commits 1 + a + ... + a**gamma tokens at per-token acceptance a. The
-    pipelined balance point (choose_gamma) is no optimum here: nothing runs
-    beside the draft, and a long window costs the target little more than a
-    short one, so at high acceptance SpS gains from longer windows
-    (docs/performance.md, "SpS window")."""
-    def per_token(gamma: int) -> float:
-        round_s = gamma * draft_s_per_token + interpolate(verify_s, gamma + 1)
-        return round_s / sum(acceptance ** j for j in range(gamma + 1))
-    return min(range(1, max_gamma + 1), key=per_token)
-
-
-def restart_length(acceptance: float, draft_s: float, s_per_token: float, limit: int) -> int:
-    """How many tokens to draft, the target waiting, before a verify pass that
-    would otherwise have no window (the first round, and the round after a
-    rejection or a missed branch): such a pass commits one token for the cost
-    of a whole window.
-
-    Each token costs one draft step and its j-th is accepted with probability
-    acceptance**j: draft it while that beats the pipeline's own pace,
-    acceptance**j * s_per_token >= draft_s, at most `limit` tokens."""
-    n = 0
-    while n < limit and acceptance ** (n + 1) * s_per_token >= draft_s:
-        n += 1
-    return n
-
-
 def monotone(verify_s: dict[int, float]) -> dict[int, float]:
     """Verify timings with each size capped by the fastest larger size: a pass of
     more tokens never costs less, so a smaller size measured slower than a larger
@@ -119,7 +87,7 @@ class CostModel:
             return True
         if gain <= 1:
             return False
-        target_s = self.verify_scale * interpolate(self.verify_s, 1)
+        target_s = self._verify(1)
         lost = n_tokens * self.prefill_s * (1 - 1 / (gain * CONTENTION))
         return lost < remaining * target_s * (1 - 1 / gain)
 
@@ -127,15 +95,25 @@ class CostModel:
         """A pipelined round's expected seconds per committed token: it lasts the
         longer of gamma draft steps and a verify of gamma tokens, and commits
         1 + a + ... + a**(gamma - 1) tokens at per-token acceptance a."""
-        round_s = max(gamma * self.draft_s, self.verify_scale * interpolate(self.verify_s, gamma))
+        round_s = max(gamma * self.draft_s, self._verify(gamma))
         return round_s / sum(acceptance ** j for j in range(gamma))
 
-    def sequential_gamma(self, max_gamma: int, acceptance: float) -> int:
-        """See sequential_gamma, at the costs measured so far."""
-        verify = {n: self.verify_scale * t for n, t in self.verify_s.items()}
-        return sequential_gamma(self.draft_s, verify, acceptance, max_gamma)
+    def best_sequential(self, max_gamma: int, acceptance: float) -> int:
+        """SpS's gamma: the one with the least expected time per committed token.
 
-    def pipelined_gamma(self, max_gamma: int, acceptance: float) -> int:
+        A sequential round drafts gamma tokens (gamma draft steps), then verifies
+        them with the last committed token (a pass of gamma + 1 tokens), and
+        commits 1 + a + ... + a**gamma tokens at per-token acceptance a. The
+        pipelined balance point (choose_gamma) is no optimum here: nothing runs
+        beside the draft, and a long window costs the target little more than a
+        short one, so at high acceptance SpS gains from longer windows
+        (docs/performance.md, "SpS window")."""
+        def per_token(gamma: int) -> float:
+            round_s = gamma * self.draft_s + self._verify(gamma + 1)
+            return round_s / sum(acceptance ** j for j in range(gamma + 1))
+        return min(range(1, max_gamma + 1), key=per_token)
+
+    def best_pipelined(self, max_gamma: int, acceptance: float) -> int:
         """The pipelined window of least expected time per committed token: a round
         lasts the longer of drafting n tokens and verifying them (with the last
         committed token), and commits 1 + a + ... + a**n tokens. Where verifying
@@ -147,17 +125,68 @@ class CostModel:
 
     def gain(self, max_gamma: int, acceptance: float) -> float:
         """Speculation's expected pace over the target alone's, at the best pipelined window."""
-        best = self._pipelined_s(self.pipelined_gamma(max_gamma, acceptance), acceptance)
-        return self.verify_scale * interpolate(self.verify_s, 1) / best
+        best = self._pipelined_s(self.best_pipelined(max_gamma, acceptance), acceptance)
+        return self._verify(1) / best
+
+    def covering(self, gamma: int, pending: int) -> int:
+        """Draft for as long as the target will take to verify the last committed token
+        plus the pending window, at most gamma. After a rejection (nothing pending)
+        that is a short draft, not a full gamma the target would wait for."""
+        return max(1, min(gamma, math.ceil(self._verify(pending + 1) / self.draft_s)))
 
     def _pipelined_s(self, n: int, acceptance: float) -> float:
-        round_s = max(n * self.draft_s, self.verify_scale * interpolate(self.verify_s, n + 1))
+        round_s = max(n * self.draft_s, self._verify(n + 1))
         return round_s / sum(acceptance ** j for j in range(n + 1))
 
-    def draft_length(self, gamma: int, pending: int) -> int:
-        """Per round: draft for as long as the target will take to verify the last
-        committed token plus the pending window, at most gamma. After a rejection
-        (nothing pending) that is a short draft, not a full gamma the target
-        would wait for."""
-        verify = self.verify_scale * interpolate(self.verify_s, pending + 1)
-        return max(1, min(gamma, math.ceil(verify / self.draft_s)))
+    def _verify(self, n: int) -> float:
+        """A verify pass of n tokens, as measured and scaled by the rounds since."""
+        return self.verify_scale * interpolate(self.verify_s, n)
+
+
+class Windows:
+    """One request's draft windows, each round's gamma: its budget, as the engine's
+    costs (CostModel) and the request's own rounds say. Every window length the
+    decoder uses comes from here."""
+
+    def __init__(self, gamma: int, rebalance: bool, max_gamma: int, costs: CostModel | None):
+        self.gamma, self.rebalance, self.max_gamma, self.costs = gamma, rebalance, max_gamma, costs
+
+    def pipelined(self, pending: int, acceptance: float, room: int) -> int:
+        """The next window, drafted while the target verifies `pending` tokens: gamma,
+        or less when the target will be done sooner (CostModel.covering), and no more
+        than `room`, what could still be committed after the pending window and the
+        target's own next token (0: drafting would be wasted). With an automatic
+        budget gamma is only where the first round starts: the rounds' own timings
+        then set each length, up to max_gamma."""
+        gamma = self.max_gamma if self.rebalance else self.gamma
+        if self.costs is not None:
+            if self.rebalance:
+                gamma = self.costs.best_pipelined(gamma, acceptance)
+            gamma = self.costs.covering(gamma, pending)
+        return min(gamma, room)
+
+    def sequential(self, acceptance: float, room: int) -> int:
+        """SpS: with an automatic budget, the window of least expected time per token
+        (CostModel.best_sequential): no verify runs alongside to be matched."""
+        gamma = self.gamma
+        if self.rebalance and self.costs is not None:
+            gamma = self.costs.best_sequential(self.max_gamma, acceptance)
+        return min(gamma, room)
+
+    def restart(self, acceptance: float, pace: float | None, room: int) -> int:
+        """How many tokens to draft, the target waiting, before a verify pass that
+        would otherwise have no window (the first round, and the round after a
+        rejection or a missed branch): such a pass commits one token for the cost
+        of a whole window. Each token costs a draft step and its j-th is accepted
+        with probability acceptance**j: draft it while that beats the pipeline's
+        own pace (seconds per committed token: this request's rounds', or the cost
+        model's before there are enough), up to a pipelined window (gamma - 1) and
+        `room`. Without a cost model every window is a full one."""
+        limit = min(self.gamma - 1, room)
+        if self.costs is None or limit <= 0:
+            return max(limit, 0)
+        pace = pace if pace is not None else self.costs.s_per_token(self.gamma, acceptance)
+        n = 0
+        while n < limit and acceptance ** (n + 1) * pace >= self.costs.draft_s:
+            n += 1
+        return n

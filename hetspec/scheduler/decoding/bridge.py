@@ -13,7 +13,7 @@ target never sees a draft token. Text is the common ground:
 A translated window is only a proposal, so exactness never depends on the
 translation: greedy verification keeps what the target itself would choose.
 Sampling needs care: the draft's distribution lives in another vocabulary,
-so every request is keyed (Request.keyed): the target makes its own keyed draw
+so every request is keyed (Rule.KEYED): the target makes its own keyed draw
 at each position (core/sampling.draw_keyed) and keeps a translated token only
 if it is that draw, and the draft proposes its likeliest tokens.
 
@@ -23,14 +23,12 @@ and kept; only the tail after it is encoded again (Anchor).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from hetspec.core.errors import EngineStartError
-from hetspec.core.params import SamplingParams
+from hetspec.core.sampling import GREEDY, Sampling
 from hetspec.ipc.messages import BranchPlan
-from hetspec.scheduler.links import Draft, DraftLink
+from hetspec.scheduler.decoding.links import Draft, DraftLink
 from hetspec.scheduler.tokenizer import Tokenizer
 
 # Text every draft vocabulary must carry through unchanged, or it cannot propose the target's text.
@@ -108,11 +106,11 @@ class BridgedDraft:
 
     The decoding loop uses it exactly as it uses a DraftLink."""
 
-    def __init__(self, link: DraftLink, target: Tokenizer, draft: Tokenizer, max_window: int, n_ctx: int,
+    def __init__(self, link: DraftLink, target: Tokenizer, draft: Tokenizer, max_gamma: int, n_ctx: int,
                  n_vocab: int):
         self.link, self.target, self.tokenizer, self.n_vocab = link, target, draft, n_vocab
-        self.anchor = Anchor(target, draft, lag=max_window + 8)
-        self.room = n_ctx - 2 * max_window     # draft tokens a context may have: the window and branches need the rest
+        self.anchor = Anchor(target, draft, lag=max_gamma + 8)
+        self.room = n_ctx - 2 * max_gamma      # draft tokens a context may have: the window and branches need the rest
         self.context = np.zeros(0, np.int32)   # the draft tokens of the last command's context
         self.healed = ""                       # ... and the spaces left off its end (_to_draft)
 
@@ -137,12 +135,12 @@ class BridgedDraft:
     def to_prefill(self, context, reuse_cache: bool) -> int:
         return self.link.to_prefill(self.anchor(np.asarray(context, np.int32)), reuse_cache)
 
-    def start_window(self, request_id: int, context, n_tokens: int, params: SamplingParams,
-                     branches: BranchPlan | None = None, keyed: bool = True) -> None:
+    def start_window(self, request_id: int, context, gamma: int, sampling: Sampling,
+                     branches: BranchPlan | None = None) -> None:
         """The draft proposes its likeliest tokens: the target keeps a token x only
         if it is its own keyed draw, with probability p(x) whatever the draft's
         distribution, and the likeliest is the one it keeps most often."""
-        self.link.start_window(request_id, self._to_draft(context), n_tokens, _greedy(params), branches)
+        self.link.start_window(request_id, self._to_draft(context), gamma, GREEDY, branches)
 
     def finish_window(self) -> Draft:
         """The draft's branches as target tokens, no longer than the draft's."""
@@ -178,6 +176,3 @@ class ContextTooLong(Exception):
     as when the draft worker is lost (Decoder.rounds)."""
     role = "draft"
 
-
-def _greedy(params: SamplingParams) -> SamplingParams:
-    return params if params.greedy else dataclasses.replace(params, temperature=0.0)

@@ -15,7 +15,7 @@ import zmq
 
 from hetspec.core.branches import from_slot, pick_branch
 from hetspec.core.errors import EngineDeadError, HetspecError
-from hetspec.core.params import SamplingParams
+from hetspec.core.sampling import Rule, Sampling
 from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import (
     AttachBuffers,
@@ -109,22 +109,18 @@ class WorkerLink:
 
     def wait(self, timeout_s: float | None = None):
         """The next reply; raises WorkerLost if the worker process is gone."""
-        waited = 0.0
         while True:
-            message, self.stashed = self.stashed or self.channel.recv(POLL_S), None
-            if message is not None and self.is_stale(message):
-                continue
-            if message is not None:
-                self.busy = False
-                if isinstance(message, WorkerFailed):
-                    if message.fatal:
-                        raise EngineDeadError(message.message)
-                    raise WorkerError(self.role, message.message)
-                return message
-            waited += POLL_S
-            self.check_alive()
-            if timeout_s is not None and waited >= timeout_s:
+            message, self.stashed = self.stashed or self.channel.receive(timeout_s, self.check_alive, POLL_S), None
+            if message is None:
                 raise EngineDeadError(f"the {self.role} worker did not answer within {timeout_s:.0f} s")
+            if self.is_stale(message):
+                continue
+            self.busy = False
+            if isinstance(message, WorkerFailed):
+                if message.fatal:
+                    raise EngineDeadError(message.message)
+                raise WorkerError(self.role, message.message)
+            return message
 
     def death(self) -> str | None:
         """Why this worker cannot answer any more, if its process is gone."""
@@ -170,7 +166,7 @@ class WorkerLink:
         """Never to a dead worker (a DEALER with no peer holds the message, and once
         full the sender, until one connects), nor to a restarted one still loading."""
         self.check_alive()
-        if self.process is not None and self.process.state != "ready":
+        if self.process is not None and not self.process.ready_now:
             raise WorkerLost(self.role, f"the {self.role} worker is {self.process.state}")
         self._send(message)
 
@@ -208,13 +204,13 @@ class WorkerLink:
 class TargetLink(WorkerLink):
     with_probs = False    # the last verify writes probability rows
 
-    def start_verify(self, request_id: int, slot: int, tokens, keep: int, rows: int, params: SamplingParams,
-                     borrow_cores: bool = False, keyed: bool = False) -> None:
-        """Crop the target's cache in `slot` to `keep` tokens and run `tokens` after it;
+    def start_verify(self, request_id: int, cache: int, tokens, keep: int, rows: int, sampling: Sampling,
+                     borrow_cores: bool = False) -> None:
+        """Crop the target's cache `cache` to `keep` tokens and run `tokens` after it;
         answers for the last `rows` positions (finish_verify)."""
         self.buffers["input"].array[:len(tokens)] = tokens
-        self.with_probs = not params.greedy and not keyed
-        self.send(VerifyCommand(request_id, keep, len(tokens), rows, params, borrow_cores, keyed, slot))
+        self.with_probs = sampling.rule is Rule.UNKEYED
+        self.send(VerifyCommand(request_id, keep, len(tokens), rows, sampling, borrow_cores, cache))
 
     def finish_verify(self, rows: int) -> Verification:
         reply = self.wait()
@@ -223,10 +219,10 @@ class TargetLink(WorkerLink):
         probs = self.buffers["probs"].array[:rows] if self.with_probs else None
         return Verification(choice, probs, reply.seconds)
 
-    def export_kv(self, request_id: int, slot: int, length: int) -> None:
-        """Have the target write its cache (in `slot`) of the first `length` positions to
-        the shared "kv" buffer, for the draft to take; returns once it is written."""
-        self.send(ExportKV(request_id, length, slot))
+    def export_kv(self, request_id: int, cache: int, length: int) -> None:
+        """Have the target write cache `cache`'s first `length` positions to the shared
+        "kv" buffer, for the draft to take; returns once it is written."""
+        self.send(ExportKV(request_id, length, cache))
         reply = self.wait()
         assert isinstance(reply, KVExported), reply
 
@@ -261,16 +257,16 @@ class DraftLink(WorkerLink):
         mismatch = np.flatnonzero(self.sent[:n] != np.asarray(context[:n]))
         return len(context) - (int(mismatch[0]) if len(mismatch) else n)
 
-    def start_window(self, request_id: int, context, n_tokens: int, params: SamplingParams,
-                     branches: BranchPlan | None = None, keyed: bool = False) -> None:
-        """Draft n_tokens after context: one plain sequence, or the pipeline's next
+    def start_window(self, request_id: int, context, gamma: int, sampling: Sampling,
+                     branches: BranchPlan | None = None) -> None:
+        """Draft gamma tokens after context: one plain sequence, or the pipeline's next
         window as branches (see BranchPlan); finish_window collects them."""
         self.buffers["context"].array[:len(context)] = self.sent = np.array(context, np.int32)
         self.slot ^= 1   # double buffering: the pending window's rows stay readable
         self.command += 1
-        self.extending = branches is not None and branches.extend_to > n_tokens
-        self.with_probs = not params.greedy and not keyed
-        self.send(DraftWindow(request_id, self.command, len(context), n_tokens, params, self.slot, branches, keyed))
+        self.extending = branches is not None and branches.extend_to > gamma
+        self.with_probs = sampling.rule is Rule.UNKEYED
+        self.send(DraftWindow(request_id, self.command, len(context), gamma, sampling, self.slot, branches))
 
     def finish_window(self) -> Draft:
         """The draft's reply, with whatever the likeliest branch grew since."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from hetspec.core.params import MODES
+from hetspec.core.params import Mode
 
 MIN_ROUNDS = 3       # speculative rounds a probe runs before it is judged (after its first, see judge)
 RECENT = 8           # rounds judged at once: a request's text may change character midway
@@ -38,7 +38,7 @@ class Memory:
 
 def memories(target_s: float | None) -> dict[str, Memory]:
     """An engine's memories, one per speculative mode."""
-    return {mode: Memory(target_s) for mode in MODES if mode != "target"}
+    return {mode: Memory(target_s) for mode in Mode if mode is not Mode.TARGET}
 
 
 class Gate:
