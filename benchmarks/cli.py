@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from hetspec.benchmarks.checks import check_results, engine_stat_warnings
-from hetspec.benchmarks.data import CATEGORIES
+from hetspec.benchmarks.data import ALL_CATEGORIES
 from hetspec.benchmarks.methods import GROUPS, METHODS
 from hetspec.benchmarks.plots import write_plots
 from hetspec.benchmarks.report import write_report
@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="prompts per category, 0 = all (default 1: the quick run)")
     p.add_argument("--methods", nargs="+", help=f"methods or groups ({', '.join(GROUPS)}); "
                                                 f"methods: {', '.join(METHODS)} (vanilla is always run)")
-    p.add_argument("--categories", nargs="+", choices=CATEGORIES, help="default: all six")
+    p.add_argument("--categories", nargs="+", choices=ALL_CATEGORIES,
+                   help="default: the six Spec-Bench ones; code and continuation are hetspec's own")
     p.add_argument("--decodings", nargs="+", choices=list(DECODINGS), help="default: greedy and sampling")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="target dtype for the engine and the baselines (default: the config's, float32)")

@@ -1,9 +1,11 @@
-"""The benchmark's prompts: the six Spec-Bench categories the DuoDecoding paper uses.
+"""The benchmark's prompts: the six Spec-Bench categories the DuoDecoding paper uses,
+and two of hetspec's own (code and text to continue, for base models).
 
 The jsonl files live inside the package (benchmarks/data/spec-bench/, MIT
-license kept beside them) so that a run never depends on anything outside the
-project. The first turn of each question is the prompt; the new-token budget
-follows the paper: 128, but 32 for QA and RAG (short answers).
+license kept beside them; benchmarks/data/continuation/) so that a run never
+depends on anything outside the project. The first turn of each question is the
+prompt; the new-token budget follows the paper: 128, but 32 for QA and RAG
+(short answers); 64 for the continuations.
 """
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ from importlib import resources
 
 # The paper's column order (Tables 1-3), with the short column titles it uses.
 CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+CONTINUATIONS = ("code", "continuation")       # run when asked for (--categories)
+ALL_CATEGORIES = CATEGORIES + CONTINUATIONS
 TITLES = {"mt_bench": "MT", "translation": "Trans.", "summarization": "Sum.", "qa": "QA",
-          "math_reasoning": "Math", "rag": "RAG"}
+          "math_reasoning": "Math", "rag": "RAG", "code": "Code", "continuation": "Cont."}
 MAX_NEW_TOKENS = {"mt_bench": 128, "translation": 128, "summarization": 128, "qa": 32,
-                  "math_reasoning": 128, "rag": 32}
+                  "math_reasoning": 128, "rag": 32, "code": 64, "continuation": 64}
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,8 @@ def load_prompts(categories=CATEGORIES, limit: int | None = None, max_new_tokens
     the per-category budget (the CI smoke run uses a small one)."""
     prompts = []
     for category in categories:
-        if category not in CATEGORIES:
-            raise ValueError(f"unknown category {category!r}; known: {', '.join(CATEGORIES)}")
+        if category not in ALL_CATEGORIES:
+            raise ValueError(f"unknown category {category!r}; known: {', '.join(ALL_CATEGORIES)}")
         rows = _read(category)
         if limit:
             rows = rows[:limit]
@@ -48,6 +52,7 @@ def load_prompts(categories=CATEGORIES, limit: int | None = None, max_new_tokens
 
 
 def _read(category: str) -> list[dict]:
-    folder = resources.files("hetspec.benchmarks").joinpath("data").joinpath("spec-bench")
+    source = "continuation" if category in CONTINUATIONS else "spec-bench"
+    folder = resources.files("hetspec.benchmarks").joinpath("data").joinpath(source)
     text = folder.joinpath(f"{category}.jsonl").read_text("utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]

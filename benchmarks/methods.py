@@ -1,6 +1,7 @@
 """The methods compared side by side (docs/design.md, "Measuring"), by name.
 
-Baselines run in the benchmark process with transformers; everything else is
+Baselines run in the benchmark process with transformers, and the peers with
+llama.cpp on the target's own GGUF file (benchmarks/llama_peer.py); everything else is
 a request to one running engine, differing only in mode, sequences and gamma,
 but for the "poor draft" methods: a second engine whose draft never agrees
 with the target (a tiny random model), to show what a bad draft costs.
@@ -21,16 +22,19 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Method:
     name: str
-    kind: str                   # "baseline" (transformers, in-process), "engine", or "poor" (the poor-draft engine)
+    kind: str                   # "baseline" (transformers, in-process), "peer" (llama.cpp, in-process), "engine",
+                                # or "poor" (the poor-draft engine)
     label: str                  # how the report names it
-    mode: str = ""              # engine: "duodec", "sequential" or "target"; baseline: "vanilla" or "pld"
+    mode: str = ""              # engine: "duodec", "sequential" or "target"; baseline: "vanilla" or "pld";
+                                # peer: "plain" or "pld"
     sequences: int | str | None = None     # engine duodec: 1, 2, 3 or "dynamic"
     gamma_offset: int | None = None        # engine: gamma = chosen + offset; None: the chosen gamma
     speculation: str | None = None         # engine: "always" forces speculation; None: the engine's ("auto")
+    threads: int | None = None             # peer: None for every core of the benchmark process
 
     def gamma(self, chosen: int, max_gamma: int) -> int | None:
         """The draft budget this method runs with (None for methods that do not draft)."""
-        if self.kind == "baseline" or self.mode == "target":
+        if self.kind in ("baseline", "peer") or self.mode == "target":
             return None
         return min(max(1, chosen + (self.gamma_offset or 0)), max_gamma)
 
@@ -45,9 +49,13 @@ class Method:
 
 
 FORCED = "always"          # a request's speculation: every round speculates
+PEER = "llama.cpp"         # every speedup is also given over this method: llama.cpp on every core
 
 METHODS = {m.name: m for m in [
     Method("vanilla", "baseline", "Vanilla (transformers generate)", "vanilla"),
+    Method("llama.cpp-1t", "peer", "llama.cpp on the target's GGUF, 1 thread", "plain", threads=1),
+    Method(PEER, "peer", "llama.cpp on the target's GGUF, every core", "plain"),
+    Method("llama.cpp-pld", "peer", "llama.cpp prompt lookup, every core (greedy)", "pld"),
     Method("target", "engine", "Engine, target only", "target"),
     Method("sps", "engine", "SpS (engine, sequential)", "sequential"),
     Method("sps-fixed", "engine", "SpS, gamma fixed at the budget", "sequential", None, 0, FORCED),
@@ -69,15 +77,16 @@ SWEEP = ("gamma-2", "gamma-1", "duodec", "gamma+1", "gamma+2")
 GROUPS = {
     "all": tuple(METHODS),
     "baselines": ("vanilla", "target", "sps", "sps-fixed", "pld"),
+    "peers": ("llama.cpp-1t", PEER, "llama.cpp-pld"),
     "sequences": ("duodec-s1", "duodec-s2", "duodec-s3", "duodec"),
     "sweep": SWEEP,
     "poor": ("poor", "poor-forced"),
-    "headline": ("vanilla", "target", "sps", "duodec", "poor", "poor-forced"),
+    "headline": ("vanilla", PEER, "target", "sps", "duodec", "poor", "poor-forced"),
 }
 
 
 def select_methods(names) -> list[Method]:
-    """Method names or group names (all, baselines, sequences, sweep, poor, headline), in the canonical order.
+    """Method names or group names (all, baselines, peers, sequences, sweep, poor, headline), in the canonical order.
     Vanilla is always included: every speedup and relative TTFT is measured against it."""
     if not names:
         names = ["all"]

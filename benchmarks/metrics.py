@@ -6,20 +6,27 @@ column is the mean of the per-category figures (each category counts once,
 like the paper's "Avg."); its histograms and time profiles are pooled over
 every round instead. Speedup and relative TTFT divide by vanilla's figure for
 the same category and decoding; vs_target by the engine's own target-only
-figure, which separates the speculative gain from the target's kernels. Figures that do not apply (acceptance of a
-method that never drafts) are None, never 0.
+figure, which separates the speculative gain from the target's kernels; vs_llama
+by llama.cpp's on every core (the peer a CPU user would run instead). Greedy
+output is compared with vanilla's, or, for a llama.cpp target (which computes the
+GGUF file's own blocks, not transformers' float32), with the engine's target-only
+output. Figures that do not apply (acceptance of a method that never drafts) are
+None, never 0.
 """
 from __future__ import annotations
 
 from statistics import mean
+
+from hetspec.benchmarks.methods import PEER
 
 
 def aggregate(doc: dict) -> dict:
     runs = [r for r in doc["runs"] if "error" not in r]
     methods = doc["settings"]["methods"]
     categories = doc["settings"]["categories"]
-    vanilla_ids = {(r["decoding"], r["category"], r["question_id"]): r["token_ids"]
-                   for r in runs if r["method"] == "vanilla"}
+    reference = "target" if doc["settings"].get("target_backend") == "llama.cpp" else "vanilla"
+    reference_ids = {(r["decoding"], r["category"], r["question_id"]): r["token_ids"]
+                     for r in runs if r["method"] == reference}
     results: dict = {}
     for decoding in doc["settings"]["decodings"]:
         by_method: dict = {}
@@ -29,14 +36,15 @@ def aggregate(doc: dict) -> dict:
                 chosen = [r for r in runs if r["decoding"] == decoding and r["method"] == method
                           and r["category"] == category]
                 if chosen:
-                    cells[category] = _cell(chosen, vanilla_ids if decoding == "greedy" else None)
+                    cells[category] = _cell(chosen, reference_ids if decoding == "greedy" else None)
             by_method[method] = cells
-        vanilla, alone = by_method.get("vanilla", {}), by_method.get("target", {})
+        vanilla, alone, peer = by_method.get("vanilla", {}), by_method.get("target", {}), by_method.get(PEER, {})
         for method, cells in by_method.items():
             for category, cell in cells.items():
-                base, target = vanilla.get(category), alone.get(category)
+                base, target, llama = vanilla.get(category), alone.get(category), peer.get(category)
                 cell["speedup"] = _ratio(cell["tokens_per_s"], base and base["tokens_per_s"])
                 cell["vs_target"] = _ratio(cell["tokens_per_s"], target and target["tokens_per_s"])
+                cell["vs_llama"] = _ratio(cell["tokens_per_s"], llama and llama["tokens_per_s"])
                 cell["ttft_rel"] = _ratio(cell["ttft_s"], base and base["ttft_s"])
             if cells:
                 cells["average"] = _average(list(cells.values()))
@@ -44,7 +52,7 @@ def aggregate(doc: dict) -> dict:
     return results
 
 
-def _cell(runs: list[dict], vanilla_ids: dict | None) -> dict:
+def _cell(runs: list[dict], reference_ids: dict | None) -> dict:
     tokens = sum(r["new_tokens"] for r in runs)
     seconds = sum(r["total_s"] for r in runs)
     decode_tokens = sum(max(0, r["new_tokens"] - 1) for r in runs)
@@ -75,8 +83,8 @@ def _cell(runs: list[dict], vanilla_ids: dict | None) -> dict:
         cell["sequences_hist"] = dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
     if any("round_s" in r for r in runs) and spec_rounds:
         cell["profile_ms"] = _profile(runs, spec_rounds)
-    if vanilla_ids is not None:
-        pairs = [(r["token_ids"], vanilla_ids.get((r["decoding"], r["category"], r["question_id"]))) for r in runs]
+    if reference_ids is not None:
+        pairs = [(r["token_ids"], reference_ids.get((r["decoding"], r["category"], r["question_id"]))) for r in runs]
         pairs = [(a, b) for a, b in pairs if b is not None]
         cell["exact_match"] = (sum(a == b for a, b in pairs) / len(pairs)) if pairs else None
     return cell
@@ -96,7 +104,8 @@ def _average(cells: list[dict]) -> dict:
                  "total_s": sum(c["total_s"] for c in cells), "spec_rounds": sum(c["spec_rounds"] for c in cells),
                  "rested": sum(c.get("rested", 0) for c in cells),
                  "gamma": cells[0].get("gamma")}
-    for key in ("tokens_per_s", "decode_tokens_per_s", "ttft_s", "speedup", "vs_target", "ttft_rel", "acceptance_rate",
+    for key in ("tokens_per_s", "decode_tokens_per_s", "ttft_s", "speedup", "vs_target", "vs_llama", "ttft_rel",
+                "acceptance_rate",
                 "mean_accepted_per_round", "exact_match"):
         values = [c[key] for c in cells if c.get(key) is not None]
         avg[key] = mean(values) if values else None

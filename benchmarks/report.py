@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hetspec.benchmarks.checks import check_results
 from hetspec.benchmarks.data import TITLES
-from hetspec.benchmarks.methods import SWEEP
+from hetspec.benchmarks.methods import PEER, SWEEP
 from hetspec.benchmarks.metrics import aggregate
 
 
@@ -59,8 +59,8 @@ def _header(doc: dict) -> list[str]:
          f"{m.get('load_average_start')} at the start, {m.get('load_average')} at the end; git {m.get('git_commit')}"),
         "- **Phases** (s): " + ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in doc.get("phases_s", {}).items()),
         "- **Software**: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v),
-        (f"- **Models**: draft `{s['draft_model']}`, target `{s['target_model']}`; target dtype **{s['dtype']}** "
-         f"for the engine and every baseline; engine config {s['config']}" + _kernels(e)),
+        (f"- **Models**: draft `{s['draft_model']}`, target `{s['target_model']}`; " + _target_numbers(s)
+         + f"; engine config {s['config']}" + _kernels(e)),
         f"- **Draft budget**: gamma = **{doc['chosen_gamma']}** ({budget.get('source', '?')})" + _budget_detail(budget),
         f"- **Prompts**: {_prompt_count(doc)} ({'all' if not s['limit'] else s['limit']} per category, "
         f"first turn, {s['prompt_format']} format); new tokens per category: "
@@ -70,6 +70,13 @@ def _header(doc: dict) -> list[str]:
         "",
     ]
     return lines
+
+
+def _target_numbers(settings: dict) -> str:
+    if settings.get("target_backend") == "llama.cpp":
+        return (f"the engine's target computes the GGUF file's own blocks through llama.cpp, as the llama.cpp rows "
+                f"do; vanilla and PLD run it in **{settings['dtype']}**")
+    return f"target dtype **{settings['dtype']}** for the engine and every baseline"
 
 
 def _kernels(engine: dict) -> str:
@@ -102,7 +109,9 @@ def _prompt_count(doc: dict) -> str:
 def _methods_table(doc: dict) -> list[str]:
     rows = []
     for name, m in doc["methods"].items():
-        if m["kind"] == "baseline":
+        if m["kind"] == "peer":
+            where = f"{m['device']}, cores {m['cores']}, {m['threads']} thread(s) (benchmark process; {m['settings']})"
+        elif m["kind"] == "baseline":
             trial = m.get("thread_trial_tokens_per_s")
             why = ("; chosen as the faster on short and long prompt probes, prefill included: "
                    + ", ".join(f"{t} thread(s) {v:.1f} tok/s" for t, v in trial.items())
@@ -129,12 +138,15 @@ def _table1(doc: dict, decoding: str) -> list[str]:
         rows.append([f"`{name}`", *[_x(cells.get(c, {}).get("speedup")) for c in cats],
                      _x(cells.get("average", {}).get("speedup"), bold=True),
                      _x(cells.get("average", {}).get("vs_target"), bold=True),
+                     _x(cells.get("average", {}).get("vs_llama"), bold=True),
                      _f(cells.get("average", {}).get("tokens_per_s"))])
-    title = f"## Table 1 ({decoding}): speedup over vanilla, and over the engine's target-only mode"
+    title = f"## Table 1 ({decoding}): speedup over vanilla, over the engine's target-only mode, and over llama.cpp"
     note = ("Per category: over vanilla. The target-only column divides by the engine running the target alone "
-            "(`target`), which has the engine's kernels but no draft: it is the speculative gain alone.")
+            "(`target`), which has the engine's kernels but no draft: it is the speculative gain alone. The "
+            f"llama.cpp column divides by `{PEER}`: llama.cpp decoding the target's GGUF file on every core, "
+            "what a CPU user would run instead.")
     return [title, "", note, "", *_table(["method", *[TITLES[c] for c in cats], "Avg. vs vanilla",
-                                          "Avg. vs target-only", "tok/s (avg)"], rows), ""]
+                                          "Avg. vs target-only", "Avg. vs llama.cpp", "tok/s (avg)"], rows), ""]
 
 
 def _tokens_table(doc: dict) -> list[str]:
@@ -200,6 +212,7 @@ def _table3(doc: dict) -> list[str]:
         rows.append([f"{d} speedup", *[_x(res.get(n, {}).get("average", {}).get("speedup")) for n in present]])
         rows.append([f"{d} vs target-only", *[_x(res.get(n, {}).get("average", {}).get("vs_target"))
                                                for n in present]])
+        rows.append([f"{d} vs llama.cpp", *[_x(res.get(n, {}).get("average", {}).get("vs_llama")) for n in present]])
         rows.append([f"{d} tokens/round",
                      *[_f(res.get(n, {}).get("average", {}).get("mean_accepted_per_round"), 2) for n in present]])
     return ["## Table 3: gamma sweep around the chosen budget (dynamic sequences)", "", *_table(header, rows), ""]
@@ -235,14 +248,16 @@ def _poor_draft(doc: dict) -> list[str]:
             avg = doc["results"][d].get(name, {}).get("average", {})
             tokens = avg.get("new_tokens")
             rows.append([d, f"`{name}`", _f(avg.get("tokens_per_s")), _x(avg.get("vs_target")),
-                         _pct(avg.get("acceptance_rate")), _pct(avg.get("rested", 0) / tokens if tokens else None)])
+                         _x(avg.get("vs_llama")), _pct(avg.get("acceptance_rate")),
+                         _pct(avg.get("rested", 0) / tokens if tokens else None)])
     draft = doc["engine"].get("poor_draft")
     return ["## A poor draft", "",
             (f"`poor` and `poor-forced` run on a second engine, the same but for its draft (`{draft}`, random "
              "weights: it never agrees). `poor` lets the engine rest from speculating while it does not pay "
              "(target-only rounds, probing again now and then); `poor-forced` asks for speculation on every "
              "round. Rested: the share of tokens decoded target-only by that choice."), "",
-            *_table(["decoding", "method", "tok/s", "vs target-only", "acceptance", "rested"], rows), ""]
+            *_table(["decoding", "method", "tok/s", "vs target-only", "vs llama.cpp", "acceptance", "rested"],
+                    rows), ""]
 
 
 def _profile_table(doc: dict) -> list[str]:
@@ -289,10 +304,18 @@ def _exactness(doc: dict) -> list[str]:
     rows = []
     for name, cells in doc["results"]["greedy"].items():
         match = cells.get("average", {}).get("exact_match")
-        if name != "vanilla" and match is not None:
+        reference = "target" if doc["settings"].get("target_backend") == "llama.cpp" else "vanilla"
+        if name != reference and match is not None:
             rows.append([f"`{name}`", _pct(match)])
     if not rows:
         return []
+    if doc["settings"].get("target_backend") == "llama.cpp":
+        return ["## Greedy output identical to the target alone", "",
+                ("Share of prompts whose greedy tokens equal the engine's `target` method's (the llama.cpp target "
+                 "computes the GGUF file's blocks, and its verification is batch-invariant, so any speculative "
+                 "method must give them exactly). llama.cpp's own rows use its default kernels, whose one-token "
+                 "and batched logits differ: their share is how often they agree."),
+                "", *_table(["method", "identical"], rows), ""]
     return ["## Greedy output identical to vanilla", "",
             ("Share of prompts whose greedy tokens equal transformers `generate`'s. Below 100% can be a float "
              "near-tie (batched verification, another thread count) rather than a bug: see the runs in results.json."),
@@ -334,6 +357,9 @@ def _definitions(doc: dict) -> list[str]:
              "vs target-only: over the engine's `target` method's."),
             ("- TTFT: time until the first new token is out (baselines: a generate streamer; engine: the "
              "client's first streamed text)."),
+            ("- llama.cpp (the `llama.cpp*` rows) decodes the target's own GGUF file through llama-cpp-python's C API "
+             "with llama.cpp's default settings, in the benchmark process; greedy reads each step's argmax from "
+             "the logits with numpy, sampling uses llama.cpp's sampler chain (temperature, top-p, a seeded draw)."),
             ("- Vanilla and PLD run in the benchmark process and may use every core; the engine's draft and target "
              f"each own their cores{borrow}. A busy machine (see the load average) hurts multi-threaded "
              "baselines most: compare runs made under similar load."), ""]

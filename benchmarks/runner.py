@@ -19,6 +19,7 @@ from hetspec.benchmarks.baselines import Baselines
 from hetspec.benchmarks.ceiling import measure_ceiling
 from hetspec.benchmarks.data import load_prompts
 from hetspec.benchmarks.engine_runs import EngineHolder, poor_draft_config, run_engine
+from hetspec.benchmarks.llama_peer import PLD_MAX, LlamaPeer
 from hetspec.benchmarks.machine import describe_machine
 from hetspec.benchmarks.methods import Method, select_methods
 from hetspec.benchmarks.metrics import aggregate
@@ -51,7 +52,8 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
     _quiet_transformers()
 
     _log(settings, f"hetspec-bench: {len(prompts)} prompts x {len(methods)} methods x {len(settings.decodings)} "
-                   f"decodings; starting the engine ({config.target.model}, {config.target.dtype})")
+                   f"decodings; starting the engine ({config.target.model}, "
+                   f"{'llama.cpp' if config.target.backend == 'llama.cpp' else config.target.dtype})")
     clock.start("engine_start")            # load both models, measure the budget
     holder = EngineHolder(config_dict)
     poor = None
@@ -71,13 +73,17 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
                 if not settings.baseline_threads:
                     first, longest = prompt_ids[prompts[0].key], max(prompt_ids.values(), key=len)
                     baselines.choose_threads([first] if longest is first else [first, longest])
-        resources = _resources(methods, info, baselines, config.target.dtype)
+        peer = None
+        if any(m.kind == "peer" for m in methods):
+            with clock("peer_load"):
+                peer = _peer(config, tokenizer)
+        resources = _resources(methods, info, baselines, peer, config.target.dtype)
         if settings.warmup:
             with clock("warmup"):
-                _warm_up(holder.engine, baselines, [m for m in methods if m.kind != "poor"], chosen, max_gamma,
-                         prompt_ids[prompts[0].key])
+                _warm_up(holder.engine, (baselines, peer), [m for m in methods if m.kind != "poor"], chosen,
+                         max_gamma, prompt_ids[prompts[0].key])
                 if poor is not None:
-                    _warm_up(poor.engine, None, [m for m in methods if m.kind == "poor"], chosen, max_gamma,
+                    _warm_up(poor.engine, (None, None), [m for m in methods if m.kind == "poor"], chosen, max_gamma,
                              prompt_ids[prompts[0].key])
         clock.start("runs")
         bar = _progress(settings, len(prompts) * len(methods) * len(settings.decodings))
@@ -92,7 +98,7 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
                               "seed": seed if decoding != "greedy" else None}
                     engine = poor.engine if method.kind == "poor" else holder.engine
                     try:
-                        record.update(_run_one(engine, baselines, method, chosen, max_gamma, ids,
+                        record.update(_run_one(engine, (baselines, peer), method, chosen, max_gamma, ids,
                                                prompt.max_new_tokens, params, seed))
                     except Exception as exc:  # noqa: BLE001 - one failed run must not sink the suite
                         record["error"] = f"{type(exc).__name__}: {exc}"
@@ -101,7 +107,7 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
                         if isinstance(exc, EngineDeadError) and which.restart(record["error"]):
                             _log(settings, "restarted the engine")
                             if settings.warmup:
-                                _warm_up(which.engine, None, [m for m in methods if m.kind == method.kind], chosen,
+                                _warm_up(which.engine, (None, None), [m for m in methods if m.kind == method.kind], chosen,
                                          max_gamma, prompt_ids[prompts[0].key])
                     runs.append(record)
                     bar.update(1)
@@ -111,6 +117,8 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
         holder.close()
         if poor is not None:
             poor.close()
+        if peer is not None:
+            peer.close()
     with clock("ceiling"):
         ceiling = _ceiling(settings, config, prompts, prompt_ids, info)
     doc = {
@@ -124,6 +132,7 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
             "config": settings.config or "smollm2 (embedded default)",
             "engine_config": info.get("config", config.to_dict()),
             "draft_model": config.draft.model, "target_model": config.target.model,
+            "target_backend": config.target.backend,
             "dtype": config.target.dtype, "limit": settings.limit, "categories": settings.categories,
             "methods": [m.name for m in methods], "decodings": {d: DECODINGS[d] for d in settings.decodings},
             "top_k": 0, "prompt_format": "chat" if use_chat else "plain",
@@ -148,36 +157,57 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
     return doc
 
 
-def _run_one(engine, baselines, method: Method, chosen: int, max_gamma: int, ids, max_new: int, params: dict,
+def _run_one(engine, in_process, method: Method, chosen: int, max_gamma: int, ids, max_new: int, params: dict,
              seed: int) -> dict:
-    if method.kind == "baseline":
-        run = baselines.run(method.mode, ids, max_new, params["temperature"], params["top_p"], seed)
+    """in_process: (the transformers baselines, the llama.cpp peer), either None when not run."""
+    baselines, peer = in_process
+    if method.kind in ("baseline", "peer"):
+        if method.kind == "peer":
+            run = peer.run(method.mode, method.threads, ids, max_new, params["temperature"], params["top_p"], seed)
+        else:
+            run = baselines.run(method.mode, ids, max_new, params["temperature"], params["top_p"], seed)
         return {"token_ids": run.token_ids, "new_tokens": len(run.token_ids), "finish_reason": run.finish_reason,
                 "total_s": run.total_s, "ttft_s": run.ttft_s, "rounds": run.rounds, "spec_rounds": run.spec_rounds,
                 "drafted": run.drafted, "accepted": run.accepted,
                 "committed_in_spec_rounds": run.committed_in_spec_rounds,
-                "gamma": 10 if method.mode == "pld" else None}
+                "gamma": _pld_gamma(method, params)}
     return run_engine(engine, method, method.gamma(chosen, max_gamma), ids, max_new, params["temperature"],
                       params["top_p"], seed)
 
 
-def _warm_up(engine, baselines, methods, chosen, max_gamma, ids) -> None:
+def _pld_gamma(method: Method, params: dict) -> int | None:
+    """Prompt lookup's draft length (llama.cpp's looks up greedy runs only)."""
+    if method.mode != "pld" or method.kind == "peer" and params["temperature"] > 0:
+        return None
+    return 10 if method.kind == "baseline" else PLD_MAX
+
+
+def _warm_up(engine, in_process, methods, chosen, max_gamma, ids) -> None:
     """First calls pay for allocations and lazy imports; keep that out of the timings."""
     ids = ids[:64]
     done = set()
     for method in methods:
-        key = (method.kind, method.mode)
+        key = (method.kind, method.mode, method.threads)
         if key in done:
             continue
         done.add(key)
         for params in DECODINGS.values():
             try:
-                _run_one(engine, baselines, method, chosen, max_gamma, ids, WARMUP_TOKENS, params, 0)
+                _run_one(engine, in_process, method, chosen, max_gamma, ids, WARMUP_TOKENS, params, 0)
             except Exception:  # noqa: BLE001, S110 - the timed run of this method will fail and say why
                 pass
 
 
-def _resources(methods, info: dict, baselines, dtype: str) -> dict:
+def _peer(config, tokenizer) -> LlamaPeer:
+    """llama.cpp on the target's own GGUF file (a target that is no GGUF file has no peer)."""
+    model = resolve_model(config.target.model, "target")
+    if not model.gguf_file:
+        raise ValueError(f"the llama.cpp peer needs a GGUF target, got {config.target.model!r}: leave out the peers "
+                         "(--methods) for this config")
+    return LlamaPeer(model.file, config.server.max_context + 512, tokenizer.eos_token_ids)
+
+
+def _resources(methods, info: dict, baselines, peer, dtype: str) -> dict:
     """Which cores and threads each method computed on (the report states them)."""
     engine_side = {"device": info["target"]["device"], "dtype": dtype,
                    "draft_cores": info["draft"]["cores"], "draft_threads": info["draft"]["threads"],
@@ -186,6 +216,8 @@ def _resources(methods, info: dict, baselines, dtype: str) -> dict:
     for m in methods:
         if m.kind == "baseline":
             out[m.name] = baselines.resources()
+        elif m.kind == "peer":
+            out[m.name] = peer.resources(m.threads)
         elif m.mode == "target":
             out[m.name] = {k: v for k, v in engine_side.items() if not k.startswith("draft")}
         else:

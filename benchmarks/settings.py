@@ -12,7 +12,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from hetspec.benchmarks.data import CATEGORIES
+from hetspec.benchmarks.data import ALL_CATEGORIES, CATEGORIES
 from hetspec.benchmarks.methods import select_methods
 from hetspec.config import SHIPPED_CONFIGS, load_config
 
@@ -44,9 +44,9 @@ class BenchSettings:
             if isinstance(getattr(self, name), str):
                 setattr(self, name, [getattr(self, name)])
         select_methods(self.methods)                              # raises on an unknown name
-        bad = [c for c in self.categories if c not in CATEGORIES]
+        bad = [c for c in self.categories if c not in ALL_CATEGORIES]
         if bad:
-            raise ValueError(f"unknown categories {bad}; known: {', '.join(CATEGORIES)}")
+            raise ValueError(f"unknown categories {bad}; known: {', '.join(ALL_CATEGORIES)}")
         bad = [d for d in self.decodings if d not in DECODINGS]
         if bad:
             raise ValueError(f"unknown decodings {bad}; known: {', '.join(DECODINGS)}")

@@ -29,6 +29,7 @@ AUTO: Auto = "auto"
 SHIPPED_CONFIGS = {"smollm2": "smollm2.toml", "gemma3-270m": "gemma3-270m.toml", "gemma3-smollm2": "gemma3-smollm2.toml"}
 DEFAULT_CONFIG = "smollm2"
 DRAFT_BACKENDS = ("native", "llama.cpp", "torch")
+TARGET_BACKENDS = ("transformers", "llama.cpp")
 DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
 CPU_KERNELS = ("gguf", "onednn", "torch")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -75,20 +76,34 @@ class DraftConfig:
 
 @dataclass(frozen=True)
 class TargetConfig:
+    backend: str = "transformers"       # "transformers" (float32 or another dtype; CPU or CUDA) or "llama.cpp"
+                                        # (a GGUF file's own weights on the CPU, batch-invariant: docs/design.md)
     model: str = "builtin:smollm2"
     device: str = "auto"                # "auto", "cpu", "cuda", "cuda:N"
     dtype: str = "float32"
     cores: tuple[int, ...] | Auto = AUTO
     threads: int = 0
     prefill_borrows_draft_cores: bool = True
+    alone_borrows_draft_cores: bool | Auto = AUTO   # decoding alone (mode "target", a rest, a fallback): the draft's
+                                                    # cores too; auto: if one token is faster so, timed at start-up
     cpu_kernels: str = "gguf"           # "gguf" (windows read a GGUF target's blocks, else as "onednn"),
                                         # "onednn" (prepacked linear weights, shared GQA heads) or "torch"
 
     BOUNDS: ClassVar[dict] = {"threads": (0, 1024)}
 
     def checked(self) -> TargetConfig:
-        resolve_model(self.model, "target")
+        _choice("target", "backend", self.backend, TARGET_BACKENDS)
+        model = resolve_model(self.model, "target")
+        if self.backend == "llama.cpp" and not model.gguf_file:
+            raise ConfigError(f"[target] backend 'llama.cpp' needs a GGUF file, got model {self.model!r} "
+                              "(backend = \"transformers\" runs a checkpoint or a random model)")
+        if self.backend == "llama.cpp" and self.device.startswith("cuda"):
+            raise ConfigError(f"[target] backend 'llama.cpp' runs on the CPU, got device {self.device!r} "
+                              "(a CUDA target is backend = \"transformers\")")
         _choice("target", "cpu_kernels", self.cpu_kernels, CPU_KERNELS)
+        if not (self.alone_borrows_draft_cores == AUTO or isinstance(self.alone_borrows_draft_cores, bool)):
+            raise ConfigError("[target] alone_borrows_draft_cores must be 'auto', true or false, got "
+                              f"{show(self.alone_borrows_draft_cores)}")
         _choice("target", "dtype", self.dtype, DTYPES)
         if not (self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,3}", self.device)):
             raise ConfigError(f"[target] device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {show(self.device)}")
@@ -182,7 +197,7 @@ class EngineConfig:
 
 _SECTIONS = {"draft": DraftConfig, "target": TargetConfig, "decoding": DecodingConfig, "server": ServerConfig,
              "replicas": ReplicasConfig}
-_WORD_OR_NUMBERS = {"cores", "gamma", "sequences", "keep_drafting", "gpus", "speculation"}   # checked()
+_WORD_OR_NUMBERS = {"cores", "gamma", "sequences", "keep_drafting", "gpus", "speculation", "alone_borrows_draft_cores"}   # checked()
 _KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
 
 

@@ -71,7 +71,10 @@ class Launcher:
                           borrow_cores=list(c.target.cores) if c.draft.prefill_borrows_target_cores else [])
         target = TargetSpec(model=target_model, dtype=c.target.dtype, device=c.target.device,
                             cores=list(c.target.cores), threads=c.target.threads, cpu_kernels=c.target.cpu_kernels,
-                            borrow_cores=list(c.draft.cores) if c.target.prefill_borrows_draft_cores else [])
+                            borrow_cores=list(c.draft.cores) if c.target.prefill_borrows_draft_cores
+                            or c.target.alone_borrows_draft_cores is not False else [],
+                            backend=c.target.backend, n_ctx=c.server.max_context + c.decoding.max_gamma + 1,
+                            caches=c.server.max_running)
         self.spec = RunSpec(
             run_id=self.run_id, config=c.to_dict(), endpoints=self.endpoints, runtime_dir=self.runtime_dir,
             draft=WorkerCommand(["-m", "hetspec.workers.draft", "--endpoint", self.endpoints.draft,

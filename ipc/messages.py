@@ -185,6 +185,7 @@ class KVExported:
 class CalibrateTarget:
     context_len: int
     sizes: list[int]
+    borrow_cores: bool = False      # timed on the draft's cores too
 
 
 @dataclass

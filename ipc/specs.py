@@ -57,6 +57,9 @@ class TargetSpec:
     threads: int
     cpu_kernels: str = "gguf"
     borrow_cores: list[int] = field(default_factory=list)   # the draft's, lent for prefills
+    backend: str = "transformers"   # or "llama.cpp"
+    n_ctx: int = 0             # llama.cpp: positions a cache holds
+    caches: int = 1            # llama.cpp: caches (one per request admitted at once)
 
     to_json = DraftSpec.to_json
 

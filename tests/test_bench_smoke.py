@@ -139,3 +139,21 @@ def test_checks_catch_inconsistencies(damage, message):
     damage(doc["runs"][2])
     doc["results"] = aggregate(doc)
     assert any(message in p for p in check_results(doc)), check_results(doc)
+
+
+def test_the_llama_cpp_peer_rows(smoke):
+    """llama.cpp decodes the target's GGUF file on 1 thread and on every core, plainly and by
+    prompt lookup; every table divides by the every-core row."""
+    out, doc = smoke
+    peers = {name: m for name, m in doc["methods"].items() if m["kind"] == "peer"}
+    assert set(peers) == {"llama.cpp-1t", "llama.cpp", "llama.cpp-pld"}
+    assert peers["llama.cpp-1t"]["threads"] == 1 and peers["llama.cpp"]["threads"] == len(peers["llama.cpp"]["cores"])
+    for decoding in ("greedy", "sampling"):
+        results = doc["results"][decoding]
+        assert results["llama.cpp"]["qa"]["vs_llama"] == pytest.approx(1.0)
+        for cells in results.values():
+            cell = cells["qa"]
+            assert cell["vs_llama"] == pytest.approx(cell["tokens_per_s"] / results["llama.cpp"]["qa"]["tokens_per_s"])
+    pld = [r for r in doc["runs"] if r["method"] == "llama.cpp-pld" and r["decoding"] == "greedy"]
+    assert pld and all(0 <= r["accepted"] <= r["drafted"] for r in pld)
+    assert "Avg. vs llama.cpp" in (out / "report.md").read_text()

@@ -1,6 +1,9 @@
 """A draft with another tokenizer than the target's (scheduler/decoding/bridge.py): output
 stays exactly the target's, greedy and sampled, in every mode; bad pairs are
 refused by name."""
+import tomllib
+from importlib import resources
+
 import numpy as np
 import pytest
 import torch
@@ -164,7 +167,9 @@ def test_gemma_target_with_smollm2_draft_equals_gemma_generate():
 
     spec = resolve_model("builtin:gemma3-270m")
     model, tokenizer = load_causal_lm(spec, "float32", "cpu"), Tokenizer(spec)
-    with hetspec.launch("gemma3-smollm2") as engine:
+    config = tomllib.loads(resources.files("hetspec.configs").joinpath("gemma3-smollm2.toml").read_text())
+    config["target"]["backend"] = "transformers"    # float32, as generate (tests/test_llama_target.py: llama.cpp)
+    with hetspec.launch(config) as engine:
         assert engine.get_info()["vocabulary"]["shared"] is False
         accepted = 0
         for prompt in ["def fibonacci(n):\n    ", "The three primary colours are"]:

@@ -106,7 +106,24 @@ def calibrate(config: EngineConfig, draft: DraftLink, target: TargetLink) -> tup
                    "verify_s": {str(k): v for k, v in verify_s.items()}}, CostModel(draft_s, verify_s)
 
 
-def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handover: bool) -> Capabilities:
+def alone_borrows_cores(config: EngineConfig, target: TargetLink, device: str) -> bool:
+    """Whether the target decoding alone also takes the draft's cores: as configured, or
+    ("auto") if one token, after a context, is at least 5% faster so (the draft idle).
+    On a small CPU a second thread can cost more in synchronisation than it gains."""
+    choice = config.target.alone_borrows_draft_cores
+    if choice != AUTO or device != "cpu" or not set(config.draft.cores) - set(config.target.cores):
+        return choice is True and device == "cpu"
+    context = min(CALIBRATION_CONTEXT, config.server.max_context // 2)
+
+    def fastest(borrow: bool) -> float:
+        target.send(CalibrateTarget(context, [1, 1, 1], borrow_cores=borrow))
+        return min(target.wait().seconds)
+
+    return fastest(True) < 0.95 * fastest(False)
+
+
+def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handover: bool,
+                 alone_borrows: bool) -> Capabilities:
     keep = config.decoding.keep_drafting
     # On a CPU target both workers share the memory bus: a draft that never
     # rests slows verification more than its extra tokens gain (docs/performance.md).
@@ -114,6 +131,7 @@ def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handov
     return Capabilities(
         max_gamma=config.decoding.max_gamma, max_sequences=config.decoding.max_sequences,
         borrow_cores=config.target.prefill_borrows_draft_cores,
+        alone_borrows_cores=alone_borrows,
         draft_borrows_cores=config.draft.prefill_borrows_target_cores and hellos["draft"].prefill_threads,
         keep_drafting=keep_drafting, kv_handover=kv_handover)
 
@@ -126,6 +144,7 @@ def describe(config: EngineConfig, endpoint: str, gamma: int, budget: dict, caps
         "pid": os.getpid(), "launcher_pid": spec.launcher_pid, "endpoint": endpoint,
         "scheduler": {"restarts": spec.restarts, "deaths": spec.deaths}, "gamma": gamma, "budget": budget,
         "keep_drafting": caps.keep_drafting, "prompt_kv": "target" if caps.kv_handover else "own",
+        "alone_borrows_draft_cores": caps.alone_borrows_cores,
         "n_vocab": n_target, "vocabulary": _vocabulary(differ, n_target, n_draft),
         "config": _redacted(config.to_dict()),
         "draft": _worker_info(hellos["draft"]), "target": _worker_info(hellos["target"]),

@@ -67,6 +67,25 @@ def pin_threads(cores: list[int], threads: int) -> None:
         spread_openmp_threads(cores, threads)
 
 
+class CoreLoan:
+    """The other worker's cores, held from the first command that asks for them to the
+    first that does not: re-pinning around every token cost more than a second thread
+    gained (a token of a small model takes milliseconds; measured: docs/performance.md)."""
+
+    def __init__(self, cores: list[int], lent: list[int], set_threads, threads: int):
+        self.cores, self.threads, self.set_threads = list(cores), threads, set_threads
+        self.wide = list(cores) + [c for c in lent if c not in cores]
+        self.held = False
+
+    def hold(self, borrow: bool) -> None:
+        borrow = borrow and len(self.wide) > len(self.cores)
+        if borrow != self.held:
+            cores, threads = (self.wide, len(self.wide)) if borrow else (self.cores, self.threads)
+            self.set_threads(threads)
+            pin_threads(cores, threads)
+            self.held = borrow
+
+
 @contextmanager
 def borrowed_cores(cores: list[int], lent: list[int], set_threads, threads: int):
     """Run on `lent` cores too (one thread each) while the other worker waits; then

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import llama_cpp
 import numpy as np
 
+from hetspec.workers.common.llama_handles import free
+
 llama_cpp.llama_backend_init()
 
 # llama.cpp logs every load step to stderr. Keep a module-level reference so the
@@ -172,12 +174,5 @@ class LlamaCppModel:
 
     def close(self) -> None:
         """Free batch, context and model; safe to call more than once."""
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        free(self._batch, self._ctx, self._model)
+        self._batch = self._ctx = self._model = None

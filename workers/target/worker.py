@@ -21,25 +21,28 @@ from hetspec.ipc.messages import (
     WorkerHello,
 )
 from hetspec.ipc.specs import TargetSpec
-from hetspec.workers.common.pinning import borrowed_cores, pin_threads, set_torch_threads
+from hetspec.workers.common.pinning import CoreLoan, pin_threads, set_torch_threads
 from hetspec.workers.common.process import parse_args, serve
 from hetspec.workers.target.gguf_linear import use_gguf_blocks
 from hetspec.workers.target.hf_loading import eos_token_ids, load_causal_lm
 from hetspec.workers.target.kv_model import KVModel
+
+# (imported before load() spreads threads: it brings llama.cpp's OpenMP runtime)
+from hetspec.workers.target.llama_target import MAX_PASS, LlamaTarget
 from hetspec.workers.target.packed_linear import pack_linears
 
 
-class TargetState:
+class TransformersTarget:
+    """A transformers model (any dtype, CPU or CUDA) behind per-request KV caches."""
+
     def __init__(self, spec: TargetSpec):
-        self.cores = spec.cores
-        self.threads = spec.threads
-        self.lent = spec.borrow_cores
         device = spec.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"device {device!r} was configured but CUDA is not available")
         self.device = device
+        self.loan = CoreLoan(spec.cores, spec.borrow_cores if device == "cpu" else [], set_torch_threads, spec.threads)
         lm = load_causal_lm(spec.model, spec.dtype, device)
         cpu_kernels = spec.cpu_kernels if device == "cpu" else "torch"
         tuned_cpu = cpu_kernels in ("gguf", "onednn")
@@ -57,26 +60,57 @@ class TargetState:
         elif blocks:
             self.kernels += f"; {blocks}"
         self.eos = eos_token_ids(self.kv.lm)
+        self.n_vocab = self.kv.n_vocab
 
     def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
-        lent = self.lent if borrow and self.device == "cpu" else []
+        """The logits of the last `rows` tokens, run after the cache's first `keep` positions."""
+        self.loan.hold(borrow)
         self.kv.use(cache)
-        with borrowed_cores(self.cores, lent, set_torch_threads, self.threads):
-            return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
+        return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
+
+    def geometry(self) -> list[int]:
+        return self.kv.geometry()
+
+    def forget(self) -> None:
+        self.kv.forget()
+
+
+class LlamaCppTarget:
+    """A GGUF file's own weights run by llama.cpp, batch-invariant (workers/target/llama_target.py)."""
+
+    def __init__(self, spec: TargetSpec):
+        self.device = "cpu"
+        self.model = LlamaTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads)
+        self.loan = CoreLoan(spec.cores, spec.borrow_cores, self.model.set_threads, spec.threads)
+        self.n_vocab, self.eos = self.model.n_vocab, self.model.eos_token_ids
+        self.kernels = f"llama.cpp, batch-invariant (no repacking, no tiled K-quant products, flash attention, " \
+                       f"{MAX_PASS} tokens a pass)"
+        self.last_cache = 0
+
+    def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
+        self.last_cache = cache
+        self.loan.hold(borrow)
+        return torch.from_numpy(self.model.forward(cache, tokens, keep, rows))
+
+    def geometry(self) -> list[int]:
+        return []       # its cache is llama.cpp's: no draft takes it over
+
+    def forget(self) -> None:
+        self.model.forget(self.last_cache)
 
 
 def load(spec: TargetSpec):
     set_torch_threads(spec.threads)
     pin_threads(spec.cores, spec.threads)
     start = time.perf_counter()
-    state = TargetState(spec)
-    hello = WorkerHello(role="target", pid=os.getpid(), n_vocab=state.kv.n_vocab, device=state.device,
+    state = LlamaCppTarget(spec) if spec.backend == "llama.cpp" else TransformersTarget(spec)
+    hello = WorkerHello(role="target", pid=os.getpid(), n_vocab=state.n_vocab, device=state.device,
                         cores=spec.cores, threads=spec.threads, load_s=time.perf_counter() - start,
-                        eos_token_ids=state.eos, kernels=state.kernels, kv_geometry=state.kv.geometry())
+                        eos_token_ids=state.eos, kernels=state.kernels, kv_geometry=state.geometry())
     return hello, state
 
 
-def verify(state: TargetState, cmd: VerifyCommand, buffers) -> Verified:
+def verify(state: TransformersTarget | LlamaCppTarget, cmd: VerifyCommand, buffers) -> Verified:
     start = time.perf_counter()
     tokens = buffers["input"].array[:cmd.n_tokens]
     rows, s, choice = cmd.rows, cmd.sampling, buffers["choice"].array
@@ -93,7 +127,7 @@ def verify(state: TargetState, cmd: VerifyCommand, buffers) -> Verified:
     return Verified(cmd.request_id, time.perf_counter() - start)
 
 
-def export_kv(state: TargetState, cmd: ExportKV, buffers) -> KVExported:
+def export_kv(state: TransformersTarget, cmd: ExportKV, buffers) -> KVExported:
     """The prompt's KV cache, for a draft that is a copy of this model (see workers/draft/llama_kv_state.py)."""
     start = time.perf_counter()
     kv = buffers["kv"].array
@@ -104,29 +138,29 @@ def export_kv(state: TargetState, cmd: ExportKV, buffers) -> KVExported:
     return KVExported(cmd.request_id, time.perf_counter() - start)
 
 
-def calibrate(state: TargetState, cmd: CalibrateTarget, buffers) -> TargetCalibration:
+def calibrate(state: TransformersTarget | LlamaCppTarget, cmd: CalibrateTarget, buffers) -> TargetCalibration:
     """Fastest time of a verify pass of each size, after a context of context_len.
     (The fastest, like the draft's: a machine's hiccups only ever add time, and a
     budget set too high is trimmed round by round, one set too low is not.)"""
     rng = np.random.default_rng(0)
-    context = rng.integers(0, state.kv.n_vocab, cmd.context_len)
-    state.kv.forward(context, 0, all_logits=False)
+    context = rng.integers(0, state.n_vocab, cmd.context_len)
+    state.run(0, context, 0, 1, borrow=cmd.borrow_cores)
     seconds = []
     for n in cmd.sizes:
-        window = rng.integers(0, state.kv.n_vocab, n)
+        window = rng.integers(0, state.n_vocab, n)
         times = []
         for _ in range(3):
             start = time.perf_counter()
-            state.kv.forward(window, cmd.context_len)[-1, 0].item()   # .item(): wait for a GPU to finish
+            state.run(0, window, cmd.context_len, 1, cmd.borrow_cores)[-1, 0].item()   # .item(): wait for a GPU
             times.append(time.perf_counter() - start)
         seconds.append(min(times))
     return TargetCalibration(seconds)
 
 
-def recover(state: TargetState) -> None:
+def recover(state: TransformersTarget | LlamaCppTarget) -> None:
     """After a command failed: the cache it ran on may be half written, so it goes (the
     request it belonged to has failed; the next one given that cache starts afresh)."""
-    state.kv.forget()
+    state.forget()
 
 
 def main(argv=None) -> int:

@@ -94,7 +94,7 @@ class Decoder:
         pending = EMPTY
         while not self.out.done:
             if self.mode is Mode.TARGET:
-                self.target_step()
+                self.target_step(alone=True)
             elif not self.gate.speculate:      # resting: the draft's next window, if any, is dropped
                 pending = EMPTY
                 self.rest_step()
@@ -151,11 +151,12 @@ class Decoder:
         self.record(started, window, verdict, drafted, n_accepted, kept, parallel=False)
         self.emit_round()
 
-    def target_step(self) -> float:
-        """The target alone decodes one token (target mode, and while the draft prefills);
-        returns the seconds it took."""
+    def target_step(self, alone: bool) -> float:
+        """The target decodes one token without a draft window (target mode and rests: alone,
+        on the draft's cores too where allowed; or while the draft prefills); returns the
+        seconds it took."""
         started = time.perf_counter()
-        self.start_verify(EMPTY)
+        self.start_verify(EMPTY, borrow=alone and self.caps.alone_borrows_cores)
         self.out.commit([self.choose(self.target.finish_verify(1))])
         self.stats.rounds += 1
         self.stats.target_only_rounds += 1
@@ -166,7 +167,7 @@ class Decoder:
     def rest_step(self) -> None:
         """A target-only token while speculating does not pay (gate.py); once the rest
         is over, the draft catches up with the context before the next probe."""
-        self.gate.rested_one(self.target_step())
+        self.gate.rested_one(self.target_step(alone=True))
         self.stats.rested += 1
         if self.gate.speculate and not self.out.done:
             self.stats.probes += 1
@@ -229,7 +230,7 @@ class Decoder:
         handed-over cache, borrowed cores); a timed prefill teaches the cost model."""
         target_waits = plan is not None and (plan.borrow or plan.handover > 0)
         while not target_waits and not self.out.done and not self.draft.poll():
-            self.target_step()
+            self.target_step(alone=False)
         if self.draft.busy:
             seconds = self.draft.finish_prefill()
             if self.costs is not None and plan is not None and not target_waits:
@@ -252,11 +253,11 @@ class Decoder:
         drafted = self.draft.finish_window()
         return drafted.window(0), drafted
 
-    def start_verify(self, window: Window) -> None:
+    def start_verify(self, window: Window, borrow: bool = False) -> None:
         """The target's cache holds all but the last committed token: feed it, then the window."""
         context = self.out.context
         self.target.start_verify(self.id, self.cache, np.concatenate([context[-1:], window.tokens]),
-                                 len(context) - 1, len(window) + 1, self.request.sampling)
+                                 len(context) - 1, len(window) + 1, self.request.sampling, borrow)
 
     def accept_and_commit(self, window: Window, verdict: Verification) -> tuple[int, int, int]:
         """(draft tokens accepted, the target's own next token, tokens actually

@@ -33,6 +33,7 @@ class Capabilities:
     max_gamma: int             # the shared buffers' rows: no window is longer
     max_sequences: int
     borrow_cores: bool         # the target prefills a long prompt on the draft's cores too
+    alone_borrows_cores: bool  # the target decoding alone (the draft idle) runs on the draft's cores too
     draft_borrows_cores: bool  # the draft prefills a long prompt on the target's cores too, the target waiting
     keep_drafting: bool        # the draft grows the next window until the target's verdict is in
     kv_handover: bool          # the draft takes the target's cache of a long prompt instead of prefilling it

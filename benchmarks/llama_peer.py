@@ -1,0 +1,159 @@
+"""llama.cpp decoding the target's own GGUF file: what a CPU user would run instead.
+
+It runs in the benchmark process through llama-cpp-python's C API with llama.cpp's
+own defaults (weight repacking, flash attention "auto", a 512-token prompt batch),
+on 1 thread or on every core of the process, while the engine's processes sit idle.
+Greedy decoding reads the argmax of each step's logits with numpy in a tight loop,
+so Python's sampler objects cost it nothing; sampled decoding uses llama.cpp's own
+sampler chain (temperature, then top-p, then a seeded draw: the engine's law; llama-cli
+applies temperature last). Prompt
+lookup (`pld`) drafts up to PLD_MAX tokens that followed the last n-gram earlier in
+the context and verifies them in one batch, greedy only: llama.cpp's batch logits
+are not its one-token logits, so its output may differ from its plain output.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+import llama_cpp
+import numpy as np
+
+from hetspec.benchmarks.baselines import BaselineRun
+
+PLD_MAX, PLD_NGRAM = 10, 3          # llama.cpp's lookup example drafts about as many
+_SILENT = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+
+
+class LlamaPeer:
+    def __init__(self, path: str, n_ctx: int, eos: list[int]):
+        llama_cpp.llama_log_set(_SILENT, ctypes.c_void_p(0))
+        self.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+        start = time.perf_counter()
+        self.model = llama_cpp.llama_model_load_from_file(os.fsencode(path), llama_cpp.llama_model_default_params())
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, 512, 512
+        params.n_threads = params.n_threads_batch = len(self.cores)
+        self.ctx = llama_cpp.llama_init_from_model(self.model, params)
+        self.load_s = time.perf_counter() - start
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+        self.batch = llama_cpp.llama_batch_init(512, 0, 1)
+        self.eos = set(eos)
+        self.threads = len(self.cores)
+
+    def resources(self, threads: int | None) -> dict:
+        return {"device": "cpu", "cores": self.cores, "threads": threads or len(self.cores), "dtype": "gguf",
+                "settings": "llama.cpp defaults"}
+
+    def run(self, mode: str, threads: int | None, prompt_ids: list[int], max_new_tokens: int,
+            temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> BaselineRun:
+        """One generation: mode "plain" or "pld" (greedy only; sampled, it decodes plainly)."""
+        n = threads or len(self.cores)
+        llama_cpp.llama_set_n_threads(self.ctx, n, n)
+        llama_cpp.llama_memory_clear(self.mem, True)
+        sampler = self._sampler(temperature, top_p, seed) if temperature > 0 else None
+        try:
+            start = time.perf_counter()
+            for at in range(0, len(prompt_ids), 512):
+                self._decode(prompt_ids[at:at + 512], at, last_only=True)
+            run = self._pld(prompt_ids, max_new_tokens, start) if mode == "pld" and sampler is None else \
+                self._plain(prompt_ids, max_new_tokens, sampler, start)
+        finally:
+            if sampler is not None:
+                llama_cpp.llama_sampler_free(sampler)
+        return run
+
+    def _plain(self, prompt_ids, max_new_tokens, sampler, start) -> BaselineRun:
+        tokens, first_at = [], None
+        while True:
+            token = self._argmax(-1) if sampler is None else llama_cpp.llama_sampler_sample(sampler, self.ctx, -1)
+            tokens.append(int(token))
+            first_at = first_at or time.perf_counter()
+            if token in self.eos or len(tokens) == max_new_tokens:
+                break
+            self._decode([token], len(prompt_ids) + len(tokens) - 1, last_only=True)
+        return self._finish(tokens, start, first_at, rounds=len(tokens))
+
+    def _pld(self, prompt_ids, max_new_tokens, start) -> BaselineRun:
+        context, tokens, first_at = list(prompt_ids), [], None
+        run = BaselineRun([], 0.0, 0.0, "")
+        token = self._argmax(-1)
+        while True:
+            tokens.append(token)
+            context.append(token)
+            first_at = first_at or time.perf_counter()
+            if token in self.eos or len(tokens) == max_new_tokens:
+                break
+            draft = _lookup(context, min(PLD_MAX, max_new_tokens - len(tokens)))
+            window = [token, *draft]
+            self._decode(window, len(context) - 1, last_only=False)
+            run.rounds += 1
+            accepted = 0
+            for i, proposed in enumerate(draft):
+                if self._argmax(i) != proposed or proposed in self.eos:
+                    break
+                accepted += 1
+            if draft:
+                run.spec_rounds, run.drafted, run.accepted = run.spec_rounds + 1, run.drafted + len(draft), \
+                    run.accepted + accepted
+                run.committed_in_spec_rounds += accepted + 1
+            for proposed in draft[:accepted]:
+                tokens.append(proposed)
+                context.append(proposed)
+            llama_cpp.llama_memory_seq_rm(self.mem, 0, len(context), -1)   # the rejected tail
+            if len(tokens) >= max_new_tokens:
+                tokens = tokens[:max_new_tokens]
+                break
+            token = self._argmax(accepted)
+        done = self._finish(tokens, start, first_at, rounds=run.rounds)
+        done.spec_rounds, done.drafted, done.accepted = run.spec_rounds, run.drafted, run.accepted
+        done.committed_in_spec_rounds = run.committed_in_spec_rounds
+        return done
+
+    def _finish(self, tokens, start, first_at, rounds) -> BaselineRun:
+        total = time.perf_counter() - start
+        finish = "eos" if tokens and tokens[-1] in self.eos else "length"
+        return BaselineRun(tokens, total, (first_at or time.perf_counter()) - start, finish, rounds=rounds)
+
+    def _decode(self, tokens: list[int], pos: int, last_only: bool) -> None:
+        b = self.batch
+        for i, t in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, pos + i, 1, 0
+            b.logits[i] = not last_only or i == len(tokens) - 1
+        b.n_tokens = len(tokens)
+        if llama_cpp.llama_decode(self.ctx, b) != 0:
+            raise RuntimeError(f"llama_decode failed at positions {pos}..{pos + len(tokens) - 1}")
+
+    def _argmax(self, row: int) -> int:
+        logits = llama_cpp.llama_get_logits_ith(self.ctx, row)
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(self.n_vocab,))))
+
+    @staticmethod
+    def _sampler(temperature: float, top_p: float, seed: int):
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(temperature))
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(top_p, 1))
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        return chain
+
+    def close(self) -> None:
+        llama_cpp.llama_batch_free(self.batch)
+        llama_cpp.llama_free(self.ctx)
+        llama_cpp.llama_model_free(self.model)
+
+
+def _lookup(context: list[int], limit: int) -> list[int]:
+    """The tokens that followed the latest earlier occurrence of the context's last
+    n-gram (n = PLD_NGRAM down to 1), at most `limit` of them."""
+    for n in range(PLD_NGRAM, 0, -1):
+        if len(context) <= n:
+            continue
+        tail = context[-n:]
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start:start + n] == tail:
+                return context[start + n:start + n + limit]
+    return []
