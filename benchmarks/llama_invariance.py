@@ -64,17 +64,19 @@ class Session:
         n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), out, len(out), True, False)
         return list(out[:n])
 
-    def decode(self, tokens: list[int], pos: int) -> np.ndarray:
-        """Drop positions >= pos, evaluate tokens in one call; every row's logits (a copy)."""
+    def decode(self, tokens: list[int], pos: int, last_only: bool = False) -> np.ndarray:
+        """Drop positions >= pos, evaluate tokens in one call; every row's logits, or the last
+        one's (a copy)."""
         llama_cpp.llama_memory_seq_rm(self.mem, 0, pos, -1)
         b = self.batch
         for i, t in enumerate(tokens):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0], b.logits[i] = t, pos + i, 1, 0, True
+            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, pos + i, 1, 0
+            b.logits[i] = not last_only or i == len(tokens) - 1
         b.n_tokens = len(tokens)
         if llama_cpp.llama_decode(self.ctx, b) != 0:
             raise RuntimeError("llama_decode failed")
         rows = llama_cpp.llama_get_logits(self.ctx)
-        return np.ctypeslib.as_array(rows, shape=(len(tokens), self.n_vocab)).copy()
+        return np.ctypeslib.as_array(rows, shape=(1 if last_only else len(tokens), self.n_vocab)).copy()
 
     def close(self) -> None:
         llama_cpp.llama_batch_free(self.batch)

@@ -21,6 +21,7 @@ from hetspec.scheduler.supervisor import Crew
 from hetspec.scheduler.tokenizer import Tokenizer
 
 CALIBRATION_CONTEXT = 256
+ALONE_CONTEXT = 16        # tokens before the timed token of alone_borrows_cores
 VERIFY_SIZES = [1, 2, 4, 6, 8, 10, 12, 16, 24, 32]
 
 
@@ -108,12 +109,13 @@ def calibrate(config: EngineConfig, draft: DraftLink, target: TargetLink) -> tup
 
 def alone_borrows_cores(config: EngineConfig, target: TargetLink, device: str) -> bool:
     """Whether the target decoding alone also takes the draft's cores: as configured, or
-    ("auto") if one token, after a context, is at least 5% faster so (the draft idle).
-    On a small CPU a second thread can cost more in synchronisation than it gains."""
+    ("auto") if one token is at least 5% faster so (the draft idle), after a short context:
+    a token's cost is its weights'. On a small CPU a second thread can cost more in
+    synchronisation than it gains."""
     choice = config.target.alone_borrows_draft_cores
     if choice != AUTO or device != "cpu" or not set(config.draft.cores) - set(config.target.cores):
         return choice is True and device == "cpu"
-    context = min(CALIBRATION_CONTEXT, config.server.max_context // 2)
+    context = min(ALONE_CONTEXT, config.server.max_context // 2)
 
     def fastest(borrow: bool) -> float:
         target.send(CalibrateTarget(context, [1, 1, 1], borrow_cores=borrow))

@@ -1,0 +1,127 @@
+"""Is the llama.cpp target faithful to the file? Its logits against llama.cpp's defaults.
+
+For each shipped GGUF file and held prompt, llama.cpp with its default settings (what
+a user runs) decodes N greedy tokens one at a time; the engine's batch-invariant target
+(workers/target/llama_target.py) is then teacher-forced along those tokens, one window
+of them, as a verify pass would be. Reported: how often its argmax is llama.cpp's
+token (top-1 agreement), and how far its logits are from llama.cpp's. llama.cpp reads
+the prompt twice over: in one batch, as it does by default, and one token a pass,
+which leaves out its own batch dependence (its batched prefill computes another
+cache). The two run in processes of their own, since ggml reads its tiled-product
+switch once per process.
+
+    python -m hetspec.benchmarks.llama_fidelity --out benchmarks/reports/llama-fidelity
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from hetspec.benchmarks.data import ALL_CATEGORIES, load_prompts
+from hetspec.benchmarks.machine import describe_machine
+from hetspec.models import resolve_model
+
+FILES = {"SmolLM2-135M-Instruct Q4_1": "builtin:smollm2", "Gemma 3 270M Q4_K_M": "builtin:gemma3-270m"}
+
+
+def reference(path: str, prompts: list[str], steps: int, scratch: str, batched_prompt: bool) -> list[dict]:
+    """llama.cpp's defaults: each prompt's greedy tokens, its logits saved beside them."""
+    from hetspec.benchmarks.llama_invariance import Session
+
+    s = Session(path, -1, True, 1)
+    out = []
+    try:
+        for i, text in enumerate(prompts):
+            prompt = s.tokenize(text)[-400:]
+            if batched_prompt:
+                rows = [s.decode(prompt, 0, last_only=True)[0]]
+            else:
+                rows = [s.decode([t], i, last_only=True)[0] for i, t in enumerate(prompt)][-1:]
+            tokens = []
+            for step in range(steps):
+                tokens.append(int(np.argmax(rows[-1])))
+                rows.append(s.decode(tokens[-1:], len(prompt) + step)[0])
+            file = os.path.join(scratch, f"{i}.npy")
+            np.save(file, np.stack(rows[:-1]))         # row j: the logits that chose tokens[j]
+            out.append({"prompt": prompt, "tokens": tokens, "logits": file})
+    finally:
+        s.close()
+    return out
+
+
+def compare(path: str, runs: list[dict]) -> list[dict]:
+    """The batch-invariant target teacher-forced along llama.cpp's tokens, as one window."""
+    from hetspec.workers.target.llama_target import LlamaTarget
+
+    model = LlamaTarget(path, n_ctx=1024, caches=1, threads=1)
+    out = []
+    try:
+        for run in runs:
+            prompt, tokens, want = run["prompt"], run["tokens"], np.load(run["logits"])
+            model.forward(0, prompt[:-1], 0, 1)
+            got = model.forward(0, [prompt[-1], *tokens[:-1]], len(prompt) - 1, len(tokens))
+            diff = np.abs(got - want)
+            out.append({"positions": len(tokens), "agree": int((got.argmax(1) == np.array(tokens)).sum()),
+                        "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())})
+            os.remove(run["logits"])
+    finally:
+        model.close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("llama-fidelity"))
+    parser.add_argument("--limit", type=int, default=3, help="prompts per category")
+    parser.add_argument("--steps", type=int, default=64, help="greedy tokens per prompt")
+    args = parser.parse_args()
+    prompts = [p.text for p in load_prompts(ALL_CATEGORIES, args.limit)]
+    results = {"command": "python -m hetspec.benchmarks.llama_fidelity", "prompts": len(prompts),
+               "steps": args.steps, "machine": describe_machine(), "files": {}}
+    spawn = multiprocessing.get_context("spawn")
+    for name, builtin in FILES.items():
+        path = resolve_model(builtin).file
+        for batched in (True, False):
+            with tempfile.TemporaryDirectory() as scratch:
+                with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+                    runs = pool.submit(reference, path, prompts, args.steps, scratch, batched).result()
+                with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+                    rows = pool.submit(compare, path, runs).result()
+            positions, agree = sum(r["positions"] for r in rows), sum(r["agree"] for r in rows)
+            key = f"{name}, llama.cpp prompt {'in one batch' if batched else 'one token a pass'}"
+            results["files"][key] = {"positions": positions, "top1_agreement": agree / positions,
+                                     "max_abs_diff": max(r["max_abs_diff"] for r in rows),
+                                     "mean_abs_diff": float(np.mean([r["mean_abs_diff"] for r in rows])),
+                                     "per_prompt": rows}
+            print(key, results["files"][key]["top1_agreement"], flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    (args.out / "report.md").write_text(report(results))
+    print(report(results))
+
+
+def report(results: dict) -> str:
+    lines = ["# Is the llama.cpp target faithful to the file?", "",
+             (f"`{results['command']}`: {results['prompts']} prompts (three of each Spec-Bench category and of "
+              f"hetspec's code and continuation prompts, plain text, the last 400 tokens), {results['steps']} "
+              f"greedy tokens each by llama.cpp with its defaults, one token a pass; the engine's batch-invariant "
+              f"target teacher-forced along them in one window. 1 thread, {results['machine']['cpu']}, git "
+              f"{results['machine']['git_commit']}."), "",
+             ("| file, and how llama.cpp read the prompt | positions | top-1 agreement | largest logit difference | "
+             "mean logit difference |"),
+             "|---|---|---|---|---|"]
+    for name, r in results["files"].items():
+        lines.append(f"| {name} | {r['positions']} | {100 * r['top1_agreement']:.2f}% | {r['max_abs_diff']:.3g} | "
+                     f"{r['mean_abs_diff']:.3g} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
