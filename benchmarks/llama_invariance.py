@@ -26,6 +26,7 @@ import numpy as np
 
 from hetspec.benchmarks.machine import describe_machine
 from hetspec.models import resolve_model
+from hetspec.workers.common.llama_handles import decode
 
 PROMPT = ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n"
           "        return n\n    a, b = 0, 1\n    for _ in range(n - 1):\n")
@@ -68,13 +69,7 @@ class Session:
         """Drop positions >= pos, evaluate tokens in one call; every row's logits, or the last
         one's (a copy)."""
         llama_cpp.llama_memory_seq_rm(self.mem, 0, pos, -1)
-        b = self.batch
-        for i, t in enumerate(tokens):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, pos + i, 1, 0
-            b.logits[i] = not last_only or i == len(tokens) - 1
-        b.n_tokens = len(tokens)
-        if llama_cpp.llama_decode(self.ctx, b) != 0:
-            raise RuntimeError("llama_decode failed")
+        decode(self.ctx, self.batch, tokens, pos, last_only)
         rows = llama_cpp.llama_get_logits(self.ctx)
         return np.ctypeslib.as_array(rows, shape=(1 if last_only else len(tokens), self.n_vocab)).copy()
 

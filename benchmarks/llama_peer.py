@@ -21,6 +21,7 @@ import llama_cpp
 import numpy as np
 
 from hetspec.benchmarks.baselines import BaselineRun
+from hetspec.workers.common.llama_handles import decode
 
 PLD_MAX, PLD_NGRAM = 10, 3          # llama.cpp's lookup example drafts about as many
 _SILENT = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
@@ -120,13 +121,7 @@ class LlamaPeer:
         return BaselineRun(tokens, total, (first_at or time.perf_counter()) - start, finish, rounds=rounds)
 
     def _decode(self, tokens: list[int], pos: int, last_only: bool) -> None:
-        b = self.batch
-        for i, t in enumerate(tokens):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, pos + i, 1, 0
-            b.logits[i] = not last_only or i == len(tokens) - 1
-        b.n_tokens = len(tokens)
-        if llama_cpp.llama_decode(self.ctx, b) != 0:
-            raise RuntimeError(f"llama_decode failed at positions {pos}..{pos + len(tokens) - 1}")
+        decode(self.ctx, self.batch, tokens, pos, last_only)
 
     def _argmax(self, row: int) -> int:
         logits = llama_cpp.llama_get_logits_ith(self.ctx, row)

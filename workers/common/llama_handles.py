@@ -1,4 +1,4 @@
-"""What the llama.cpp-backed draft and target share: freeing what llama.cpp allocated."""
+"""What code driving llama.cpp's C API shares: one batch decoded, and freeing what it allocated."""
 from __future__ import annotations
 
 import llama_cpp
@@ -12,3 +12,14 @@ def free(batch, ctx, model) -> None:
         llama_cpp.llama_free(ctx)
     if model:
         llama_cpp.llama_model_free(model)
+
+
+def decode(ctx, batch, tokens, pos: int, last_only: bool) -> None:
+    """Evaluate `tokens` at positions pos.. of sequence 0 in one llama_decode call, with
+    logits for every token or only the last."""
+    for i, t in enumerate(tokens):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = t, pos + i, 1, 0
+        batch.logits[i] = not last_only or i == len(tokens) - 1
+    batch.n_tokens = len(tokens)
+    if llama_cpp.llama_decode(ctx, batch) != 0:
+        raise RuntimeError(f"llama_decode failed at positions {pos}..{pos + len(tokens) - 1}")

@@ -91,14 +91,9 @@ def borrowed_cores(cores: list[int], lent: list[int], set_threads, threads: int)
     """Run on `lent` cores too (one thread each) while the other worker waits; then
     back to the worker's own cores and thread count. Nothing lent: no change.
     The worker's main thread stays on its own first core."""
-    borrow = list(cores) + [c for c in lent if c not in cores]
-    if len(borrow) == len(cores):
-        yield
-        return
-    set_threads(len(borrow))
-    pin_threads(borrow, len(borrow))
+    loan = CoreLoan(cores, lent, set_threads, threads)
+    loan.hold(True)
     try:
         yield
     finally:
-        set_threads(threads)
-        pin_threads(cores, threads)
+        loan.hold(False)
