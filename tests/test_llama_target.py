@@ -134,6 +134,24 @@ def test_the_shipped_files_are_batch_invariant(builtin):
     assert_batch_invariant(resolve_model(f"builtin:{builtin}").file)
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("builtin", ["smollm2", "gemma3-270m"])
+def test_the_window_output_layer_computes_llama_cpps_logits(builtin):
+    """Both shipped files keep their output layer in Q8_0: hetspec's kernel computes it for
+    a window at once, with llama.cpp's arithmetic, so the logits are llama.cpp's own."""
+    path = resolve_model(f"builtin:{builtin}").file
+    ours, theirs = LlamaTarget(path, 256, 1, 1), LlamaTarget(path, 256, 1, 1, own_output_layer=False)
+    try:
+        assert ours.head is not None and theirs.head is None
+        tokens = [int(t) for t in np.random.default_rng(2).integers(10, 5000, 45)]
+        for start, n in ((0, 40), (40, 1), (41, 4)):      # a prompt over two passes, one token, a window
+            got, want = (m.forward(0, tokens[start:start + n], start, n) for m in (ours, theirs))
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    finally:
+        ours.close()
+        theirs.close()
+
+
 def test_a_window_that_does_not_follow_the_cache_is_refused(random_q8):
     model = LlamaTarget(random_q8, n_ctx=64, caches=1, threads=1)
     try:

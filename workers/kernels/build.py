@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from contextlib import contextmanager
 
-FLAGS = ["-O3", "-march=native", "-std=c11", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-std=c11", "-shared", "-fPIC", "-pthread"]
 FOLDER = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -16,6 +16,12 @@ batch-dependent in a build with llamafile's sgemm (llama-cpp-python's default):
 float weights (F32, F16, BF16) multiply a batch through it, one token through
 ggml's own dot product. Such a file is refused there (float_products); a build
 with GGML_LLAMAFILE=OFF runs it exactly.
+
+Those settings multiply a window by each weight matrix a token at a time, so a window
+of w tokens costs nearly w one-token passes; most of that is the output layer when the
+vocabulary is large (Gemma 3: 262,144 rows). Where the output layer is Q8_0, llama.cpp
+stops at the final norm and workers/kernels/output_head.c computes the logits with
+llama.cpp's arithmetic, reading each weight row once for the whole window.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetspec.workers.common.llama_handles import free
+from hetspec.workers.kernels import output_head
 
 os.environ["GGML_CPU_TILED_MM"] = "0"     # ggml reads it once, at the process's first product
 
@@ -54,7 +61,8 @@ def float_products(path: str) -> list[str]:
 class LlamaTarget:
     """A GGUF model with one llama.cpp sequence (a KV cache) per cache number."""
 
-    def __init__(self, path: str, n_ctx: int, caches: int, threads: int):
+    def __init__(self, path: str, n_ctx: int, caches: int, threads: int, cache_root: str = "",
+                 own_output_layer: bool = True):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"GGUF model file not found: {path}")
         if LLAMAFILE and (floats := float_products(path)):
@@ -75,6 +83,10 @@ class LlamaTarget:
         params.n_threads = params.n_threads_batch = threads
         params.flash_attn_type = FLASH_ATTENTION_ON
         params.swa_full = True      # a whole sliding-window cache, so any position can be rolled back to
+        self.head, self.head_why = output_head.load(path, MAX_PASS, cache_root) if own_output_layer else (None, "asked")
+        if self.head is not None:
+            params.cb_eval, params.cb_eval_user_data = self.head.callback, self.head.user_data
+        self.threads = threads
         self._ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not self._ctx:
             self.close()
@@ -119,14 +131,30 @@ class LlamaTarget:
             for i in range(m):
                 self._batch.seq_id[i][0] = cache
             self._batch.n_tokens = m
-            rc = llama_cpp.llama_decode(self._ctx, self._batch)
-            if rc != 0:
-                raise RuntimeError(f"llama_decode failed with code {rc} at positions {keep + start}..{keep + start + m - 1}")
+            self._decode(keep + start, m)
             self.lengths[cache] = keep + start + m
-            for i in range(max(start, first_row), start + m):
-                row = llama_cpp.llama_get_logits_ith(self._ctx, i - start)
-                logits[i - first_row] = np.ctypeslib.as_array(row, shape=(self.n_vocab,))
+            if start + m > first_row:
+                self._logits(logits, max(start, first_row) - first_row, max(0, first_row - start), m)
         return logits
+
+    def _decode(self, pos: int, m: int) -> None:
+        if self.head is not None:
+            self.head.before_pass()
+        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc} at positions {pos}..{pos + m - 1}")
+
+    def _logits(self, logits: np.ndarray, at: int, first: int, m: int) -> None:
+        """The pass's rows first..m-1 into logits[at:]; they are its output rows, in order."""
+        n = m - first
+        if self.head is not None and not self.head.reached():
+            self.head, self.head_why = None, "llama.cpp's graph for it has no final norm to stop at"
+        if self.head is not None:
+            self.head.logits(n, logits[at:at + n], self.threads)
+            return
+        for i in range(n):
+            row = llama_cpp.llama_get_logits_ith(self._ctx, first + i)
+            logits[at + i] = np.ctypeslib.as_array(row, shape=(self.n_vocab,))
 
     def forget(self, cache: int) -> None:
         """Empty one cache (after a failed pass it may be half written)."""
@@ -135,6 +163,7 @@ class LlamaTarget:
 
     def set_threads(self, threads: int) -> None:
         llama_cpp.llama_set_n_threads(self._ctx, threads, threads)
+        self.threads = threads
 
     def close(self) -> None:
         """Free batch, context and model; safe to call more than once."""

@@ -80,11 +80,13 @@ class LlamaCppTarget:
 
     def __init__(self, spec: TargetSpec):
         self.device = "cpu"
-        self.model = LlamaTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads)
+        cache_root = os.path.dirname(spec.model.cache_dir) if spec.model.cache_dir else ""
+        self.model = LlamaTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads, cache_root)
         self.loan = CoreLoan(spec.cores, spec.borrow_cores, self.model.set_threads, spec.threads)
         self.n_vocab, self.eos = self.model.n_vocab, self.model.eos_token_ids
+        head = "hetspec's Q8_0 kernel, a window at once" if self.model.head else f"llama.cpp's ({self.model.head_why})"
         self.kernels = f"llama.cpp, batch-invariant (no repacking, no tiled K-quant products, flash attention, " \
-                       f"{MAX_PASS} tokens a pass)"
+                       f"{MAX_PASS} tokens a pass); output layer: {head}"
         self.last_cache = 0
 
     def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
@@ -151,7 +153,8 @@ def calibrate(state: TransformersTarget | LlamaCppTarget, cmd: CalibrateTarget, 
         times = []
         for _ in range(3):
             start = time.perf_counter()
-            state.run(0, window, cmd.context_len, 1, cmd.borrow_cores)[-1, 0].item()   # .item(): wait for a GPU
+            # every row's logits, as a verify window asks: the output layer is part of its cost
+            state.run(0, window, cmd.context_len, n, cmd.borrow_cores)[-1, 0].item()   # .item(): wait for a GPU
             times.append(time.perf_counter() - start)
         seconds.append(min(times))
     return TargetCalibration(seconds)
