@@ -87,3 +87,5 @@ def load(path: str, rows_a_pass: int, cache_root: str = "") -> tuple[OutputHead 
         return OutputHead(np.ascontiguousarray(weights), cols, rows_a_pass, cache_root), ""
     except KernelUnavailable as exc:
         return None, str(exc)
+    except (OSError, AttributeError) as exc:     # llama-cpp-python without ggml's library where we look
+        return None, f"llama.cpp's ggml library was not found beside llama_cpp ({exc})"
