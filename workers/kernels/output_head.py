@@ -12,11 +12,12 @@ import os
 import numpy as np
 
 from hetspec.workers.kernels.build import KernelUnavailable, built, kernel_source
+from hetspec.workers.kernels.formats import BLOCK, KERNEL_FORMATS
 from hetspec.workers.kernels.gguf_tensors import read_gguf
 
 SOURCE = kernel_source("output_head.c")
 MAX_TOKENS = 64         # output_head.c's MAX_TOKENS
-MAX_COLS = 512 * 32     # output_head.c's MAX_BLOCKS blocks of 32
+MAX_COLS = 512 * BLOCK  # output_head.c's MAX_BLOCKS blocks
 
 
 class _Capture(ctypes.Structure):
@@ -83,7 +84,7 @@ def load(path: str, rows_a_pass: int, cache_root: str = "") -> tuple[OutputHead 
     if weights is None:
         return None, why
     try:
-        cols = weights.shape[1] // 34 * 32
+        cols = weights.shape[1] // KERNEL_FORMATS["Q8_0"].block_bytes * BLOCK
         return OutputHead(np.ascontiguousarray(weights), cols, rows_a_pass, cache_root), ""
     except KernelUnavailable as exc:
         return None, str(exc)
