@@ -1,11 +1,13 @@
-"""What a verify window costs on the llama.cpp target, with hetspec's output layer and with llama.cpp's.
+"""What a verify window costs on the GGUF targets: llama.cpp's, with hetspec's output layer
+and with llama.cpp's, and the native target (hetspec's kernels throughout).
 
     python -m hetspec.benchmarks.llama_windows [--model builtin:gemma3-270m] [--threads 1]
 
 Each window (every row's logits, as verification asks) is timed after a 256-token
-context, fastest of 5, in one process, alternating the two targets; the rows of the
-two must be equal bit for bit (both compute llama.cpp's Q8_0 arithmetic). A third
-line asks llama.cpp for the last row's logits only: the window's body, nearly.
+context, fastest of 5, in one process, alternating the targets; the rows of the two
+llama.cpp targets must be equal bit for bit (both compute llama.cpp's Q8_0 arithmetic;
+the native target rounds activations otherwise). Another line asks llama.cpp for the
+last row's logits only: the window's body, nearly.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 
 from hetspec.models import resolve_model
 from hetspec.workers.target.llama_target import LlamaTarget
+from hetspec.workers.target.native_target import NativeTarget
 
 CONTEXT, WINDOWS, REPEATS = 256, (1, 2, 4, 8, 16, 32), 5
 
@@ -27,7 +30,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     path = resolve_model(args.model).file
     targets = {"hetspec's output layer": LlamaTarget(path, 512, 1, args.threads),
-               "llama.cpp's output layer": LlamaTarget(path, 512, 1, args.threads, own_output_layer=False)}
+               "llama.cpp's output layer": LlamaTarget(path, 512, 1, args.threads, own_output_layer=False),
+               "native target": NativeTarget(path, 512, 1, args.threads)}
     try:
         if next(iter(targets.values())).head is None:
             raise SystemExit(f"{args.model}: hetspec keeps llama.cpp's output layer ({next(iter(targets.values())).head_why})")
@@ -47,10 +51,10 @@ def main(argv=None) -> int:
                     elapsed = time.perf_counter() - start
                     best[name][n] = min(best[name].get(n, elapsed), elapsed)
                 start = time.perf_counter()
-                target.forward(0, window, CONTEXT, 1)
+                targets["llama.cpp's output layer"].forward(0, window, CONTEXT, 1)
                 elapsed = time.perf_counter() - start
                 best[body][n] = min(best[body].get(n, elapsed), elapsed)
-            first, second = rows.values()
+            first, second, _ = rows.values()
             if not np.array_equal(first.view(np.uint32), second.view(np.uint32)):
                 raise SystemExit(f"a window of {n}: the two output layers' logits differ")
         print(f"{args.model}, {args.threads} thread(s), {CONTEXT}-token context; ms by window (every row's logits):")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hetspec.benchmarks.checks import check_results
 from hetspec.benchmarks.data import TITLES
-from hetspec.benchmarks.methods import PEER, SWEEP
+from hetspec.benchmarks.methods import GGUF_BACKENDS, PEER, SWEEP
 from hetspec.benchmarks.metrics import aggregate
 
 
@@ -73,9 +73,10 @@ def _header(doc: dict) -> list[str]:
 
 
 def _target_numbers(settings: dict) -> str:
-    if settings.get("target_backend") == "llama.cpp":
-        return (f"the engine's target computes the GGUF file's own blocks through llama.cpp, as the llama.cpp rows "
-                f"do; vanilla and PLD run it in **{settings['dtype']}**")
+    if settings.get("target_backend") in GGUF_BACKENDS:
+        runner = "hetspec's kernels" if settings["target_backend"] == "native" else "llama.cpp"
+        return (f"the engine's target computes the GGUF file's own blocks through {runner}, as the llama.cpp rows "
+                f"compute that file; vanilla and PLD run it in **{settings['dtype']}**")
     return f"target dtype **{settings['dtype']}** for the engine and every baseline"
 
 
@@ -304,14 +305,14 @@ def _exactness(doc: dict) -> list[str]:
     rows = []
     for name, cells in doc["results"]["greedy"].items():
         match = cells.get("average", {}).get("exact_match")
-        reference = "target" if doc["settings"].get("target_backend") == "llama.cpp" else "vanilla"
+        reference = "target" if doc["settings"].get("target_backend") in GGUF_BACKENDS else "vanilla"
         if name != reference and match is not None:
             rows.append([f"`{name}`", _pct(match)])
     if not rows:
         return []
-    if doc["settings"].get("target_backend") == "llama.cpp":
+    if doc["settings"].get("target_backend") in GGUF_BACKENDS:
         return ["## Greedy output identical to the target alone", "",
-                ("Share of prompts whose greedy tokens equal the engine's `target` method's (the llama.cpp target "
+                ("Share of prompts whose greedy tokens equal the engine's `target` method's (the GGUF target "
                  "computes the GGUF file's blocks, and its verification is batch-invariant, so any speculative "
                  "method must give them exactly). llama.cpp's own rows use its default kernels, whose one-token "
                  "and batched logits differ: their share is how often they agree."),

@@ -21,7 +21,7 @@ from hetspec.benchmarks.data import load_prompts
 from hetspec.benchmarks.engine_runs import EngineHolder, poor_draft_config, run_engine
 from hetspec.benchmarks.llama_peer import PLD_MAX, LlamaPeer
 from hetspec.benchmarks.machine import describe_machine
-from hetspec.benchmarks.methods import Method, select_methods
+from hetspec.benchmarks.methods import GGUF_BACKENDS, Method, select_methods
 from hetspec.benchmarks.metrics import aggregate
 from hetspec.benchmarks.settings import DECODINGS, BenchSettings, engine_config, split_config
 from hetspec.config import load_config
@@ -53,7 +53,7 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
 
     _log(settings, f"hetspec-bench: {len(prompts)} prompts x {len(methods)} methods x {len(settings.decodings)} "
                    f"decodings; starting the engine ({config.target.model}, "
-                   f"{'llama.cpp' if config.target.backend == 'llama.cpp' else config.target.dtype})")
+                   f"{config.target.backend if config.target.backend in GGUF_BACKENDS else config.target.dtype})")
     clock.start("engine_start")            # load both models, measure the budget
     holder = EngineHolder(config_dict)
     poor = None

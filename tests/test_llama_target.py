@@ -85,8 +85,9 @@ def one_token_passes(model: LlamaTarget, prompt: list[int]) -> tuple[list[int], 
     return tokens, np.stack(rows)
 
 
-def assert_batch_invariant(path: str) -> None:
-    model = LlamaTarget(path, n_ctx=256, caches=2, threads=1)
+def assert_batch_invariant(path: str, target=LlamaTarget) -> None:
+    """target: LlamaTarget, or any class with its constructor and forward (NativeTarget)."""
+    model = target(path, n_ctx=256, caches=2, threads=1)
     try:
         prompt = [int(t) for t in np.random.default_rng(1).integers(10, min(model.n_vocab, 5000), PROMPT)]
         tokens, want = one_token_passes(model, prompt)
@@ -168,8 +169,8 @@ def test_a_window_that_does_not_follow_the_cache_is_refused(random_q8):
 
 # ---- through the engine ------------------------------------------------------------------
 
-def _engine_config(target: str, draft: str) -> dict:
-    return {"target": {"backend": "llama.cpp", "model": target},
+def _engine_config(target: str, draft: str, backend: str = "llama.cpp") -> dict:
+    return {"target": {"backend": backend, "model": target},
             "draft": {"backend": "llama.cpp", "model": draft, "weights": "as-is"},
             "decoding": {"gamma": 4, "speculation": "always"}, "server": {"max_context": 512}}
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from hetspec.workers.draft.llama_kv_state import ROPE_NEOX, ROPE_NORM, to_llama_order
 from hetspec.workers.kernels.build import KernelUnavailable, built, kernel_source
-from hetspec.workers.kernels.formats import BLOCK, BY_NAME, KERNEL_FORMATS
+from hetspec.workers.kernels.formats import BLOCK, BY_NAME, EXPANDED_FORMAT, KERNEL_FORMATS
 from hetspec.workers.kernels.gguf_tensors import read_gguf
 
 SOURCE = kernel_source("native_draft.c")
@@ -37,7 +37,8 @@ class Unsupported(ValueError):
 
 class _Mat(ctypes.Structure):
     _fields_ = [("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
-                ("fmt", ctypes.c_int), ("rows", ctypes.c_int), ("cols", ctypes.c_int)]
+                ("fmt", ctypes.c_int), ("rows", ctypes.c_int), ("cols", ctypes.c_int),
+                ("scales", ctypes.c_void_p), ("offsets", ctypes.c_void_p)]
 
 
 class _Layer(ctypes.Structure):
@@ -56,18 +57,19 @@ class _Model(ctypes.Structure):
 
 
 class NativeDraftModel:
-    def __init__(self, path: str, n_ctx: int, cache_root: str = "", fast_head: bool = True):
+    def __init__(self, path: str, n_ctx: int, cache_root: str = "", fast_head: bool = True,
+                 exact_kquants: bool = False):
         """KernelUnavailable when the C file cannot be built here, Unsupported
         when the file is not a Llama or Gemma 3 model of block types it reads.
         fast_head: read a Q8_0 output layer mostly in a Q4_1 copy (see head()
-        in native_draft.c); False reads all of it."""
+        in native_draft.c); False reads all of it. exact_kquants: K-quant blocks
+        as their exact values (FMT_I8, more bytes) rather than rounded to Q8_0."""
         meta, tensors = read_gguf(path)
         self._arrays = []                            # what the C side reads: keep alive
         formats: dict[str, int] = {}
-        model, self._layers = _describe(meta, tensors, n_ctx, self._arrays, formats)
+        model, self._layers = _describe(meta, tensors, n_ctx, self._arrays, formats, exact_kquants)
         self._rope = ROPE_NEOX if model.neox_rope else ROPE_NORM
-        with built(SOURCE, "native draft kernels", cache_root) as library:
-            self._lib = ctypes.CDLL(library)
+        self._lib = load_library(cache_root)
         # Keys in blocks of key_block positions, dimension-major (native_draft.c, attend).
         self._key_block = self._lib.hs_key_block()
         blocks = -(-n_ctx // self._key_block)
@@ -150,17 +152,23 @@ class NativeDraftModel:
         self._arrays = None
 
 
-def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list, formats: dict):
+def load_library(cache_root: str = ""):
+    """native_draft.c, built here once (KernelUnavailable where it cannot be)."""
+    with built(SOURCE, "native draft kernels", cache_root) as library:
+        return ctypes.CDLL(library)
+
+
+def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list, formats: dict, exact: bool = False):
     """The C side's model: its shape from the file's metadata, its matrices and norms
     from its tensors (kept alive in `keep`; their formats counted in `formats`)."""
     model, gemma = _shape(meta, n_ctx)
-    model.embd = _mat(tensors, "token_embd.weight", keep, formats)
-    model.out = _mat(tensors, "output.weight", keep, formats) if "output.weight" in tensors else model.embd
+    model.embd = _mat(tensors, "token_embd.weight", keep, formats, exact)
+    model.out = _mat(tensors, "output.weight", keep, formats, exact) if "output.weight" in tensors else model.embd
     model.n_vocab = model.embd.rows
     model.out_norm = _norm(tensors, "output_norm.weight", model.n_embd, keep)
     layers = (_Layer * model.n_layer)()
     for i, layer in enumerate(layers):
-        _fill_layer(layer, i, model, gemma, tensors, keep, formats)
+        _fill_layer(layer, i, model, gemma, tensors, keep, formats, exact)
     _check_shapes(model, layers)
     model.layers = layers
     return model, layers
@@ -200,9 +208,10 @@ def _shape(meta: dict, n_ctx: int) -> tuple[_Model, bool]:
     return model, gemma
 
 
-def _fill_layer(layer: _Layer, i: int, model: _Model, gemma: bool, tensors: dict, keep: list, formats: dict) -> None:
+def _fill_layer(layer: _Layer, i: int, model: _Model, gemma: bool, tensors: dict, keep: list, formats: dict,
+                exact: bool) -> None:
     for field, name in zip(("wq", "wk", "wv", "wo", "gate", "up", "down"), LAYER_MATRICES):
-        setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight", keep, formats))
+        setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight", keep, formats, exact))
     layer.attn_norm = _norm(tensors, f"blk.{i}.attn_norm.weight", model.n_embd, keep)
     layer.ffn_norm = _norm(tensors, f"blk.{i}.ffn_norm.weight", model.n_embd, keep)
     if gemma:
@@ -224,14 +233,24 @@ def _check_shapes(model: _Model, layers) -> None:
         raise Unsupported("the embedding and output matrices do not match the model's width and vocabulary")
 
 
-def _mat(tensors: dict, name: str, keep: list, formats: dict) -> _Mat:
+def _mat(tensors: dict, name: str, keep: list, formats: dict, exact: bool = False) -> _Mat:
     """The tensor's blocks taken apart into quants, scales and offsets (one
-    array each, row by row): the kernel then reads eight blocks' scales at once."""
+    array each, row by row): the kernel then reads eight blocks' scales at once.
+    exact: K-quants keep their values (FMT_I8), else they are rounded to Q8_0."""
     tensor = tensors.get(name)
     if tensor is None:
         raise Unsupported(f"the file has no tensor {name}")
     cols, rows = tensor.shape[0], int(np.prod(tensor.shape[1:]))
     fmt = tensor.type_name
+    if exact and fmt not in (*FORMATS, "Q5_0", "Q4_K", "Q5_K", "Q6_K"):
+        raise Unsupported(f"{name} is {fmt}, which hetspec's kernels cannot hold exactly (they read Q4_0, Q4_1, "
+                          "Q5_0, Q8_0, Q4_K, Q5_K and Q6_K)")
+    if exact and fmt in ("Q4_K", "Q5_K", "Q6_K"):
+        q, scales, offsets = _as_i8(tensor, rows, cols)
+        keep.extend(a for a in (q, scales, offsets) if a is not None)
+        formats[f"{fmt} exact"] = formats.get(f"{fmt} exact", 0) + 1
+        return _Mat(q.ctypes.data, None, None, EXPANDED_FORMAT, rows, cols, scales.ctypes.data,
+                    offsets.ctypes.data if offsets is not None else None)
     if fmt in FORMATS:
         blocks = tensor.data.reshape(rows, cols // BLOCK, -1)
         first = 4 if fmt == "Q4_1" else 2                  # d (and m) come before the quants
@@ -270,6 +289,42 @@ def _as_q8_0(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
     inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale != 0)
     q = np.clip(np.rint(values * inverse[..., None]), -127, 127).astype(np.int8)
     return q.reshape(rows, cols), np.ascontiguousarray(d).view(np.uint16)
+
+
+def _as_i8(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(int8 quants, float32 scale per 16 weights, float32 offset per 32 or None)
+    of a Q4_K, Q5_K or Q6_K tensor: its exact values, laid out for the kernel.
+    scales[r, j // 16] * q[r, j] + offsets[r, j // 32] is gguf's dequantized
+    weight bit for bit in float32 (d * sc, dmin * m and scale * q are exact, so
+    the one add rounds as gguf's subtraction does). Q4_K/Q5_K: q is the 4/5-bit
+    quant, the two 16-halves of a 32-sub-block share d * sc and the offset is
+    -(dmin * m); Q6_K: q is q6 - 32, the scale d * sc, no offset."""
+    from gguf.quants import Q4_K
+
+    fmt = tensor.type_name
+    if fmt not in ("Q4_K", "Q5_K", "Q6_K") or tensor.data is None or cols % 256:
+        raise Unsupported(f"{tensor.name} is stored as GGML type {tensor.ggml_type}, not a 256-weight K-quant")
+    blocks = np.asarray(tensor.data).reshape(-1, BY_NAME[fmt].block_bytes)
+    n = blocks.shape[0]
+
+    def f16(lo: int) -> np.ndarray:          # the float16 at bytes lo, lo+1 of every block, as float32 (n, 1)
+        return np.ascontiguousarray(blocks[:, lo:lo + 2]).view(np.float16).astype(np.float32)
+
+    nibbles = np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    if fmt == "Q6_K":                        # ql[128] qh[64] scales[16] d; quants in 8 runs of 32
+        low = (blocks[:, :128].reshape(n, 2, 1, 64) >> nibbles) & 0x0F
+        high = (blocks[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
+        q = (low.reshape(n, 8, 32) | (high.reshape(n, 8, 32) << 4)).view(np.int8) - np.int8(32)
+        scales = f16(208) * blocks[:, 192:208].view(np.int8).astype(np.float32)
+        return q.reshape(rows, cols), scales.reshape(rows, cols // 16), None
+    # Q4_K: d dmin scales[12] qs[128]; Q5_K: d dmin scales[12] qh[32] qs[128]
+    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))
+    q = ((blocks[:, -128:].reshape(n, 4, 1, 32) >> nibbles) & 0x0F).reshape(n, 8, 32)
+    if fmt == "Q5_K":                        # bit j of qh[i] is the fifth bit of sub-block j's weight i
+        q |= ((blocks[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1) << 4
+    scales = np.repeat(f16(0) * sc.astype(np.float32), 2, axis=1)
+    offsets = -(f16(2) * m.astype(np.float32))
+    return q.view(np.int8).reshape(rows, cols), scales.reshape(rows, cols // 16), offsets.reshape(rows, cols // 32)
 
 
 def _norm(tensors: dict, name: str, n: int, keep: list) -> int:

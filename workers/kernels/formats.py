@@ -37,3 +37,6 @@ BLOCK = 32   # weights per block of every kernel format (formats.h's BLOCK)
 # The block types the C kernels read, by name: formats.h's FMT_Q8_0, FMT_Q4_0, FMT_Q4_1.
 KERNEL_FORMATS = {name: KernelFormat(code, BY_NAME[name].block_bytes)
                   for name, code in (("Q8_0", 0), ("Q4_0", 1), ("Q4_1", 2))}
+# formats.h's FMT_I8: K-quant blocks laid out again with their exact values (int8 quants, a
+# float32 scale per 16 weights and offset per 32), which the native kernels read.
+EXPANDED_FORMAT = 3

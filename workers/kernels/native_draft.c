@@ -44,6 +44,7 @@ typedef struct {
     const uint8_t *qs;
     const uint16_t *d, *m;
     int fmt, rows, cols;
+    const float *scales, *offsets;   /* FMT_I8 only: per 16 weights, per 32 (NULL: none) */
 } hs_mat;
 
 typedef struct {
@@ -200,6 +201,24 @@ static float row_q8_0(const uint8_t *qs, int nb, const int16_t *xq, const float 
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
+/* A row of int8 quants with a scale per 16 weights and an offset per 32 (FMT_I8,
+   K-quants' exact values): sum over halves of scale * dx * sum(q * xq), plus
+   offset * sum(x) per block. */
+static float row_i8(const int8_t *qs, int nb, const quantized *x, const float *sc, const float *off) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float offsets = 0.0f;
+    for (int b = 0; b < nb; b++, qs += 32) {
+        const int16_t *xq = x->q + b * BLOCK;
+        const __m256i lo = dot16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs)), xq);
+        const __m256i hi = dot16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16))),
+                                 xq + 16);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(sc[2 * b] * x->scale[b]), _mm256_cvtepi32_ps(lo), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(sc[2 * b + 1] * x->scale[b]), _mm256_cvtepi32_ps(hi), acc1);
+        if (off) offsets = fmaf(off[b], x->sum[b], offsets);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1)) + offsets;
+}
+
 /* A row's quants and scales are fetched this many rows before they are
    multiplied, past a matrix's end from the next one's first rows. Fetching
    ahead made steps faster; 16 rows did better than 4, and 32 or 64 no better
@@ -217,9 +236,13 @@ static inline __attribute__((always_inline)) float row_setup(const hs_mat *w, in
 }
 
 static inline __attribute__((always_inline)) void prefetch_rows(const hs_mat *w, int r, int n) {
-    const int nb = w->cols / BLOCK, row_bytes = nb * (w->fmt == FMT_Q8_0 ? 32 : 16);
+    const int nb = w->cols / BLOCK, row_bytes = nb * (w->fmt == FMT_Q8_0 || w->fmt == FMT_I8 ? 32 : 16);
     const char *rows = (const char *)(w->qs + (size_t)r * row_bytes);
     for (int i = 0; i < n * row_bytes; i += 64) _mm_prefetch(rows + i, _MM_HINT_T0);
+    if (w->fmt == FMT_I8) {
+        for (int i = 0; i < n * nb * 8; i += 64) _mm_prefetch((const char *)(w->scales + (size_t)r * nb * 2) + i, _MM_HINT_T0);
+        return;
+    }
     for (int i = 0; i < n * nb * 2; i += 64) _mm_prefetch((const char *)(w->d + (size_t)r * nb) + i, _MM_HINT_T0);
     if (w->m)
         for (int i = 0; i < n * nb * 2; i += 64) _mm_prefetch((const char *)(w->m + (size_t)r * nb) + i, _MM_HINT_T0);
@@ -290,6 +313,9 @@ static inline __attribute__((always_inline)) void rows_q4_wide(const hs_mat *w, 
 
 /* Row r of W times x already rounded (scale: the row's nb block scales, scratch). */
 static float one_row(const hs_mat *w, int r, int nb, const quantized *x, float *scale) {
+    if (w->fmt == FMT_I8)
+        return row_i8((const int8_t *)w->qs + (size_t)r * nb * 32, nb, x, w->scales + (size_t)r * nb * 2,
+                      w->offsets ? w->offsets + (size_t)r * nb : NULL);
     const float offsets = row_setup(w, r, nb, x, scale);
     const uint8_t *qs = w->qs + (size_t)r * nb * (w->fmt == FMT_Q8_0 ? 32 : 16);
     return (w->fmt == FMT_Q8_0 ? row_q8_0(qs, nb, x->q, scale) : row_q4(qs, nb, x->q, scale)) + offsets;
@@ -301,7 +327,7 @@ static void matvec(const hs_mat *w, const quantized *x, float *y, const hs_mat *
     int r = 0;
 #if PAIRED
     float scale[TILE * nb];
-    if (w->fmt != FMT_Q8_0) {    /* Q8_0 rows gained nothing from 512-bit steps (docs/kernels.md) */
+    if (w->fmt == FMT_Q4_0 || w->fmt == FMT_Q4_1) {    /* Q8_0 rows gained nothing from 512-bit steps (docs/kernels.md) */
         for (; r + TILE <= w->rows; r += TILE) {
             prefetch_ahead(w, next, r + AHEAD, TILE);
             rows_q4_wide(w, r, TILE, x, scale, y);
@@ -318,12 +344,45 @@ static void matvec(const hs_mat *w, const quantized *x, float *y, const hs_mat *
     }
 }
 
+/* Y = W X for T tokens already rounded, token t's outputs at y + t * ystride. Each
+   tile of rows comes from memory once for the window, and each token's rows are
+   computed by matvec's own steps: a window's products are one-token passes', bit
+   for bit. */
+static void matmat(const hs_mat *w, const quantized *x, int T, float *y, int ystride, const hs_mat *next) {
+    const int nb = w->cols / BLOCK;
+    int r = 0;
+#if PAIRED
+    float scale[TILE * nb];
+    if (w->fmt == FMT_Q4_0 || w->fmt == FMT_Q4_1) {
+        for (; r + TILE <= w->rows; r += TILE) {
+            prefetch_ahead(w, next, r + AHEAD, TILE);
+            for (int t = 0; t < T; t++) rows_q4_wide(w, r, TILE, x + t, scale, y + (size_t)t * ystride);
+        }
+        for (; r < w->rows; r++)
+            for (int t = 0; t < T; t++) rows_q4_wide(w, r, 1, x + t, scale, y + (size_t)t * ystride);
+        return;
+    }
+#else
+    float scale[nb];
+#endif
+    for (; r < w->rows; r++) {
+        prefetch_ahead(w, next, r + AHEAD, 1);
+        for (int t = 0; t < T; t++) y[(size_t)t * ystride + r] = one_row(w, r, nb, x + t, scale);
+    }
+}
+
 /* Row r of W, as float32 values (the token embedding). */
 static void dequantize_row(const hs_mat *w, int r, float *y) {
     const int nb = w->cols / BLOCK;
     for (int b = 0; b < nb; b++) {
         float *yb = y + b * BLOCK;
         const size_t at = (size_t)r * nb + b;
+        if (w->fmt == FMT_I8) {
+            const int8_t *q = (const int8_t *)w->qs + at * 32;
+            const float off = w->offsets ? w->offsets[at] : 0.0f;
+            for (int j = 0; j < BLOCK; j++) yb[j] = fmaf(w->scales[2 * at + j / 16], (float)q[j], off);
+            continue;
+        }
         const float d = _cvtsh_ss(w->d[at]);
         if (w->fmt == FMT_Q8_0) {
             const int8_t *q = (const int8_t *)w->qs + at * 32;
@@ -736,4 +795,125 @@ int hs_forward(const hs_model *m, int token, int pos, float *logits) {
         head(m, &xq, logits);
     }
     return 0;
+}
+
+/* ---- a window of tokens (the target) ---------------------------------------------- */
+
+enum { MAX_WINDOW = 64, MAX_HALF = 128 };   /* tokens a window; rope angles per head, at most */
+
+/* Per token of a window: x, h, q, att, k, v, gate, up, its quantized copy (as in
+   hs_work_floats) and four rope tables. */
+static long window_floats_per_token(const hs_model *m) {
+    const long w = widest(m), heads = (long)m->n_head * m->head_dim, kv = (long)m->n_kv * m->head_dim;
+    return 2L * m->n_embd + 2 * heads + 2 * kv + 2L * m->n_ff + w + 3 * (w / BLOCK) + 4 * MAX_HALF + 16;
+}
+
+int hs_max_window(void) { return MAX_WINDOW; }
+
+/* Floats of scratch memory a window of up to `tokens` tokens needs. */
+long hs_window_work_floats(const hs_model *m, int tokens) {
+    return tokens * window_floats_per_token(m) + (long)(m->n_head / m->n_kv) * (m->n_ctx + KEY_BLOCK) + 64;
+}
+
+/* Evaluate tokens[0..T) at positions pos.. (the cache holds 0..pos-1 and gets the
+   window); each token's state after the final norm into norms (T x n_embd). Every
+   step is a one-token pass's, token by token, except that each weight matrix is read
+   once for the window (matmat): a token's rows do not depend on the window it came
+   in. 0 on success, -1 for bad input. */
+int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, float *norms) {
+    if (T < 1 || T > MAX_WINDOW || pos < 0 || pos + T > m->n_ctx || m->head_dim > 2 * MAX_HALF) return -1;
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->n_vocab) return -1;
+    const int E = m->n_embd, hd = m->head_dim, kv_dim = m->n_kv * hd, heads = m->n_head * hd, F = m->n_ff;
+    const int W = widest(m);
+    float *x = m->work, *h = x + (size_t)T * E, *q = h + (size_t)T * E, *att = q + (size_t)T * heads;
+    float *k = att + (size_t)T * heads, *v = k + (size_t)T * kv_dim, *gate = v + (size_t)T * kv_dim;
+    float *up = gate + (size_t)T * F, *angles = up + (size_t)T * F, *rest = angles + (size_t)T * 4 * MAX_HALF;
+    quantized xq[MAX_WINDOW];
+    for (int t = 0; t < T; t++, rest += W + 3 * (W / BLOCK) + 16) {
+        xq[t].q = (int16_t *)rest;
+        xq[t].pairs = xq[t].q + W;
+        xq[t].scale = rest + W;
+        xq[t].sum = xq[t].scale + W / BLOCK;
+        xq[t].qsum = (int32_t *)(xq[t].sum + W / BLOCK);
+    }
+    float *scores = rest;
+    void (*turn)(float *, int, int, const float *, const float *) = m->neox_rope ? rope_halves : rope;
+
+    for (int t = 0; t < T; t++) {      /* embeddings; rope angles, global then local, per token */
+        float *a = angles + (size_t)t * 4 * MAX_HALF;
+        rope_angles(pos + t, m->rope_base, hd, a, a + MAX_HALF);
+        if (m->window > 0) rope_angles(pos + t, m->rope_base_local, hd, a + 2 * MAX_HALF, a + 3 * MAX_HALF);
+        dequantize_row(&m->embd, tokens[t], x + (size_t)t * E);
+        if (m->embd_scale != 1.0f)
+            for (int i = 0; i < E; i++) x[(size_t)t * E + i] *= m->embd_scale;
+    }
+    for (int l = 0; l < m->n_layer; l++) {
+        const hs_layer *L = m->layers + l;
+        uint16_t *kc = m->kcache + (size_t)l * m->n_kv * key_stride(m), *vc = m->vcache + (size_t)l * m->n_ctx * kv_dim;
+        for (int t = 0; t < T; t++) {
+            rms_norm(x + (size_t)t * E, L->attn_norm, E, m->eps, h + (size_t)t * E);
+            quantize(h + (size_t)t * E, E, xq + t);
+        }
+        matmat(&L->wq, xq, T, q, heads, &L->wk);
+        matmat(&L->wk, xq, T, k, kv_dim, &L->wv);
+        matmat(&L->wv, xq, T, v, kv_dim, &L->wo);
+        for (int t = 0; t < T; t++) {   /* every key and value of the window first: later tokens attend to them */
+            float *qt = q + (size_t)t * heads, *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
+            const float *a = angles + (size_t)t * 4 * MAX_HALF + (L->sliding ? 2 * MAX_HALF : 0);
+            if (L->q_norm)
+                for (int i = 0; i < m->n_head; i++) rms_norm(qt + i * hd, L->q_norm, hd, m->eps, qt + i * hd);
+            if (L->k_norm)
+                for (int i = 0; i < m->n_kv; i++) rms_norm(kt + i * hd, L->k_norm, hd, m->eps, kt + i * hd);
+            turn(qt, m->n_head, hd, a, a + MAX_HALF);
+            turn(kt, m->n_kv, hd, a, a + MAX_HALF);
+            for (int g = 0; g < m->n_kv; g++) {
+                store_key(kt + g * hd, hd, kc + (size_t)g * key_stride(m), pos + t);
+                to_half(vt + g * hd, hd, vc + ((size_t)g * m->n_ctx + pos + t) * hd);
+            }
+        }
+        for (int t = 0; t < T; t++) {
+            const int end = pos + t + 1, first = L->sliding && end > m->window ? end - m->window : 0;
+            attend(m, q + (size_t)t * heads, kc, vc, first, end, scores, att + (size_t)t * heads);
+            quantize(att + (size_t)t * heads, heads, xq + t);
+        }
+        matmat(&L->wo, xq, T, h, E, &L->gate);
+        for (int t = 0; t < T; t++) {
+            float *ht = h + (size_t)t * E, *xt = x + (size_t)t * E;
+            if (L->post_attn_norm) rms_norm(ht, L->post_attn_norm, E, m->eps, ht);
+            for (int i = 0; i < E; i++) xt[i] += ht[i];
+            rms_norm(xt, L->ffn_norm, E, m->eps, ht);
+            quantize(ht, E, xq + t);
+        }
+        matmat(&L->gate, xq, T, gate, F, &L->up);
+        matmat(&L->up, xq, T, up, F, &L->down);
+        for (int t = 0; t < T; t++) {
+            gated(gate + (size_t)t * F, up + (size_t)t * F, F, m->gelu);
+            quantize(gate + (size_t)t * F, F, xq + t);
+        }
+        matmat(&L->down, xq, T, h, E, l + 1 < m->n_layer ? &m->layers[l + 1].wq : NULL);
+        for (int t = 0; t < T; t++) {
+            float *ht = h + (size_t)t * E, *xt = x + (size_t)t * E;
+            if (L->post_ffn_norm) rms_norm(ht, L->post_ffn_norm, E, m->eps, ht);
+            for (int i = 0; i < E; i++) xt[i] += ht[i];
+        }
+    }
+    for (int t = 0; t < T; t++) rms_norm(x + (size_t)t * E, m->out_norm, E, m->eps, norms + (size_t)t * E);
+    return 0;
+}
+
+/* Logits of T final-norm rows through the whole output layer, a token at a time (for
+   an output layer that is not Q8_0; output_head.c takes those a window at once). */
+void hs_window_logits(const hs_model *m, const float *norms, int T, float *logits) {
+    const int W = widest(m);
+    quantized xq;
+    xq.q = (int16_t *)m->work;
+    xq.pairs = xq.q + W;
+    xq.scale = m->work + W;
+    xq.sum = xq.scale + W / BLOCK;
+    xq.qsum = (int32_t *)(xq.sum + W / BLOCK);
+    for (int t = 0; t < T; t++) {
+        quantize(norms + (size_t)t * m->n_embd, m->n_embd, &xq);
+        matvec(&m->out, &xq, logits + (size_t)t * m->n_vocab, NULL);
+    }
 }

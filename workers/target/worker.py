@@ -29,6 +29,7 @@ from hetspec.workers.target.kv_model import KVModel
 
 # (imported before load() spreads threads: it brings llama.cpp's OpenMP runtime)
 from hetspec.workers.target.llama_target import MAX_PASS, LlamaTarget
+from hetspec.workers.target.native_target import NativeTarget
 from hetspec.workers.target.packed_linear import pack_linears
 
 
@@ -75,18 +76,24 @@ class TransformersTarget:
         self.kv.forget()
 
 
-class LlamaCppTarget:
-    """A GGUF file's own weights run by llama.cpp, batch-invariant (workers/target/llama_target.py)."""
+class GGUFTarget:
+    """A GGUF file's own weights on the CPU, batch-invariant: run by hetspec's kernels
+    (backend "native", workers/target/native_target.py) or by llama.cpp (llama_target.py)."""
 
     def __init__(self, spec: TargetSpec):
         self.device = "cpu"
         cache_root = os.path.dirname(spec.model.cache_dir) if spec.model.cache_dir else ""
-        self.model = LlamaTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads, cache_root)
+        if spec.backend == "native":
+            self.model = NativeTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads, cache_root)
+            self.kernels = f"native, batch-invariant ({self.model.max_window} tokens a pass): {self.model.description}"
+        else:
+            self.model = LlamaTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads, cache_root)
+            head = "hetspec's Q8_0 kernel, a window at once" if self.model.head else \
+                f"llama.cpp's ({self.model.head_why})"
+            self.kernels = f"llama.cpp, batch-invariant (no repacking, no tiled K-quant products, flash attention, " \
+                           f"{MAX_PASS} tokens a pass); output layer: {head}"
         self.loan = CoreLoan(spec.cores, spec.borrow_cores, self.model.set_threads, spec.threads)
         self.n_vocab, self.eos = self.model.n_vocab, self.model.eos_token_ids
-        head = "hetspec's Q8_0 kernel, a window at once" if self.model.head else f"llama.cpp's ({self.model.head_why})"
-        self.kernels = f"llama.cpp, batch-invariant (no repacking, no tiled K-quant products, flash attention, " \
-                       f"{MAX_PASS} tokens a pass); output layer: {head}"
         self.last_cache = 0
 
     def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
@@ -95,7 +102,7 @@ class LlamaCppTarget:
         return torch.from_numpy(self.model.forward(cache, tokens, keep, rows))
 
     def geometry(self) -> list[int]:
-        return []       # its cache is llama.cpp's: no draft takes it over
+        return []       # its cache is its own: no draft takes it over
 
     def forget(self) -> None:
         self.model.forget(self.last_cache)
@@ -105,14 +112,14 @@ def load(spec: TargetSpec):
     set_torch_threads(spec.threads)
     pin_threads(spec.cores, spec.threads)
     start = time.perf_counter()
-    state = LlamaCppTarget(spec) if spec.backend == "llama.cpp" else TransformersTarget(spec)
+    state = GGUFTarget(spec) if spec.backend in ("native", "llama.cpp") else TransformersTarget(spec)
     hello = WorkerHello(role="target", pid=os.getpid(), n_vocab=state.n_vocab, device=state.device,
                         cores=spec.cores, threads=spec.threads, load_s=time.perf_counter() - start,
                         eos_token_ids=state.eos, kernels=state.kernels, kv_geometry=state.geometry())
     return hello, state
 
 
-def verify(state: TransformersTarget | LlamaCppTarget, cmd: VerifyCommand, buffers) -> Verified:
+def verify(state: TransformersTarget | GGUFTarget, cmd: VerifyCommand, buffers) -> Verified:
     start = time.perf_counter()
     tokens = buffers["input"].array[:cmd.n_tokens]
     rows, s, choice = cmd.rows, cmd.sampling, buffers["choice"].array
@@ -140,7 +147,7 @@ def export_kv(state: TransformersTarget, cmd: ExportKV, buffers) -> KVExported:
     return KVExported(cmd.request_id, time.perf_counter() - start)
 
 
-def calibrate(state: TransformersTarget | LlamaCppTarget, cmd: CalibrateTarget, buffers) -> TargetCalibration:
+def calibrate(state: TransformersTarget | GGUFTarget, cmd: CalibrateTarget, buffers) -> TargetCalibration:
     """Fastest time of a verify pass of each size, after a context of context_len.
     (The fastest, like the draft's: a machine's hiccups only ever add time, and a
     budget set too high is trimmed round by round, one set too low is not.)"""
@@ -160,7 +167,7 @@ def calibrate(state: TransformersTarget | LlamaCppTarget, cmd: CalibrateTarget, 
     return TargetCalibration(seconds)
 
 
-def recover(state: TransformersTarget | LlamaCppTarget) -> None:
+def recover(state: TransformersTarget | GGUFTarget) -> None:
     """After a command failed: the cache it ran on may be half written, so it goes (the
     request it belonged to has failed; the next one given that cache starts afresh)."""
     state.forget()

@@ -1,0 +1,100 @@
+"""The native GGUF target (workers/target/native_target.py): a token's logits are the same
+bits in any window and any prompt chunking, on random files of every block type it reads
+and on both shipped files; and through the engine, greedy output in every mode is the
+target alone's, and sampling keeps its distribution."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetspec.models import resolve_model
+from hetspec.workers.draft.native import Unsupported
+from hetspec.workers.target.native_target import NativeTarget
+from tests.test_llama_target import (
+    _engine_config,
+    _joint,
+    assert_batch_invariant,
+    quantize,
+    tensor_types,
+    write_random_llama,
+)
+
+# llama.cpp's file types the native target reads exactly, and the tensor types each brings
+FTYPES = {"MOSTLY_Q4_0": {"Q4_0"}, "MOSTLY_Q4_1": {"Q4_1"}, "MOSTLY_Q8_0": {"Q8_0"},
+          "MOSTLY_Q4_K_M": {"Q4_K", "Q6_K"}, "MOSTLY_Q5_K_M": {"Q5_K", "Q6_K"}}
+
+
+@pytest.fixture(scope="module")
+def random_f32(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("gguf") / "random-f32.gguf")
+    write_random_llama(path, resolve_model("builtin:smollm2").file)
+    return path
+
+
+@pytest.mark.parametrize("ftype", FTYPES)
+def test_every_block_type_is_batch_invariant(random_f32, tmp_path, ftype):
+    path = quantize(random_f32, str(tmp_path / f"{ftype}.gguf"), ftype)
+    assert FTYPES[ftype] <= tensor_types(path)
+    assert_batch_invariant(path, NativeTarget)
+
+
+def test_float_weights_are_refused_not_rounded(random_f32):
+    with pytest.raises(Unsupported, match="F32, which hetspec's kernels cannot hold exactly"):
+        NativeTarget(random_f32, n_ctx=64, caches=1, threads=1)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("builtin", ["smollm2", "gemma3-270m"])
+def test_the_shipped_files_are_batch_invariant(builtin):
+    assert_batch_invariant(resolve_model(f"builtin:{builtin}").file, NativeTarget)
+
+
+@pytest.fixture(scope="module")
+def native_pair(random_f32, tmp_path_factory):
+    """A native Q4_K_M target with, as its draft, the Q8_0 file of the same weights."""
+    folder = tmp_path_factory.mktemp("pair")
+    target = quantize(random_f32, str(folder / "target.gguf"), "MOSTLY_Q4_K_M")
+    draft = quantize(random_f32, str(folder / "draft.gguf"), "MOSTLY_Q8_0")
+    import hetspec
+
+    with hetspec.launch(_engine_config(target, draft, backend="native")) as engine:
+        yield engine, target
+
+
+@pytest.mark.parametrize("mode,sequences", [("duodec", "dynamic"), ("duodec", 2), ("sequential", None)])
+def test_greedy_in_every_mode_is_the_target_alone(native_pair, mode, sequences):
+    engine, _ = native_pair
+    assert engine.get_info()["target"]["kernels"].startswith("native")
+    for prompt in ["def fibonacci(n):\n    ", "Once upon a time", [5, 9, 200, 31]]:
+        alone = engine.generate(prompt, max_new_tokens=40, mode="target")
+        got = engine.generate(prompt, max_new_tokens=40, mode=mode, sequences=sequences)
+        assert got.token_ids == alone.token_ids
+        assert got.stats["spec_rounds"] > 0
+
+
+def test_unseeded_sampling_keeps_the_targets_distribution(native_pair):
+    """Speculative sampling with top-k 4: the law of each of the first three tokens."""
+    engine, target = native_pair
+    prompt, n = [5, 9, 200, 31], 600
+    model = NativeTarget(target, n_ctx=64, caches=1, threads=1)
+    try:
+        exact = _joint(model, prompt, 1.0, 4)
+    finally:
+        model.close()
+    counts: dict = {}
+    for _ in range(n):
+        key = tuple(engine.generate(prompt, max_new_tokens=4, temperature=1.0, top_k=4, mode="duodec").token_ids[:3])
+        assert key in exact, f"{key} is outside the target's top-4 supports"
+        counts[key] = counts.get(key, 0) + 1
+    rng = np.random.default_rng(0)
+    for axis in range(3):
+        want: dict = {}
+        got: dict = {}
+        for key, p in exact.items():
+            want[key[axis]] = want.get(key[axis], 0) + p
+        for key, c in counts.items():
+            got[key[axis]] = got.get(key[axis], 0) + c / n
+        law = np.array(list(want.values()))
+        tv = 0.5 * sum(abs(want[k] - got.get(k, 0)) for k in want)
+        noise = 0.5 * np.abs(rng.multinomial(n, law, size=2000) / n - law).sum(axis=1)
+        assert tv < 1.2 * noise.max(), (axis, tv, noise.max())

@@ -1,0 +1,130 @@
+"""A GGUF target run by hetspec's own kernels, a window at a time (workers/kernels/native_draft.c).
+
+llama.cpp, set to be batch-invariant (llama_target.py), multiplies a verify window by
+each weight matrix a token at a time, so a window of w tokens costs nearly w passes.
+hs_forward_window reads each weight matrix once for the window and computes every
+token's rows with the one-token pass's own steps, so a token's logits are the same bits
+whatever window or prompt chunk it came in. The weights are the file's values exactly:
+Q8_0, Q4_0 and Q4_1 blocks as stored, Q5_0 as int8 quants beside its scales, K-quants as
+int8 quants with float scales (FMT_I8: more bytes than the file, the same values).
+Activations are rounded to int16 per block of 32, finer than llama.cpp's 8 bits. A Q8_0
+output layer goes through output_head.c (llama.cpp's arithmetic, a window at once, on
+the target's threads); another type is read a token at a time.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetspec.workers.draft.native import NativeDraftModel
+from hetspec.workers.kernels import output_head
+from hetspec.workers.kernels.build import built
+
+
+class NativeTarget:
+    """A GGUF model with one KV cache per cache number, computed by native_draft.c."""
+
+    def __init__(self, path: str, n_ctx: int, caches: int, threads: int, cache_root: str = ""):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"GGUF model file not found: {path}")
+        self._net = NativeDraftModel(path, n_ctx, cache_root, fast_head=False, exact_kquants=True)
+        lib, model = self._net._lib, self._net._model
+        lib.hs_max_window.restype = ctypes.c_int
+        lib.hs_window_work_floats.restype = ctypes.c_long
+        lib.hs_window_work_floats.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.hs_forward_window.restype = ctypes.c_int
+        lib.hs_forward_window.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                          ctypes.c_void_p]
+        lib.hs_window_logits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        self._lib, self._model, self._ref = lib, model, ctypes.byref(model)
+        self.max_window = lib.hs_max_window()
+        self._work = np.zeros(lib.hs_window_work_floats(self._ref, self.max_window), np.float32)
+        model.work = self._work.ctypes.data
+        first = (self._net._kcache, self._net._vcache)
+        self._caches = [first] + [(np.zeros_like(first[0]), np.zeros_like(first[1])) for _ in range(caches - 1)]
+        self._norms = np.zeros((self.max_window, model.n_embd), np.float32)
+        self._tokens = np.zeros(self.max_window, np.int32)
+        weights, self.head_why = output_head.head_matrix(path)
+        self._head = None
+        if weights is not None:
+            with built(output_head.SOURCE, "output-layer kernel", cache_root) as library:
+                self._head = ctypes.CDLL(library)
+            self._head.hs_head_q8_0.restype = ctypes.c_int
+            self._head.hs_head_q8_0.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                                ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+            self._head_weights = weights
+        self.n_vocab, self.n_ctx, self.caches, self.threads = model.n_vocab, n_ctx, caches, threads
+        self.lengths = [0] * caches
+        self.eos_token_ids = end_of_generation_tokens(path)
+        self.description = self._net.description.replace("native, ", "") + (
+            "; output layer: hetspec's Q8_0 kernel, a window at once" if self._head is not None
+            else f"; output layer a token at a time ({self.head_why})")
+
+    def forward(self, cache: int, tokens: Sequence[int], keep: int, rows: int) -> np.ndarray:
+        """Drop cache `cache`'s positions >= keep, run `tokens` there; the logits of the
+        last `rows` tokens, (rows, n_vocab) float32."""
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        n = ids.size
+        if not 0 <= cache < self.caches:
+            raise ValueError(f"cache {cache} is not one of the {self.caches} this target has")
+        if n == 0 or not 1 <= rows <= n:
+            raise ValueError(f"forward needs tokens and 1..{n} rows, got {n} tokens and {rows} rows")
+        if not 0 <= keep <= self.lengths[cache] or keep + n > self.n_ctx:
+            raise ValueError(f"positions {keep}..{keep + n - 1} do not follow the {self.lengths[cache]} cached "
+                             f"or do not fit in {self.n_ctx}")
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise ValueError(f"token ids must be in [0, {self.n_vocab})")
+        self._model.kcache, self._model.vcache = (a.ctypes.data for a in self._caches[cache])
+        self.lengths[cache] = keep      # a failed pass leaves it here
+        logits = np.empty((rows, self.n_vocab), dtype=np.float32)
+        first_row = n - rows
+        for start in range(0, n, self.max_window):
+            m = min(self.max_window, n - start)
+            self._tokens[:m] = ids[start:start + m]
+            if self._lib.hs_forward_window(self._ref, self._tokens.ctypes.data, m, keep + start,
+                                           self._norms.ctypes.data) != 0:
+                raise RuntimeError(f"the native forward refused positions {keep + start}..{keep + start + m - 1}")
+            self.lengths[cache] = keep + start + m
+            if start + m > first_row:
+                skip = max(0, first_row - start)
+                self._logits(self._norms[skip:m], logits[start + skip - first_row:start + m - first_row])
+        return logits
+
+    def _logits(self, norms: np.ndarray, out: np.ndarray) -> None:
+        n = len(norms)
+        if self._head is None:
+            self._lib.hs_window_logits(self._ref, norms.ctypes.data, n, out.ctypes.data)
+            return
+        w = self._head_weights
+        if self._head.hs_head_q8_0(w.ctypes.data, w.shape[0], self._model.n_embd, norms.ctypes.data, n,
+                                   out.ctypes.data, self.threads) != 0:
+            raise RuntimeError(f"the output-layer kernel refused {n} rows of {self._model.n_embd}")
+
+    def forget(self, cache: int) -> None:
+        self.lengths[cache] = 0
+
+    def set_threads(self, threads: int) -> None:
+        """The output layer's threads (the layers run on one)."""
+        self.threads = threads
+
+    def close(self) -> None:
+        self._net.close()
+
+
+def end_of_generation_tokens(path: str) -> list[int]:
+    """The file's end-of-generation tokens, as llama.cpp's vocabulary reads them."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(os.fsencode(path), params)
+    if not model:
+        raise RuntimeError(f"llama.cpp failed to read the vocabulary of {path}")
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        return [t for t in range(llama_cpp.llama_vocab_n_tokens(vocab)) if llama_cpp.llama_vocab_is_eog(vocab, t)]
+    finally:
+        llama_cpp.llama_model_free(model)
