@@ -5,6 +5,7 @@ first, and tokens."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -90,6 +91,8 @@ def test_a_request_waiting_for_its_turn_can_be_cancelled_or_time_out():
         assert timed.finish_reason == "timeout" and timed.token_ids == []
         engine.cancel(waiting.request_id)
         assert list(waiting) == [] and waiting.result.finish_reason == "cancelled"
-        long.close()
-        counts = engine.get_info()["requests"]
+        long.close()     # its cancel travels on the stream's own socket: get_info may arrive first
+        deadline = time.monotonic() + 10
+        while (counts := engine.get_info()["requests"])["cancelled"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert counts["timeout"] == 1 and counts["cancelled"] == 2

@@ -8,7 +8,9 @@ Q4_1 copy made at load (head() in the C file). One token per forward pass,
 behind the DraftModel protocol of workers/draft/models.py (forward,
 kv_geometry, import_kv), so the drafter and the KV handover work with any
 backend. Its cache is positional: a forward at `pos` simply overwrites from
-there, which is all a rollback needs.
+there, which is all a rollback needs. The native target
+(workers/target/native_target.py) loads its model here too, with exact_kquants:
+K-quants then keep their exact values (FMT_I8) rather than an 8-bit grid's.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-/* A Llama- or Gemma-3-architecture draft model, one token per call, read
-   straight from a GGUF file's blocks.
+/* A Llama- or Gemma-3-architecture model read straight from a GGUF file's
+   blocks: the native draft, one token per call (hs_forward), and the native
+   target, a window of tokens per call (hs_forward_window, at the end).
 
    Why: drafting is one row at a time, so it is bound by reading the weights
    and by per-token overheads. llama.cpp pays more of those overheads per
@@ -9,8 +10,9 @@
 
    Activations are rounded to int16 per 32-value block. A weight row of format
      Q8_0: d * q        Q4_0: d * (q - 8)        Q4_1: d * q + m
+     I8: s * q + o, s per 16 values, o per 32 (K-quants' exact values)
    times a block of activations x ~ dx * xq is d * dx * sum(q * xq) (minus
-   8 * d * dx * sum(xq) for Q4_0), plus m * sum(x) for Q4_1.
+   8 * d * dx * sum(xq) for Q4_0), plus m * sum(x) for Q4_1 (o * sum(x) for I8).
 
    Conventions are llama.cpp's. For "llama", rope turns adjacent pairs (GGUF
    conversion permuted the query and key rows for it). Gemma 3 adds what its
