@@ -214,6 +214,22 @@ def _joint(model: LlamaTarget, prompt: list[int], temperature: float, top_k: int
     return joint
 
 
+def assert_positions_follow(exact: dict, counts: dict, n: int) -> None:
+    """Each of the three positions' sampled law (counts of n draws) against the exact joint's
+    marginal: total variation beyond every one of 2,000 samples of n exact draws, with room."""
+    rng = np.random.default_rng(0)
+    for axis in range(3):
+        want, got = {}, {}
+        for key, p in exact.items():
+            want[key[axis]] = want.get(key[axis], 0) + p
+        for key, c in counts.items():
+            got[key[axis]] = got.get(key[axis], 0) + c / n
+        law = np.array(list(want.values()))
+        tv = 0.5 * sum(abs(want[k] - got.get(k, 0)) for k in want)
+        noise = 0.5 * np.abs(rng.multinomial(n, law, size=2000) / n - law).sum(axis=1)
+        assert tv < 1.2 * noise.max(), (axis, tv, noise.max())
+
+
 @pytest.mark.parametrize("mode,seeded", [("duodec", True), ("sequential", True), ("duodec", False)])
 def test_sampling_keeps_the_targets_distribution(random_pair, mode, seeded):
     """Seeded (keyed draws) and unseeded (speculative sampling), top-k 4 so that three
@@ -234,18 +250,7 @@ def test_sampling_keeps_the_targets_distribution(random_pair, mode, seeded):
         assert key in exact, f"{key} is outside the target's top-4 supports"
         counts[key] = counts.get(key, 0) + 1
         drafted, accepted = drafted + r.stats["drafted"], accepted + r.stats["accepted"]
-    rng = np.random.default_rng(0)
-    for axis in range(3):
-        want, got = {}, {}
-        for key, p in exact.items():
-            want[key[axis]] = want.get(key[axis], 0) + p
-        for key, c in counts.items():
-            got[key[axis]] = got.get(key[axis], 0) + c / n
-        law = np.array(list(want.values()))
-        tv = 0.5 * sum(abs(want[k] - got.get(k, 0)) for k in want)
-        # the bound: beyond every one of 2,000 samples of n draws from the exact law, with room
-        noise = 0.5 * np.abs(rng.multinomial(n, law, size=2000) / n - law).sum(axis=1)
-        assert tv < 1.2 * noise.max(), (axis, tv, noise.max())
+    assert_positions_follow(exact, counts, n)
     assert drafted > 0 and 0 < accepted < drafted
 
 

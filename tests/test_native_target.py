@@ -4,7 +4,6 @@ and on both shipped files; and through the engine, greedy output in every mode i
 target alone's, and sampling keeps its distribution."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from hetspec.models import resolve_model
@@ -14,6 +13,7 @@ from tests.test_llama_target import (
     _engine_config,
     _joint,
     assert_batch_invariant,
+    assert_positions_follow,
     quantize,
     tensor_types,
     write_random_llama,
@@ -86,15 +86,4 @@ def test_unseeded_sampling_keeps_the_targets_distribution(native_pair):
         key = tuple(engine.generate(prompt, max_new_tokens=4, temperature=1.0, top_k=4, mode="duodec").token_ids[:3])
         assert key in exact, f"{key} is outside the target's top-4 supports"
         counts[key] = counts.get(key, 0) + 1
-    rng = np.random.default_rng(0)
-    for axis in range(3):
-        want: dict = {}
-        got: dict = {}
-        for key, p in exact.items():
-            want[key[axis]] = want.get(key[axis], 0) + p
-        for key, c in counts.items():
-            got[key[axis]] = got.get(key[axis], 0) + c / n
-        law = np.array(list(want.values()))
-        tv = 0.5 * sum(abs(want[k] - got.get(k, 0)) for k in want)
-        noise = 0.5 * np.abs(rng.multinomial(n, law, size=2000) / n - law).sum(axis=1)
-        assert tv < 1.2 * noise.max(), (axis, tv, noise.max())
+    assert_positions_follow(exact, counts, n)

@@ -323,33 +323,10 @@ static float one_row(const hs_mat *w, int r, int nb, const quantized *x, float *
     return (w->fmt == FMT_Q8_0 ? row_q8_0(qs, nb, x->q, scale) : row_q4(qs, nb, x->q, scale)) + offsets;
 }
 
-/* y = W x for x already rounded. */
-static void matvec(const hs_mat *w, const quantized *x, float *y, const hs_mat *next) {
-    const int nb = w->cols / BLOCK;
-    int r = 0;
-#if PAIRED
-    float scale[TILE * nb];
-    if (w->fmt == FMT_Q4_0 || w->fmt == FMT_Q4_1) {    /* Q8_0 rows gained nothing from 512-bit steps (docs/kernels.md) */
-        for (; r + TILE <= w->rows; r += TILE) {
-            prefetch_ahead(w, next, r + AHEAD, TILE);
-            rows_q4_wide(w, r, TILE, x, scale, y);
-        }
-        for (; r < w->rows; r++) rows_q4_wide(w, r, 1, x, scale, y);
-        return;
-    }
-#else
-    float scale[nb];
-#endif
-    for (; r < w->rows; r++) {
-        prefetch_ahead(w, next, r + AHEAD, 1);
-        y[r] = one_row(w, r, nb, x, scale);
-    }
-}
-
 /* Y = W X for T tokens already rounded, token t's outputs at y + t * ystride. Each
    tile of rows comes from memory once for the window, and each token's rows are
-   computed by matvec's own steps: a window's products are one-token passes', bit
-   for bit. */
+   computed as a one-token pass computes them: a window's products are one-token
+   passes', bit for bit. */
 static void matmat(const hs_mat *w, const quantized *x, int T, float *y, int ystride, const hs_mat *next) {
     const int nb = w->cols / BLOCK;
     int r = 0;
@@ -371,6 +348,11 @@ static void matmat(const hs_mat *w, const quantized *x, int T, float *y, int yst
         prefetch_ahead(w, next, r + AHEAD, 1);
         for (int t = 0; t < T; t++) y[(size_t)t * ystride + r] = one_row(w, r, nb, x + t, scale);
     }
+}
+
+/* y = W x for x already rounded: a window of one. */
+static void matvec(const hs_mat *w, const quantized *x, float *y, const hs_mat *next) {
+    matmat(w, x, 1, y, 0, next);
 }
 
 /* Row r of W, as float32 values (the token embedding). */

@@ -58,6 +58,23 @@ def float_products(path: str) -> list[str]:
             and not (name == "token_embd.weight" and "output.weight" in tensors)]   # a lookup, unless tied
 
 
+def checked_window(target, cache: int, tokens: Sequence[int], keep: int, rows: int) -> np.ndarray:
+    """A GGUF target's forward arguments, checked (ValueError naming the problem): the
+    token ids as int64. target has caches, lengths, n_ctx and n_vocab."""
+    ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    n = ids.size
+    if not 0 <= cache < target.caches:
+        raise ValueError(f"cache {cache} is not one of the {target.caches} this target has")
+    if n == 0 or not 1 <= rows <= n:
+        raise ValueError(f"forward needs tokens and 1..{n} rows, got {n} tokens and {rows} rows")
+    if not 0 <= keep <= target.lengths[cache] or keep + n > target.n_ctx:
+        raise ValueError(f"positions {keep}..{keep + n - 1} do not follow the {target.lengths[cache]} cached "
+                         f"or do not fit in {target.n_ctx}")
+    if ids.min() < 0 or ids.max() >= target.n_vocab:
+        raise ValueError(f"token ids must be in [0, {target.n_vocab})")
+    return ids
+
+
 class LlamaTarget:
     """A GGUF model with one llama.cpp sequence (a KV cache) per cache number."""
 
@@ -108,17 +125,8 @@ class LlamaTarget:
     def forward(self, cache: int, tokens: Sequence[int], keep: int, rows: int) -> np.ndarray:
         """Drop cache `cache`'s positions >= keep, run `tokens` there; the logits of the
         last `rows` tokens, (rows, n_vocab) float32."""
-        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        ids = checked_window(self, cache, tokens, keep, rows)
         n = ids.size
-        if not 0 <= cache < self.caches:
-            raise ValueError(f"cache {cache} is not one of the {self.caches} this target has")
-        if n == 0 or not 1 <= rows <= n:
-            raise ValueError(f"forward needs tokens and 1..{n} rows, got {n} tokens and {rows} rows")
-        if not 0 <= keep <= self.lengths[cache] or keep + n > self.n_ctx:
-            raise ValueError(f"positions {keep}..{keep + n - 1} do not follow the {self.lengths[cache]} cached "
-                             f"or do not fit in {self.n_ctx}")
-        if ids.min() < 0 or ids.max() >= self.n_vocab:
-            raise ValueError(f"token ids must be in [0, {self.n_vocab})")
         llama_cpp.llama_memory_seq_rm(self._mem, cache, keep, -1)
         self.lengths[cache] = keep      # a failed pass leaves it here
         logits = np.empty((rows, self.n_vocab), dtype=np.float32)

@@ -22,6 +22,7 @@ import numpy as np
 from hetspec.workers.draft.native import NativeDraftModel
 from hetspec.workers.kernels import output_head
 from hetspec.workers.kernels.build import built
+from hetspec.workers.target.llama_target import checked_window
 
 
 class NativeTarget:
@@ -66,17 +67,8 @@ class NativeTarget:
     def forward(self, cache: int, tokens: Sequence[int], keep: int, rows: int) -> np.ndarray:
         """Drop cache `cache`'s positions >= keep, run `tokens` there; the logits of the
         last `rows` tokens, (rows, n_vocab) float32."""
-        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        ids = checked_window(self, cache, tokens, keep, rows)
         n = ids.size
-        if not 0 <= cache < self.caches:
-            raise ValueError(f"cache {cache} is not one of the {self.caches} this target has")
-        if n == 0 or not 1 <= rows <= n:
-            raise ValueError(f"forward needs tokens and 1..{n} rows, got {n} tokens and {rows} rows")
-        if not 0 <= keep <= self.lengths[cache] or keep + n > self.n_ctx:
-            raise ValueError(f"positions {keep}..{keep + n - 1} do not follow the {self.lengths[cache]} cached "
-                             f"or do not fit in {self.n_ctx}")
-        if ids.min() < 0 or ids.max() >= self.n_vocab:
-            raise ValueError(f"token ids must be in [0, {self.n_vocab})")
         self._model.kcache, self._model.vcache = (a.ctypes.data for a in self._caches[cache])
         self.lengths[cache] = keep      # a failed pass leaves it here
         logits = np.empty((rows, self.n_vocab), dtype=np.float32)
