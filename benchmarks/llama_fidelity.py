@@ -4,9 +4,9 @@ For each shipped GGUF file and held prompt, llama.cpp with its default settings 
 a user runs) decodes N greedy tokens one at a time; each model in FORCED is then
 teacher-forced along those tokens. Reported: how often its argmax is llama.cpp's
 token (top-1 agreement), and how far its logits are from llama.cpp's. The models: the
-engine's batch-invariant target (workers/target/llama_target.py), the continuation as
-one window, as a verify pass would; and llama.cpp itself, run as the reference was but
-with weight repacking off. Two of llama.cpp's own settings differ by that much: a
+engine's two batch-invariant GGUF targets (workers/target/llama_target.py and
+native_target.py), the continuation as one window, as a verify pass would; and llama.cpp
+itself, run as the reference was but with weight repacking off. Two of llama.cpp's own settings differ by that much: a
 noise floor the target cannot be expected to beat. llama.cpp reads the prompt twice
 over: in one batch, as it does by default, and one token a pass, which leaves out its
 own batch dependence (its batched prefill computes another cache). Every run has a
@@ -64,11 +64,12 @@ def reference(path: str, prompts: list[str], steps: int, scratch: str, batched_p
     return out
 
 
-def engine_target(path: str):
-    """The engine's batch-invariant target: the continuation as one window, as a verify pass."""
+def engine_target(path: str, kind: str = "llama.cpp"):
+    """One of the engine's batch-invariant targets: the continuation as one window, as a verify pass."""
     from hetspec.workers.target.llama_target import LlamaTarget
+    from hetspec.workers.target.native_target import NativeTarget
 
-    model = LlamaTarget(path, n_ctx=1024, caches=1, threads=1)
+    model = (LlamaTarget if kind == "llama.cpp" else NativeTarget)(path, n_ctx=1024, caches=1, threads=1)
 
     def force(prompt: list[int], tokens: list[int], batched_prompt: bool) -> np.ndarray:
         model.forward(0, prompt[:-1], 0, 1)           # batch-invariant: how the prompt is read is moot
@@ -91,7 +92,7 @@ def llama_cpp_session(path: str, flash: int, repack: bool):
 
 # What is teacher-forced: name -> opener(path) giving (force(prompt, tokens, batched_prompt) -> each
 # token's logits row, close). A future target is one more opener here.
-FORCED = {"engine target": engine_target,
+FORCED = {"llama.cpp target": engine_target, "native target": partial(engine_target, kind="native"),
           "llama.cpp, repacking off": partial(llama_cpp_session, flash=-1, repack=False)}
 
 
@@ -116,12 +117,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("llama-fidelity"))
     parser.add_argument("--limit", type=int, default=3, help="prompts per category")
     parser.add_argument("--steps", type=int, default=64, help="greedy tokens per prompt")
+    parser.add_argument("--file", choices=sorted(FILES.values()), help="one file only (default: both)")
     args = parser.parse_args()
     prompts = [p.text for p in load_prompts(ALL_CATEGORIES, args.limit)]
     results = {"command": "python -m hetspec.benchmarks.llama_fidelity", "prompts": len(prompts),
                "steps": args.steps, "machine": describe_machine(), "files": {}}
     spawn = multiprocessing.get_context("spawn")
     for name, builtin in FILES.items():
+        if args.file and builtin != args.file:
+            continue
         path = resolve_model(builtin).file
         for batched in (True, False):
             with tempfile.TemporaryDirectory() as scratch:
@@ -144,14 +148,14 @@ def main() -> None:
 
 
 def report(results: dict) -> str:
-    lines = ["# Is the llama.cpp target faithful to the file?", "",
+    lines = ["# Are the GGUF targets faithful to the file?", "",
              (f"`{results['command']}`: {results['prompts']} prompts (three of each Spec-Bench category and of "
               f"hetspec's code and continuation prompts, plain text, the last 400 tokens), {results['steps']} "
               f"greedy tokens each by llama.cpp with its defaults, one token a pass; then teacher-forced along "
-              f"them: the engine's batch-invariant target in one window (*engine target*), and llama.cpp run as "
-              f"the reference was but with weight repacking off (*llama.cpp, repacking off*). The second row is "
-              f"llama.cpp's own noise floor: two of its settings differ by that much, so the target cannot be "
-              f"expected to agree better. 1 thread, {results['machine']['cpu']}, git "
+              f"them: the engine's two batch-invariant GGUF targets in one window (*llama.cpp target*, *native "
+              f"target*), and llama.cpp run as the reference was but with weight repacking off (*llama.cpp, "
+              f"repacking off*). The last row is llama.cpp's own noise floor: two of its settings differ by that "
+              f"much, so no target can be expected to agree better. 1 thread, {results['machine']['cpu']}, git "
               f"{results['machine']['git_commit']}."), "",
              ("| file, how llama.cpp read the prompt, what was teacher-forced | positions | top-1 agreement | "
               "largest logit difference | mean logit difference |"),

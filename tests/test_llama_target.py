@@ -256,10 +256,16 @@ def test_sampling_keeps_the_targets_distribution(random_pair, mode, seeded):
 
 @pytest.mark.integration
 def test_gemma_with_a_smollm2_draft_across_vocabularies_is_the_target_alone():
-    """The shipped gemma3-smollm2 pair: a llama.cpp target, a native draft of another vocabulary."""
+    """The shipped gemma3-smollm2 pair with a llama.cpp target (it ships with the native one:
+    tests/test_native_target.py), a native draft of another vocabulary."""
+    import tomllib
+    from importlib import resources
+
     import hetspec
 
-    with hetspec.launch("gemma3-smollm2") as engine:
+    config = tomllib.loads(resources.files("hetspec.configs").joinpath("gemma3-smollm2.toml").read_text())
+    config["target"]["backend"] = "llama.cpp"
+    with hetspec.launch(config) as engine:
         assert "llama.cpp" in engine.get_info()["target"]["kernels"]
         for prompt in ["def quicksort(arr):\n    ", "The history of the Roman Empire began"]:
             alone = engine.generate(prompt, max_new_tokens=32, mode="target")

@@ -87,3 +87,19 @@ def test_unseeded_sampling_keeps_the_targets_distribution(native_pair):
         assert key in exact, f"{key} is outside the target's top-4 supports"
         counts[key] = counts.get(key, 0) + 1
     assert_positions_follow(exact, counts, n)
+
+
+@pytest.mark.integration
+def test_the_shipped_gemma_pair_runs_the_native_target_across_vocabularies():
+    """gemma3-smollm2 as shipped: the native Gemma 3 target, SmolLM2 drafting in its own vocabulary."""
+    import hetspec
+
+    with hetspec.launch("gemma3-smollm2") as engine:
+        info = engine.get_info()
+        assert info["target"]["kernels"].startswith("native") and info["vocabulary"]["shared"] is False
+        for prompt in ["def quicksort(arr):\n    ", "The history of the Roman Empire began"]:
+            alone = engine.generate(prompt, max_new_tokens=32, mode="target")
+            for mode in ("duodec", "sequential"):
+                got = engine.generate(prompt, max_new_tokens=32, mode=mode, speculation="always")
+                assert got.token_ids == alone.token_ids, mode
+                assert got.stats["spec_rounds"] > 0

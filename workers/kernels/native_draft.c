@@ -1,6 +1,7 @@
 /* A Llama- or Gemma-3-architecture model read straight from a GGUF file's
    blocks: the native draft, one token per call (hs_forward), and the native
-   target, a window of tokens per call (hs_forward_window, at the end).
+   target, a window of tokens per call (hs_forward_window, at the end, whose
+   products are window8.h's, 8-bit activations, where the CPU has AVX-512 VNNI).
 
    Why: drafting is one row at a time, so it is bound by reading the weights
    and by per-token overheads. llama.cpp pays more of those overheads per
@@ -353,6 +354,41 @@ static void matmat(const hs_mat *w, const quantized *x, int T, float *y, int yst
 /* y = W x for x already rounded: a window of one. */
 static void matvec(const hs_mat *w, const quantized *x, float *y, const hs_mat *next) {
     matmat(w, x, 1, y, 0, next);
+}
+
+/* The target's window products: 8-bit activations where the CPU has AVX-512 VNNI
+   (window8.h), else the one-token kernels' 16-bit ones, a token at a time. */
+#include "window8.h"
+#if WINDOW8
+typedef act8 window_act;
+#define window_quantize quantize8
+#define window_matmat matmat8
+#else
+typedef quantized window_act;
+#define window_quantize quantize
+#define window_matmat matmat
+#endif
+
+/* Bits an activation is rounded to in the target's products. */
+int hs_window_bits(void) { return WINDOW8 ? 8 : 16; }
+
+/* Token t's rounded activations (of up to `widest` values) placed in `work`, which
+   holds window_act_floats(widest) floats a token. */
+static long window_act_floats(int widest) { return widest + 3L * (widest / BLOCK) + 16; }
+
+static void window_act_at(window_act *a, float *work, int widest) {
+#if WINDOW8
+    a->q = (int8_t *)work;
+    a->u = (uint8_t *)(work + widest / 4 + 16);
+    a->scale = work + widest / 2 + 32;
+    a->sum = a->scale + widest / BLOCK + 2;
+#else
+    a->q = (int16_t *)work;
+    a->pairs = a->q + widest;
+    a->scale = work + widest;
+    a->sum = a->scale + widest / BLOCK;
+    a->qsum = (int32_t *)(a->sum + widest / BLOCK);
+#endif
 }
 
 /* Row r of W, as float32 values (the token embedding). */
@@ -789,7 +825,7 @@ enum { MAX_WINDOW = 64, MAX_HALF = 128 };   /* tokens a window; rope angles per 
    hs_work_floats) and four rope tables. */
 static long window_floats_per_token(const hs_model *m) {
     const long w = widest(m), heads = (long)m->n_head * m->head_dim, kv = (long)m->n_kv * m->head_dim;
-    return 2L * m->n_embd + 2 * heads + 2 * kv + 2L * m->n_ff + w + 3 * (w / BLOCK) + 4 * MAX_HALF + 16;
+    return 2L * m->n_embd + 2 * heads + 2 * kv + 2L * m->n_ff + window_act_floats(w) + 4 * MAX_HALF;
 }
 
 int hs_max_window(void) { return MAX_WINDOW; }
@@ -801,9 +837,9 @@ long hs_window_work_floats(const hs_model *m, int tokens) {
 
 /* Evaluate tokens[0..T) at positions pos.. (the cache holds 0..pos-1 and gets the
    window); each token's state after the final norm into norms (T x n_embd). Every
-   step is a one-token pass's, token by token, except that each weight matrix is read
-   once for the window (matmat): a token's rows do not depend on the window it came
-   in. 0 on success, -1 for bad input. */
+   step but the products is taken token by token; the products (window_matmat) give
+   each token the same float steps in any window: a token's rows do not depend on the
+   window it came in. 0 on success, -1 for bad input. */
 int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, float *norms) {
     if (T < 1 || T > MAX_WINDOW || pos < 0 || pos + T > m->n_ctx || m->head_dim > 2 * MAX_HALF) return -1;
     for (int t = 0; t < T; t++)
@@ -813,14 +849,8 @@ int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, floa
     float *x = m->work, *h = x + (size_t)T * E, *q = h + (size_t)T * E, *att = q + (size_t)T * heads;
     float *k = att + (size_t)T * heads, *v = k + (size_t)T * kv_dim, *gate = v + (size_t)T * kv_dim;
     float *up = gate + (size_t)T * F, *angles = up + (size_t)T * F, *rest = angles + (size_t)T * 4 * MAX_HALF;
-    quantized xq[MAX_WINDOW];
-    for (int t = 0; t < T; t++, rest += W + 3 * (W / BLOCK) + 16) {
-        xq[t].q = (int16_t *)rest;
-        xq[t].pairs = xq[t].q + W;
-        xq[t].scale = rest + W;
-        xq[t].sum = xq[t].scale + W / BLOCK;
-        xq[t].qsum = (int32_t *)(xq[t].sum + W / BLOCK);
-    }
+    window_act xq[MAX_WINDOW];
+    for (int t = 0; t < T; t++, rest += window_act_floats(W)) window_act_at(xq + t, rest, W);
     float *scores = rest;
     void (*turn)(float *, int, int, const float *, const float *) = m->neox_rope ? rope_halves : rope;
 
@@ -837,11 +867,11 @@ int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, floa
         uint16_t *kc = m->kcache + (size_t)l * m->n_kv * key_stride(m), *vc = m->vcache + (size_t)l * m->n_ctx * kv_dim;
         for (int t = 0; t < T; t++) {
             rms_norm(x + (size_t)t * E, L->attn_norm, E, m->eps, h + (size_t)t * E);
-            quantize(h + (size_t)t * E, E, xq + t);
+            window_quantize(h + (size_t)t * E, E, xq + t);
         }
-        matmat(&L->wq, xq, T, q, heads, &L->wk);
-        matmat(&L->wk, xq, T, k, kv_dim, &L->wv);
-        matmat(&L->wv, xq, T, v, kv_dim, &L->wo);
+        window_matmat(&L->wq, xq, T, q, heads, &L->wk);
+        window_matmat(&L->wk, xq, T, k, kv_dim, &L->wv);
+        window_matmat(&L->wv, xq, T, v, kv_dim, &L->wo);
         for (int t = 0; t < T; t++) {   /* every key and value of the window first: later tokens attend to them */
             float *qt = q + (size_t)t * heads, *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
             const float *a = angles + (size_t)t * 4 * MAX_HALF + (L->sliding ? 2 * MAX_HALF : 0);
@@ -859,23 +889,23 @@ int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, floa
         for (int t = 0; t < T; t++) {
             const int end = pos + t + 1, first = L->sliding && end > m->window ? end - m->window : 0;
             attend(m, q + (size_t)t * heads, kc, vc, first, end, scores, att + (size_t)t * heads);
-            quantize(att + (size_t)t * heads, heads, xq + t);
+            window_quantize(att + (size_t)t * heads, heads, xq + t);
         }
-        matmat(&L->wo, xq, T, h, E, &L->gate);
+        window_matmat(&L->wo, xq, T, h, E, &L->gate);
         for (int t = 0; t < T; t++) {
             float *ht = h + (size_t)t * E, *xt = x + (size_t)t * E;
             if (L->post_attn_norm) rms_norm(ht, L->post_attn_norm, E, m->eps, ht);
             for (int i = 0; i < E; i++) xt[i] += ht[i];
             rms_norm(xt, L->ffn_norm, E, m->eps, ht);
-            quantize(ht, E, xq + t);
+            window_quantize(ht, E, xq + t);
         }
-        matmat(&L->gate, xq, T, gate, F, &L->up);
-        matmat(&L->up, xq, T, up, F, &L->down);
+        window_matmat(&L->gate, xq, T, gate, F, &L->up);
+        window_matmat(&L->up, xq, T, up, F, &L->down);
         for (int t = 0; t < T; t++) {
             gated(gate + (size_t)t * F, up + (size_t)t * F, F, m->gelu);
-            quantize(gate + (size_t)t * F, F, xq + t);
+            window_quantize(gate + (size_t)t * F, F, xq + t);
         }
-        matmat(&L->down, xq, T, h, E, l + 1 < m->n_layer ? &m->layers[l + 1].wq : NULL);
+        window_matmat(&L->down, xq, T, h, E, l + 1 < m->n_layer ? &m->layers[l + 1].wq : NULL);
         for (int t = 0; t < T; t++) {
             float *ht = h + (size_t)t * E, *xt = x + (size_t)t * E;
             if (L->post_ffn_norm) rms_norm(ht, L->post_ffn_norm, E, m->eps, ht);
@@ -886,18 +916,13 @@ int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, floa
     return 0;
 }
 
-/* Logits of T final-norm rows through the whole output layer, a token at a time (for
-   an output layer that is not Q8_0; output_head.c takes those a window at once). */
+/* Logits of T final-norm rows through the whole output layer with the window's
+   products (for an output layer that is not Q8_0; output_head.c takes those). */
 void hs_window_logits(const hs_model *m, const float *norms, int T, float *logits) {
-    const int W = widest(m);
-    quantized xq;
-    xq.q = (int16_t *)m->work;
-    xq.pairs = xq.q + W;
-    xq.scale = m->work + W;
-    xq.sum = xq.scale + W / BLOCK;
-    xq.qsum = (int32_t *)(xq.sum + W / BLOCK);
+    window_act xq[MAX_WINDOW];
     for (int t = 0; t < T; t++) {
-        quantize(norms + (size_t)t * m->n_embd, m->n_embd, &xq);
-        matvec(&m->out, &xq, logits + (size_t)t * m->n_vocab, NULL);
+        window_act_at(xq + t, m->work + t * window_act_floats(m->n_embd), m->n_embd);
+        window_quantize(norms + (size_t)t * m->n_embd, m->n_embd, xq + t);
     }
+    window_matmat(&m->out, xq, T, logits, m->n_vocab, NULL);
 }

@@ -2,14 +2,15 @@
 
 llama.cpp, set to be batch-invariant (llama_target.py), multiplies a verify window by
 each weight matrix a token at a time, so a window of w tokens costs nearly w passes.
-hs_forward_window reads each weight matrix once for the window and computes every
-token's rows with the one-token pass's own steps, so a token's logits are the same bits
-whatever window or prompt chunk it came in. The weights are the file's values exactly:
+hs_forward_window unpacks each block of weights once for up to 8 tokens of the window
+(window8.h) and gives every token the same float steps whatever window or prompt chunk
+it came in, so its logits are the same bits. The weights are the file's values exactly:
 Q8_0, Q4_0 and Q4_1 blocks as stored, Q5_0 as int8 quants beside its scales, K-quants as
 int8 quants with float scales (FMT_I8: more bytes than the file, the same values).
-Activations are rounded to int16 per block of 32, finer than llama.cpp's 8 bits. A Q8_0
-output layer goes through output_head.c (llama.cpp's arithmetic, a window at once, on
-the target's threads); another type is read a token at a time.
+Activations are rounded to int8 per block of 32, as llama.cpp's Q8_0 activations are
+(int16, a token at a time, on CPUs without AVX-512 VNNI). A Q8_0 output layer goes
+through output_head.c (llama.cpp's arithmetic, a window at once, on the target's
+threads); another type through the window's own products.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class NativeTarget:
         lib.hs_forward_window.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                           ctypes.c_void_p]
         lib.hs_window_logits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        lib.hs_window_bits.restype = ctypes.c_int
         self._lib, self._model, self._ref = lib, model, ctypes.byref(model)
         self.max_window = lib.hs_max_window()
         self._work = np.zeros(lib.hs_window_work_floats(self._ref, self.max_window), np.float32)
@@ -61,8 +63,9 @@ class NativeTarget:
         self.lengths = [0] * caches
         self.eos_token_ids = end_of_generation_tokens(path)
         self.description = self._net.description.replace("native, ", "") + (
-            "; output layer: hetspec's Q8_0 kernel, a window at once" if self._head is not None
-            else f"; output layer a token at a time ({self.head_why})")
+            f", activations in {lib.hs_window_bits()} bits" + (
+                "; output layer: hetspec's Q8_0 kernel, a window at once" if self._head is not None
+                else f"; output layer through the window's products ({self.head_why})"))
 
     def forward(self, cache: int, tokens: Sequence[int], keep: int, rows: int) -> np.ndarray:
         """Drop cache `cache`'s positions >= keep, run `tokens` there; the logits of the
