@@ -235,8 +235,15 @@ def test_sampling_keeps_the_targets_distribution(random_pair, mode, seeded):
     """Seeded (keyed draws) and unseeded (speculative sampling), top-k 4 so that three
     positions have at most 64 outcomes; the law of the first pair and of each position."""
     engine, target = random_pair
-    prompt, n = [5, 9, 200, 31], 1000
-    model = LlamaTarget(target, n_ctx=64, caches=1, threads=1)
+    drafted, accepted = assert_sampling_follows(engine, LlamaTarget, target, 1000, mode, seeded)
+    assert drafted > 0 and 0 < accepted < drafted
+
+
+def assert_sampling_follows(engine, target_class, path: str, n: int, mode: str, seeded: bool) -> tuple[int, int]:
+    """n draws of the first three tokens (top-k 4) follow the target's own law, read from
+    target_class(path); the drafted and accepted tokens of the draws."""
+    prompt = [5, 9, 200, 31]
+    model = target_class(path, n_ctx=64, caches=1, threads=1)
     try:
         exact = _joint(model, prompt, 1.0, 4)
     finally:
@@ -251,7 +258,7 @@ def test_sampling_keeps_the_targets_distribution(random_pair, mode, seeded):
         counts[key] = counts.get(key, 0) + 1
         drafted, accepted = drafted + r.stats["drafted"], accepted + r.stats["accepted"]
     assert_positions_follow(exact, counts, n)
-    assert drafted > 0 and 0 < accepted < drafted
+    return drafted, accepted
 
 
 @pytest.mark.integration
@@ -267,12 +274,17 @@ def test_gemma_with_a_smollm2_draft_across_vocabularies_is_the_target_alone():
     config["target"]["backend"] = "llama.cpp"
     with hetspec.launch(config) as engine:
         assert "llama.cpp" in engine.get_info()["target"]["kernels"]
-        for prompt in ["def quicksort(arr):\n    ", "The history of the Roman Empire began"]:
-            alone = engine.generate(prompt, max_new_tokens=32, mode="target")
-            for mode in ("duodec", "sequential"):
-                got = engine.generate(prompt, max_new_tokens=32, mode=mode, speculation="always")
-                assert got.token_ids == alone.token_ids, mode
-                assert got.stats["spec_rounds"] > 0
+        assert_speculation_is_the_target_alone(engine)
+
+
+def assert_speculation_is_the_target_alone(engine) -> None:
+    """Greedy duodec and sequential output, speculating every round, equals the target alone's."""
+    for prompt in ["def quicksort(arr):\n    ", "The history of the Roman Empire began"]:
+        alone = engine.generate(prompt, max_new_tokens=32, mode="target")
+        for mode in ("duodec", "sequential"):
+            got = engine.generate(prompt, max_new_tokens=32, mode=mode, speculation="always")
+            assert got.token_ids == alone.token_ids, mode
+            assert got.stats["spec_rounds"] > 0
 
 
 def test_the_target_alone_holds_the_drafts_cores_until_speculation_resumes(random_q8):

@@ -11,9 +11,9 @@ from hetspec.workers.draft.native import Unsupported
 from hetspec.workers.target.native_target import NativeTarget
 from tests.test_llama_target import (
     _engine_config,
-    _joint,
     assert_batch_invariant,
-    assert_positions_follow,
+    assert_sampling_follows,
+    assert_speculation_is_the_target_alone,
     quantize,
     tensor_types,
     write_random_llama,
@@ -75,18 +75,7 @@ def test_greedy_in_every_mode_is_the_target_alone(native_pair, mode, sequences):
 def test_unseeded_sampling_keeps_the_targets_distribution(native_pair):
     """Speculative sampling with top-k 4: the law of each of the first three tokens."""
     engine, target = native_pair
-    prompt, n = [5, 9, 200, 31], 600
-    model = NativeTarget(target, n_ctx=64, caches=1, threads=1)
-    try:
-        exact = _joint(model, prompt, 1.0, 4)
-    finally:
-        model.close()
-    counts: dict = {}
-    for _ in range(n):
-        key = tuple(engine.generate(prompt, max_new_tokens=4, temperature=1.0, top_k=4, mode="duodec").token_ids[:3])
-        assert key in exact, f"{key} is outside the target's top-4 supports"
-        counts[key] = counts.get(key, 0) + 1
-    assert_positions_follow(exact, counts, n)
+    assert_sampling_follows(engine, NativeTarget, target, 600, "duodec", seeded=False)
 
 
 @pytest.mark.integration
@@ -97,9 +86,4 @@ def test_the_shipped_gemma_pair_runs_the_native_target_across_vocabularies():
     with hetspec.launch("gemma3-smollm2") as engine:
         info = engine.get_info()
         assert info["target"]["kernels"].startswith("native") and info["vocabulary"]["shared"] is False
-        for prompt in ["def quicksort(arr):\n    ", "The history of the Roman Empire began"]:
-            alone = engine.generate(prompt, max_new_tokens=32, mode="target")
-            for mode in ("duodec", "sequential"):
-                got = engine.generate(prompt, max_new_tokens=32, mode=mode, speculation="always")
-                assert got.token_ids == alone.token_ids, mode
-                assert got.stats["spec_rounds"] > 0
+        assert_speculation_is_the_target_alone(engine)
