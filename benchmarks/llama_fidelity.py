@@ -6,8 +6,9 @@ teacher-forced along those tokens. Reported: how often its argmax is llama.cpp's
 token (top-1 agreement), and how far its logits are from llama.cpp's. The models: the
 engine's two batch-invariant GGUF targets (workers/target/llama_target.py and
 native_target.py), the continuation as one window, as a verify pass would; and llama.cpp
-itself, run as the reference was but with weight repacking off. Two of llama.cpp's own settings differ by that much: a
-noise floor the target cannot be expected to beat. llama.cpp reads the prompt twice
+itself, run as the reference was but with weight repacking off, or with flash attention
+off. Two of llama.cpp's own settings differ by that much: a noise floor the target
+cannot be expected to beat. llama.cpp reads the prompt twice
 over: in one batch, as it does by default, and one token a pass, which leaves out its
 own batch dependence (its batched prefill computes another cache). Every run has a
 process of its own, since ggml reads its tiled-product switch once per process and the
@@ -93,7 +94,8 @@ def llama_cpp_session(path: str, flash: int, repack: bool):
 # What is teacher-forced: name -> opener(path) giving (force(prompt, tokens, batched_prompt) -> each
 # token's logits row, close). A future target is one more opener here.
 FORCED = {"llama.cpp target": engine_target, "native target": partial(engine_target, kind="native"),
-          "llama.cpp, repacking off": partial(llama_cpp_session, flash=-1, repack=False)}
+          "llama.cpp, repacking off": partial(llama_cpp_session, flash=-1, repack=False),
+          "llama.cpp, flash attention off": partial(llama_cpp_session, flash=0, repack=True)}
 
 
 def compare(opener, path: str, runs: list[dict], batched_prompt: bool) -> list[dict]:
@@ -118,6 +120,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=3, help="prompts per category")
     parser.add_argument("--steps", type=int, default=64, help="greedy tokens per prompt")
     parser.add_argument("--file", choices=sorted(FILES.values()), help="one file only (default: both)")
+    parser.add_argument("--forced", choices=sorted(FORCED), action="append",
+                        help="teacher-force this model only (repeatable; default: all)")
     args = parser.parse_args()
     prompts = [p.text for p in load_prompts(ALL_CATEGORIES, args.limit)]
     results = {"command": "python -m hetspec.benchmarks.llama_fidelity", "prompts": len(prompts),
@@ -132,6 +136,8 @@ def main() -> None:
                 with ProcessPoolExecutor(1, mp_context=spawn) as pool:
                     runs = pool.submit(reference, path, prompts, args.steps, scratch, batched).result()
                 for model, opener in FORCED.items():
+                    if args.forced and model not in args.forced:
+                        continue
                     with ProcessPoolExecutor(1, mp_context=spawn) as pool:
                         rows = pool.submit(compare, opener, path, runs, batched).result()
                     positions, agree = sum(r["positions"] for r in rows), sum(r["agree"] for r in rows)
@@ -154,9 +160,10 @@ def report(results: dict) -> str:
               f"greedy tokens each by llama.cpp with its defaults, one token a pass; then teacher-forced along "
               f"them: the engine's two batch-invariant GGUF targets in one window (*llama.cpp target*, *native "
               f"target*), and llama.cpp run as the reference was but with weight repacking off (*llama.cpp, "
-              f"repacking off*). The last row is llama.cpp's own noise floor: two of its settings differ by that "
-              f"much, so no target can be expected to agree better. 1 thread, {results['machine']['cpu']}, git "
-              f"{results['machine']['git_commit']}."), "",
+              f"repacking off*) or flash attention off (*llama.cpp, flash attention off*). Those last rows are "
+              f"llama.cpp's own noise floor: two of its settings differ by that much, so no target can be expected "
+              f"to agree better. 1 thread, {results['machine']['cpu']}, git {results['machine']['git_commit']}."),
+             "",
              ("| file, how llama.cpp read the prompt, what was teacher-forced | positions | top-1 agreement | "
               "largest logit difference | mean logit difference |"),
              "|---|---|---|---|---|"]

@@ -4,7 +4,8 @@ and with llama.cpp's, and the native target (hetspec's kernels throughout).
     python -m hetspec.benchmarks.llama_windows [--model builtin:gemma3-270m] [--threads 1]
 
 Each window (every row's logits, as verification asks) is timed after a 256-token
-context, fastest of 5, in one process, alternating the targets; the rows of the two
+context, fastest of 5, in one process, alternating the targets (with --threads N,
+each compute thread pinned to a core of its own); the rows of the two
 llama.cpp targets must be equal bit for bit (both compute llama.cpp's Q8_0 arithmetic;
 the native target rounds activations otherwise). Another line asks llama.cpp for the
 last row's logits only: the window's body, nearly.
@@ -12,11 +13,13 @@ last row's logits only: the window's body, nearly.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
 
 from hetspec.models import resolve_model
+from hetspec.workers.common.pinning import pin_threads
 from hetspec.workers.target.llama_target import LlamaTarget
 from hetspec.workers.target.native_target import NativeTarget
 
@@ -32,6 +35,8 @@ def main(argv=None) -> int:
     targets = {"hetspec's output layer": LlamaTarget(path, 512, 1, args.threads),
                "llama.cpp's output layer": LlamaTarget(path, 512, 1, args.threads, own_output_layer=False),
                "native target": NativeTarget(path, 512, 1, args.threads)}
+    if args.threads > 1:       # each compute thread on a core of its own, as the engine pins them
+        pin_threads(sorted(os.sched_getaffinity(0))[:args.threads], args.threads, targets["native target"].thread_ids)
     try:
         if next(iter(targets.values())).head is None:
             raise SystemExit(f"{args.model}: hetspec keeps llama.cpp's output layer ({next(iter(targets.values())).head_why})")

@@ -1,8 +1,12 @@
-"""The native draft's matrix-vector product (workers/kernels/native_draft.c, hs_matvec)
-against float64, for every block format it reads, with block counts that are
-odd (a last 4-bit block without a partner for the two-block steps) and row
-counts that do not fill its four-row tiles. The only error allowed is the one
-of rounding the activations to int16 per block, plus float32 summation."""
+"""The native kernels' products (workers/kernels/native_draft.c) against float64.
+
+hs_matvec, the draft's: for every block format it reads, with block counts that are
+odd (a last 4-bit block without a partner for the two-block steps) and row counts
+that do not fill its four-row tiles. The only error allowed is the one of rounding
+the activations to int16 per block, plus float32 summation.
+
+hs_window_matmat, the target's: against llama.cpp's rounding of the activations,
+up to float32 summation."""
 import ctypes
 import os
 import shutil
@@ -12,6 +16,7 @@ import pytest
 
 from hetspec.workers.draft.native import FORMATS, SOURCE, _Mat
 from hetspec.workers.kernels.build import KernelUnavailable, _build_key, built
+from hetspec.workers.kernels.formats import EXPANDED_FORMAT
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +81,86 @@ def test_a_changed_header_builds_afresh(tmp_path):
     with open(folder / "formats.h", "a") as f:
         f.write("/* changed */\n")
     assert _build_key(source, "cc") != before
+
+
+def llama_cpp_activations(x: np.ndarray, kind: str):
+    """x rounded as llama.cpp's CPU backend rounds a matrix product's activations (its
+    vec_dot_type): per block of 32 (q8_0, q8_1) or 256 values (q8_K), q = x * (127 / max|x|)
+    to nearest even; the scale max / 127 in float16 (q8_0, q8_1) or 1 / (127 / max) in
+    float32 (q8_K); q8_1's block sum float16(max / 127 * sum(q)). (per-32 scale, q, per-32 sums)"""
+    group = 256 if kind == "q8_K" else 32
+    blocks = x.reshape(-1, group)
+    top = np.abs(blocks).max(axis=1)
+    inv = np.divide(np.float32(127), top, out=np.zeros_like(top), where=top > 0)
+    q = np.rint(blocks * inv[:, None]).astype(np.float32).reshape(-1, 32)
+    if kind == "q8_K":
+        scale = np.repeat(np.divide(np.float32(1), inv, out=np.zeros_like(inv), where=inv > 0), 8)
+        return scale, q, scale * q.sum(axis=1)
+    d = (top / np.float32(127)).astype(np.float32)
+    scale = d.astype(np.float16).astype(np.float32)
+    sums = (d * q.sum(axis=1)).astype(np.float16).astype(np.float32) if kind == "q8_1" else scale * q.sum(axis=1)
+    return scale, q, sums
+
+
+def random_expanded(rows: int, cols: int, rng):
+    """A K-quant-like FMT_I8 matrix: int8 quants, a float32 scale per 16, an offset per 32."""
+    q = rng.integers(-31, 32, (rows, cols)).astype(np.int8)
+    scales = (rng.random((rows, cols // 16)) * 0.01).astype(np.float32)
+    offsets = (-rng.random((rows, cols // 32)) * 0.05).astype(np.float32)
+    return q, scales, offsets
+
+
+@pytest.mark.parametrize("fmt", [*sorted(FORMATS), "I8"])
+def test_the_targets_window_rounds_activations_as_llama_cpp_does(library, fmt):
+    """The native target's products (hs_window_matmat) are llama.cpp's arithmetic up to
+    float32 summation: each weight type meets its activations rounded as llama.cpp rounds
+    them (q8_0, q8_1 or q8_K), so the logits stay near the file's in llama.cpp. A
+    float32 scale, the rounding the window used before, is told apart."""
+    library.hs_window_bits.restype = ctypes.c_int
+    if library.hs_window_bits() != 8:
+        pytest.skip("this CPU has no AVX-512 VNNI: the window keeps 16-bit activations")
+    library.hs_window_act_floats.restype = ctypes.c_long
+    library.hs_window_act_floats.argtypes = [ctypes.c_int]
+    library.hs_window_matmat.restype = ctypes.c_int
+    library.hs_window_matmat.argtypes = [ctypes.POINTER(_Mat), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                         ctypes.c_void_p]
+    rng = np.random.default_rng(7)
+    rows, cols, T = 9, 512, 5
+    if fmt == "I8":
+        q, scales, offsets = random_expanded(rows, cols, rng)
+        mat = _Mat(q.ctypes.data, None, None, EXPANDED_FORMAT, rows, cols, scales.ctypes.data, offsets.ctypes.data)
+        per32 = q.astype(np.float64).reshape(rows, -1, 32) * np.repeat(scales, 16, axis=1).reshape(rows, -1, 32)
+        offset = offsets.astype(np.float64)
+        kind = "q8_K"
+    else:
+        (qs, d, m), weights = random_matrix(fmt, rows, cols, rng)
+        mat = _Mat(qs.ctypes.data, d.ctypes.data, m.ctypes.data if m is not None else None, FORMATS[fmt], rows, cols)
+        nb = cols // 32
+        values = weights.reshape(rows, nb, 32)
+        offset = {"Q4_1": m, "Q4_0": -8 * d}.get(fmt)
+        offset = None if offset is None else offset.astype(np.float64)
+        per32 = values - (offset[:, :, None] if offset is not None else 0)   # the quants times d
+        kind = {"Q4_1": "q8_1"}.get(fmt, "q8_0")
+    x = (rng.standard_normal((T, cols)) * np.exp(rng.standard_normal((T, cols)))).astype(np.float32)
+    y = np.zeros((T, rows), np.float32)
+    work = np.zeros(T * library.hs_window_act_floats(cols), np.float32)
+    mat_ref = ctypes.byref(mat)
+    assert library.hs_window_matmat(mat_ref, x.ctypes.data, T, y.ctypes.data, work.ctypes.data) == 0
+
+    def model(t: int, fp32_scale: bool = False) -> np.ndarray:
+        scale, q, sums = llama_cpp_activations(x[t], kind)
+        if fp32_scale and kind != "q8_K":
+            top = np.abs(x[t].reshape(-1, 32)).max(axis=1)
+            scale = (top / np.float32(127)).astype(np.float64)
+            sums = scale * q.sum(axis=1)
+        out = np.einsum("rbj,bj->r", per32, q.astype(np.float64) * np.asarray(scale, np.float64)[:, None])
+        return out + (offset @ sums.astype(np.float64) if offset is not None else 0)
+
+    summation = 2e-6 * np.abs(per32.reshape(rows, cols)) @ np.abs(x.astype(np.float64)).T + 1e-7
+    for t in range(T):
+        assert np.all(np.abs(y[t] - model(t)) <= summation[:, t]), (fmt, t, np.abs(y[t] - model(t)) / summation[:, t])
+        one = np.zeros(rows, np.float32)
+        assert library.hs_window_matmat(mat_ref, x[t].ctypes.data, 1, one.ctypes.data, work.ctypes.data) == 0
+        assert np.array_equal(one, y[t])                          # a window of one: the same bits
+    if kind != "q8_K":
+        assert max(np.abs(y[t] - model(t, fp32_scale=True)).max() - summation[:, t].max() for t in range(T)) > 0

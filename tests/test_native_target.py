@@ -4,9 +4,14 @@ and on both shipped files; and through the engine, greedy output in every mode i
 target alone's, and sampling keeps its distribution."""
 from __future__ import annotations
 
+import os
+
+import numpy as np
 import pytest
 
+from hetspec.core.pinning import pin
 from hetspec.models import resolve_model
+from hetspec.workers.common.pinning import CoreLoan
 from hetspec.workers.draft.native import Unsupported
 from hetspec.workers.target.native_target import NativeTarget
 from tests.test_llama_target import (
@@ -38,6 +43,48 @@ def test_every_block_type_is_batch_invariant(random_f32, tmp_path, ftype):
     assert_batch_invariant(path, NativeTarget)
 
 
+def assert_threads_change_no_bit(path: str) -> None:
+    """A prompt and a window on 1, 2 and 3 threads (the target alone on borrowed cores):
+    the products' rows are split among the threads, each computed as on one."""
+    model = NativeTarget(path, n_ctx=128, caches=1, threads=1)
+    try:
+        tokens = [int(t) for t in np.random.default_rng(2).integers(10, min(model.n_vocab, 5000), 48)]
+        runs = []
+        for threads in (1, 2, 3, 1):
+            model.set_threads(threads)
+            assert model.threads == threads
+            runs.append(np.concatenate([model.forward(0, tokens[:40], 0, 40), model.forward(0, tokens[40:], 40, 8),
+                                        model.forward(0, tokens[47:], 47, 1)]).view(np.uint32))
+        assert all(np.array_equal(run, runs[0]) for run in runs[1:])
+    finally:
+        model.close()
+
+
+def test_threads_change_no_bit(random_f32, tmp_path):
+    assert_threads_change_no_bit(quantize(random_f32, str(tmp_path / "q4_k_m.gguf"), "MOSTLY_Q4_K_M"))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_borrowed_core_gets_a_thread_of_its_own(random_f32, tmp_path):
+    """Widened as the target is when it runs alone (CoreLoan), its pool's thread is pinned
+    to the lent core and the caller's to the first; narrowed, both go back."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    model = NativeTarget(quantize(random_f32, str(tmp_path / "q8.gguf"), "MOSTLY_Q8_0"), n_ctx=64, caches=1, threads=1)
+    loan = CoreLoan(cores[:1], cores[1:], model.set_threads, 1, model.thread_ids)
+    try:
+        loan.hold(True)
+        [tid] = model.thread_ids()
+        assert os.sched_getaffinity(0) == {cores[0]} and os.sched_getaffinity(tid) == {cores[1]}
+        model.forward(0, [5, 6, 7], 0, 1)
+        loan.hold(False)
+        assert model.threads == 1 and model.thread_ids() == []
+        assert os.sched_getaffinity(0) == os.sched_getaffinity(tid) == {cores[0]}
+    finally:
+        loan.hold(False)
+        model.close()
+        pin(cores)
+
+
 def test_float_weights_are_refused_not_rounded(random_f32):
     with pytest.raises(Unsupported, match="F32, which hetspec's kernels cannot hold exactly"):
         NativeTarget(random_f32, n_ctx=64, caches=1, threads=1)
@@ -47,6 +94,7 @@ def test_float_weights_are_refused_not_rounded(random_f32):
 @pytest.mark.parametrize("builtin", ["smollm2", "gemma3-270m"])
 def test_the_shipped_files_are_batch_invariant(builtin):
     assert_batch_invariant(resolve_model(f"builtin:{builtin}").file, NativeTarget)
+    assert_threads_change_no_bit(resolve_model(f"builtin:{builtin}").file)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Callable
 from contextlib import contextmanager
 
 from hetspec.core.pinning import pin
@@ -60,11 +61,20 @@ def set_torch_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def pin_threads(cores: list[int], threads: int) -> None:
-    """Every thread on these cores, each compute thread on one of its own."""
+def pin_threads(cores: list[int], threads: int, thread_ids: Callable[[], list[int]] | None = None) -> None:
+    """Every thread on these cores, each compute thread on one of its own: OpenMP's,
+    and those of a model with a pool of its own (thread_ids: their kernel ids, the
+    caller's thread taking cores[0])."""
     pin(cores)
     if threads > 1 and len(cores) > 1:
         spread_openmp_threads(cores, threads)
+        if thread_ids is not None:
+            os.sched_setaffinity(0, [cores[0]])
+            for i, tid in enumerate(thread_ids(), start=1):
+                try:
+                    os.sched_setaffinity(tid, [cores[i % len(cores)]])
+                except (ProcessLookupError, PermissionError, OSError):
+                    pass
 
 
 class CoreLoan:
@@ -72,8 +82,9 @@ class CoreLoan:
     first that does not: re-pinning around every token cost more than a second thread
     gained (a token of a small model takes milliseconds; measured: docs/performance.md)."""
 
-    def __init__(self, cores: list[int], lent: list[int], set_threads, threads: int):
-        self.cores, self.threads, self.set_threads = list(cores), threads, set_threads
+    def __init__(self, cores: list[int], lent: list[int], set_threads, threads: int,
+                 thread_ids: Callable[[], list[int]] | None = None):
+        self.cores, self.threads, self.set_threads, self.thread_ids = list(cores), threads, set_threads, thread_ids
         self.wide = list(cores) + [c for c in lent if c not in cores]
         self.held = False
 
@@ -82,7 +93,7 @@ class CoreLoan:
         if borrow != self.held:
             cores, threads = (self.wide, len(self.wide)) if borrow else (self.cores, self.threads)
             self.set_threads(threads)
-            pin_threads(cores, threads)
+            pin_threads(cores, threads, self.thread_ids)
             self.held = borrow
 
 

@@ -29,6 +29,7 @@
    AVX-512 BW too reads 4-bit rows two blocks a step, four rows a tile (see
    PAIRED). Keys are blocked and fetched ahead so that long contexts stream
    the cache quickly (see attend). */
+#define _GNU_SOURCE     /* gettid through syscall, for pinning the target's threads (pool.h) */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -328,27 +329,32 @@ static float one_row(const hs_mat *w, int r, int nb, const quantized *x, float *
    tile of rows comes from memory once for the window, and each token's rows are
    computed as a one-token pass computes them: a window's products are one-token
    passes', bit for bit. */
-static void matmat(const hs_mat *w, const quantized *x, int T, float *y, int ystride, const hs_mat *next) {
+static void matmat_rows(const hs_mat *w, const quantized *x, int T, float *y, int ystride, const hs_mat *next,
+                        int r0, int r1) {
     const int nb = w->cols / BLOCK;
-    int r = 0;
+    int r = r0;
 #if PAIRED
     float scale[TILE * nb];
     if (w->fmt == FMT_Q4_0 || w->fmt == FMT_Q4_1) {
-        for (; r + TILE <= w->rows; r += TILE) {
+        for (; r + TILE <= r1; r += TILE) {
             prefetch_ahead(w, next, r + AHEAD, TILE);
             for (int t = 0; t < T; t++) rows_q4_wide(w, r, TILE, x + t, scale, y + (size_t)t * ystride);
         }
-        for (; r < w->rows; r++)
+        for (; r < r1; r++)
             for (int t = 0; t < T; t++) rows_q4_wide(w, r, 1, x + t, scale, y + (size_t)t * ystride);
         return;
     }
 #else
     float scale[nb];
 #endif
-    for (; r < w->rows; r++) {
+    for (; r < r1; r++) {
         prefetch_ahead(w, next, r + AHEAD, 1);
         for (int t = 0; t < T; t++) y[(size_t)t * ystride + r] = one_row(w, r, nb, x + t, scale);
     }
+}
+
+static void matmat(const hs_mat *w, const quantized *x, int T, float *y, int ystride, const hs_mat *next) {
+    matmat_rows(w, x, T, y, ystride, next, 0, w->rows);
 }
 
 /* y = W x for x already rounded: a window of one. */
@@ -361,13 +367,37 @@ static void matvec(const hs_mat *w, const quantized *x, float *y, const hs_mat *
 #include "window8.h"
 #if WINDOW8
 typedef act8 window_act;
-#define window_quantize quantize8
-#define window_matmat matmat8
+#define window_kind act_kind
+#define window_quantize(w, x, n, a) quantize8(x, n, act_kind(w), a)
+#define window_rows matmat8
 #else
 typedef quantized window_act;
-#define window_quantize quantize
-#define window_matmat matmat
+#define window_kind(w) 0
+#define window_quantize(w, x, n, a) quantize(x, n, a)
+#define window_rows matmat_rows
 #endif
+
+/* The target alone takes more cores (pool.h): a product's rows are split among them. */
+#include "pool.h"
+
+typedef struct {
+    const hs_mat *w, *next;
+    const window_act *x;
+    int T, ystride;
+    float *y;
+} rows_job;
+
+static void rows_part(void *arg, int part, int parts) {
+    const rows_job *j = arg;
+    const int r0 = (int)((long)j->w->rows * part / parts), r1 = (int)((long)j->w->rows * (part + 1) / parts);
+    window_rows(j->w, j->x, j->T, j->y, j->ystride, part == parts - 1 ? j->next : NULL, r0, r1);
+}
+
+/* Y = W X for the window's rounded activations, on the pool's threads. */
+static void window_matmat(const hs_mat *w, const window_act *x, int T, float *y, int ystride, const hs_mat *next) {
+    rows_job job = {w, next, x, T, ystride, y};
+    pool_run(rows_part, &job);
+}
 
 /* Bits an activation is rounded to in the target's products. */
 int hs_window_bits(void) { return WINDOW8 ? 8 : 16; }
@@ -389,6 +419,18 @@ static void window_act_at(window_act *a, float *work, int widest) {
     a->sum = a->scale + widest / BLOCK;
     a->qsum = (int32_t *)(a->sum + widest / BLOCK);
 #endif
+}
+
+/* Y = W X for the window's T rows of x (stride floats apart). *held says how xq
+   holds x already (-1: not at all, a new x); it is rounded again only when w
+   needs another rounding. */
+static void window_products(const hs_mat *w, const float *x, int stride, int T, window_act *xq, int *held,
+                            float *y, int ystride, const hs_mat *next) {
+    if (*held != window_kind(w)) {
+        for (int t = 0; t < T; t++) window_quantize(w, x + (size_t)t * stride, w->cols, xq + t);
+        *held = window_kind(w);
+    }
+    window_matmat(w, xq, T, y, ystride, next);
 }
 
 /* Row r of W, as float32 values (the token embedding). */
@@ -865,13 +907,11 @@ int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, floa
     for (int l = 0; l < m->n_layer; l++) {
         const hs_layer *L = m->layers + l;
         uint16_t *kc = m->kcache + (size_t)l * m->n_kv * key_stride(m), *vc = m->vcache + (size_t)l * m->n_ctx * kv_dim;
-        for (int t = 0; t < T; t++) {
-            rms_norm(x + (size_t)t * E, L->attn_norm, E, m->eps, h + (size_t)t * E);
-            window_quantize(h + (size_t)t * E, E, xq + t);
-        }
-        window_matmat(&L->wq, xq, T, q, heads, &L->wk);
-        window_matmat(&L->wk, xq, T, k, kv_dim, &L->wv);
-        window_matmat(&L->wv, xq, T, v, kv_dim, &L->wo);
+        int held = -1;
+        for (int t = 0; t < T; t++) rms_norm(x + (size_t)t * E, L->attn_norm, E, m->eps, h + (size_t)t * E);
+        window_products(&L->wq, h, E, T, xq, &held, q, heads, &L->wk);
+        window_products(&L->wk, h, E, T, xq, &held, k, kv_dim, &L->wv);
+        window_products(&L->wv, h, E, T, xq, &held, v, kv_dim, &L->wo);
         for (int t = 0; t < T; t++) {   /* every key and value of the window first: later tokens attend to them */
             float *qt = q + (size_t)t * heads, *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
             const float *a = angles + (size_t)t * 4 * MAX_HALF + (L->sliding ? 2 * MAX_HALF : 0);
@@ -889,23 +929,21 @@ int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, floa
         for (int t = 0; t < T; t++) {
             const int end = pos + t + 1, first = L->sliding && end > m->window ? end - m->window : 0;
             attend(m, q + (size_t)t * heads, kc, vc, first, end, scores, att + (size_t)t * heads);
-            window_quantize(att + (size_t)t * heads, heads, xq + t);
         }
-        window_matmat(&L->wo, xq, T, h, E, &L->gate);
+        held = -1;
+        window_products(&L->wo, att, heads, T, xq, &held, h, E, &L->gate);
         for (int t = 0; t < T; t++) {
             float *ht = h + (size_t)t * E, *xt = x + (size_t)t * E;
             if (L->post_attn_norm) rms_norm(ht, L->post_attn_norm, E, m->eps, ht);
             for (int i = 0; i < E; i++) xt[i] += ht[i];
             rms_norm(xt, L->ffn_norm, E, m->eps, ht);
-            window_quantize(ht, E, xq + t);
         }
-        window_matmat(&L->gate, xq, T, gate, F, &L->up);
-        window_matmat(&L->up, xq, T, up, F, &L->down);
-        for (int t = 0; t < T; t++) {
-            gated(gate + (size_t)t * F, up + (size_t)t * F, F, m->gelu);
-            window_quantize(gate + (size_t)t * F, F, xq + t);
-        }
-        window_matmat(&L->down, xq, T, h, E, l + 1 < m->n_layer ? &m->layers[l + 1].wq : NULL);
+        held = -1;
+        window_products(&L->gate, h, E, T, xq, &held, gate, F, &L->up);
+        window_products(&L->up, h, E, T, xq, &held, up, F, &L->down);
+        for (int t = 0; t < T; t++) gated(gate + (size_t)t * F, up + (size_t)t * F, F, m->gelu);
+        held = -1;
+        window_products(&L->down, gate, F, T, xq, &held, h, E, l + 1 < m->n_layer ? &m->layers[l + 1].wq : NULL);
         for (int t = 0; t < T; t++) {
             float *ht = h + (size_t)t * E, *xt = x + (size_t)t * E;
             if (L->post_ffn_norm) rms_norm(ht, L->post_ffn_norm, E, m->eps, ht);
@@ -920,9 +958,21 @@ int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, floa
    products (for an output layer that is not Q8_0; output_head.c takes those). */
 void hs_window_logits(const hs_model *m, const float *norms, int T, float *logits) {
     window_act xq[MAX_WINDOW];
-    for (int t = 0; t < T; t++) {
-        window_act_at(xq + t, m->work + t * window_act_floats(m->n_embd), m->n_embd);
-        window_quantize(norms + (size_t)t * m->n_embd, m->n_embd, xq + t);
-    }
-    window_matmat(&m->out, xq, T, logits, m->n_vocab, NULL);
+    int held = -1;
+    for (int t = 0; t < T; t++) window_act_at(xq + t, m->work + t * window_act_floats(m->n_embd), m->n_embd);
+    window_products(&m->out, norms, m->n_embd, T, xq, &held, logits, m->n_vocab, NULL);
 }
+
+/* Y = W X for T tokens (T x cols, row by row) as the target's window computes it,
+   each token rounded as W's activations are: for the kernel tests. work:
+   T * window_act_floats(cols) floats. -1 for a bad T. */
+int hs_window_matmat(const hs_mat *w, const float *x, int T, float *y, float *work) {
+    if (T < 1 || T > MAX_WINDOW) return -1;
+    window_act xq[MAX_WINDOW];
+    int held = -1;
+    for (int t = 0; t < T; t++) window_act_at(xq + t, work + t * window_act_floats(w->cols), w->cols);
+    window_products(w, x, w->cols, T, xq, &held, y, w->rows, NULL);
+    return 0;
+}
+
+long hs_window_act_floats(int cols) { return window_act_floats(cols); }

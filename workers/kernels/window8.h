@@ -16,8 +16,9 @@
    128 * sum(w), and the second term, the same for every token, is subtracted
    in the lane's starting value. A lane's float term is w_scale * x_scale *
    isum, accumulated over the row's pairs in the lanes, offsets (Q4_1's m,
-   Q4_0's -8 d, K-quants') times the blocks' exact sums in the same lanes, and
-   the lanes folded by fold4.
+   Q4_0's -8 d, K-quants') times the blocks' rounded sums in the same lanes, and
+   the lanes folded by fold4. The activations are rounded as llama.cpp rounds
+   them for each weight type (quantize8).
 
    Batch invariance: a token's float operations are the same sequence whatever
    the window, chunk or token next to it; only the integer sums and the unpacking
@@ -32,15 +33,41 @@ typedef struct {
     int8_t *q;       /* 64 bytes a pair: xq, interleaved as above */
     uint8_t *u;      /* the same, xq + 128 */
     float *scale;    /* per block (x ~ scale * xq), a pair's two side by side */
-    float *sum;      /* per block: the exact sum of x */
+    float *sum;      /* per block: what the weights' offsets multiply (see quantize8) */
 } act8;
+
+/* How llama.cpp rounds the activations a matrix meets (its vec_dot_type), so that the
+   logits stay close to the file's in llama.cpp: Q8_0 blocks for Q8_0, Q5_0 (held as
+   Q8_0) and Q4_0 weights; Q8_1 blocks, which add a float16 sum, for Q4_1; Q8_K
+   blocks, one float32 scale per 256 values, for K-quants (FMT_I8). */
+enum { ACT_Q8_0, ACT_Q8_1, ACT_Q8_K };
+
+static inline int act_kind(const hs_mat *w) {
+    return w->fmt == FMT_I8 ? ACT_Q8_K : w->fmt == FMT_Q4_1 ? ACT_Q8_1 : ACT_Q8_0;
+}
+
+static inline float round_half(float x) { return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT)); }
 
 /* Lane k of a pair's natural dwords (block b: 0-7, block b + 1: 8-15), interleaved. */
 #define INTERLEAVE _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0)
 
-static void quantize8(const float *x, int n, act8 *out) {
+/* x's n values rounded as `kind` says: xq = x * 127 / max|x| to nearest even, the
+   max taken per block (Q8_0, Q8_1) or per 256 values (Q8_K). The scale is
+   max / 127 in float16 (Q8_0, Q8_1) or 1 / (127 / max) in float32 (Q8_K); sum is
+   scale * sum(xq), except Q8_1's, float16(max / 127 * sum(xq)). */
+static void quantize8(const float *x, int n, int kind, act8 *out) {
     const int nb = n / BLOCK;
     const __m512 sign = _mm512_set1_ps(-0.0f);
+    float top[nb];
+    for (int b = 0; b < nb; b++)
+        top[b] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, _mm512_loadu_ps(x + b * BLOCK)),
+                                                    _mm512_andnot_ps(sign, _mm512_loadu_ps(x + b * BLOCK + 16))));
+    if (kind == ACT_Q8_K)           /* n is a multiple of 256: FMT_I8 holds K-quants only */
+        for (int g = 0; g < nb; g += 8) {
+            float most = top[g];
+            for (int b = g + 1; b < g + 8; b++) most = fmaxf(most, top[b]);
+            for (int b = g; b < g + 8; b++) top[b] = most;
+        }
     for (int p = 0; p < (nb + 1) / 2; p++) {
         __m128i bytes[4];
         for (int h = 0; h < 2; h++) {
@@ -50,14 +77,15 @@ static void quantize8(const float *x, int n, act8 *out) {
                 out->scale[b] = 0.0f;
                 continue;
             }
-            const __m512 v0 = _mm512_loadu_ps(x + b * BLOCK), v1 = _mm512_loadu_ps(x + b * BLOCK + 16);
-            const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
-            const __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
-            bytes[2 * h] = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)));
-            bytes[2 * h + 1] = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)));
-            out->scale[b] = top / 127.0f;
-            out->sum[b] = hsum8(_mm256_add_ps(_mm256_add_ps(_mm512_castps512_ps256(v0), _mm512_extractf32x8_ps(v0, 1)),
-                                              _mm256_add_ps(_mm512_castps512_ps256(v1), _mm512_extractf32x8_ps(v1, 1))));
+            const float inv = top[b] > 0.0f ? 127.0f / top[b] : 0.0f;
+            const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + b * BLOCK), _mm512_set1_ps(inv)));
+            const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + b * BLOCK + 16), _mm512_set1_ps(inv)));
+            bytes[2 * h] = _mm512_cvtepi32_epi8(q0);
+            bytes[2 * h + 1] = _mm512_cvtepi32_epi8(q1);
+            const float qsum = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            const float d = top[b] / 127.0f;
+            out->scale[b] = kind == ACT_Q8_K ? (inv > 0.0f ? 1.0f / inv : 0.0f) : round_half(d);
+            out->sum[b] = kind == ACT_Q8_1 ? round_half(d * qsum) : out->scale[b] * qsum;
         }
         __m512i pair = _mm512_castsi128_si512(bytes[0]);
         pair = _mm512_inserti32x4(pair, bytes[1], 1);
@@ -152,10 +180,10 @@ static inline __attribute__((always_inline)) void row_chunk(const hs_mat *w, int
     }
 }
 
-/* Y = W X for T tokens (token t's outputs at y + t * ystride), a row at a time,
-   its tokens CHUNK at a time. */
-static void matmat8(const hs_mat *w, const act8 *x, int T, float *y, int ystride, const hs_mat *next) {
-    for (int r = 0; r < w->rows; r++) {
+/* Rows r0..r1-1 of Y = W X for T tokens (token t's outputs at y + t * ystride), a
+   row at a time, its tokens CHUNK at a time. */
+static void matmat8(const hs_mat *w, const act8 *x, int T, float *y, int ystride, const hs_mat *next, int r0, int r1) {
+    for (int r = r0; r < r1; r++) {
         prefetch_ahead(w, next, r + AHEAD, 1);
         int t = 0;
         for (; t + CHUNK <= T; t += CHUNK) row_chunk(w, r, x + t, CHUNK, y + (size_t)t * ystride, ystride);

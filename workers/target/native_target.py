@@ -7,10 +7,11 @@ hs_forward_window unpacks each block of weights once for up to 8 tokens of the w
 it came in, so its logits are the same bits. The weights are the file's values exactly:
 Q8_0, Q4_0 and Q4_1 blocks as stored, Q5_0 as int8 quants beside its scales, K-quants as
 int8 quants with float scales (FMT_I8: more bytes than the file, the same values).
-Activations are rounded to int8 per block of 32, as llama.cpp's Q8_0 activations are
-(int16, a token at a time, on CPUs without AVX-512 VNNI). A Q8_0 output layer goes
-through output_head.c (llama.cpp's arithmetic, a window at once, on the target's
-threads); another type through the window's own products.
+Activations are rounded to int8 as llama.cpp rounds them for each weight type (int16,
+a token at a time, on CPUs without AVX-512 VNNI). The output layer is one more window
+product (on CPUs without AVX-512 VNNI, a Q8_0 one goes through output_head.c instead).
+When the target runs alone on borrowed cores, every product's rows are split among
+threads (pool.h), each row computed as on one thread.
 """
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ class NativeTarget:
                                           ctypes.c_void_p]
         lib.hs_window_logits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
         lib.hs_window_bits.restype = ctypes.c_int
+        lib.hs_set_threads.restype = ctypes.c_int
+        lib.hs_set_threads.argtypes = [ctypes.c_int]
+        lib.hs_thread_ids.restype = ctypes.c_int
+        lib.hs_thread_ids.argtypes = [ctypes.c_void_p]
         self._lib, self._model, self._ref = lib, model, ctypes.byref(model)
         self.max_window = lib.hs_max_window()
         self._work = np.zeros(lib.hs_window_work_floats(self._ref, self.max_window), np.float32)
@@ -50,7 +55,11 @@ class NativeTarget:
         self._caches = [first] + [(np.zeros_like(first[0]), np.zeros_like(first[1])) for _ in range(caches - 1)]
         self._norms = np.zeros((self.max_window, model.n_embd), np.float32)
         self._tokens = np.zeros(self.max_window, np.int32)
-        weights, self.head_why = output_head.head_matrix(path)
+        # With 8-bit windows the output layer takes the window's products on the pool's
+        # threads, faster than output_head.c at any window; without them a Q8_0 output
+        # layer takes output_head.c's kernel.
+        bits = lib.hs_window_bits()
+        weights, why = output_head.head_matrix(path) if bits != 8 else (None, "8-bit windows")
         self._head = None
         if weights is not None:
             with built(output_head.SOURCE, "output-layer kernel", cache_root) as library:
@@ -59,13 +68,14 @@ class NativeTarget:
             self._head.hs_head_q8_0.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
             self._head_weights = weights
-        self.n_vocab, self.n_ctx, self.caches, self.threads = model.n_vocab, n_ctx, caches, threads
+        self.n_vocab, self.n_ctx, self.caches = model.n_vocab, n_ctx, caches
+        self.set_threads(threads)
         self.lengths = [0] * caches
         self.eos_token_ids = end_of_generation_tokens(path)
         self.description = self._net.description.replace("native, ", "") + (
-            f", activations in {lib.hs_window_bits()} bits" + (
+            f", activations in {bits} bits" + (
                 "; output layer: hetspec's Q8_0 kernel, a window at once" if self._head is not None
-                else f"; output layer through the window's products ({self.head_why})"))
+                else f"; output layer through the window's products ({why})"))
 
     def forward(self, cache: int, tokens: Sequence[int], keep: int, rows: int) -> np.ndarray:
         """Drop cache `cache`'s positions >= keep, run `tokens` there; the logits of the
@@ -102,8 +112,14 @@ class NativeTarget:
         self.lengths[cache] = 0
 
     def set_threads(self, threads: int) -> None:
-        """The output layer's threads (the layers run on one)."""
-        self.threads = threads
+        """Threads for the products and the output layer: more when the target runs alone
+        on borrowed cores, one while the draft runs beside it."""
+        self.threads = self._lib.hs_set_threads(threads)
+
+    def thread_ids(self) -> list[int]:
+        """The kernel ids of the threads that share the products with the caller's, for pinning."""
+        tids = np.zeros(64, np.int32)
+        return tids[:self._lib.hs_thread_ids(tids.ctypes.data)].tolist()
 
     def close(self) -> None:
         self._net.close()

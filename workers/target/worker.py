@@ -92,7 +92,8 @@ class GGUFTarget:
                 f"llama.cpp's ({self.model.head_why})"
             self.kernels = f"llama.cpp, batch-invariant (no repacking, no tiled K-quant products, flash attention, " \
                            f"{MAX_PASS} tokens a pass); output layer: {head}"
-        self.loan = CoreLoan(spec.cores, spec.borrow_cores, self.model.set_threads, spec.threads)
+        self.loan = CoreLoan(spec.cores, spec.borrow_cores, self.model.set_threads, spec.threads,
+                             getattr(self.model, "thread_ids", None))
         self.n_vocab, self.eos = self.model.n_vocab, self.model.eos_token_ids
         self.last_cache = 0
 
