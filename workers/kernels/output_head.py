@@ -41,20 +41,32 @@ def head_matrix(path: str) -> tuple[np.ndarray | None, str]:
     return head.data, ""
 
 
+def library(cache_root: str = ""):
+    """output_head.c, built here once (KernelUnavailable where it cannot be), hs_head_q8_0 typed."""
+    with built(SOURCE, "output-layer kernel", cache_root) as path:
+        lib = ctypes.CDLL(path)
+    lib.hs_head_q8_0.restype = ctypes.c_int
+    lib.hs_head_q8_0.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                 ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+def head_logits(lib, weights: np.ndarray, cols: int, x: np.ndarray, n: int, out: np.ndarray, threads: int) -> None:
+    """out (n, rows) = x's first n rows (of cols floats) times the Q8_0 rows `weights`."""
+    if lib.hs_head_q8_0(weights.ctypes.data, weights.shape[0], cols, x.ctypes.data, n, out.ctypes.data, threads) != 0:
+        raise RuntimeError(f"the output-layer kernel refused {n} rows of {cols}")
+
+
 class OutputHead:
     """The kernel, the weights and the eval callback that feeds them; keep it alive as long
     as the llama.cpp context it was given to."""
 
     def __init__(self, weights: np.ndarray, cols: int, rows_a_pass: int, cache_root: str = ""):
-        with built(SOURCE, "output-layer kernel", cache_root) as library:
-            self._lib = ctypes.CDLL(library)
-        self._lib.hs_head_q8_0.restype = ctypes.c_int
-        self._lib.hs_head_q8_0.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                           ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+        self._lib = library(cache_root)
         import llama_cpp
 
         ggml = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
-        self.weights, self.rows, self.cols = weights, weights.shape[0], cols
+        self.weights, self.cols = weights, cols
         self.norm = np.zeros((rows_a_pass, cols), dtype=np.float32)
         self._capture = _Capture(*(ctypes.cast(getattr(ggml, f), ctypes.c_void_p) for f in
                                    ("ggml_get_name", "ggml_get_data", "ggml_nbytes")),
@@ -73,9 +85,7 @@ class OutputHead:
         """The last pass's n output rows' logits into out (n, rows)."""
         if self._capture.got != n * self.cols * 4:
             raise RuntimeError(f"llama.cpp's final norm held {self._capture.got} bytes, not {n} rows of {self.cols}")
-        if self._lib.hs_head_q8_0(self.weights.ctypes.data, self.rows, self.cols, self.norm.ctypes.data, n,
-                                  out.ctypes.data, threads) != 0:
-            raise RuntimeError(f"the output-layer kernel refused {n} rows of {self.cols}")
+        head_logits(self._lib, self.weights, self.cols, self.norm, n, out, threads)
 
 
 def load(path: str, rows_a_pass: int, cache_root: str = "") -> tuple[OutputHead | None, str]:

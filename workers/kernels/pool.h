@@ -25,10 +25,10 @@ static struct {
     pthread_cond_t wake;
     int started;                 /* threads made, beside the caller's */
     atomic_int width;            /* threads a job is split among, the caller's included */
-    atomic_int ticket[POOL_MAX]; /* per thread: the last job handed to it */
+    atomic_uint ticket[POOL_MAX]; /* per thread: the last job handed to it (wrapping) */
     atomic_int done, sleeping;
     atomic_int tids[POOL_MAX];   /* per thread: its kernel thread id, for pinning */
-    int jobs;                    /* jobs given out */
+    unsigned jobs;               /* jobs given out (wrapping) */
     pool_fn fn;                  /* the current job, parts ways */
     void *arg;
     int parts;
@@ -37,7 +37,7 @@ static struct {
 /* Thread `me` (1..): waits for its part of a job, does it, waits again. */
 static void *pool_thread(void *arg) {
     const int me = (int)(intptr_t)arg;
-    int seen = 0;
+    unsigned seen = 0;
     atomic_store(&pool.tids[me], (int)syscall(SYS_gettid));
     for (;;) {
         for (const unsigned long long start = __rdtsc(); atomic_load(&pool.ticket[me]) == seen;) {

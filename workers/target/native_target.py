@@ -23,7 +23,6 @@ import numpy as np
 
 from hetspec.workers.draft.native import NativeDraftModel
 from hetspec.workers.kernels import output_head
-from hetspec.workers.kernels.build import built
 from hetspec.workers.target.llama_target import checked_window
 
 
@@ -62,12 +61,7 @@ class NativeTarget:
         weights, why = output_head.head_matrix(path) if bits != 8 else (None, "8-bit windows")
         self._head = None
         if weights is not None:
-            with built(output_head.SOURCE, "output-layer kernel", cache_root) as library:
-                self._head = ctypes.CDLL(library)
-            self._head.hs_head_q8_0.restype = ctypes.c_int
-            self._head.hs_head_q8_0.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                                ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-            self._head_weights = weights
+            self._head, self._head_weights = output_head.library(cache_root), weights
         self.n_vocab, self.n_ctx, self.caches = model.n_vocab, n_ctx, caches
         self.set_threads(threads)
         self.lengths = [0] * caches
@@ -103,10 +97,7 @@ class NativeTarget:
         if self._head is None:
             self._lib.hs_window_logits(self._ref, norms.ctypes.data, n, out.ctypes.data)
             return
-        w = self._head_weights
-        if self._head.hs_head_q8_0(w.ctypes.data, w.shape[0], self._model.n_embd, norms.ctypes.data, n,
-                                   out.ctypes.data, self.threads) != 0:
-            raise RuntimeError(f"the output-layer kernel refused {n} rows of {self._model.n_embd}")
+        output_head.head_logits(self._head, self._head_weights, self._model.n_embd, norms, n, out, self.threads)
 
     def forget(self, cache: int) -> None:
         self.lengths[cache] = 0
