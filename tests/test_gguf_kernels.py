@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hetspec.models import resolve_model
-from hetspec.workers.kernels.formats import BLOCK, EXPANDED_FORMAT, GGML_TYPES, KERNEL_FORMATS
+from hetspec.workers.kernels.formats import BLOCK, EXPANDED_FORMAT, GGML_TYPES, KERNEL_FORMATS, WINDOW_INT8
 from hetspec.workers.kernels.gguf_kernels import FORMATS, KernelUnavailable, load
 from hetspec.workers.kernels.gguf_tensors import read_tensors
 from hetspec.workers.target.gguf_linear import MAX_ROWS, GGUFLinear, attach_gguf_blocks
@@ -69,8 +69,9 @@ def test_python_and_c_agree_on_the_block_formats():
     assert {name: constants[f"FMT_{name}"] for name in KERNEL_FORMATS} == {n: f.code for n, f in KERNEL_FORMATS.items()}
     assert {name: constants[f"{name}_BYTES"] for name in KERNEL_FORMATS} == {
         n: f.block_bytes for n, f in KERNEL_FORMATS.items()}
-    assert constants["FMT_I8"] == EXPANDED_FORMAT
-    assert sorted(k for k in constants if k.startswith("FMT_")) == sorted([*(f"FMT_{n}" for n in KERNEL_FORMATS), "FMT_I8"])
+    assert constants["FMT_I8"] == EXPANDED_FORMAT and constants["FMT_W8"] == WINDOW_INT8
+    assert sorted(k for k in constants if k.startswith("FMT_")) == sorted(
+        [*(f"FMT_{n}" for n in KERNEL_FORMATS), "FMT_I8", "FMT_W8"])
     assert constants["BLOCK"] == BLOCK
 
 

@@ -6,7 +6,7 @@ that do not fill its four-row tiles. The only error allowed is the one of roundi
 the activations to int16 per block, plus float32 summation.
 
 hs_window_matmat, the target's: against llama.cpp's rounding of the activations,
-up to float32 summation."""
+up to float32 summation; and Q8_0 laid out for it at load (FMT_W8) gives the same bits."""
 import ctypes
 import os
 import shutil
@@ -14,9 +14,9 @@ import shutil
 import numpy as np
 import pytest
 
-from hetspec.workers.draft.native import FORMATS, SOURCE, _Mat
+from hetspec.workers.draft.native import FORMATS, SOURCE, _Mat, _window_int8
 from hetspec.workers.kernels.build import KernelUnavailable, _build_key, built
-from hetspec.workers.kernels.formats import EXPANDED_FORMAT
+from hetspec.workers.kernels.formats import EXPANDED_FORMAT, WINDOW_INT8
 
 
 @pytest.fixture(scope="module")
@@ -110,12 +110,8 @@ def random_expanded(rows: int, cols: int, rng):
     return q, scales, offsets
 
 
-@pytest.mark.parametrize("fmt", [*sorted(FORMATS), "I8"])
-def test_the_targets_window_rounds_activations_as_llama_cpp_does(library, fmt):
-    """The native target's products (hs_window_matmat) are llama.cpp's arithmetic up to
-    float32 summation: each weight type meets its activations rounded as llama.cpp rounds
-    them (q8_0, q8_1 or q8_K), so the logits stay near the file's in llama.cpp. A
-    float32 scale, the rounding the window used before, is told apart."""
+def window_matmat(library) -> None:
+    """hs_window_matmat's signature; a skip where the CPU has no 8-bit windows."""
     library.hs_window_bits.restype = ctypes.c_int
     if library.hs_window_bits() != 8:
         pytest.skip("this CPU has no AVX-512 VNNI: the window keeps 16-bit activations")
@@ -124,6 +120,15 @@ def test_the_targets_window_rounds_activations_as_llama_cpp_does(library, fmt):
     library.hs_window_matmat.restype = ctypes.c_int
     library.hs_window_matmat.argtypes = [ctypes.POINTER(_Mat), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                          ctypes.c_void_p]
+
+
+@pytest.mark.parametrize("fmt", [*sorted(FORMATS), "I8"])
+def test_the_targets_window_rounds_activations_as_llama_cpp_does(library, fmt):
+    """The native target's products (hs_window_matmat) are llama.cpp's arithmetic up to
+    float32 summation: each weight type meets its activations rounded as llama.cpp rounds
+    them (q8_0, q8_1 or q8_K), so the logits stay near the file's in llama.cpp. A
+    float32 scale, the rounding the window used before, is told apart."""
+    window_matmat(library)
     rng = np.random.default_rng(7)
     rows, cols, T = 9, 512, 5
     if fmt == "I8":
@@ -164,3 +169,23 @@ def test_the_targets_window_rounds_activations_as_llama_cpp_does(library, fmt):
         assert np.array_equal(one, y[t])                          # a window of one: the same bits
     if kind != "q8_K":
         assert max(np.abs(y[t] - model(t, fp32_scale=True)).max() - summation[:, t].max() for t in range(T)) > 0
+
+
+@pytest.mark.parametrize("rows, cols", [(9, 640), (6, 96)])
+def test_q8_0_laid_out_for_the_window_gives_the_same_bits(library, rows, cols):
+    """FMT_W8 (pairs of blocks interleaved, quants + 128, float32 scales; an odd last block
+    paired with zeros) against the Q8_0 blocks it was made from, for windows of 1-11
+    tokens, which take every tile shape (four rows for the last 1-3 tokens)."""
+    window_matmat(library)
+    rng = np.random.default_rng(3)
+    (qs, d, _), _ = random_matrix("Q8_0", rows, cols, rng)
+    plain = _Mat(qs.ctypes.data, d.ctypes.data, None, FORMATS["Q8_0"], rows, cols)
+    laid, scales = _window_int8(qs.reshape(rows, cols // 32, 32), d.view(np.uint16))
+    window = _Mat(laid.ctypes.data, None, None, WINDOW_INT8, rows, cols, scales.ctypes.data, None)
+    for T in range(1, 12):
+        x = (rng.standard_normal((T, cols)) * np.exp(rng.standard_normal((T, cols)))).astype(np.float32)
+        work = np.zeros(T * library.hs_window_act_floats(cols), np.float32)
+        y = [np.zeros((T, rows), np.float32) for _ in range(2)]
+        for mat, out in zip((plain, window), y):
+            assert library.hs_window_matmat(ctypes.byref(mat), x.ctypes.data, T, out.ctypes.data, work.ctypes.data) == 0
+        assert np.array_equal(y[0].view(np.uint32), y[1].view(np.uint32)), T

@@ -10,7 +10,8 @@ kv_geometry, import_kv), so the drafter and the KV handover work with any
 backend. Its cache is positional: a forward at `pos` simply overwrites from
 there, which is all a rollback needs. The native target
 (workers/target/native_target.py) loads its model here too, with exact_kquants:
-K-quants then keep their exact values (FMT_I8) rather than an 8-bit grid's.
+K-quants then keep their exact values (FMT_I8) rather than an 8-bit grid's,
+and with window_layout its Q8_0 values are laid out for the window products (FMT_W8).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from hetspec.workers.draft.llama_kv_state import ROPE_NEOX, ROPE_NORM, to_llama_order
 from hetspec.workers.kernels.build import KernelUnavailable, built, kernel_source
-from hetspec.workers.kernels.formats import BLOCK, BY_NAME, EXPANDED_FORMAT, KERNEL_FORMATS
+from hetspec.workers.kernels.formats import BLOCK, BY_NAME, EXPANDED_FORMAT, KERNEL_FORMATS, WINDOW_INT8
 from hetspec.workers.kernels.gguf_tensors import read_gguf
 
 SOURCE = kernel_source("native_draft.c")
@@ -60,18 +61,21 @@ class _Model(ctypes.Structure):
 
 class NativeDraftModel:
     def __init__(self, path: str, n_ctx: int, cache_root: str = "", fast_head: bool = True,
-                 exact_kquants: bool = False):
+                 exact_kquants: bool = False, window_layout: bool = False):
         """KernelUnavailable when the C file cannot be built here, Unsupported
         when the file is not a Llama or Gemma 3 model of block types it reads.
         fast_head: read a Q8_0 output layer mostly in a Q4_1 copy (see head()
         in native_draft.c); False reads all of it. exact_kquants: K-quant blocks
-        as their exact values (FMT_I8, more bytes) rather than rounded to Q8_0."""
+        as their exact values (FMT_I8, more bytes) rather than rounded to Q8_0.
+        window_layout: Q8_0 values laid out for the target's 8-bit window products
+        (FMT_W8), where the CPU has them; only hs_forward_window reads that layout."""
+        self._lib = load_library(cache_root)
         meta, tensors = read_gguf(path)
         self._arrays = []                            # what the C side reads: keep alive
         formats: dict[str, int] = {}
-        model, self._layers = _describe(meta, tensors, n_ctx, self._arrays, formats, exact_kquants)
+        window_layout = window_layout and self._lib.hs_window_bits() == 8
+        model, self._layers = _describe(meta, tensors, n_ctx, self._arrays, formats, exact_kquants, window_layout)
         self._rope = ROPE_NEOX if model.neox_rope else ROPE_NORM
-        self._lib = load_library(cache_root)
         # Keys in blocks of key_block positions, dimension-major (native_draft.c, attend).
         self._key_block = self._lib.hs_key_block()
         blocks = -(-n_ctx // self._key_block)
@@ -160,17 +164,19 @@ def load_library(cache_root: str = ""):
         return ctypes.CDLL(library)
 
 
-def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list, formats: dict, exact: bool = False):
+def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list, formats: dict, exact: bool = False,
+              window: bool = False):
     """The C side's model: its shape from the file's metadata, its matrices and norms
     from its tensors (kept alive in `keep`; their formats counted in `formats`)."""
     model, gemma = _shape(meta, n_ctx)
-    model.embd = _mat(tensors, "token_embd.weight", keep, formats, exact)
-    model.out = _mat(tensors, "output.weight", keep, formats, exact) if "output.weight" in tensors else model.embd
+    model.embd = _mat(tensors, "token_embd.weight", keep, formats, exact, window)
+    model.out = (_mat(tensors, "output.weight", keep, formats, exact, window) if "output.weight" in tensors
+                 else model.embd)
     model.n_vocab = model.embd.rows
     model.out_norm = _norm(tensors, "output_norm.weight", model.n_embd, keep)
     layers = (_Layer * model.n_layer)()
     for i, layer in enumerate(layers):
-        _fill_layer(layer, i, model, gemma, tensors, keep, formats, exact)
+        _fill_layer(layer, i, model, gemma, tensors, keep, formats, exact, window)
     _check_shapes(model, layers)
     model.layers = layers
     return model, layers
@@ -211,9 +217,9 @@ def _shape(meta: dict, n_ctx: int) -> tuple[_Model, bool]:
 
 
 def _fill_layer(layer: _Layer, i: int, model: _Model, gemma: bool, tensors: dict, keep: list, formats: dict,
-                exact: bool) -> None:
+                exact: bool, window: bool) -> None:
     for field, name in zip(("wq", "wk", "wv", "wo", "gate", "up", "down"), LAYER_MATRICES):
-        setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight", keep, formats, exact))
+        setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight", keep, formats, exact, window))
     layer.attn_norm = _norm(tensors, f"blk.{i}.attn_norm.weight", model.n_embd, keep)
     layer.ffn_norm = _norm(tensors, f"blk.{i}.ffn_norm.weight", model.n_embd, keep)
     if gemma:
@@ -235,10 +241,11 @@ def _check_shapes(model: _Model, layers) -> None:
         raise Unsupported("the embedding and output matrices do not match the model's width and vocabulary")
 
 
-def _mat(tensors: dict, name: str, keep: list, formats: dict, exact: bool = False) -> _Mat:
+def _mat(tensors: dict, name: str, keep: list, formats: dict, exact: bool = False, window: bool = False) -> _Mat:
     """The tensor's blocks taken apart into quants, scales and offsets (one
     array each, row by row): the kernel then reads eight blocks' scales at once.
-    exact: K-quants keep their values (FMT_I8), else they are rounded to Q8_0."""
+    exact: K-quants keep their values (FMT_I8), else they are rounded to Q8_0.
+    window: Q8_0 values in the window products' layout (FMT_W8, _window_int8)."""
     tensor = tensors.get(name)
     if tensor is None:
         raise Unsupported(f"the file has no tensor {name}")
@@ -263,9 +270,28 @@ def _mat(tensors: dict, name: str, keep: list, formats: dict, exact: bool = Fals
         parts = [*_as_q8_0(tensor, rows, cols), None]
         formats[f"Q8_0 from {fmt}"] = formats.get(f"Q8_0 from {fmt}", 0) + 1
         fmt = "Q8_0"
+    if window and fmt == "Q8_0":
+        qs, scales = _window_int8(parts[0].reshape(rows, cols // BLOCK, BLOCK), parts[1].reshape(rows, cols // BLOCK))
+        keep.extend((qs, scales))
+        return _Mat(qs.ctypes.data, None, None, WINDOW_INT8, rows, cols, scales.ctypes.data, None)
     keep.extend(p for p in parts if p is not None)
     qs, d, m = (p.ctypes.data if p is not None else None for p in parts)
     return _Mat(qs, d, m, FORMATS[fmt], rows, cols)
+
+
+def _window_int8(q: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_0 quants (rows, blocks, 32) and float16 scales (rows, blocks, as uint16) as the
+    window products read them (window8.h): per pair of blocks 64 bytes, block b's dwords
+    in the even places and b + 1's in the odd, each quant + 128; the scales in float32.
+    A last block without a partner is paired with zeros."""
+    rows, nb, _ = q.shape
+    pairs = (nb + 1) // 2
+    biased = np.full((rows, 2 * pairs, BLOCK), 128, np.uint8)
+    biased[:, :nb] = q.view(np.uint8) ^ np.uint8(0x80)
+    biased = biased.reshape(rows, pairs, 2, 8, 4).transpose(0, 1, 3, 2, 4)
+    scales = np.zeros((rows, 2 * pairs), np.float32)
+    scales[:, :nb] = d.view(np.float16)
+    return np.ascontiguousarray(biased).reshape(rows, pairs * 64), scales
 
 
 def _as_q8_0(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:

@@ -8,6 +8,9 @@ enum { FMT_Q8_0 = 0, FMT_Q4_0 = 1, FMT_Q4_1 = 2 };         /* a matrix's `fmt` *
 /* Not a GGUF type: K-quant blocks laid out again with their exact values, int8
    quants with a float32 scale per 16 and offset per 32 (native_draft.c only). */
 enum { FMT_I8 = 3 };
+/* Nor this: Q8_0 values laid out for the target's window products (window8.h), each
+   pair of blocks' dwords interleaved, quants + 128 (unsigned), scales in float32. */
+enum { FMT_W8 = 4 };
 enum { BLOCK = 32 };                                          /* weights per block */
 enum { Q8_0_BYTES = 34, Q4_0_BYTES = 18, Q4_1_BYTES = 20 };   /* bytes per block in a GGUF file */
 

@@ -40,3 +40,6 @@ KERNEL_FORMATS = {name: KernelFormat(code, BY_NAME[name].block_bytes)
 # formats.h's FMT_I8: K-quant blocks laid out again with their exact values (int8 quants, a
 # float32 scale per 16 weights and offset per 32), which the native kernels read.
 EXPANDED_FORMAT = 3
+# formats.h's FMT_W8: Q8_0 values laid out for the target's window products (pairs of blocks
+# interleaved, quants + 128, float32 scales), made at load where those products use VNNI.
+WINDOW_INT8 = 4

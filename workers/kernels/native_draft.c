@@ -48,7 +48,7 @@ typedef struct {
     const uint8_t *qs;
     const uint16_t *d, *m;
     int fmt, rows, cols;
-    const float *scales, *offsets;   /* FMT_I8 only: per 16 weights, per 32 (NULL: none) */
+    const float *scales, *offsets;   /* FMT_I8: per 16 weights, per 32 (NULL: none); FMT_W8: per 32 */
 } hs_mat;
 
 typedef struct {
@@ -241,6 +241,13 @@ static inline __attribute__((always_inline)) float row_setup(const hs_mat *w, in
 
 static inline __attribute__((always_inline)) void prefetch_rows(const hs_mat *w, int r, int n) {
     const int nb = w->cols / BLOCK, row_bytes = nb * (w->fmt == FMT_Q8_0 || w->fmt == FMT_I8 ? 32 : 16);
+    if (w->fmt == FMT_W8) {
+        const int pairs = (nb + 1) / 2;
+        const char *rows = (const char *)(w->qs + (size_t)r * pairs * 64), *scales = (const char *)(w->scales + (size_t)r * pairs * 2);
+        for (int i = 0; i < n * pairs * 64; i += 64) _mm_prefetch(rows + i, _MM_HINT_T0);
+        for (int i = 0; i < n * pairs * 8; i += 64) _mm_prefetch(scales + i, _MM_HINT_T0);
+        return;
+    }
     const char *rows = (const char *)(w->qs + (size_t)r * row_bytes);
     for (int i = 0; i < n * row_bytes; i += 64) _mm_prefetch(rows + i, _MM_HINT_T0);
     if (w->fmt == FMT_I8) {
@@ -404,14 +411,21 @@ int hs_window_bits(void) { return WINDOW8 ? 8 : 16; }
 
 /* Token t's rounded activations (of up to `widest` values) placed in `work`, which
    holds window_act_floats(widest) floats a token. */
-static long window_act_floats(int widest) { return widest + 3L * (widest / BLOCK) + 16; }
+static long window_act_floats(int widest) {
+#if WINDOW8
+    return (widest / BLOCK + 1) / 2 * 48 + 2 * (widest / BLOCK) + 36;    /* 16 to align qc */
+#else
+    return widest + 3L * (widest / BLOCK) + 16;
+#endif
+}
 
 static void window_act_at(window_act *a, float *work, int widest) {
 #if WINDOW8
-    a->q = (int8_t *)work;
-    a->u = (uint8_t *)(work + widest / 4 + 16);
-    a->scale = work + widest / 2 + 32;
-    a->sum = a->scale + widest / BLOCK + 2;
+    const size_t pairs = (size_t)(widest / BLOCK + 1) / 2;
+    a->qc = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
+    a->u = a->qc + 128 * pairs;
+    a->scale = (float *)(a->u + 64 * pairs);
+    a->sum = a->scale + 2 * pairs;
 #else
     a->q = (int16_t *)work;
     a->pairs = a->q + widest;
@@ -439,6 +453,12 @@ static void dequantize_row(const hs_mat *w, int r, float *y) {
     for (int b = 0; b < nb; b++) {
         float *yb = y + b * BLOCK;
         const size_t at = (size_t)r * nb + b;
+        if (w->fmt == FMT_W8) {     /* value j: dword j / 4 of block b, interleaved with b's partner */
+            const size_t pair = (size_t)r * ((nb + 1) / 2) + b / 2;
+            for (int j = 0; j < BLOCK; j++)
+                yb[j] = w->scales[2 * pair + (b & 1)] * (float)(w->qs[64 * pair + 8 * (j / 4) + 4 * (b & 1) + j % 4] - 128);
+            continue;
+        }
         if (w->fmt == FMT_I8) {
             const int8_t *q = (const int8_t *)w->qs + at * 32;
             const float off = w->offsets ? w->offsets[at] : 0.0f;

@@ -20,6 +20,13 @@
    the lanes folded by fold4. The activations are rounded as llama.cpp rounds
    them for each weight type (quantize8).
 
+   The target's Q8_0 matrices come laid out for this at load (FMT_W8): pairs
+   already interleaved, scales in float32, and quants + 128, unsigned, so they
+   meet xq as 4-bit quants do and the 128 * sum(xq) they add is taken off with a
+   per-token vector (act8.qc) instead of a per-row one: a token or two then
+   multiplies a pair in a few instructions. The same integers and scales, so the
+   same bits. A window's last 1-3 tokens take four rows at a time (tile8).
+
    Batch invariance: a token's float operations are the same sequence whatever
    the window, chunk or token next to it; only the integer sums and the unpacking
    are shared, and integers are exact. */
@@ -30,8 +37,9 @@
 /* A token's activations in the pair layout. A last block without a partner is
    paired with zeros (its weights are masked, its scale is 0). */
 typedef struct {
-    int8_t *q;       /* 64 bytes a pair: xq, interleaved as above */
-    uint8_t *u;      /* the same, xq + 128 */
+    uint8_t *qc;     /* 128 bytes a pair, 64-aligned: xq (interleaved as above), then -128 times
+                        each lane's sum of xq (16 int32), which FMT_W8's quants + 128 add */
+    uint8_t *u;      /* 64 bytes a pair: xq + 128 */
     float *scale;    /* per block (x ~ scale * xq), a pair's two side by side */
     float *sum;      /* per block: what the weights' offsets multiply (see quantize8) */
 } act8;
@@ -92,7 +100,9 @@ static void quantize8(const float *x, int n, int kind, act8 *out) {
         pair = _mm512_inserti32x4(pair, bytes[2], 2);
         pair = _mm512_inserti32x4(pair, bytes[3], 3);
         pair = _mm512_permutexvar_epi32(INTERLEAVE, pair);
-        _mm512_storeu_si512(out->q + 64 * p, pair);
+        const __m512i lane_sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), pair);
+        _mm512_store_si512(out->qc + 128 * p, pair);
+        _mm512_store_si512(out->qc + 128 * p + 64, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(lane_sums, 7)));
         _mm512_storeu_si512(out->u + 64 * p, _mm512_xor_si512(pair, _mm512_set1_epi8((char)0x80)));
     }
 }
@@ -104,11 +114,19 @@ static inline __m512 block_scales(const uint16_t *d, int both) {
     return _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(_mm_cvtph_ps(_mm_cvtsi32_si128((int)two)))));
 }
 
-/* Row r's pair p as signed bytes in the pair layout, and its per-lane weight scales. */
-static inline __attribute__((always_inline)) __m512i pair_weights(const hs_mat *w, int r, int nb, int p, __m512 *scales) {
+/* Row r's pair p as bytes in the pair layout (unsigned for 4-bit formats, signed
+   for int8 ones), and its per-lane weight scales. fmt is w->fmt, a constant
+   where this is inlined (see matmat8), so no branch on it is left in the loops. */
+static inline __attribute__((always_inline)) __m512i pair_weights(const hs_mat *w, const int fmt, int r, int nb,
+                                                                  int p, __m512 *scales) {
     const int b = 2 * p, whole = b + 1 < nb;
     const size_t at = (size_t)r * nb + b;
-    if (w->fmt == FMT_Q4_0 || w->fmt == FMT_Q4_1) {
+    if (fmt == FMT_W8) {            /* laid out at load: pairs interleaved, quants + 128, float scales */
+        const size_t pair = (size_t)r * ((nb + 1) / 2) + p;
+        *scales = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_load_sd((const double *)(w->scales + 2 * pair))));
+        return _mm512_loadu_si512(w->qs + 64 * pair);
+    }
+    if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
         /* a block's byte j holds values j and j + 16: the low nibbles in the lower
            half, the high ones in the upper, then dwords b 0-15, b+1 0-15, b 16-31, b+1 16-31 */
         const __m512i v = whole ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w->qs + at * 16)))
@@ -123,7 +141,7 @@ static inline __attribute__((always_inline)) __m512i pair_weights(const hs_mat *
     const int8_t *qs = (const int8_t *)w->qs + at * 32;      /* Q8_0 and FMT_I8: 32 int8 a block */
     const __m512i q = _mm512_permutexvar_epi32(INTERLEAVE, whole ? _mm512_loadu_si512(qs)
                                                                  : _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)qs)));
-    if (w->fmt == FMT_I8) {         /* a scale per 16 values: lanes 0-7 even/odd cover the two halves of b, b + 1 */
+    if (fmt == FMT_I8) {            /* a scale per 16 values: lanes 0-7 even/odd cover the two halves of b, b + 1 */
         const __m128 s = whole ? _mm_loadu_ps(w->scales + 2 * at) : _mm_castpd_ps(_mm_load_sd((const double *)(w->scales + 2 * at)));
         *scales = _mm512_permutexvar_ps(_mm512_set_epi32(3, 1, 3, 1, 3, 1, 3, 1, 2, 0, 2, 0, 2, 0, 2, 0),
                                         _mm512_castps128_ps512(s));
@@ -134,62 +152,102 @@ static inline __attribute__((always_inline)) __m512i pair_weights(const hs_mat *
 }
 
 /* Sixteen of row r's per-block offsets from block b (fewer at the row's end; zeros past it). */
-static inline __attribute__((always_inline)) __m512 block_offsets(const hs_mat *w, int r, int nb, int b) {
+static inline __attribute__((always_inline)) __m512 block_offsets(const hs_mat *w, const int fmt, int r, int nb, int b) {
     const __mmask16 keep = nb - b >= 16 ? 0xffff : (__mmask16)((1u << (nb - b)) - 1);
     const size_t at = (size_t)r * nb + b;
-    if (w->fmt == FMT_Q4_1) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(keep, w->m + at));
-    if (w->fmt == FMT_Q4_0) return _mm512_mul_ps(_mm512_set1_ps(-8.0f), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(keep, w->d + at)));
+    if (fmt == FMT_Q4_1) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(keep, w->m + at));
+    if (fmt == FMT_Q4_0) return _mm512_mul_ps(_mm512_set1_ps(-8.0f), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(keep, w->d + at)));
     return _mm512_maskz_loadu_ps(keep, w->offsets + at);
 }
 
-enum { CHUNK = 8 };     /* tokens whose accumulators stay in registers */
+enum { CHUNK = 8 };     /* accumulators a tile keeps in registers: rows x tokens */
 
-/* Rows r of W for n tokens of x (n a constant at each call, so the loops unroll). */
-static inline __attribute__((always_inline)) void row_chunk(const hs_mat *w, int r, const act8 *x, int n, float *y,
-                                                            int ystride) {
+/* Rows r..r+R-1 of W for n tokens of x, R * n <= CHUNK (R, n and fmt constants at
+   each call, so the loops unroll). A few tokens take four rows at a time: one token's
+   row alone is a single chain of dependent FMAs, and four fold at once. Each row and
+   token gets the same float steps in any tile: the tiles only share loops. */
+static inline __attribute__((always_inline)) void tile8(const hs_mat *w, const int fmt, int r, const int R,
+                                                        const act8 *x, const int n, float *y, int ystride) {
     const int nb = w->cols / BLOCK, pairs = (nb + 1) / 2;
-    const int nibbles = w->fmt == FMT_Q4_0 || w->fmt == FMT_Q4_1;
-    const int has_offsets = nibbles || (w->fmt == FMT_I8 && w->offsets);
+    const int nibbles = fmt == FMT_Q4_0 || fmt == FMT_Q4_1, biased = fmt == FMT_W8;
+    const int has_offsets = nibbles || (fmt == FMT_I8 && w->offsets);
+    const uint8_t *xq[CHUNK];       /* two pointers a token: with more a tile of 8 runs out of registers */
+    const float *xs[CHUNK];
+    for (int t = 0; t < n; t++) xq[t] = biased || nibbles ? x[t].qc : x[t].u, xs[t] = x[t].scale;
     __m512 acc[CHUNK];
-    for (int t = 0; t < n; t++) acc[t] = _mm512_setzero_ps();
-    for (int p = 0; p < pairs; p++) {
-        __m512 ws;
-        const __m512i q = pair_weights(w, r, nb, p, &ws);
-        const __m512i start = nibbles ? _mm512_setzero_si512()
-                                      : _mm512_sub_epi32(_mm512_setzero_si512(),
-                                                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), q));
-        for (int t = 0; t < n; t++) {
-            const __m512i s = nibbles ? _mm512_dpbusd_epi32(start, q, _mm512_loadu_si512(x[t].q + 64 * p))
-                                      : _mm512_dpbusd_epi32(start, _mm512_loadu_si512(x[t].u + 64 * p), q);
-            const __m512 xs = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_load_sd((const double *)(x[t].scale + 2 * p))));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, xs), acc[t]);
+    for (int k = 0; k < R * n; k++) acc[k] = _mm512_setzero_ps();
+    for (int p = 0; p < pairs; p++)
+        for (int i = 0; i < R; i++) {
+            __m512 ws;
+            const __m512i q = pair_weights(w, fmt, r + i, nb, p, &ws);
+            const __m512i start = nibbles || biased ? _mm512_setzero_si512()
+                                          : _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), q));
+            for (int t = 0; t < n; t++) {
+                const __m512i s = biased ? _mm512_dpbusd_epi32(_mm512_load_si512(xq[t] + 128 * p + 64), q,
+                                                               _mm512_load_si512(xq[t] + 128 * p))
+                                : nibbles ? _mm512_dpbusd_epi32(start, q, _mm512_load_si512(xq[t] + 128 * p))
+                                          : _mm512_dpbusd_epi32(start, _mm512_loadu_si512(xq[t] + 64 * p), q);
+                const __m512 scale = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_load_sd((const double *)(xs[t] + 2 * p))));
+                acc[i * n + t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, scale), acc[i * n + t]);
+            }
         }
-    }
     if (has_offsets)
         for (int b = 0; b < nb; b += 16) {
-            const __m512 o = block_offsets(w, r, nb, b);
             const __mmask16 keep = nb - b >= 16 ? 0xffff : (__mmask16)((1u << (nb - b)) - 1);
-            for (int t = 0; t < n; t++) acc[t] = _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(keep, x[t].sum + b), acc[t]);
+            for (int i = 0; i < R; i++) {
+                const __m512 o = block_offsets(w, fmt, r + i, nb, b);
+                for (int t = 0; t < n; t++)
+                    acc[i * n + t] = _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(keep, x[t].sum + b), acc[i * n + t]);
+            }
         }
-    for (int t0 = 0; t0 < n; t0 += 4) {
+    for (int k0 = 0; k0 < R * n; k0 += 4) {
         __m512 four[4];
-        for (int i = 0; i < 4; i++) four[i] = t0 + i < n ? acc[t0 + i] : _mm512_setzero_ps();
+        for (int k = 0; k < 4; k++) four[k] = k0 + k < R * n ? acc[k0 + k] : _mm512_setzero_ps();
         float sums[4];
         _mm_storeu_ps(sums, fold4(four));
-        for (int i = 0; i < 4 && t0 + i < n; i++) y[(size_t)(t0 + i) * ystride + r] = sums[i];
+        for (int k = 0; k < 4 && k0 + k < R * n; k++)
+            y[(size_t)((k0 + k) % n) * ystride + r + (k0 + k) / n] = sums[k];
     }
 }
 
-/* Rows r0..r1-1 of Y = W X for T tokens (token t's outputs at y + t * ystride), a
-   row at a time, its tokens CHUNK at a time. */
+enum { ROWS = 4 };      /* rows a tile for the last 1-3 tokens of a window */
+
+/* Rows r0..r1-1 of Y = W X for T tokens (token t's outputs at y + t * ystride), ROWS
+   rows at a time: their tokens 8 or 4 at a time a row, the last 1-3 tokens all four rows
+   at once (see tile8). */
+static inline __attribute__((always_inline)) void matmat8_fmt(const hs_mat *w, const int fmt, const act8 *x, int T,
+                                                              float *y, int ystride, const hs_mat *next, int r0, int r1) {
+    const int many = T & ~3, few = T - many;
+    for (int r = r0; r < r1; r += ROWS) {
+        const int R = r1 - r < ROWS ? r1 - r : ROWS;
+        prefetch_ahead(w, next, r + AHEAD, R);
+        for (int t = 0; t < many; t += CHUNK)      /* a chunk's activations stay in L1 across the tile's rows */
+            for (int i = 0; i < R; i++) {
+                if (t + CHUNK <= many) tile8(w, fmt, r + i, 1, x + t, CHUNK, y + (size_t)t * ystride, ystride);
+                else tile8(w, fmt, r + i, 1, x + t, 4, y + (size_t)t * ystride, ystride);
+            }
+        float *yf = y + (size_t)many * ystride;
+        if (R == ROWS) {
+            if (few == 1) tile8(w, fmt, r, ROWS, x + many, 1, yf, ystride);
+            else if (few == 2) tile8(w, fmt, r, ROWS, x + many, 2, yf, ystride);
+            else if (few == 3) { tile8(w, fmt, r, ROWS, x + many, 2, yf, ystride);
+                                 tile8(w, fmt, r, ROWS, x + many + 2, 1, yf + (size_t)2 * ystride, ystride); }
+        } else {
+            for (int i = 0; i < R; i++)
+                for (int t = 0; t < few; t++) tile8(w, fmt, r + i, 1, x + many + t, 1, yf + (size_t)t * ystride, ystride);
+        }
+    }
+}
+
+/* Rows r0..r1-1 of Y = W X for T tokens, the kernel specialised for W's format. */
 static void matmat8(const hs_mat *w, const act8 *x, int T, float *y, int ystride, const hs_mat *next, int r0, int r1) {
-    for (int r = r0; r < r1; r++) {
-        prefetch_ahead(w, next, r + AHEAD, 1);
-        int t = 0;
-        for (; t + CHUNK <= T; t += CHUNK) row_chunk(w, r, x + t, CHUNK, y + (size_t)t * ystride, ystride);
-        if (T - t >= 4) { row_chunk(w, r, x + t, 4, y + (size_t)t * ystride, ystride); t += 4; }
-        if (T - t >= 2) { row_chunk(w, r, x + t, 2, y + (size_t)t * ystride, ystride); t += 2; }
-        if (T - t >= 1) row_chunk(w, r, x + t, 1, y + (size_t)t * ystride, ystride);
+    switch (w->fmt) {
+    case FMT_W8: matmat8_fmt(w, FMT_W8, x, T, y, ystride, next, r0, r1); break;
+    case FMT_Q8_0: matmat8_fmt(w, FMT_Q8_0, x, T, y, ystride, next, r0, r1); break;
+    case FMT_Q4_0: matmat8_fmt(w, FMT_Q4_0, x, T, y, ystride, next, r0, r1); break;
+    case FMT_Q4_1: matmat8_fmt(w, FMT_Q4_1, x, T, y, ystride, next, r0, r1); break;
+    default: matmat8_fmt(w, FMT_I8, x, T, y, ystride, next, r0, r1); break;
     }
 }
 

@@ -5,8 +5,9 @@ each weight matrix a token at a time, so a window of w tokens costs nearly w pas
 hs_forward_window unpacks each block of weights once for up to 8 tokens of the window
 (window8.h) and gives every token the same float steps whatever window or prompt chunk
 it came in, so its logits are the same bits. The weights are the file's values exactly:
-Q8_0, Q4_0 and Q4_1 blocks as stored, Q5_0 as int8 quants beside its scales, K-quants as
-int8 quants with float scales (FMT_I8: more bytes than the file, the same values).
+Q8_0, Q4_0 and Q4_1 blocks as stored (Q8_0 laid out for the window kernels at load,
+FMT_W8), Q5_0 as int8 quants beside its scales, K-quants as int8 quants with float scales
+(FMT_I8: more bytes than the file, the same values).
 Activations are rounded to int8 as llama.cpp rounds them for each weight type (int16,
 a token at a time, on CPUs without AVX-512 VNNI). The output layer is one more window
 product (on CPUs without AVX-512 VNNI, a Q8_0 one goes through output_head.c instead).
@@ -32,7 +33,7 @@ class NativeTarget:
     def __init__(self, path: str, n_ctx: int, caches: int, threads: int, cache_root: str = ""):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"GGUF model file not found: {path}")
-        self._net = NativeDraftModel(path, n_ctx, cache_root, fast_head=False, exact_kquants=True)
+        self._net = NativeDraftModel(path, n_ctx, cache_root, fast_head=False, exact_kquants=True, window_layout=True)
         lib, model = self._net._lib, self._net._model
         lib.hs_max_window.restype = ctypes.c_int
         lib.hs_window_work_floats.restype = ctypes.c_long
