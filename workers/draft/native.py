@@ -263,8 +263,8 @@ def _mat(tensors: dict, name: str, keep: list, formats: dict, exact: bool = Fals
     if fmt in FORMATS:
         blocks = tensor.data.reshape(rows, cols // BLOCK, -1)
         first = 4 if fmt == "Q4_1" else 2                  # d (and m) come before the quants
-        parts = [np.ascontiguousarray(blocks[:, :, first:]), np.ascontiguousarray(blocks[:, :, :2]).view(np.uint16)]
-        parts.append(np.ascontiguousarray(blocks[:, :, 2:4]).view(np.uint16) if fmt == "Q4_1" else None)
+        parts = [blocks[:, :, first:], blocks[:, :, :2].view(np.uint16),     # views: copied once, below
+                 blocks[:, :, 2:4].view(np.uint16) if fmt == "Q4_1" else None]
         formats[fmt] = formats.get(fmt, 0) + 1
     else:
         parts = [*_as_q8_0(tensor, rows, cols), None]
@@ -274,6 +274,7 @@ def _mat(tensors: dict, name: str, keep: list, formats: dict, exact: bool = Fals
         qs, scales = _window_int8(parts[0].reshape(rows, cols // BLOCK, BLOCK), parts[1].reshape(rows, cols // BLOCK))
         keep.extend((qs, scales))
         return _Mat(qs.ctypes.data, None, None, WINDOW_INT8, rows, cols, scales.ctypes.data, None)
+    parts = [np.ascontiguousarray(p) if p is not None else None for p in parts]
     keep.extend(p for p in parts if p is not None)
     qs, d, m = (p.ctypes.data if p is not None else None for p in parts)
     return _Mat(qs, d, m, FORMATS[fmt], rows, cols)

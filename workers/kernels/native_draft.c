@@ -51,6 +51,9 @@ typedef struct {
     const float *scales, *offsets;   /* FMT_I8: per 16 weights, per 32 (NULL: none); FMT_W8: per 32 */
 } hs_mat;
 
+/* FMT_W8: where row r's pair of blocks p starts, in pairs (a row holds (blocks + 1) / 2). */
+static inline size_t w8_pair(const hs_mat *w, int r, int p) { return (size_t)r * ((w->cols / BLOCK + 1) / 2) + p; }
+
 typedef struct {
     hs_mat wq, wk, wv, wo, gate, up, down;
     const float *attn_norm, *ffn_norm;
@@ -243,7 +246,7 @@ static inline __attribute__((always_inline)) void prefetch_rows(const hs_mat *w,
     const int nb = w->cols / BLOCK, row_bytes = nb * (w->fmt == FMT_Q8_0 || w->fmt == FMT_I8 ? 32 : 16);
     if (w->fmt == FMT_W8) {
         const int pairs = (nb + 1) / 2;
-        const char *rows = (const char *)(w->qs + (size_t)r * pairs * 64), *scales = (const char *)(w->scales + (size_t)r * pairs * 2);
+        const char *rows = (const char *)(w->qs + 64 * w8_pair(w, r, 0)), *scales = (const char *)(w->scales + 2 * w8_pair(w, r, 0));
         for (int i = 0; i < n * pairs * 64; i += 64) _mm_prefetch(rows + i, _MM_HINT_T0);
         for (int i = 0; i < n * pairs * 8; i += 64) _mm_prefetch(scales + i, _MM_HINT_T0);
         return;
@@ -454,7 +457,7 @@ static void dequantize_row(const hs_mat *w, int r, float *y) {
         float *yb = y + b * BLOCK;
         const size_t at = (size_t)r * nb + b;
         if (w->fmt == FMT_W8) {     /* value j: dword j / 4 of block b, interleaved with b's partner */
-            const size_t pair = (size_t)r * ((nb + 1) / 2) + b / 2;
+            const size_t pair = w8_pair(w, r, b / 2);
             for (int j = 0; j < BLOCK; j++)
                 yb[j] = w->scales[2 * pair + (b & 1)] * (float)(w->qs[64 * pair + 8 * (j / 4) + 4 * (b & 1) + j % 4] - 128);
             continue;

@@ -122,7 +122,7 @@ static inline __attribute__((always_inline)) __m512i pair_weights(const hs_mat *
     const int b = 2 * p, whole = b + 1 < nb;
     const size_t at = (size_t)r * nb + b;
     if (fmt == FMT_W8) {            /* laid out at load: pairs interleaved, quants + 128, float scales */
-        const size_t pair = (size_t)r * ((nb + 1) / 2) + p;
+        const size_t pair = w8_pair(w, r, p);
         *scales = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_load_sd((const double *)(w->scales + 2 * pair))));
         return _mm512_loadu_si512(w->qs + 64 * pair);
     }
