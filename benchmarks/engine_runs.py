@@ -122,9 +122,11 @@ def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int],
         "target_only_rounds": target_only,
         "drafted": int(s.get("drafted", 0)),
         "accepted": int(s.get("accepted", 0)),
-        # Every token but the prefill's and the target-only rounds' was committed by a speculative
-        # round: an exact count, kept beside the engine's own (checks.py compares the two).
-        "committed_in_spec_rounds": max(0, new_tokens - 1 - target_only) if spec_rounds else 0,
+        # Every token but the prefill's and the target-only rounds' (one each, plus the lookup
+        # guesses they kept) was committed by a speculative round: an exact count, kept beside
+        # the engine's own (checks.py compares the two).
+        "committed_in_spec_rounds": max(0, new_tokens - 1 - target_only - int(s.get("lookup_accepted", 0)))
+        if spec_rounds else 0,
         "engine_committed_in_spec_rounds": round(s.get("mean_accepted_per_round", 0.0) * spec_rounds),
         "branch_hits": int(s.get("branch_hits", 0)),
         "sequences_hist": {str(k): int(v) for k, v in (s.get("sequences_hist") or {}).items()},
@@ -133,4 +135,6 @@ def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int],
         "round_s": s.get("round_s", 0.0),
         "overhead_s": s.get("overhead_s", 0.0),
         "rested": int(s.get("rested", 0)),
+        "lookup_guessed": int(s.get("lookup_guessed", 0)),
+        "lookup_accepted": int(s.get("lookup_accepted", 0)),
     }

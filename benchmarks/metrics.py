@@ -75,6 +75,10 @@ def _cell(runs: list[dict], reference_ids: dict | None) -> dict:
         "rested": sum(r.get("rested", 0) for r in runs),
         "gamma": runs[0].get("gamma"),
     }
+    guessed = sum(r.get("lookup_guessed", 0) for r in runs)
+    if guessed:       # target-only rounds' prompt-lookup guesses (scheduler/decoding/lookup.py)
+        accepted = sum(r.get("lookup_accepted", 0) for r in runs)
+        cell["lookup_acceptance"], cell["from_lookup"] = accepted / guessed, accepted / tokens if tokens else None
     hist: dict[str, int] = {}
     for r in runs:
         for k, v in (r.get("sequences_hist") or {}).items():
@@ -105,7 +109,7 @@ def _average(cells: list[dict]) -> dict:
                  "rested": sum(c.get("rested", 0) for c in cells),
                  "gamma": cells[0].get("gamma")}
     for key in ("tokens_per_s", "decode_tokens_per_s", "ttft_s", "speedup", "vs_target", "vs_llama", "ttft_rel",
-                "acceptance_rate",
+                "acceptance_rate", "lookup_acceptance", "from_lookup",
                 "mean_accepted_per_round", "exact_match"):
         values = [c[key] for c in cells if c.get(key) is not None]
         avg[key] = mean(values) if values else None

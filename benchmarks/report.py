@@ -185,17 +185,20 @@ def _acceptance_table(doc: dict) -> list[str]:
     decodings = doc["settings"]["decodings"]
     header = ["method"]
     for d in decodings:
-        header += [f"{d} acceptance", f"{d} tokens/round"]
+        header += [f"{d} acceptance", f"{d} tokens/round", f"{d} lookup acceptance", f"{d} from lookup"]
     rows = []
     for name in doc["methods"]:
         row = [f"`{name}`"]
         for d in decodings:
             avg = doc["results"][d].get(name, {}).get("average", {})
-            row += [_pct(avg.get("acceptance_rate")), _f(avg.get("mean_accepted_per_round"), 2)]
+            row += [_pct(avg.get("acceptance_rate")), _f(avg.get("mean_accepted_per_round"), 2),
+                    _pct(avg.get("lookup_acceptance")), _pct(avg.get("from_lookup"))]
         rows.append(row)
     return ["## Acceptance rate and tokens committed per round", "",
             ("Acceptance: accepted / drafted tokens. Tokens per round: tokens committed per speculative round "
-             "(accepted draft tokens plus the target's own token)."), "", *_table(header, rows), ""]
+             "(accepted draft tokens plus the target's own token). Lookup: the prompt-lookup guesses that "
+             "target-only rounds of `sps` and `duodec` verify (accepted / guessed tokens), and the share of "
+             "all new tokens they committed."), "", *_table(header, rows), ""]
 
 
 def _table3(doc: dict) -> list[str]:

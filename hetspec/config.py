@@ -120,8 +120,10 @@ class DecodingConfig:
     keep_drafting: bool | Auto = AUTO  # the draft grows the next window while the target still verifies;
                                         # "auto": only for a GPU target (on a CPU one it slows verification)
     speculation: Speculation = Speculation.AUTO   # auto: target-only rounds while speculating does not pay
+    lookup: int = 4                     # tokens a target-only round of a speculative mode may guess by prompt
+                                        # lookup (the costs pick fewer where that pays); 0: none
 
-    BOUNDS: ClassVar[dict] = {"max_sequences": (1, 64), "max_gamma": (1, 256)}
+    BOUNDS: ClassVar[dict] = {"max_sequences": (1, 64), "max_gamma": (1, 256), "lookup": (0, 64)}
 
     def checked(self) -> DecodingConfig:
         if self.gamma != AUTO and not (_is_int(self.gamma) and 1 <= self.gamma <= self.max_gamma):
@@ -130,6 +132,9 @@ class DecodingConfig:
         if not (self.keep_drafting == AUTO or isinstance(self.keep_drafting, bool)):
             raise ConfigError(f"[decoding] keep_drafting must be 'auto', true or false, got {show(self.keep_drafting)}")
         _choice("decoding", "speculation", self.speculation, Speculation.values())
+        if self.lookup > self.max_gamma:
+            raise ConfigError(f"[decoding] lookup ({self.lookup}) must not exceed max_gamma ({self.max_gamma}): "
+                              "a guess is verified as a window")
         if self.sequences != DYNAMIC and not (_is_int(self.sequences) and 1 <= self.sequences <= self.max_sequences):
             raise ConfigError("[decoding] sequences must be 'dynamic' or an integer in 1..max_sequences, "
                               f"got {show(self.sequences)}")

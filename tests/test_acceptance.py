@@ -50,6 +50,23 @@ def test_sampled_first_token_follows_target(case):
     assert 0.5 * np.abs(empirical - q).sum() > 0.1 or case == "random"
 
 
+def test_a_guess_proposed_with_certainty_keeps_the_target_distribution():
+    """q None (a lookup guess, lookup.py): two guessed tokens, then the bonus; the
+    committed pair is distributed as the target's own, whatever was guessed."""
+    rng = np.random.default_rng(3)
+    vocab, n = 4, 60_000
+    p1 = _random_dist(rng, vocab)
+    p2 = np.stack([_random_dist(rng, vocab) for _ in range(vocab)])
+    guess = np.array([int(np.argsort(p1)[-2]), 2])   # the target's second choice, then any token
+    counts = np.zeros((vocab, vocab))
+    for _ in range(n):
+        n_acc, token = accept_sampled(guess, None, np.stack([p1, p2[guess[0]], p2[guess[1]]]), rng)
+        first = guess[0] if n_acc >= 1 else token
+        second = guess[1] if n_acc == 2 else (token if n_acc == 1 else sample(p2[first], rng))
+        counts[first, second] += 1
+    assert 0.5 * np.abs(counts / n - p1[:, None] * p2).sum() < 0.02
+
+
 def test_sampled_two_positions_joint_distribution():
     """Acceptance chains: the second token is p2 given the first, jointly exact."""
     rng = np.random.default_rng(1)

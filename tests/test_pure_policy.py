@@ -275,14 +275,14 @@ def test_gate_rests_while_speculation_does_not_pay_and_probes_again():
     _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)          # 12 ms a token against 10 alone: rest
     assert not gate.speculate and gate.rest == FIRST_REST and memory.rest == FIRST_REST
     for _ in range(FIRST_REST):
-        gate.rested_one(0.010)
+        gate.rested(0.010, 1)
     assert gate.speculate                            # the probe
     _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)
     assert gate.rest == 2 * FIRST_REST               # a failed probe doubles the rest
     nxt = Gate(memory, forced=False)
     assert not nxt.speculate and nxt.rest == 2 * FIRST_REST   # the next request inherits it
     for _ in range(nxt.rest):
-        nxt.rested_one(0.010)
+        nxt.rested(0.010, 1)
     _judged(nxt, 1 + MIN_ROUNDS, 0.012, 3)           # 4 ms a token: pays
     assert nxt.speculate and memory.rest_len == FIRST_REST
 

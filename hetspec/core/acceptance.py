@@ -30,18 +30,24 @@ def accept_greedy(draft: np.ndarray, target_choice: np.ndarray) -> tuple[int, in
     return a, int(target_choice[a])
 
 
-def accept_sampled(draft: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> tuple[int, int]:
+def accept_sampled(draft: np.ndarray, q: np.ndarray | None, p: np.ndarray,
+                   rng: np.random.Generator) -> tuple[int, int]:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
     draft[i] was drawn from q[i]; p[i] is the target's distribution there, and
     p has one more row (after the window). Accept draft[i] with probability
     min(1, p/q); on rejection sample from normalize(max(0, p - q)). The committed
-    tokens are then distributed exactly as the target's own samples.
+    tokens are then distributed exactly as the target's own samples. q None: each
+    draft token was proposed with certainty (a lookup guess), so q[i] is one-hot.
     """
     for i, x in enumerate(draft):
-        px, qx = p[i, x], q[i, x]
+        px, qx = p[i, x], (1.0 if q is None else q[i, x])
         if qx <= 0.0 or rng.random() * qx >= px:     # reject with probability 1 - min(1, p/q)
-            residual = np.maximum(p[i] - q[i], 0.0)
+            if q is None:
+                residual = p[i].copy()
+                residual[x] = 0.0
+            else:
+                residual = np.maximum(p[i] - q[i], 0.0)
             total = residual.sum()
             return i, sample(residual / total if total > 0 else p[i], rng)
     return len(draft), sample(p[len(draft)], rng)

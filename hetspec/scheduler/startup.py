@@ -135,7 +135,7 @@ def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handov
         borrow_cores=config.target.prefill_borrows_draft_cores,
         alone_borrows_cores=alone_borrows,
         draft_borrows_cores=config.draft.prefill_borrows_target_cores and hellos["draft"].prefill_threads,
-        keep_drafting=keep_drafting, kv_handover=kv_handover)
+        keep_drafting=keep_drafting, kv_handover=kv_handover, lookup=config.decoding.lookup)
 
 
 def describe(config: EngineConfig, endpoint: str, gamma: int, budget: dict, caps: Capabilities, differ: str | None,
@@ -145,7 +145,7 @@ def describe(config: EngineConfig, endpoint: str, gamma: int, budget: dict, caps
     return {
         "pid": os.getpid(), "launcher_pid": spec.launcher_pid, "endpoint": endpoint,
         "scheduler": {"restarts": spec.restarts, "deaths": spec.deaths}, "gamma": gamma, "budget": budget,
-        "keep_drafting": caps.keep_drafting, "prompt_kv": "target" if caps.kv_handover else "own",
+        "keep_drafting": caps.keep_drafting, "lookup": caps.lookup, "prompt_kv": "target" if caps.kv_handover else "own",
         "alone_borrows_draft_cores": caps.alone_borrows_cores,
         "n_vocab": n_target, "vocabulary": _vocabulary(differ, n_target, n_draft),
         "config": _redacted(config.to_dict()),

@@ -123,6 +123,12 @@ class CostModel:
         slower than the target alone")."""
         return min(range(1, max_gamma + 1), key=lambda n: self._pipelined_s(n, acceptance))
 
+    def best_lookup(self, max_tokens: int, acceptance: float) -> int:
+        """A target-only step's guess length: the one of least expected time per
+        committed token (a pass of k + 1 tokens commits 1 + a + ... + a**k), 0..max_tokens."""
+        return min(range(max_tokens + 1),
+                   key=lambda k: self._verify(k + 1) / sum(acceptance ** j for j in range(k + 1)))
+
     def gain(self, max_gamma: int, acceptance: float) -> float:
         """Speculation's expected pace over the target alone's, at the best pipelined window."""
         best = self._pipelined_s(self.best_pipelined(max_gamma, acceptance), acceptance)
@@ -148,8 +154,9 @@ class Windows:
     costs (CostModel) and the request's own rounds say. Every window length the
     decoder uses comes from here."""
 
-    def __init__(self, gamma: int, rebalance: bool, max_gamma: int, costs: CostModel | None):
+    def __init__(self, gamma: int, rebalance: bool, max_gamma: int, costs: CostModel | None, max_lookup: int = 0):
         self.gamma, self.rebalance, self.max_gamma, self.costs = gamma, rebalance, max_gamma, costs
+        self.max_lookup = max_lookup
 
     def pipelined(self, pending: int, acceptance: float, room: int) -> int:
         """The next window, drafted while the target verifies `pending` tokens: gamma,
@@ -190,3 +197,11 @@ class Windows:
         while n < limit and acceptance ** (n + 1) * pace >= self.costs.draft_s:
             n += 1
         return n
+
+    def lookup(self, acceptance: float, room: int) -> int:
+        """How many lookup tokens a target-only step may guess (lookup.py): the length of
+        least expected time per token from the costs, else max_lookup; at most `room`."""
+        k = self.max_lookup
+        if self.costs is not None and k > 0:
+            k = self.costs.best_lookup(k, acceptance)
+        return max(0, min(k, room))

@@ -10,6 +10,8 @@ A request also runs target-only while the draft worker is restarting, and
 finishes so if the draft dies under it, fails a command, or if its text
 outgrows a draft of another vocabulary: it loses speed, never tokens. It
 rests, running target-only rounds, while speculating does not pay (gate.py).
+In a speculative mode a target-only round also verifies a free prompt-lookup
+guess (lookup.py); in mode target it is the plain target, one token a pass.
 The draft is a DraftLink, or a BridgedDraft for another vocabulary (bridge.py):
 same methods. Every window length comes from budget.Windows.
 
@@ -33,6 +35,7 @@ from hetspec.ipc.messages import BranchPlan
 from hetspec.scheduler.decoding.budget import CostModel, Windows
 from hetspec.scheduler.decoding.gate import Gate, Memory
 from hetspec.scheduler.decoding.links import EMPTY, NO_DRAFT, Draft, DraftLink, TargetLink, Verification, Window
+from hetspec.scheduler.decoding.lookup import PromptLookup
 from hetspec.scheduler.decoding.output import Output
 from hetspec.scheduler.decoding.request import Capabilities, Request
 from hetspec.scheduler.decoding.stats import Stats
@@ -55,7 +58,8 @@ class Decoder:
         self.draft, self.target, self.out = draft, target, output
         self.cache = cache                     # the target's cache of this request (requests take turns)
         self.costs = costs                     # None: every round drafts gamma tokens
-        self.windows = Windows(request.gamma, request.rebalance, caps.max_gamma, costs)
+        self.windows = Windows(request.gamma, request.rebalance, caps.max_gamma, costs, caps.lookup)
+        self.lookup = PromptLookup() if caps.lookup and request.params.mode is not Mode.TARGET else None
         self.rng = np.random.default_rng([request.params.seed, 0])
         self.stats = Stats(prior=request.prior, fallback=without_draft)
         self.mode = Mode.TARGET if without_draft else request.params.mode   # target-only while there is no draft
@@ -151,24 +155,37 @@ class Decoder:
         self.record(started, window, verdict, drafted, n_accepted, kept, parallel=False)
         self.emit_round()
 
-    def target_step(self, alone: bool) -> float:
-        """The target decodes one token without a draft window (target mode and rests: alone,
-        on the draft's cores too where allowed; or while the draft prefills); returns the
-        seconds it took."""
+    def target_step(self, alone: bool) -> tuple[float, int]:
+        """A target-only round (target mode and rests: alone, on the draft's cores too
+        where allowed; or while the draft prefills): the target's next token, after as
+        many tokens of a lookup guess as it agrees with. Returns (seconds, tokens committed)."""
         started = time.perf_counter()
-        self.start_verify(EMPTY, borrow=alone and self.caps.alone_borrows_cores)
-        self.out.commit([self.choose(self.target.finish_verify(1))])
+        guess = self.guess()
+        self.start_verify(guess, borrow=alone and self.caps.alone_borrows_cores)
+        n_accepted, _, kept = self.accept_and_commit(guess, self.target.finish_verify(len(guess) + 1))
+        if len(guess):
+            self.stats.lookup_guessed += len(guess)
+            self.stats.lookup_accepted += min(n_accepted, kept)
+            self.stats.lookup_cut += n_accepted < len(guess)
         self.stats.rounds += 1
         self.stats.target_only_rounds += 1
         seconds = time.perf_counter() - started
         self.emit_round()
-        return seconds
+        return seconds, max(kept, 1)
+
+    def guess(self) -> Window:
+        """A lookup guess for a target-only round (lookup.py); none in mode target."""
+        if self.lookup is None:
+            return EMPTY
+        limit = self.windows.lookup(self.stats.lookup_acceptance, self.out.remaining - 1)
+        return Window(self.lookup.guess(self.out.context, limit))
 
     def rest_step(self) -> None:
-        """A target-only token while speculating does not pay (gate.py); once the rest
+        """A target-only round while speculating does not pay (gate.py); once the rest
         is over, the draft catches up with the context before the next probe."""
-        self.gate.rested_one(self.target_step(alone=True))
-        self.stats.rested += 1
+        seconds, committed = self.target_step(alone=True)
+        self.gate.rested(seconds, committed)
+        self.stats.rested += committed
         if self.gate.speculate and not self.out.done:
             self.stats.probes += 1
             self.draft_ready = False

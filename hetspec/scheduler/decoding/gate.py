@@ -31,7 +31,8 @@ SMOOTHING = 0.2
 @dataclass
 class Memory:
     """What the engine's earlier requests of one mode learnt."""
-    target_s: float | None     # seconds per token of the target alone (None: not measured yet)
+    target_s: float | None     # seconds per token of the target without the draft, lookup guesses
+                               # included (None: not measured yet)
     rest: int = 0              # target-only tokens the next request starts with
     rest_len: int = FIRST_REST  # the next rest, should a probe fail
 
@@ -53,11 +54,12 @@ class Gate:
     def speculate(self) -> bool:
         return self.rest <= 0
 
-    def rested_one(self, seconds: float) -> None:
-        """A target-only token, by the gate's choice; probe again when the rest is over."""
-        self.rest -= 1
+    def rested(self, seconds: float, committed: int) -> None:
+        """A target-only step by the gate's choice (several tokens where a lookup guess
+        held); probe again when the rest is over."""
+        self.rest -= committed
         self.fresh = self.rest <= 0
-        self.observe_target(seconds)
+        self.observe_target(seconds / committed)
         self.memory.rest = max(self.rest, 0)
 
     def observe_target(self, seconds: float) -> None:

@@ -37,3 +37,4 @@ class Capabilities:
     draft_borrows_cores: bool  # the draft prefills a long prompt on the target's cores too, the target waiting
     keep_drafting: bool        # the draft grows the next window until the target's verdict is in
     kv_handover: bool          # the draft takes the target's cache of a long prompt instead of prefilling it
+    lookup: int = 0            # tokens a target-only round of a speculative mode may guess (lookup.py); 0: none

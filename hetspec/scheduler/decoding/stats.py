@@ -9,6 +9,7 @@ from hetspec.core.sampling import Rule
 from hetspec.scheduler.decoding.acceptance_prior import GENERIC
 
 PRIOR_WEIGHT = 5         # tokens' worth of belief in the acceptance prior
+LOOKUP_PRIOR = 0.5       # where a request's estimate of its lookup guesses' acceptance starts
 
 
 @dataclass
@@ -18,7 +19,7 @@ class Stats:
     rounds: int = 0             # verify passes after the prefill
     spec_rounds: int = 0        # ... of which verified a draft window
     target_only_rounds: int = 0  # ... decoded by the target alone (target mode, or while the draft prefilled)
-    rested: int = 0             # ... of which speculating did not pay (gate.py)
+    rested: int = 0             # tokens committed in target-only rounds because speculating did not pay (gate.py)
     probes: int = 0             # times speculation was tried again after such a rest
     drafts: int = 0             # draft windows verified (vLLM's num_drafts)
     drafted: int = 0            # draft tokens verified
@@ -26,6 +27,9 @@ class Stats:
     rejections: int = 0         # windows cut short by a rejected token
     committed_in_spec_rounds: int = 0
     branch_hits: int = 0        # pipelined windows whose branch the target's token picked
+    lookup_guessed: int = 0     # lookup guess tokens verified in target-only rounds (lookup.py)
+    lookup_accepted: int = 0    # ... and accepted
+    lookup_cut: int = 0         # guesses cut short by a rejected token
     draft_s: float = 0.0
     verify_s: float = 0.0
     round_s: float = 0.0        # wall time of speculative rounds
@@ -40,6 +44,12 @@ class Stats:
     def acceptance(self) -> float:
         """Per-token acceptance so far (accepted / tokens decided), from the prior."""
         return (self.accepted + PRIOR_WEIGHT * self.prior) / (self.accepted + self.rejections + PRIOR_WEIGHT)
+
+    @property
+    def lookup_acceptance(self) -> float:
+        """Per-token acceptance of this request's lookup guesses so far, from LOOKUP_PRIOR."""
+        return (self.lookup_accepted + PRIOR_WEIGHT * LOOKUP_PRIOR) / (self.lookup_accepted + self.lookup_cut
+                                                                      + PRIOR_WEIGHT)
 
     def spec_round(self, wall: float, draft_s: float, verify_s: float, drafted: int, accepted: int,
                    committed: int, parallel: bool, serial_draft_s: float = 0.0) -> None:
@@ -76,7 +86,8 @@ class Stats:
             "accepted_per_pos": list(self.accepted_per_pos),
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
             "mean_accepted_per_round": self.committed_in_spec_rounds / spec if spec else 0.0,
-            "branch_hits": self.branch_hits, "draft_prompt_kv": self.draft_prompt_kv,
+            "branch_hits": self.branch_hits,
+            "lookup_guessed": self.lookup_guessed, "lookup_accepted": self.lookup_accepted, "draft_prompt_kv": self.draft_prompt_kv,
             "sequences_hist": {str(k): v for k, v in sorted(self.sequences_hist.items())},
             "draft_s": self.draft_s, "verify_s": self.verify_s, "round_s": self.round_s,
             "overhead_s": max(0.0, self.round_s - self.busy_s), "fallback": self.fallback,
