@@ -172,6 +172,20 @@ def test_round_draft_length_follows_the_verify_it_overlaps():
     assert costs.covering(32, pending=0) == 8
 
 
+def test_a_lookup_guess_is_as_long_as_it_pays():
+    # A window of 1 + k tokens commits 1 + a + ... + a**k: at 80% the guess of least time per
+    # token is 3 (4.23 ms a token; 4.65 at 4), at 2% none (a second token costs more than it gains).
+    costs = CostModel(0.010, {1: 0.010, 2: 0.0105, 4: 0.0125, 8: 0.025})
+    assert Windows(4, False, 32, costs, max_lookup=8).lookup(0.8, room=100) == 3
+    assert Windows(4, False, 32, costs, max_lookup=8).lookup(0.02, room=100) == 0
+    assert Windows(4, False, 32, costs, max_lookup=2).lookup(0.8, room=100) == 2      # the config's cap
+    assert Windows(4, False, 32, costs, max_lookup=8).lookup(0.8, room=1) == 1        # room
+    assert Windows(4, False, 32, costs, max_lookup=0).lookup(0.99, room=100) == 0     # lookup off
+    # without costs (a configured gamma): each guessed token kept at least 10% of the time
+    assert [Windows(4, False, 32, None, max_lookup=4).lookup(a, room=100) for a in (1.0, 0.8, 0.5, 0.3, 0.05)] == \
+        [4, 4, 3, 1, 0]
+
+
 def test_restart_drafts_while_a_token_beats_the_pipelines_pace():
     # 16 ms per committed token in the pipeline, 10 ms a draft step: worth it while 0.95**j >= 0.625.
     costs = CostModel(0.010, {1: 0.040, 8: 0.075})

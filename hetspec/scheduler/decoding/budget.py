@@ -6,6 +6,8 @@ import math
 
 CONTENTION = 1.3    # a target step beside a draft prefill takes this much longer: they share the memory bus
 SHORT_PREFILL = 16  # draft prompt tokens: fewer cost too little to weigh (prefill_pays) or to time
+WORTH_GUESSING = 0.1  # without measured costs, a lookup token is guessed while it is kept at least this often
+                      # (a CPU target's window costs about a tenth of a token more per token)
 
 
 def choose_gamma(draft_s_per_token: float, verify_s: dict[int, float], max_gamma: int) -> int:
@@ -199,9 +201,13 @@ class Windows:
         return n
 
     def lookup(self, acceptance: float, room: int) -> int:
-        """How many lookup tokens a target-only step may guess (lookup.py): the length of
-        least expected time per token from the costs, else max_lookup; at most `room`."""
+        """How many lookup tokens a target-only step may guess (lookup.py), at most
+        max_lookup and `room`: the length of least expected time per token from the
+        costs; without them (a configured gamma), every token kept with probability
+        at least WORTH_GUESSING."""
         k = self.max_lookup
-        if self.costs is not None and k > 0:
+        if k > 0 and self.costs is not None:
             k = self.costs.best_lookup(k, acceptance)
+        elif k > 0 and acceptance < 1:
+            k = min(k, int(math.log(WORTH_GUESSING) / math.log(acceptance)) if acceptance > 0 else 0)
         return max(0, min(k, room))
