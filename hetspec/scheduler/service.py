@@ -191,6 +191,7 @@ class Scheduler:
             self.turns.begin(running)
             for _ in running.rounds:
                 if self.turns.over(started, queued=bool(self.clients.queue)):
+                    running.decoder.emit_round()   # its tokens so far go out before the others' turns
                     self.turns.end(running)
                     return
             self.counts["completed"] += 1

@@ -27,6 +27,7 @@ static struct {
     atomic_int width;            /* threads a job is split among, the caller's included */
     atomic_uint ticket[POOL_MAX]; /* per thread: the last job handed to it (wrapping) */
     atomic_int done, sleeping;
+    atomic_int resting;          /* set between passes (hs_pool_rest): threads sleep at once */
     atomic_int tids[POOL_MAX];   /* per thread: its kernel thread id, for pinning */
     unsigned jobs;               /* jobs given out (wrapping) */
     pool_fn fn;                  /* the current job, parts ways */
@@ -41,7 +42,7 @@ static void *pool_thread(void *arg) {
     atomic_store(&pool.tids[me], (int)syscall(SYS_gettid));
     for (;;) {
         for (const unsigned long long start = __rdtsc(); atomic_load(&pool.ticket[me]) == seen;) {
-            if (__rdtsc() - start < POOL_SPIN_TICKS && me < atomic_load(&pool.width)) {
+            if (__rdtsc() - start < POOL_SPIN_TICKS && me < atomic_load(&pool.width) && !atomic_load(&pool.resting)) {
                 _mm_pause();
                 continue;
             }
@@ -65,6 +66,7 @@ static void pool_run(pool_fn fn, void *arg) {
         fn(arg, 0, 1);
         return;
     }
+    atomic_store(&pool.resting, 0);
     pool.fn = fn;
     pool.arg = arg;
     pool.parts = parts;
@@ -79,6 +81,10 @@ static void pool_run(pool_fn fn, void *arg) {
     fn(arg, 0, parts);
     while (atomic_load(&pool.done) < parts - 1) _mm_pause();
 }
+
+/* A pass is over: the threads sleep now rather than spin, leaving their cores to
+   the engine's other processes until the next pass wakes them (pool_run). */
+void hs_pool_rest(void) { atomic_store(&pool.resting, 1); }
 
 /* Split later products `threads` ways (at most POOL_MAX; threads that cannot be made
    leave it narrower). Returns the width now. */

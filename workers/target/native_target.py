@@ -47,6 +47,7 @@ class NativeTarget:
         lib.hs_set_threads.argtypes = [ctypes.c_int]
         lib.hs_thread_ids.restype = ctypes.c_int
         lib.hs_thread_ids.argtypes = [ctypes.c_void_p]
+        lib.hs_pool_rest.restype = None
         self._lib, self._model, self._ref = lib, model, ctypes.byref(model)
         self.max_window = lib.hs_max_window()
         self._work = np.zeros(lib.hs_window_work_floats(self._ref, self.max_window), np.float32)
@@ -91,6 +92,7 @@ class NativeTarget:
             if start + m > first_row:
                 skip = max(0, first_row - start)
                 self._logits(self._norms[skip:m], logits[start + skip - first_row:start + m - first_row])
+        self._lib.hs_pool_rest()
         return logits
 
     def _logits(self, norms: np.ndarray, out: np.ndarray) -> None:

@@ -150,10 +150,10 @@ class Decoder:
         if drafted.branches:
             self.stats.sequences_hist[1] += 1
         self.start_verify(window)
+        self.emit_round()                      # the last round's tokens, while the target computes
         verdict = self.target.finish_verify(len(window) + 1)
         n_accepted, _, kept = self.accept_and_commit(window, verdict)
         self.record(started, window, verdict, drafted, n_accepted, kept, parallel=False)
-        self.emit_round()
 
     def target_step(self, alone: bool) -> tuple[float, int]:
         """A target-only round (target mode and rests: alone, on the draft's cores too
@@ -162,6 +162,7 @@ class Decoder:
         started = time.perf_counter()
         guess = self.guess()
         self.start_verify(guess, borrow=alone and self.caps.alone_borrows_cores)
+        self.emit_round()                      # the last round's tokens, while the target computes
         n_accepted, _, kept = self.accept_and_commit(guess, self.target.finish_verify(len(guess) + 1))
         if len(guess):
             self.stats.lookup_guessed += len(guess)
@@ -169,9 +170,7 @@ class Decoder:
             self.stats.lookup_cut += n_accepted < len(guess)
         self.stats.rounds += 1
         self.stats.target_only_rounds += 1
-        seconds = time.perf_counter() - started
-        self.emit_round()
-        return seconds, max(kept, 1)
+        return time.perf_counter() - started, max(kept, 1)
 
     def guess(self) -> Window:
         """A lookup guess for a target-only round (lookup.py); none in mode target."""
