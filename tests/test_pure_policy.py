@@ -23,7 +23,7 @@ from hetspec.scheduler.decoding.budget import (
     interpolate,
     monotone,
 )
-from hetspec.scheduler.decoding.gate import FIRST_REST, MIN_ROUNDS, Gate, Memory
+from hetspec.scheduler.decoding.gate import FIRST_REST, MAX_PROBE_REST, MIN_ROUNDS, PROBE_SHARE, Gate, Memory
 from hetspec.scheduler.decoding.request import Request
 from hetspec.scheduler.decoding.stats import Stats
 
@@ -299,6 +299,32 @@ def test_gate_rests_while_speculation_does_not_pay_and_probes_again():
         nxt.rested(0.010, 1)
     _judged(nxt, 1 + MIN_ROUNDS, 0.012, 3)           # 4 ms a token: pays
     assert nxt.speculate and memory.rest_len == FIRST_REST
+
+
+def test_a_costly_failed_probe_buys_a_rest_it_is_a_small_share_of():
+    """A probe whose draft catches up for 100 ms (the target committing 5 tokens beside
+    it at 10 ms a token alone) and then runs 4 rounds of 12 ms a token loses about
+    0.06 s: the rest after it is 0.06 s / (PROBE_SHARE * 10 ms) tokens, not merely doubled."""
+    now = [0.0]
+    memory = Memory(target_s=0.010)
+    gate = Gate(memory, forced=False, clock=lambda: now[0])
+    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)          # the first verdict: no probe to pay back
+    assert gate.rest == FIRST_REST
+    for _ in range(FIRST_REST):
+        gate.rested(0.010, 1)
+    now[0] += 0.100                                  # the draft catches up...
+    gate.probing(5)                                  # ...the target alone committing 5 tokens meanwhile
+    for _ in range(1 + MIN_ROUNDS):
+        now[0] += 0.012
+        gate.judge(0.012, 1)
+    lost = 0.100 + 4 * 0.012 - 9 * 0.010
+    assert gate.rest == pytest.approx(lost / (PROBE_SHARE * 0.010), abs=1) and gate.rest > 2 * FIRST_REST
+    assert memory.rest == gate.rest                  # the next request inherits it
+    for _ in range(gate.rest):                       # a probe that loses an hour is capped
+        gate.rested(0.010, 1)
+    now[0] += 3600
+    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)
+    assert gate.rest == MAX_PROBE_REST
 
 
 def test_gate_never_rests_a_forced_request_and_times_the_target_first():

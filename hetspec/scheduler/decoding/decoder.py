@@ -246,7 +246,7 @@ class Decoder:
         handed-over cache, borrowed cores); a timed prefill teaches the cost model."""
         target_waits = plan is not None and (plan.borrow or plan.handover > 0)
         while not target_waits and not self.out.done and not self.draft.poll():
-            self.target_step(alone=False)
+            self.gate.probing(self.target_step(alone=False)[1])
         if self.draft.busy:
             seconds = self.draft.finish_prefill()
             if self.costs is not None and plan is not None and not target_waits:

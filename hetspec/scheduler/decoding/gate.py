@@ -4,8 +4,10 @@ make the engine slower than the target alone.
 A request speculates, and its recent rounds are judged against what the target
 alone takes per token. When speculating commits tokens more slowly, the request
 rests: it decodes target-only for a while, then probes again with a few
-speculative rounds. Each failed probe doubles the rest (up to MAX_REST); one
-that pays resets it. The rest carries over to the engine's next request in
+speculative rounds. Each failed probe doubles the rest (up to MAX_REST), and
+makes it long enough that the probe's cost (the draft catching up with the
+text, its slower rounds) is at most PROBE_SHARE of the rest's time; one that
+pays resets it. The rest carries over to the engine's next request in
 the same mode (Memory), so an engine with a hopeless draft keeps to the target,
 probing now and then. Each mode has its own: SpS and DuoDecoding cost
 differently, so a verdict on one says nothing of the other.
@@ -16,6 +18,8 @@ request's tokens are random anyway.
 """
 from __future__ import annotations
 
+import math
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -25,6 +29,8 @@ MIN_ROUNDS = 3       # speculative rounds a probe runs before it is judged (afte
 RECENT = 8           # rounds judged at once: a request's text may change character midway
 FIRST_REST = 16      # target-only tokens after the first verdict against speculation
 MAX_REST = 256
+PROBE_SHARE = 0.05   # a failed probe costs at most this share of the rest after it...
+MAX_PROBE_REST = 1024  # ...unless that rest would be longer than this (tokens)
 SMOOTHING = 0.2
 
 
@@ -43,12 +49,13 @@ def memories(target_s: float | None) -> dict[str, Memory]:
 
 
 class Gate:
-    def __init__(self, memory: Memory, forced: bool):
-        self.memory, self.forced = memory, forced
+    def __init__(self, memory: Memory, forced: bool, clock=time.perf_counter):
+        self.memory, self.forced, self.clock = memory, forced, clock
         self.rest = 0 if forced else memory.rest
         self.rest_len = memory.rest_len
         self.recent: deque = deque(maxlen=RECENT)   # (seconds, committed) of this stint's rounds
         self.fresh = True                           # the stint's first round is yet to come
+        self.probe: list | None = None              # [began, tokens committed since] of a probe under way
 
     @property
     def speculate(self) -> bool:
@@ -61,6 +68,13 @@ class Gate:
         self.fresh = self.rest <= 0
         self.observe_target(seconds / committed)
         self.memory.rest = max(self.rest, 0)
+        if self.fresh:
+            self.probe = [self.clock(), 0]
+
+    def probing(self, committed: int) -> None:
+        """Tokens the target committed on its own while the draft caught up for a probe."""
+        if self.probe is not None:
+            self.probe[1] += committed
 
     def observe_target(self, seconds: float) -> None:
         known = self.memory.target_s
@@ -69,6 +83,7 @@ class Gate:
     def judge(self, seconds: float, committed: int) -> None:
         """After a speculative round: it committed `committed` tokens in `seconds`."""
         fresh, self.fresh = self.fresh, False
+        self.probing(committed)
         if self.forced or fresh:               # it also brought the draft up to date: its time is no guide
             return
         self.recent.append((seconds, committed))
@@ -80,9 +95,19 @@ class Gate:
         elif self._pays():
             self.rest_len = FIRST_REST
         else:
-            self.rest, self.rest_len = self.rest_len, min(2 * self.rest_len, MAX_REST)
+            self.rest, self.rest_len = max(self.rest_len, self._paid_back()), min(2 * self.rest_len, MAX_REST)
             self.recent.clear()
+        self.probe = None
         self.memory.rest, self.memory.rest_len = self.rest, self.rest_len
+
+    def _paid_back(self) -> int:
+        """Target-only tokens over which a failed probe's cost, beyond what the target
+        alone would have taken for its tokens, is PROBE_SHARE of the time."""
+        if self.probe is None:
+            return 0
+        began, tokens = self.probe
+        lost = self.clock() - began - tokens * self.memory.target_s
+        return min(MAX_PROBE_REST, max(0, math.ceil(lost / (PROBE_SHARE * self.memory.target_s))))
 
     def _pays(self) -> bool:
         seconds = sum(s for s, _ in self.recent)
