@@ -72,7 +72,8 @@ class Gate:
             self.probe = [self.clock(), 0]
 
     def probing(self, committed: int) -> None:
-        """Tokens the target committed on its own while the draft caught up for a probe."""
+        """Tokens committed during a probe: by its speculative rounds (judge), and by the
+        target alone while the draft caught up for it."""
         if self.probe is not None:
             self.probe[1] += committed
 
