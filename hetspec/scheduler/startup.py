@@ -145,7 +145,8 @@ def describe(config: EngineConfig, endpoint: str, gamma: int, budget: dict, caps
     return {
         "pid": os.getpid(), "launcher_pid": spec.launcher_pid, "endpoint": endpoint,
         "scheduler": {"restarts": spec.restarts, "deaths": spec.deaths}, "gamma": gamma, "budget": budget,
-        "keep_drafting": caps.keep_drafting, "lookup": caps.lookup, "prompt_kv": "target" if caps.kv_handover else "own",
+        "keep_drafting": caps.keep_drafting, "lookup": caps.lookup,
+        "prompt_kv": "target" if caps.kv_handover else "own",
         "alone_borrows_draft_cores": caps.alone_borrows_cores,
         "n_vocab": n_target, "vocabulary": _vocabulary(differ, n_target, n_draft),
         "config": _redacted(config.to_dict()),

@@ -55,7 +55,8 @@ class Gate:
         self.rest_len = memory.rest_len
         self.recent: deque = deque(maxlen=RECENT)   # (seconds, committed) of this stint's rounds
         self.fresh = True                           # the stint's first round is yet to come
-        self.probe: list | None = None              # [began, tokens committed since] of a probe under way
+        self.probe_began: float | None = None      # when the probe under way began (None: none is)
+        self.probe_tokens = 0                       # tokens it has committed since
 
     @property
     def speculate(self) -> bool:
@@ -69,13 +70,13 @@ class Gate:
         self.observe_target(seconds / committed)
         self.memory.rest = max(self.rest, 0)
         if self.fresh:
-            self.probe = [self.clock(), 0]
+            self.probe_began, self.probe_tokens = self.clock(), 0
 
     def probing(self, committed: int) -> None:
         """Tokens committed during a probe: by its speculative rounds (judge), and by the
         target alone while the draft caught up for it."""
-        if self.probe is not None:
-            self.probe[1] += committed
+        if self.probe_began is not None:
+            self.probe_tokens += committed
 
     def observe_target(self, seconds: float) -> None:
         known = self.memory.target_s
@@ -98,16 +99,15 @@ class Gate:
         else:
             self.rest, self.rest_len = max(self.rest_len, self._paid_back()), min(2 * self.rest_len, MAX_REST)
             self.recent.clear()
-        self.probe = None
+        self.probe_began = None
         self.memory.rest, self.memory.rest_len = self.rest, self.rest_len
 
     def _paid_back(self) -> int:
         """Target-only tokens over which a failed probe's cost, beyond what the target
         alone would have taken for its tokens, is PROBE_SHARE of the time."""
-        if self.probe is None:
+        if self.probe_began is None:
             return 0
-        began, tokens = self.probe
-        lost = self.clock() - began - tokens * self.memory.target_s
+        lost = self.clock() - self.probe_began - self.probe_tokens * self.memory.target_s
         return min(MAX_PROBE_REST, max(0, math.ceil(lost / (PROBE_SHARE * self.memory.target_s))))
 
     def _pays(self) -> bool:
