@@ -93,7 +93,9 @@ def _budget_detail(budget: dict) -> str:
     if budget.get("source") != "measured":
         return ""
     verify = ", ".join(f"{n}: {1000 * t:.0f}" for n, t in budget.get("verify_s", {}).items())
-    return (f": draft {1000 * budget['draft_s_per_token']:.1f} ms/token; verify ms by tokens {{{verify}}} "
+    prefill = budget.get("draft_prefill_s_per_token")
+    prefill = f", {1000 * prefill:.1f} ms a prompt token" if prefill else ""
+    return (f": draft {1000 * budget['draft_s_per_token']:.1f} ms/token{prefill}; verify ms by tokens {{{verify}}} "
             f"at a {budget.get('context')}-token context. `duodec` and the `duodec-s*` methods start at gamma and "
             f"then draft each round for as long as the target verifies, from the rounds' own timings; SpS drafts "
             f"each round the window of least expected time per token, from the same timings and the acceptance "

@@ -140,7 +140,8 @@ class CalibrateDraft:
 
 @dataclass
 class DraftCalibration:
-    seconds_per_token: float
+    seconds_per_token: float            # a drafted token
+    prefill_seconds_per_token: float    # a token of the context, read in one feed first
 
 
 # ---- target worker ---------------------------------------------------------

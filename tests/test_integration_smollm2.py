@@ -56,7 +56,8 @@ def test_greedy_equals_transformers_generate(engine, reference, mode):
 def test_engine_reports_its_budget(engine):
     info = engine.get_info()
     assert 1 <= info["gamma"] <= 32
-    assert info["budget"]["source"] == "measured" and info["budget"]["draft_s_per_token"] > 0
+    budget = info["budget"]
+    assert budget["source"] == "measured" and budget["draft_s_per_token"] > 0 and budget["draft_prefill_s_per_token"] > 0
     assert info["draft"]["cores"] != info["target"]["cores"]
 
 

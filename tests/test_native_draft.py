@@ -12,7 +12,7 @@ import hetspec
 from hetspec.ipc.specs import DraftSpec
 from hetspec.models import resolve_model
 from hetspec.scheduler.tokenizer import Tokenizer
-from hetspec.workers.draft.native import NativeDraftModel, Unsupported, _as_q8_0
+from hetspec.workers.draft.native import WINDOW_FILL, NativeDraftModel, Unsupported, _as_q8_0
 from hetspec.workers.draft.worker import DraftState
 from hetspec.workers.kernels.gguf_tensors import GGUFTensor
 from hetspec.workers.target.hf_loading import load_causal_lm
@@ -53,8 +53,16 @@ def native(smollm2, tmp_path_factory):
     model.close()
 
 
-def _path_logits(model, prompt, tokens):
-    got = [model.forward(prompt, 0).copy()]
+def _stepped(model, tokens, pos=0):
+    """Feed tokens a few at a time, each through the one-token step (not the window fill)."""
+    for start in range(0, len(tokens), WINDOW_FILL - 1):
+        logits = model.forward(tokens[start:start + WINDOW_FILL - 1], pos + start)
+    return logits
+
+
+def _path_logits(model, prompt, tokens, fill=False):
+    """Logits along the target's path, the prompt stepped (or, with fill, in one feed)."""
+    got = [(model.forward(prompt, 0) if fill else _stepped(model, prompt)).copy()]
     for i, token in enumerate(tokens):
         got.append(model.forward([token], len(prompt) + i).copy())
     return np.stack(got)
@@ -91,11 +99,31 @@ def test_the_output_layers_q4_1_copy_changes_no_greedy_choice(smollm2, native, t
     full.close()
 
 
+def test_a_long_feed_fills_the_cache_alike_however_it_is_split(native, target_path):
+    """A feed of WINDOW_FILL tokens or more fills the cache through the window products,
+    which compute a token the same whatever window it comes in: the prompt in one feed,
+    or in two that overlap, leaves the same bits. It is still the float32 target's
+    path, its largest logits further off than the stepped draft's (8-bit activations)."""
+    prompt, tokens, want, _, _ = target_path
+    whole = native.forward(prompt, 0).copy()
+    split = len(prompt) // 2
+    native.forward(prompt[:split + 1], 0)                     # its last token stepped...
+    again = native.forward(prompt[split:], split)             # ...then filled again
+    assert len(prompt) - split >= WINDOW_FILL and np.array_equal(whole, again)
+    stepped = _stepped(native, prompt).copy()
+    assert not np.array_equal(whole, stepped)
+    got = _path_logits(native, prompt, tokens, fill=True)
+    assert [int(row.argmax()) for row in got[:-1]] == tokens
+    top = np.argsort(-got, axis=1)[:, :4]
+    near = np.take_along_axis(got, top, 1) - np.take_along_axis(want, top, 1)
+    assert np.abs(near).max() < 0.25 * want.std(axis=1).min()
+
+
 def test_rewinding_recomputes_from_the_given_position(native, target_path):
     prompt, tokens, _, _, _ = target_path
-    first = native.forward(prompt + tokens[:8], 0).copy()
-    native.forward([5, 6, 7], len(prompt) + 4)                # a rejected branch
-    again = native.forward(tokens[4:8], len(prompt) + 4)      # rewound: its positions are replaced
+    first = native.forward(prompt + tokens[:12], 0).copy()
+    native.forward([5, 6, 7], len(prompt) + 2)                # a rejected branch
+    again = native.forward(tokens[2:12], len(prompt) + 2)     # rewound: its positions are replaced
     assert np.array_equal(first, again)
     with pytest.raises(ValueError, match="only positions"):
         native.forward([1], len(prompt) + 20)
@@ -110,7 +138,7 @@ def test_the_targets_prompt_cache_stands_in_for_the_drafts_prefill(native, targe
     assert native.kv_geometry() == [keys.shape[0], keys.shape[1], keys.shape[3], keys.shape[0]]
     native.import_kv(keys, values)
     handed_over = native.forward(prompt[-1:], len(prompt) - 1).copy()
-    own = native.forward(prompt, 0).copy()
+    own = _stepped(native, prompt).copy()
     assert handed_over.argmax() == own.argmax() == want[0].argmax()
     assert np.abs(handed_over - own).max() < 0.02 * want[0].std()
 

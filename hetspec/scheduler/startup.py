@@ -101,10 +101,12 @@ def calibrate(config: EngineConfig, draft: DraftLink, target: TargetLink) -> tup
     draft.send(CalibrateDraft(context, 8, repeats=6))
     target.send(CalibrateTarget(context, sizes))
     verify_s = monotone(dict(zip(sizes, target.wait().seconds)))
-    draft_s = draft.wait().seconds_per_token
+    timed = draft.wait()
+    draft_s, prefill_s = timed.seconds_per_token, timed.prefill_seconds_per_token
     gamma = choose_gamma(draft_s, verify_s, decoding.max_gamma)
-    return gamma, {"source": "measured", "context": context, "draft_s_per_token": draft_s,
-                   "verify_s": {str(k): v for k, v in verify_s.items()}}, CostModel(draft_s, verify_s)
+    info = {"source": "measured", "context": context, "draft_s_per_token": draft_s,
+            "draft_prefill_s_per_token": prefill_s, "verify_s": {str(k): v for k, v in verify_s.items()}}
+    return gamma, info, CostModel(draft_s, verify_s, prefill_s)
 
 
 def alone_borrows_cores(config: EngineConfig, target: TargetLink, device: str) -> bool:

@@ -57,7 +57,7 @@ def load(spec: DraftSpec):
     hello = WorkerHello(role="draft", pid=os.getpid(), n_vocab=state.model.n_vocab, device="cpu",
                         cores=spec.cores, threads=spec.threads, load_s=time.perf_counter() - start,
                         kernels=state.kernels, kv_geometry=state.kv_geometry,
-                        prefill_threads=state.backend != "native")   # it prefills one token a pass
+                        prefill_threads=state.backend != "native")   # one thread: it borrows no cores
     return hello, state
 
 
@@ -103,16 +103,20 @@ def _extension(state: DraftState, cmd: DraftWindow, buffers, total: int, limit: 
 
 def calibrate(state: DraftState, cmd: CalibrateDraft, buffers) -> DraftCalibration:
     """Time per drafted token after a context of context_len tokens (greedy): the
-    fastest of `repeats` drafts, spread over the target's own calibration."""
+    fastest of `repeats` drafts, spread over the target's own calibration; and per
+    token of that context, read first in one feed as a prompt is."""
     rng = np.random.default_rng(0)
     context = rng.integers(0, state.model.n_vocab, cmd.context_len).astype(np.int32)
+    start = time.perf_counter()
+    state.drafter.sync(context, reuse=False)
+    prefill_s = (time.perf_counter() - start) / len(context)
     best = float("inf")
     for _ in range(max(1, cmd.repeats)):
         state.drafter.sync(context)
         start = time.perf_counter()
         state.drafter.draft(context, cmd.n_tokens, GREEDY)
         best = min(best, (time.perf_counter() - start) / cmd.n_tokens)
-    return DraftCalibration(best)
+    return DraftCalibration(best, prefill_s)
 
 
 def recover(state: DraftState) -> None:

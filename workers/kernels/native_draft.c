@@ -1,7 +1,8 @@
 /* A Llama- or Gemma-3-architecture model read straight from a GGUF file's
    blocks: the native draft, one token per call (hs_forward), and the native
    target, a window of tokens per call (hs_forward_window, at the end, whose
-   products are window8.h's, 8-bit activations, where the CPU has AVX-512 VNNI).
+   products are window8.h's, 8-bit activations, where the CPU has AVX-512 VNNI;
+   the draft fills its cache with it too, for a long feed).
 
    Why: drafting is one row at a time, so it is bound by reading the weights
    and by per-token overheads. llama.cpp pays more of those overheads per

@@ -35,12 +35,6 @@ class NativeTarget:
             raise FileNotFoundError(f"GGUF model file not found: {path}")
         self._net = NativeDraftModel(path, n_ctx, cache_root, fast_head=False, exact_kquants=True, window_layout=True)
         lib, model = self._net._lib, self._net._model
-        lib.hs_max_window.restype = ctypes.c_int
-        lib.hs_window_work_floats.restype = ctypes.c_long
-        lib.hs_window_work_floats.argtypes = [ctypes.c_void_p, ctypes.c_int]
-        lib.hs_forward_window.restype = ctypes.c_int
-        lib.hs_forward_window.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                          ctypes.c_void_p]
         lib.hs_window_logits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
         lib.hs_window_bits.restype = ctypes.c_int
         lib.hs_set_threads.restype = ctypes.c_int
@@ -49,9 +43,7 @@ class NativeTarget:
         lib.hs_thread_ids.argtypes = [ctypes.c_void_p]
         lib.hs_pool_rest.restype = None
         self._lib, self._model, self._ref = lib, model, ctypes.byref(model)
-        self.max_window = lib.hs_max_window()
-        self._work = np.zeros(lib.hs_window_work_floats(self._ref, self.max_window), np.float32)
-        model.work = self._work.ctypes.data
+        self.max_window = self._net.max_window
         first = (self._net._kcache, self._net._vcache)
         self._caches = [first] + [(np.zeros_like(first[0]), np.zeros_like(first[1])) for _ in range(caches - 1)]
         self._norms = np.zeros((self.max_window, model.n_embd), np.float32)
@@ -85,9 +77,7 @@ class NativeTarget:
         for start in range(0, n, self.max_window):
             m = min(self.max_window, n - start)
             self._tokens[:m] = ids[start:start + m]
-            if self._lib.hs_forward_window(self._ref, self._tokens.ctypes.data, m, keep + start,
-                                           self._norms.ctypes.data) != 0:
-                raise RuntimeError(f"the native forward refused positions {keep + start}..{keep + start + m - 1}")
+            self._net.forward_window(self._tokens[:m], keep + start, self._norms)
             self.lengths[cache] = keep + start + m
             if start + m > first_row:
                 skip = max(0, first_row - start)

@@ -62,11 +62,11 @@ class CostModel:
 
     SMOOTHING = 0.2
 
-    def __init__(self, draft_s_per_token: float, verify_s: dict[int, float]):
+    def __init__(self, draft_s_per_token: float, verify_s: dict[int, float], prefill_s_per_token: float = 0.0):
         self.draft_s = draft_s_per_token
         self.verify_s = dict(verify_s)
         self.verify_scale = 1.0
-        self.prefill_s = draft_s_per_token      # per draft prompt token: a draft step until a prefill is timed
+        self.prefill_s = prefill_s_per_token or draft_s_per_token   # per draft prompt token (untimed: a step)
 
     def observe(self, n_draft: int, draft_s: float, n_verify: int, verify_s: float) -> None:
         if n_draft > 0 and draft_s > 0:
