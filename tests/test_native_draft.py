@@ -1,8 +1,8 @@
 """The native draft (workers/kernels/native_draft.c) with the real SmolLM2 and Gemma 3
-GGUF files: it follows the float32 target's greedy path, rewinds and takes the
-target's prompt cache like llama.cpp's draft (Gemma's sliding-window layers
-past their window too), refuses what it cannot run, and the draft worker then
-falls back to llama.cpp saying why."""
+GGUF files: it follows the float32 target's greedy path, fills its cache from a
+long feed in windows, rewinds and takes the target's prompt cache like llama.cpp's
+draft (Gemma's sliding-window layers past their window too), refuses what it cannot
+run, and the draft worker then falls back to llama.cpp saying why."""
 import gguf
 import numpy as np
 import pytest
@@ -235,8 +235,8 @@ def test_the_native_gemma_draft_takes_the_targets_prompt_cache(gemma_run):
 
 
 def test_an_engine_whose_native_draft_prefills_itself_stays_exact():
-    """prompt_kv = "own": the native draft prefills a long prompt itself, one
-    token a pass on its own core (it borrows none: the target decodes alone
+    """prompt_kv = "own": the native draft prefills a long prompt itself, in
+    windows on its own core (it borrows none: the target decodes alone
     meanwhile), and the output is still the target's own."""
     notes = " ".join(f"Note {i}: the train left platform {i} at {8 + i % 9} o'clock." for i in range(12))
     messages = [{"role": "user", "content": "Summarize these notes in one sentence. " + notes}]
