@@ -1,19 +1,22 @@
 """Prompt lookup (scheduler/decoding/lookup.py): its index finds what a plain
-search of the context finds, however the context grows."""
+search of the context finds, however the context grows; the likeliest follower
+is guessed; each match length keeps its own hit rate."""
 import numpy as np
 
 from hetspec.scheduler.decoding.lookup import NGRAM, PromptLookup
+from hetspec.scheduler.decoding.stats import Stats
 
 
-def plain_search(context: list[int], limit: int) -> list[int]:
-    """The tokens after the latest earlier occurrence of the longest suffix (n = NGRAM..1)."""
+def plain_search(context: list[int]) -> tuple[int, int]:
+    """(n, start) for the longest suffix (n = NGRAM..1) seen earlier: of the tokens that
+    followed it, the most frequent (the latest on a tie), at its latest occurrence."""
     for n in range(NGRAM, 0, -1):
         if len(context) <= n:
             continue
-        for start in range(len(context) - n - 1, -1, -1):
-            if context[start:start + n] == context[-n:]:
-                return context[start + n:start + n + limit]
-    return []
+        after = [start + n for start in range(len(context) - n) if context[start:start + n] == context[-n:]]
+        if after:
+            return n, max(after, key=lambda i: (sum(context[j] == context[i] for j in after), i))
+    return 0, 0
 
 
 def test_the_index_finds_what_a_plain_search_finds():
@@ -22,15 +25,32 @@ def test_the_index_finds_what_a_plain_search_finds():
         context = rng.integers(0, rng.integers(2, 8), rng.integers(1, 60)).astype(np.int32)
         lookup = PromptLookup()
         for cut in sorted({*rng.integers(1, len(context) + 1, 4).tolist(), len(context)}):   # grown in steps
-            limit = int(rng.integers(0, 6))
-            assert lookup.guess(context[:cut], limit).tolist() == plain_search(context[:cut].tolist(), limit)
+            assert lookup.match(context[:cut]) == plain_search(context[:cut].tolist())
 
 
 def test_a_repeated_phrase_is_guessed_and_a_fresh_one_is_not():
     lookup = PromptLookup()
     context = np.array([7, 1, 2, 3, 4, 5, 9, 1, 2, 3], np.int32)
-    assert lookup.guess(context, 4).tolist() == [4, 5, 9, 1]
-    assert lookup.guess(np.append(context, 42).astype(np.int32), 4).tolist() == []
+    assert lookup.match(context) == (3, 4)                    # [1, 2, 3] was followed by 4, 5, 9, 1
+    assert lookup.match(np.append(context, 42).astype(np.int32)) == (0, 0)
+
+
+def test_the_likeliest_follower_beats_the_latest():
+    """`x = a` twice, then `x = b`: after `x =` the guess is `a`, from its latest occurrence."""
+    x, eq, a, b, nl = 1, 2, 3, 4, 5
+    context = np.array([nl, x, eq, a, nl, x, eq, a, nl, x, eq, b, nl, x, eq], np.int32)
+    n, start = PromptLookup().match(context)
+    assert (n, context[start], start) == (3, a, 7)
+
+
+def test_each_match_length_keeps_its_own_hit_rate():
+    stats = Stats()
+    assert stats.lookup_acceptance(1) == stats.lookup_acceptance(3) == 0.5
+    stats.lookup_round(3, guessed=4, accepted=4, cut=False)
+    stats.lookup_round(1, guessed=4, accepted=0, cut=True)
+    assert stats.lookup_acceptance(3) > 0.5 > stats.lookup_acceptance(1)
+    assert stats.lookup_acceptance(2) == 0.5
+    assert (stats.lookup_guessed, stats.lookup_accepted) == (8, 4)
 
 
 # ---- in the engine: a target-only round of a speculative mode verifies a guess ----

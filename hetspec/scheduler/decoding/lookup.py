@@ -9,6 +9,12 @@ with. Text that repeats itself (code, a document quoted back, a base model's
 loops) then goes several tokens a pass. The guess is a function of the committed
 context alone, so the acceptance rules keep the output the target's own
 (core/acceptance.py: a guess is a draft proposed with certainty).
+
+Where an n-gram was followed by different tokens, the guess follows the one seen
+most often (the latest on a tie): in code, `self.` is followed by the name used
+most, not the one used last. How long a guess may be depends on n: a match of one
+token holds far less often than one of three, so the decoder keeps an estimate of
+each (Stats.lookup_acceptance).
 """
 from __future__ import annotations
 
@@ -16,29 +22,27 @@ import numpy as np
 
 NGRAM = 3          # the longest suffix looked up; a longer match is the better guess
 
-NOTHING = np.zeros(0, dtype=np.int32)
-
 
 class PromptLookup:
-    """One request's index: for each n-gram of its context, the position just after
-    its latest occurrence that something followed. Grown as tokens are committed."""
+    """One request's index: for each n-gram of its context, the tokens that followed
+    it, each with how often and the position of its latest occurrence. Grown as
+    tokens are committed."""
 
     def __init__(self):
-        self.after: list[dict[tuple, int]] = [{} for _ in range(NGRAM)]   # [n - 1]: n-gram -> position after it
+        # [n - 1]: n-gram -> {follower: (times seen, position of its latest occurrence)}
+        self.after: list[dict[tuple, dict[int, tuple[int, int]]]] = [{} for _ in range(NGRAM)]
         self.indexed = 0          # positions 1..indexed - 1 are recorded as followers
 
-    def guess(self, context: np.ndarray, limit: int) -> np.ndarray:
-        """Up to `limit` tokens that followed the longest suffix of `context` found
-        earlier in it (its latest occurrence); nothing if none is found."""
+    def match(self, context: np.ndarray) -> tuple[int, int]:
+        """(n, start): the longest suffix of `context` seen earlier in it, n tokens
+        (0: none), and where the guess starts: its likeliest follower's latest occurrence."""
         self._index(context)
-        if limit <= 0:
-            return NOTHING
         tail = context[-NGRAM:].tolist()
         for n in range(min(NGRAM, len(tail)), 0, -1):
-            start = self.after[n - 1].get(tuple(tail[-n:]))
-            if start is not None:
-                return context[start:start + limit].copy()
-        return NOTHING
+            followers = self.after[n - 1].get(tuple(tail[-n:]))
+            if followers:
+                return n, max(followers.values())[1]
+        return 0, 0
 
     def _index(self, context: np.ndarray) -> None:
         """Record the n-grams that end just before each position not yet seen."""
@@ -46,6 +50,8 @@ class PromptLookup:
         base = max(first - NGRAM, 0)
         ids = context[base:].tolist()
         for i in range(first, len(context)):
+            follower = ids[i - base]
             for n in range(1, min(NGRAM, i) + 1):
-                self.after[n - 1][tuple(ids[i - n - base:i - base])] = i
+                followers = self.after[n - 1].setdefault(tuple(ids[i - n - base:i - base]), {})
+                followers[follower] = (followers.get(follower, (0, 0))[0] + 1, i)
         self.indexed = len(context)

@@ -29,7 +29,8 @@ class Stats:
     branch_hits: int = 0        # pipelined windows whose branch the target's token picked
     lookup_guessed: int = 0     # lookup guess tokens verified in target-only rounds (lookup.py)
     lookup_accepted: int = 0    # ... and accepted
-    lookup_cut: int = 0         # guesses cut short by a rejected token
+    lookup_by_match: dict = field(default_factory=dict)  # context tokens a guess matched -> [accepted tokens,
+                                                         # guesses cut short by a rejected token]
     draft_s: float = 0.0
     verify_s: float = 0.0
     round_s: float = 0.0        # wall time of speculative rounds
@@ -45,11 +46,18 @@ class Stats:
         """Per-token acceptance so far (accepted / tokens decided), from the prior."""
         return (self.accepted + PRIOR_WEIGHT * self.prior) / (self.accepted + self.rejections + PRIOR_WEIGHT)
 
-    @property
-    def lookup_acceptance(self) -> float:
-        """Per-token acceptance of this request's lookup guesses so far, from LOOKUP_PRIOR."""
-        return (self.lookup_accepted + PRIOR_WEIGHT * LOOKUP_PRIOR) / (self.lookup_accepted + self.lookup_cut
-                                                                      + PRIOR_WEIGHT)
+    def lookup_acceptance(self, matched: int) -> float:
+        """Per-token acceptance so far of this request's lookup guesses that matched
+        `matched` tokens of context, from LOOKUP_PRIOR."""
+        accepted, cut = self.lookup_by_match.get(matched, (0, 0))
+        return (accepted + PRIOR_WEIGHT * LOOKUP_PRIOR) / (accepted + cut + PRIOR_WEIGHT)
+
+    def lookup_round(self, matched: int, guessed: int, accepted: int, cut: bool) -> None:
+        self.lookup_guessed += guessed
+        self.lookup_accepted += accepted
+        counts = self.lookup_by_match.setdefault(matched, [0, 0])
+        counts[0] += accepted
+        counts[1] += cut
 
     def spec_round(self, wall: float, draft_s: float, verify_s: float, drafted: int, accepted: int,
                    committed: int, parallel: bool, serial_draft_s: float = 0.0) -> None:
