@@ -29,8 +29,7 @@ class Stats:
     branch_hits: int = 0        # pipelined windows whose branch the target's token picked
     lookup_guessed: int = 0     # lookup guess tokens verified in target-only rounds (lookup.py)
     lookup_accepted: int = 0    # ... and accepted
-    lookup_by_match: dict = field(default_factory=dict)  # context tokens a guess matched -> [accepted tokens,
-                                                         # guesses cut short by a rejected token]
+    lookup_by_match: dict = field(default_factory=dict)  # tokens of context matched -> [accepted, guesses cut short]
     draft_s: float = 0.0
     verify_s: float = 0.0
     round_s: float = 0.0        # wall time of speculative rounds
@@ -53,6 +52,7 @@ class Stats:
         return (accepted + PRIOR_WEIGHT * LOOKUP_PRIOR) / (accepted + cut + PRIOR_WEIGHT)
 
     def lookup_round(self, matched: int, guessed: int, accepted: int, cut: bool) -> None:
+        """A target-only round verified a guess that matched `matched` tokens of context."""
         self.lookup_guessed += guessed
         self.lookup_accepted += accepted
         counts = self.lookup_by_match.setdefault(matched, [0, 0])
