@@ -2,9 +2,10 @@
 search of the context finds, however the context grows; the likeliest follower
 is guessed; each match length keeps its own hit rate."""
 import numpy as np
+import pytest
 
+from hetspec.scheduler.decoding.budget import CostModel, Windows
 from hetspec.scheduler.decoding.lookup import NGRAM, PromptLookup
-from hetspec.scheduler.decoding.stats import Stats
 
 
 def plain_search(context: list[int]) -> tuple[int, int]:
@@ -44,13 +45,17 @@ def test_the_likeliest_follower_beats_the_latest():
 
 
 def test_each_match_length_keeps_its_own_hit_rate():
-    stats = Stats()
-    assert stats.lookup_acceptance(1) == stats.lookup_acceptance(3) == 0.5
-    stats.lookup_round(3, guessed=4, accepted=4, cut=False)
-    stats.lookup_round(1, guessed=4, accepted=0, cut=True)
-    assert stats.lookup_acceptance(3) > 0.5 > stats.lookup_acceptance(1)
-    assert stats.lookup_acceptance(2) == 0.5
-    assert (stats.lookup_guessed, stats.lookup_accepted) == (8, 4)
+    """A guess's length comes from the hit rate of guesses that matched as many tokens."""
+    lookup, asked = PromptLookup(), []
+    context = np.array([7, 1, 2, 3, 4, 5, 9, 1, 2, 3], np.int32)
+    assert lookup.guess(context, lambda rate: asked.append(rate) or 2).tolist() == [4, 5]
+    lookup.verified(2, 2)                                    # a three-token match held
+    lookup.guess(np.append(context, [8, 9]).astype(np.int32), lambda rate: asked.append(rate) or 1)
+    lookup.verified(1, 0)                                    # a one-token match ([9]) did not
+    assert asked == [0.5, 0.5] and lookup.hit_rate(3) > 0.5 > lookup.hit_rate(1)
+    assert lookup.hit_rate(2) == 0.5
+    lookup.guess(context, lambda rate: asked.append(rate) or 0)
+    assert asked[-1] == lookup.hit_rate(3)
 
 
 # ---- in the engine: a target-only round of a speculative mode verifies a guess ----
@@ -88,3 +93,27 @@ def test_lookup_zero_guesses_nothing():
         result = engine.generate(PROMPT, max_new_tokens=40)
         assert result.stats["lookup_guessed"] == 0 and result.stats["rested"] > 0
         assert engine.get_info()["lookup"] == 0
+
+
+def test_the_replay_counts_what_the_rule_would_commit():
+    """benchmarks/lookup_replay.py on text that repeats itself: a window of 5 tokens costs
+    1.4 one-token passes, so 4 guessed tokens a pass go at about 3.5x the target alone."""
+    from hetspec.benchmarks.lookup_replay import replay
+
+    cost = {n: 1.0 + 0.1 * (n - 1) for n in range(1, 6)}
+    windows = Windows(1, False, 8, CostModel(1.0, cost), max_lookup=4)
+    phrase = [1, 2, 3, 4, 5, 6, 7, 8]
+    seconds, held = replay(phrase * 2, phrase * 8, windows, cost.__getitem__)
+    assert held[3][1] == held[3][0] > 40                    # every guess after a three-token match held
+    assert (len(phrase) * 8 - 1) * cost[1] / seconds > 3
+
+
+@pytest.mark.integration
+def test_the_replay_script_runs(capsys):
+    """`python -m hetspec.benchmarks.lookup_replay`, short: the Gemma 3 target's greedy
+    code, replayed with its own window times."""
+    from hetspec.benchmarks import lookup_replay
+
+    assert lookup_replay.main(["--categories", "code", "--limit", "1", "--max-new-tokens", "32"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("code:"))
+    assert float(line.split(":")[1].split("x")[0]) > 0

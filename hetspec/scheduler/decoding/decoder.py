@@ -160,24 +160,25 @@ class Decoder:
         where allowed; or while the draft prefills): the target's next token, after as
         many tokens of a lookup guess as it agrees with. Returns (seconds, tokens committed)."""
         started = time.perf_counter()
-        guess, matched = self.guess()
+        guess = self.guess()
         self.start_verify(guess, borrow=alone and self.caps.alone_borrows_cores)
         self.emit_round()                      # the last round's tokens, while the target computes
         n_accepted, _, kept = self.accept_and_commit(guess, self.target.finish_verify(len(guess) + 1))
         if len(guess):
-            self.stats.lookup_round(matched, len(guess), min(n_accepted, kept), n_accepted < len(guess))
+            self.lookup.verified(len(guess), n_accepted)
+            self.stats.lookup_guessed += len(guess)
+            self.stats.lookup_accepted += min(n_accepted, kept)
         self.stats.rounds += 1
         self.stats.target_only_rounds += 1
         return time.perf_counter() - started, max(kept, 1)
 
-    def guess(self) -> tuple[Window, int]:
-        """A lookup guess for a target-only round (lookup.py), and how many tokens of
-        context it matched, whose own hit rate sets its length; none in mode target."""
-        matched, start = self.lookup.match(self.out.context) if self.lookup is not None else (0, 0)
-        if not matched:
-            return EMPTY, 0
-        limit = self.windows.lookup(self.stats.lookup_acceptance(matched), self.out.remaining - 1)
-        return Window(self.out.context[start:start + limit].copy()), matched
+    def guess(self) -> Window:
+        """A lookup guess for a target-only round (lookup.py), as long as its hit rate
+        makes pay; none in mode target."""
+        if self.lookup is None:
+            return EMPTY
+        room = self.out.remaining - 1
+        return Window(self.lookup.guess(self.out.context, lambda hit_rate: self.windows.lookup(hit_rate, room)))
 
     def rest_step(self) -> None:
         """A target-only round while speculating does not pay (gate.py); once the rest

@@ -11,16 +11,21 @@ context alone, so the acceptance rules keep the output the target's own
 (core/acceptance.py: a guess is a draft proposed with certainty).
 
 Where an n-gram was followed by different tokens, the guess follows the one seen
-most often (the latest on a tie): in code, `self.` is followed by the name used
+most often (the latest on a tie): in code, after `self.` it guesses the name used
 most, not the one used last. How long a guess may be depends on n: a match of one
-token holds far less often than one of three, so the decoder keeps an estimate of
-each (Stats.lookup_acceptance).
+token holds far less often than one of three, so each n keeps its own hit rate.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
 NGRAM = 3          # the longest suffix looked up; a longer match is the better guess
+HIT_PRIOR = 0.5         # where the hit rate of each match length starts...
+HIT_PRIOR_WEIGHT = 5    # ...worth this many guessed tokens
+
+NOTHING = np.zeros(0, dtype=np.int32)
 
 
 class PromptLookup:
@@ -32,6 +37,27 @@ class PromptLookup:
         # [n - 1]: n-gram -> {follower: (times seen, position of its latest occurrence)}
         self.after: list[dict[tuple, dict[int, tuple[int, int]]]] = [{} for _ in range(NGRAM)]
         self.indexed = 0          # positions 1..indexed - 1 are recorded as followers
+        self.hits: dict[int, list[int]] = {}   # n -> [guessed tokens the target kept, guesses it cut short]
+        self.matched = 0          # n of the last guess
+
+    def guess(self, context: np.ndarray, length: Callable[[float], int]) -> np.ndarray:
+        """The likeliest continuation of the longest suffix of `context` seen earlier
+        in it, length(hit rate of guesses that matched as many tokens) tokens long."""
+        self.matched, start = self.match(context)
+        if not self.matched:
+            return NOTHING
+        return context[start:start + length(self.hit_rate(self.matched))].copy()
+
+    def verified(self, guessed: int, accepted: int) -> None:
+        """The target kept `accepted` tokens of the last guess, `guessed` long."""
+        hits = self.hits.setdefault(self.matched, [0, 0])
+        hits[0] += accepted
+        hits[1] += accepted < guessed
+
+    def hit_rate(self, matched: int) -> float:
+        """Per-token acceptance so far of guesses that matched `matched` tokens."""
+        kept, cut = self.hits.get(matched, (0, 0))
+        return (kept + HIT_PRIOR_WEIGHT * HIT_PRIOR) / (kept + cut + HIT_PRIOR_WEIGHT)
 
     def match(self, context: np.ndarray) -> tuple[int, int]:
         """(n, start): the longest suffix of `context` seen earlier in it, n tokens

@@ -9,7 +9,6 @@ from hetspec.core.sampling import Rule
 from hetspec.scheduler.decoding.acceptance_prior import GENERIC
 
 PRIOR_WEIGHT = 5         # tokens' worth of belief in the acceptance prior
-LOOKUP_PRIOR = 0.5       # where a request's estimate of its lookup guesses' acceptance starts
 
 
 @dataclass
@@ -29,7 +28,6 @@ class Stats:
     branch_hits: int = 0        # pipelined windows whose branch the target's token picked
     lookup_guessed: int = 0     # lookup guess tokens verified in target-only rounds (lookup.py)
     lookup_accepted: int = 0    # ... and accepted
-    lookup_by_match: dict = field(default_factory=dict)  # tokens of context matched -> [accepted, guesses cut short]
     draft_s: float = 0.0
     verify_s: float = 0.0
     round_s: float = 0.0        # wall time of speculative rounds
@@ -44,20 +42,6 @@ class Stats:
     def acceptance(self) -> float:
         """Per-token acceptance so far (accepted / tokens decided), from the prior."""
         return (self.accepted + PRIOR_WEIGHT * self.prior) / (self.accepted + self.rejections + PRIOR_WEIGHT)
-
-    def lookup_acceptance(self, matched: int) -> float:
-        """Per-token acceptance so far of this request's lookup guesses that matched
-        `matched` tokens of context, from LOOKUP_PRIOR."""
-        accepted, cut = self.lookup_by_match.get(matched, (0, 0))
-        return (accepted + PRIOR_WEIGHT * LOOKUP_PRIOR) / (accepted + cut + PRIOR_WEIGHT)
-
-    def lookup_round(self, matched: int, guessed: int, accepted: int, cut: bool) -> None:
-        """A target-only round verified a guess that matched `matched` tokens of context."""
-        self.lookup_guessed += guessed
-        self.lookup_accepted += accepted
-        counts = self.lookup_by_match.setdefault(matched, [0, 0])
-        counts[0] += accepted
-        counts[1] += cut
 
     def spec_round(self, wall: float, draft_s: float, verify_s: float, drafted: int, accepted: int,
                    committed: int, parallel: bool, serial_draft_s: float = 0.0) -> None:
