@@ -71,7 +71,7 @@ def replay(prompt: list, out: list, windows: Windows, pass_s) -> tuple[float, di
     position, seconds, held = len(prompt) + 1, 0.0, defaultdict(lambda: [0, 0])
     while position < len(full):
         room = len(full) - position - 1
-        guess = lookup.guess(full[:position], lambda hit_rate: windows.lookup(hit_rate, room))
+        guess = lookup.guess(full[:position], lambda hit_rate, room=room: windows.lookup(hit_rate, room))
         kept = 0
         while kept < len(guess) and guess[kept] == full[position + kept]:
             kept += 1
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     largest = config.decoding.lookup + 1
     measured = window_seconds(model.file, args.threads, largest)
     windows = Windows(1, False, config.decoding.max_gamma, CostModel(1.0, measured), config.decoding.lookup)
-    pass_s = lambda n: measured[n] + args.overhead_ms / 1e3     # noqa: E731
+    pass_s = lambda n: measured[n] + args.overhead_ms / 1e3
     print(f"{args.config}, {args.threads} thread(s): a pass of n tokens, ms: "
           + ", ".join(f"{n}: {s * 1e3:.1f}" for n, s in measured.items()))
     print("category: lookup's gain over the target alone; guessed tokens that held, by match length")

@@ -60,9 +60,9 @@ def test_each_match_length_keeps_its_own_hit_rate():
 
 # ---- in the engine: a target-only round of a speculative mode verifies a guess ----
 
-import hetspec  # noqa: E402
+import hetspec
 
-from helpers import load_reference, random_engine_config, reference_greedy  # noqa: E402
+from helpers import load_reference, random_engine_config, reference_greedy
 
 LOOPING = "random:vocab=12,seed=0"         # a small vocabulary: greedy text soon repeats itself
 PROMPT = [1, 2, 3, 4, 5]

@@ -17,7 +17,7 @@ token holds far less often than one of three, so each n keeps its own hit rate.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
