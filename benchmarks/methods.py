@@ -49,7 +49,6 @@ class Method:
 
 
 FORCED = "always"          # a request's speculation: every round speculates
-GGUF_BACKENDS = ("llama.cpp", "native")   # [target] backends that run a GGUF file's own blocks, batch-invariant
 PEER = "llama.cpp"         # every speedup is also given over this method: llama.cpp on every core
 
 METHODS = {m.name: m for m in [

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 from statistics import mean
 
-from hetspec.benchmarks.methods import GGUF_BACKENDS, PEER
+from hetspec.benchmarks.methods import PEER
+from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 
 
 def aggregate(doc: dict) -> dict:
     runs = [r for r in doc["runs"] if "error" not in r]
     methods = doc["settings"]["methods"]
     categories = doc["settings"]["categories"]
-    reference = "target" if doc["settings"].get("target_backend") in GGUF_BACKENDS else "vanilla"
+    reference = "target" if doc["settings"].get("target_backend") in GGUF_TARGET_BACKENDS else "vanilla"
     reference_ids = {(r["decoding"], r["category"], r["question_id"]): r["token_ids"]
                      for r in runs if r["method"] == reference}
     results: dict = {}

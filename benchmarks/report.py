@@ -13,8 +13,9 @@ from pathlib import Path
 
 from hetspec.benchmarks.checks import check_results
 from hetspec.benchmarks.data import TITLES
-from hetspec.benchmarks.methods import GGUF_BACKENDS, PEER, SWEEP
+from hetspec.benchmarks.methods import PEER, SWEEP
 from hetspec.benchmarks.metrics import aggregate
+from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 
 
 def render_report(doc: dict, plots: list[str] = ()) -> str:
@@ -73,7 +74,7 @@ def _header(doc: dict) -> list[str]:
 
 
 def _target_numbers(settings: dict) -> str:
-    if settings.get("target_backend") in GGUF_BACKENDS:
+    if settings.get("target_backend") in GGUF_TARGET_BACKENDS:
         runner = "hetspec's kernels" if settings["target_backend"] == "native" else "llama.cpp"
         return (f"the engine's target computes the GGUF file's own blocks through {runner}, as the llama.cpp rows "
                 f"compute that file; vanilla and PLD run it in **{settings['dtype']}**")
@@ -310,12 +311,12 @@ def _exactness(doc: dict) -> list[str]:
     rows = []
     for name, cells in doc["results"]["greedy"].items():
         match = cells.get("average", {}).get("exact_match")
-        reference = "target" if doc["settings"].get("target_backend") in GGUF_BACKENDS else "vanilla"
+        reference = "target" if doc["settings"].get("target_backend") in GGUF_TARGET_BACKENDS else "vanilla"
         if name != reference and match is not None:
             rows.append([f"`{name}`", _pct(match)])
     if not rows:
         return []
-    if doc["settings"].get("target_backend") in GGUF_BACKENDS:
+    if doc["settings"].get("target_backend") in GGUF_TARGET_BACKENDS:
         return ["## Greedy output identical to the target alone", "",
                 ("Share of prompts whose greedy tokens equal the engine's `target` method's (the GGUF target "
                  "computes the GGUF file's blocks, and its verification is batch-invariant, so any speculative "

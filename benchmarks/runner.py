@@ -19,13 +19,13 @@ from hetspec.benchmarks.baselines import Baselines
 from hetspec.benchmarks.ceiling import measure_ceiling
 from hetspec.benchmarks.data import load_prompts
 from hetspec.benchmarks.engine_runs import EngineHolder, poor_draft_config, run_engine
-from hetspec.benchmarks.llama_peer import PLD_MAX, LlamaPeer
 from hetspec.benchmarks.machine import describe_machine
-from hetspec.benchmarks.methods import GGUF_BACKENDS, Method, select_methods
+from hetspec.benchmarks.methods import Method, select_methods
 from hetspec.benchmarks.metrics import aggregate
 from hetspec.benchmarks.settings import DECODINGS, BenchSettings, engine_config, split_config
 from hetspec.config import load_config
 from hetspec.core.errors import EngineDeadError
+from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 from hetspec.models import resolve_model
 from hetspec.scheduler.tokenizer import Tokenizer
 
@@ -53,7 +53,7 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
 
     _log(settings, f"hetspec-bench: {len(prompts)} prompts x {len(methods)} methods x {len(settings.decodings)} "
                    f"decodings; starting the engine ({config.target.model}, "
-                   f"{config.target.backend if config.target.backend in GGUF_BACKENDS else config.target.dtype})")
+                   f"{config.target.backend if config.target.backend in GGUF_TARGET_BACKENDS else config.target.dtype})")
     clock.start("engine_start")            # load both models, measure the budget
     holder = EngineHolder(config_dict)
     poor = None
@@ -179,7 +179,11 @@ def _pld_gamma(method: Method, params: dict) -> int | None:
     """Prompt lookup's draft length (llama.cpp's looks up greedy runs only)."""
     if method.mode != "pld" or method.kind == "peer" and params["temperature"] > 0:
         return None
-    return 10 if method.kind == "baseline" else PLD_MAX
+    if method.kind == "baseline":
+        return 10
+    from hetspec.benchmarks.llama_peer import PLD_MAX
+
+    return PLD_MAX
 
 
 def _warm_up(engine, in_process, methods, chosen, max_gamma, ids) -> None:
@@ -198,8 +202,11 @@ def _warm_up(engine, in_process, methods, chosen, max_gamma, ids) -> None:
                 pass
 
 
-def _peer(config, tokenizer) -> LlamaPeer:
-    """llama.cpp on the target's own GGUF file (a target that is no GGUF file has no peer)."""
+def _peer(config, tokenizer):
+    """llama.cpp on the target's own GGUF file (a target that is no GGUF file has no peer).
+    Imported here: a run without peers (a GPU's) needs no llama.cpp."""
+    from hetspec.benchmarks.llama_peer import LlamaPeer
+
     model = resolve_model(config.target.model, "target")
     if not model.gguf_file:
         raise ValueError(f"the llama.cpp peer needs a GGUF target, got {config.target.model!r}: leave out the peers "

@@ -22,6 +22,7 @@ import psutil
 from hetspec.core.branches import DYNAMIC, Dynamic
 from hetspec.core.errors import ConfigError
 from hetspec.core.params import Speculation, show
+from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 from hetspec.models import resolve_model
 
 Auto = Literal["auto"]              # a value the engine chooses: at load (cores), or at start-up (gamma)
@@ -29,7 +30,7 @@ AUTO: Auto = "auto"
 SHIPPED_CONFIGS = {"smollm2": "smollm2.toml", "gemma3-270m": "gemma3-270m.toml", "gemma3-smollm2": "gemma3-smollm2.toml"}
 DEFAULT_CONFIG = "smollm2"
 DRAFT_BACKENDS = ("native", "llama.cpp", "torch")
-TARGET_BACKENDS = ("transformers", "llama.cpp", "native")
+TARGET_BACKENDS = ("transformers", *GGUF_TARGET_BACKENDS)
 DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
 CPU_KERNELS = ("gguf", "onednn", "torch")
 DTYPES = ("float32", "bfloat16", "float16")

@@ -48,6 +48,9 @@ class DraftSpec:
         return build(cls, json.loads(text))
 
 
+GGUF_TARGET_BACKENDS = ("native", "llama.cpp")   # [target] backends that run a GGUF file's own blocks, batch-invariant
+
+
 @dataclass(frozen=True)
 class TargetSpec:
     model: ModelSpec
@@ -57,7 +60,7 @@ class TargetSpec:
     threads: int
     cpu_kernels: str = "gguf"
     borrow_cores: list[int] = field(default_factory=list)   # the draft's, lent for prefills
-    backend: str = "transformers"   # or "llama.cpp"
+    backend: str = "transformers"   # or one of GGUF_TARGET_BACKENDS
     n_ctx: int = 0             # llama.cpp: positions a cache holds
     caches: int = 1            # llama.cpp: caches (one per request admitted at once)
 

@@ -20,16 +20,12 @@ from hetspec.ipc.messages import (
     VerifyCommand,
     WorkerHello,
 )
-from hetspec.ipc.specs import TargetSpec
+from hetspec.ipc.specs import GGUF_TARGET_BACKENDS, TargetSpec
 from hetspec.workers.common.pinning import CoreLoan, pin_threads, set_torch_threads
 from hetspec.workers.common.process import parse_args, serve
 from hetspec.workers.target.gguf_linear import use_gguf_blocks
 from hetspec.workers.target.hf_loading import eos_token_ids, load_causal_lm
 from hetspec.workers.target.kv_model import KVModel
-
-# (imported before load() spreads threads: it brings llama.cpp's OpenMP runtime)
-from hetspec.workers.target.llama_target import MAX_PASS, LlamaTarget
-from hetspec.workers.target.native_target import NativeTarget
 from hetspec.workers.target.packed_linear import pack_linears
 
 
@@ -76,51 +72,22 @@ class TransformersTarget:
         self.kv.forget()
 
 
-class GGUFTarget:
-    """A GGUF file's own weights on the CPU, batch-invariant: run by hetspec's kernels
-    (backend "native", workers/target/native_target.py) or by llama.cpp (llama_target.py)."""
-
-    def __init__(self, spec: TargetSpec):
-        self.device = "cpu"
-        cache_root = os.path.dirname(spec.model.cache_dir) if spec.model.cache_dir else ""
-        if spec.backend == "native":
-            self.model = NativeTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads, cache_root)
-            self.kernels = f"native, batch-invariant ({self.model.max_window} tokens a pass): {self.model.description}"
-        else:
-            self.model = LlamaTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads, cache_root)
-            head = "hetspec's Q8_0 kernel, a window at once" if self.model.head else \
-                f"llama.cpp's ({self.model.head_why})"
-            self.kernels = f"llama.cpp, batch-invariant (no repacking, no tiled K-quant products, flash attention, " \
-                           f"{MAX_PASS} tokens a pass); output layer: {head}"
-        self.loan = CoreLoan(spec.cores, spec.borrow_cores, self.model.set_threads, spec.threads,
-                             getattr(self.model, "thread_ids", None))
-        self.n_vocab, self.eos = self.model.n_vocab, self.model.eos_token_ids
-        self.last_cache = 0
-
-    def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> np.ndarray:
-        self.last_cache = cache
-        self.loan.hold(borrow)
-        return self.model.forward(cache, tokens, keep, rows)
-
-    def geometry(self) -> list[int]:
-        return []       # its cache is its own: no draft takes it over
-
-    def forget(self) -> None:
-        self.model.forget(self.last_cache)
-
-
 def load(spec: TargetSpec):
+    if spec.backend in GGUF_TARGET_BACKENDS:
+        # before threads spread: it brings llama.cpp's OpenMP runtime (a transformers
+        # target, on a GPU say, needs no llama.cpp at all)
+        from hetspec.workers.target.gguf_target import GGUFTarget
     set_torch_threads(spec.threads)
     pin_threads(spec.cores, spec.threads)
     start = time.perf_counter()
-    state = GGUFTarget(spec) if spec.backend in ("native", "llama.cpp") else TransformersTarget(spec)
+    state = GGUFTarget(spec) if spec.backend in GGUF_TARGET_BACKENDS else TransformersTarget(spec)
     hello = WorkerHello(role="target", pid=os.getpid(), n_vocab=state.n_vocab, device=state.device,
                         cores=spec.cores, threads=spec.threads, load_s=time.perf_counter() - start,
                         eos_token_ids=state.eos, kernels=state.kernels, kv_geometry=state.geometry())
     return hello, state
 
 
-def verify(state: TransformersTarget | GGUFTarget, cmd: VerifyCommand, buffers) -> Verified:
+def verify(state, cmd: VerifyCommand, buffers) -> Verified:
     start = time.perf_counter()
     tokens = buffers["input"].array[:cmd.n_tokens]
     rows, s, choice = cmd.rows, cmd.sampling, buffers["choice"].array
@@ -158,7 +125,7 @@ def export_kv(state: TransformersTarget, cmd: ExportKV, buffers) -> KVExported:
     return KVExported(cmd.request_id, time.perf_counter() - start)
 
 
-def calibrate(state: TransformersTarget | GGUFTarget, cmd: CalibrateTarget, buffers) -> TargetCalibration:
+def calibrate(state, cmd: CalibrateTarget, buffers) -> TargetCalibration:
     """Fastest time of a verify pass of each size, after a context of context_len.
     (The fastest, like the draft's: a machine's hiccups only ever add time, and a
     budget set too high is trimmed round by round, one set too low is not.)"""
@@ -178,7 +145,7 @@ def calibrate(state: TransformersTarget | GGUFTarget, cmd: CalibrateTarget, buff
     return TargetCalibration(seconds)
 
 
-def recover(state: TransformersTarget | GGUFTarget) -> None:
+def recover(state) -> None:
     """After a command failed: the cache it ran on may be half written, so it goes (the
     request it belonged to has failed; the next one given that cache starts afresh)."""
     state.forget()

@@ -1,0 +1,46 @@
+"""A GGUF file's own weights as the target, on the CPU: run by hetspec's kernels
+(backend "native", native_target.py) or by llama.cpp (llama_target.py), batch-invariant
+either way. Imported only for those backends: it loads llama.cpp."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from hetspec.ipc.specs import TargetSpec
+from hetspec.workers.common.pinning import CoreLoan
+from hetspec.workers.target.llama_target import MAX_PASS, LlamaTarget
+from hetspec.workers.target.native_target import NativeTarget
+
+
+class GGUFTarget:
+    """Either backend behind the target worker's interface (run, geometry, forget), as
+    TransformersTarget is in worker.py."""
+
+    def __init__(self, spec: TargetSpec):
+        self.device = "cpu"
+        cache_root = os.path.dirname(spec.model.cache_dir) if spec.model.cache_dir else ""
+        if spec.backend == "native":
+            self.model = NativeTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads, cache_root)
+            self.kernels = f"native, batch-invariant ({self.model.max_window} tokens a pass): {self.model.description}"
+        else:
+            self.model = LlamaTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads, cache_root)
+            head = "hetspec's Q8_0 kernel, a window at once" if self.model.head else \
+                f"llama.cpp's ({self.model.head_why})"
+            self.kernels = f"llama.cpp, batch-invariant (no repacking, no tiled K-quant products, flash attention, " \
+                           f"{MAX_PASS} tokens a pass); output layer: {head}"
+        self.loan = CoreLoan(spec.cores, spec.borrow_cores, self.model.set_threads, spec.threads,
+                             getattr(self.model, "thread_ids", None))
+        self.n_vocab, self.eos = self.model.n_vocab, self.model.eos_token_ids
+        self.last_cache = 0
+
+    def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> np.ndarray:
+        self.last_cache = cache
+        self.loan.hold(borrow)
+        return self.model.forward(cache, tokens, keep, rows)
+
+    def geometry(self) -> list[int]:
+        return []       # its cache is its own: no draft takes it over
+
+    def forget(self) -> None:
+        self.model.forget(self.last_cache)
