@@ -21,7 +21,7 @@ import llama_cpp
 import numpy as np
 
 from hetspec.benchmarks.baselines import BaselineRun
-from hetspec.workers.common.llama_handles import decode
+from hetspec.workers.common.llama_handles import decode, default_model_params, repacked_weights_run
 
 PLD_MAX, PLD_NGRAM = 10, 3          # llama.cpp's lookup example drafts about as many
 _SILENT = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
@@ -32,7 +32,8 @@ class LlamaPeer:
         llama_cpp.llama_log_set(_SILENT, ctypes.c_void_p(0))
         self.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
         start = time.perf_counter()
-        self.model = llama_cpp.llama_model_load_from_file(os.fsencode(path), llama_cpp.llama_model_default_params())
+        self.repacked = repacked_weights_run(path)
+        self.model = llama_cpp.llama_model_load_from_file(os.fsencode(path), default_model_params(path))
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")
         params = llama_cpp.llama_context_default_params()
@@ -48,7 +49,8 @@ class LlamaPeer:
 
     def resources(self, threads: int | None) -> dict:
         return {"device": "cpu", "cores": self.cores, "threads": threads or len(self.cores), "dtype": "gguf",
-                "settings": "llama.cpp defaults"}
+                "settings": "llama.cpp defaults" if self.repacked else
+                "llama.cpp defaults but its repacked (AMX) weights, which die of an illegal instruction here"}
 
     def run(self, mode: str, threads: int | None, prompt_ids: list[int], max_new_tokens: int,
             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> BaselineRun:

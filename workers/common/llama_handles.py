@@ -1,7 +1,48 @@
-"""What code driving llama.cpp's C API shares: one batch decoded, and freeing what it allocated."""
+"""What code driving llama.cpp's C API shares: its default model parameters where they run,
+one batch decoded, and freeing what it allocated."""
 from __future__ import annotations
 
+import functools
+import os
+import signal
+import subprocess
+import sys
+
 import llama_cpp
+
+# A child decodes 8 tokens of the file with llama.cpp's defaults, its exit status the verdict.
+_PROBE = """import os, sys, llama_cpp
+silent = llama_cpp.llama_log_callback(lambda level, text, data: None)
+llama_cpp.llama_log_set(silent, None)
+model = llama_cpp.llama_model_load_from_file(os.fsencode(sys.argv[1]), llama_cpp.llama_model_default_params())
+params = llama_cpp.llama_context_default_params()
+params.n_ctx, params.n_threads, params.n_threads_batch = 64, 1, 1
+ctx = llama_cpp.llama_init_from_model(model, params)
+tokens = (llama_cpp.llama_token * 8)(*range(1, 9))
+sys.exit(llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tokens, 8)))
+"""
+
+
+def default_model_params(path: str):
+    """llama.cpp's default model parameters for the GGUF file `path`, less its extra weight
+    buffers where those crash this machine (repacked_weights_run)."""
+    params = llama_cpp.llama_model_default_params()
+    params.use_extra_bufts = repacked_weights_run(path)
+    return params
+
+
+@functools.cache
+def repacked_weights_run(path: str) -> bool:
+    """Whether llama.cpp's extra buffer types (weights repacked for its AMX or other
+    kernels, on by default) can decode `path` here. Built for a CPU that reports AMX, its AMX
+    kernels have died of an illegal instruction in a VM whose CPU reports AMX (SIGILL at
+    tileloadd, a Sapphire Rapids, 2026-11-26), where plain AMX code runs: so a child process
+    tries them first. Elsewhere they are llama.cpp's defaults and run."""
+    if b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info():
+        return True
+    done = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True, timeout=300, check=False,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return done.returncode != -signal.SIGILL
 
 
 def free(batch, ctx, model) -> None:

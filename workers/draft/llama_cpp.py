@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import llama_cpp
 import numpy as np
 
-from hetspec.workers.common.llama_handles import free
+from hetspec.workers.common.llama_handles import default_model_params, free
 
 llama_cpp.llama_backend_init()
 
@@ -38,8 +38,7 @@ class LlamaCppModel:
         self._model = self._ctx = self._batch = None
         self._state_layout = None
 
-        self._model = llama_cpp.llama_model_load_from_file(
-            os.fsencode(path), llama_cpp.llama_model_default_params())
+        self._model = llama_cpp.llama_model_load_from_file(os.fsencode(path), default_model_params(path))
         if not self._model:
             raise RuntimeError(f"llama.cpp failed to load model from {path}")
 
