@@ -10,6 +10,8 @@ its last crop, which the draft's branch rewinds exceed.)
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 
@@ -21,6 +23,8 @@ class KVModel:
         self.length = 0
         self.cache = None
         self.number = 0               # which cache forward() works on: each admitted request has one
+        # transformers 5.24 renamed forward's past_key_values to cache (the old name warns, and goes in 5.40)
+        self._cache_arg = "cache" if "cache" in inspect.signature(lm.forward).parameters else "past_key_values"
         self._kept: dict[int, tuple] = {}   # the others' (cache, length)
 
     def use(self, number: int) -> None:
@@ -80,7 +84,7 @@ class KVModel:
         elif pos < self.length:
             self.cache.crop(pos - self.length)
         ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
-        out = self.lm(input_ids=ids, past_key_values=self.cache, use_cache=True,
-                      logits_to_keep=0 if all_logits else 1)
+        out = self.lm(input_ids=ids, use_cache=True, logits_to_keep=0 if all_logits else 1,
+                      **{self._cache_arg: self.cache})
         self.length = pos + len(tokens)
         return out.logits[0].float()
