@@ -10,7 +10,10 @@ worker can load without guessing.
                           a tiny randomly initialised model built from a config (tests);
                           arch=gemma3 gives Gemma 3's sliding-window cache; tokenizer=smollm2
                           or tokenizer=gemma3-270m lends it a builtin model's tokenizer
-                          (vocab must then cover it), else it reads UTF-8 bytes
+                          (vocab must then cover it), else it reads UTF-8 bytes;
+                          init=device draws the weights on the device that runs it
+                          (seconds for a 7B shape on a GPU, where the CPU takes minutes),
+                          so they differ from device to device (default init=cpu)
 
 transformers takes 20-60 s to dequantize a GGUF file and build its tokenizer;
 the first load keeps both in transformers' own format under the cache
@@ -30,11 +33,12 @@ from hetspec.core.params import show
 from hetspec.ipc.specs import ModelSpec
 
 RANDOM_DEFAULTS = {"arch": "llama", "vocab": 320, "hidden": 64, "layers": 2, "heads": 4, "seed": 0,
-                   "intermediate": 128, "window": 8}
+                   "intermediate": 128, "window": 8, "init": "cpu"}
 RANDOM_BOUNDS = {"vocab": (1, 2**20), "hidden": (1, 8192), "layers": (1, 128), "heads": (1, 128), "seed": (0, 2**32 - 1),
                  "intermediate": (1, 32768), "window": (1, 2**20)}
 RANDOM_ARCHS = ("llama", "gemma3")   # gemma3: sliding-window attention of `window` tokens
 RANDOM_TOKENIZERS = ("bytes", "smollm2", "gemma3-270m")
+RANDOM_INITS = ("cpu", "device")     # cpu: the same weights on every device; device: drawn where it runs (fast, large)
 
 
 def resolve_model(spec: str, section: str = "model") -> ModelSpec:
@@ -107,7 +111,8 @@ def _parse_random(spec: str, section: str) -> dict:
     for item in filter(None, body.split(",")):
         key, _, value = item.partition("=")
         value = value.strip()
-        if key == "arch" and value in RANDOM_ARCHS or key == "tokenizer" and value in RANDOM_TOKENIZERS:
+        if key == "arch" and value in RANDOM_ARCHS or key == "tokenizer" and value in RANDOM_TOKENIZERS \
+                or key == "init" and value in RANDOM_INITS:
             values[key] = value
         elif key in RANDOM_BOUNDS and value.isascii() and value.isdigit() and len(value) < 12 \
                 and RANDOM_BOUNDS[key][0] <= int(value) <= RANDOM_BOUNDS[key][1]:
@@ -115,7 +120,7 @@ def _parse_random(spec: str, section: str) -> dict:
         else:
             raise ConfigError(f"[{section}] bad random model field {show(item)}; fields: {', '.join(RANDOM_DEFAULTS)}, "
                               f"tokenizer (arch one of {', '.join(RANDOM_ARCHS)}; tokenizer one of "
-                              f"{', '.join(RANDOM_TOKENIZERS)}; numbers within "
+                              f"{', '.join(RANDOM_TOKENIZERS)}; init one of {', '.join(RANDOM_INITS)}; numbers within "
                               f"{', '.join(f'{k} {lo}..{hi}' for k, (lo, hi) in RANDOM_BOUNDS.items())})")
     if values["hidden"] % values["heads"]:
         raise ConfigError(f"[{section}] random model: hidden ({values['hidden']}) must be a multiple of heads "

@@ -300,6 +300,7 @@ BAD_CONFIGS = {
     "threads-huge": (config(draft={"threads": 10**30}), r"\[draft\] threads must be in 0\.\.1024"),
     "model-with-nul": (config(target={"model": "/models/a\x00b.gguf"}), r"\[target\] model"),
     "random-field-huge": (config(target={"model": "random:vocab=99999999999"}), r"bad random model field"),
+    "random-init-unknown": (config(target={"model": "random:init=gpu"}), r"bad random model field 'init=gpu'.*init one of cpu, device"),
     "random-heads-do-not-divide": (config(target={"model": "random:hidden=30,heads=4"}), r"multiple of heads"),
 }
 

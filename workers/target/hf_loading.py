@@ -24,7 +24,7 @@ def load_causal_lm(model: ModelSpec, dtype: str = "float32", device: str = "cpu"
     torch_dtype = DTYPES[dtype]
     kind = model.kind
     if kind == "random":
-        lm = _random_model(model.random, torch_dtype)
+        lm = _random_model(model.random, torch_dtype, device if model.random.get("init") == "device" else "cpu")
     elif kind == "gguf":
         lm = _from_gguf(model, dtype)
     else:
@@ -55,9 +55,10 @@ def _save(lm, folder: str) -> None:
     save_model(lm, os.path.join(folder, "model.safetensors"))
 
 
-def _random_model(spec: dict, torch_dtype):
+def _random_model(spec: dict, torch_dtype, device: str = "cpu"):
     """Weights drawn with a wide init so that logits are peaked: near-uniform
-    logits would make argmax ties, and so exactness tests, meaningless."""
+    logits would make argmax ties, and so exactness tests, meaningless. Drawn on
+    `device` (each device's generator draws other numbers)."""
     from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
 
     common = dict(vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
@@ -71,7 +72,8 @@ def _random_model(spec: dict, torch_dtype):
     else:
         config = LlamaConfig(**common)
     torch.manual_seed(spec["seed"])
-    return AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
 
 
 def eos_token_ids(lm) -> list[int]:
