@@ -24,6 +24,7 @@ import numpy as np
 import hetspec
 from hetspec.benchmarks.data import CATEGORIES, load_prompts
 from hetspec.config import load_config
+from hetspec.core.pinning import pin
 from hetspec.models import resolve_model
 from hetspec.scheduler.decoding.budget import CostModel, Windows
 from hetspec.scheduler.decoding.lookup import PromptLookup
@@ -48,8 +49,9 @@ def greedy_texts(config: str, categories, limit: int, max_new_tokens: int) -> li
 def window_seconds(path: str, threads: int, largest: int) -> dict[int, float]:
     """The native target's verify pass of 1..largest tokens, fastest of REPEATS."""
     target = NativeTarget(path, 1024, 1, threads)
+    before = sorted(os.sched_getaffinity(0))
     if threads > 1:            # each compute thread on a core of its own, as the engine pins them
-        pin_threads(sorted(os.sched_getaffinity(0))[:threads], threads, target.thread_ids)
+        pin_threads(before[:threads], threads, target.thread_ids)
     try:
         rng = np.random.default_rng(0)
         target.forward(0, rng.integers(10, 5000, CONTEXT), 0, 1)
@@ -62,6 +64,7 @@ def window_seconds(path: str, threads: int, largest: int) -> dict[int, float]:
         return best
     finally:
         target.close()
+        pin(before)            # the caller's threads as they were (a test calls this in pytest's process)
 
 
 def replay(prompt: list, out: list, windows: Windows, pass_s) -> tuple[float, dict]:

@@ -1,4 +1,6 @@
 """Shared fixtures: tiny random models (no files) and engines built on them."""
+import os
+
 import numpy as np
 import pytest
 
@@ -13,3 +15,12 @@ def target_model():
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture(autouse=True)
+def cores_as_they_were():
+    """A test that pins pytest's own threads must put them back: one that did not left
+    every later test on one core (a borrowed core then had nothing to lend)."""
+    before = os.sched_getaffinity(0)
+    yield
+    assert os.sched_getaffinity(0) == before, "this test left pytest's main thread on fewer cores"

@@ -124,7 +124,8 @@ def test_seeded_sampling_across_vocabularies_gives_the_target_alone_tokens(byte_
         result = byte_pair.generate(PROMPT, mode=mode, speculation=speculation, **sampling)
         assert result.token_ids == alone.token_ids, seed
         accepted += result.stats["accepted"]
-    assert accepted > 0
+    if speculation == "always":    # "auto" may rest throughout: on a slow or busy machine it did
+        assert accepted > 0
 
 
 # ---- bad pairs ----

@@ -68,7 +68,8 @@ def test_threads_change_no_bit(random_f32, tmp_path):
 def test_a_borrowed_core_gets_a_thread_of_its_own(random_f32, tmp_path):
     """Widened as the target is when it runs alone (CoreLoan), its pool's thread is pinned
     to the lent core and the caller's to the first; narrowed, both go back."""
-    cores = sorted(os.sched_getaffinity(0))[:2]
+    before = sorted(os.sched_getaffinity(0))
+    cores = before[:2]
     model = NativeTarget(quantize(random_f32, str(tmp_path / "q8.gguf"), "MOSTLY_Q8_0"), n_ctx=64, caches=1, threads=1)
     loan = CoreLoan(cores[:1], cores[1:], model.set_threads, 1, model.thread_ids)
     try:
@@ -82,7 +83,7 @@ def test_a_borrowed_core_gets_a_thread_of_its_own(random_f32, tmp_path):
     finally:
         loan.hold(False)
         model.close()
-        pin(cores)
+        pin(before)
 
 
 def test_float_weights_are_refused_not_rounded(random_f32):
