@@ -15,6 +15,7 @@ from hetspec.workers.kernels.gguf_kernels import FORMATS, KernelUnavailable, loa
 from hetspec.workers.kernels.gguf_tensors import read_tensors
 from hetspec.workers.target.gguf_linear import MAX_ROWS, GGUFLinear, attach_gguf_blocks
 from hetspec.workers.target.hf_loading import load_causal_lm
+from hetspec.workers.target.kv_model import cache_keyword
 
 HEADER = Path(__file__).resolve().parent.parent / "workers" / "kernels" / "formats.h"
 
@@ -129,7 +130,7 @@ def test_smollm2_target_verifies_from_its_blocks(kernels):
     with torch.inference_mode():
         want = plain(ids).logits[0]
         prefix = swapped(ids[:, :34], use_cache=True)          # 34 rows: oneDNN; the window: the blocks
-        window = swapped(ids[:, 34:], past_key_values=prefix.past_key_values).logits[0]
+        window = swapped(ids[:, 34:], **{cache_keyword(swapped): prefix.past_key_values}).logits[0]
     got = torch.cat([prefix.logits[0], window])
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
     assert torch.equal(got.argmax(-1), want.argmax(-1))

@@ -15,6 +15,12 @@ import inspect
 import torch
 
 
+def cache_keyword(lm) -> str:
+    """forward's name for the KV cache: transformers 5.24 renamed past_key_values to cache
+    (the old name warns there, and goes in 5.40)."""
+    return "cache" if "cache" in inspect.signature(lm.forward).parameters else "past_key_values"
+
+
 class KVModel:
     def __init__(self, lm, device: str = "cpu"):
         self.lm = lm
@@ -23,8 +29,7 @@ class KVModel:
         self.length = 0
         self.cache = None
         self.number = 0               # which cache forward() works on: each admitted request has one
-        # transformers 5.24 renamed forward's past_key_values to cache (the old name warns, and goes in 5.40)
-        self._cache_arg = "cache" if "cache" in inspect.signature(lm.forward).parameters else "past_key_values"
+        self._cache_arg = cache_keyword(lm)
         self._kept: dict[int, tuple] = {}   # the others' (cache, length)
 
     def use(self, number: int) -> None:
