@@ -24,16 +24,15 @@ step() {   # NAME COMMAND...: the command's output in $out/NAME.log, its tail he
     [ "$rc" -eq 0 ] || status=1
 }
 
-for name in "${@:-tests profile bench}"; do
-    for s in $name; do
-        case $s in
-            tests) step tests "$py" -m pytest tests/test_gpu.py -v -p no:cacheprovider ;;
-            profile) step profile "$py" -m hetspec.benchmarks.gpu_profile --out "$out/profile.json" ;;
-            bench)
-                step bench "$py" -m hetspec.benchmarks.cli --config benchmarks/configs/smollm2-cuda.toml \
-                    --out "$out/bench" --quiet ;;
-            *) echo "unknown step $s (steps: tests profile bench)" >&2; exit 2 ;;
-        esac
-    done
+[ $# -gt 0 ] || set -- tests profile bench
+for s in "$@"; do
+    case $s in
+        tests) step tests "$py" -m pytest tests/test_gpu.py -v -p no:cacheprovider ;;
+        profile) step profile "$py" -m hetspec.benchmarks.gpu_profile --out "$out/profile.json" ;;
+        bench)
+            step bench "$py" -m hetspec.benchmarks.cli --config benchmarks/configs/smollm2-cuda.toml \
+                --out "$out/bench" --quiet ;;
+        *) echo "unknown step $s (steps: tests profile bench)" >&2; exit 2 ;;
+    esac
 done
 exit $status

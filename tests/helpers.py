@@ -17,13 +17,13 @@ def random_engine_config(draft=TARGET, target=TARGET, **decoding):
             "decoding": {"gamma": 4, "speculation": "always", **decoding}}
 
 
-def load_reference(spec: str):
-    return load_causal_lm(resolve_model(spec), "float32", "cpu")
+def load_reference(spec: str, dtype: str = "float32", device: str = "cpu"):
+    return load_causal_lm(resolve_model(spec), dtype, device)
 
 
 def reference_greedy(model, prompt_ids, max_new_tokens):
-    """The target's own greedy decoding (transformers generate), new tokens only."""
-    ids = torch.tensor([prompt_ids])
+    """The target's own greedy decoding (transformers generate, on the model's device), new tokens only."""
+    ids = torch.tensor([prompt_ids], device=model.device)
     out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                          pad_token_id=0, eos_token_id=None)
     return out[0, len(prompt_ids):].tolist()

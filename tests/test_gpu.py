@@ -12,10 +12,17 @@ import torch
 from test_engine_greedy import PROMPTS, SETTINGS
 
 import hetspec
-from hetspec.models import resolve_model
-from hetspec.workers.target.hf_loading import load_causal_lm
 
-from helpers import TARGET, WEAK_DRAFT, exact_joint, explain_mismatch, load_reference, random_engine_config, total_variation
+from helpers import (
+    TARGET,
+    WEAK_DRAFT,
+    exact_joint,
+    explain_mismatch,
+    load_reference,
+    random_engine_config,
+    reference_greedy,
+    total_variation,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 
@@ -28,25 +35,14 @@ def cuda_config(draft=TARGET, target=TARGET, dtype="float32", **decoding):
     return config
 
 
-def on_gpu(spec: str, dtype: str = "float32"):
-    return load_causal_lm(resolve_model(spec), dtype, "cuda")
-
-
-@torch.inference_mode()
-def gpu_greedy(model, prompt, n):
-    ids = torch.tensor([prompt], device="cuda")
-    out = model.generate(ids, max_new_tokens=n, do_sample=False, num_beams=1, pad_token_id=0, eos_token_id=None)
-    return out[0, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize("draft", [TARGET, WEAK_DRAFT], ids=["same-draft", "weak-draft"])
 def test_float32_greedy_equals_the_targets_generate_on_the_gpu(draft):
-    model = on_gpu(TARGET)
+    model = load_reference(TARGET, device="cuda")
     with hetspec.launch(cuda_config(draft=draft)) as engine:
         info = engine.get_info()
         assert info["target"]["device"] == "cuda" and info["keep_drafting"] is True
         for prompt in PROMPTS:
-            expected = gpu_greedy(model, prompt, 40)
+            expected = reference_greedy(model, prompt, 40)
             for settings in SETTINGS:
                 got = engine.generate(prompt, max_new_tokens=40, **settings).token_ids
                 assert got == expected, (settings, explain_mismatch(model.cpu(), prompt, got, expected))
@@ -62,11 +58,11 @@ def _off_its_batched_argmax(model, prompt, new):
 
 
 def test_bfloat16_follows_the_targets_batched_pass():
-    model = on_gpu(TARGET, "bfloat16")
+    model = load_reference(TARGET, "bfloat16", "cuda")
     with hetspec.launch(cuda_config(dtype="bfloat16")) as engine:
         for prompt in PROMPTS:
             # the target alone decodes one token a pass, as generate does
-            assert engine.generate(prompt, max_new_tokens=40, mode="target").token_ids == gpu_greedy(model, prompt, 40)
+            assert engine.generate(prompt, max_new_tokens=40, mode="target").token_ids == reference_greedy(model, prompt, 40)
             for settings in SETTINGS[1:]:
                 got = engine.generate(prompt, max_new_tokens=40, **settings).token_ids
                 off = _off_its_batched_argmax(model, prompt, got)
