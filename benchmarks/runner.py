@@ -132,7 +132,7 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
             "config": settings.config or "smollm2 (embedded default)",
             "engine_config": info.get("config", config.to_dict()),
             "draft_model": config.draft.model, "target_model": config.target.model,
-            "target_backend": config.target.backend,
+            "target_backend": (info.get("target") or {}).get("backend") or config.target.backend,   # auto, resolved
             "dtype": config.target.dtype, "limit": settings.limit, "categories": settings.categories,
             "methods": [m.name for m in methods], "decodings": {d: DECODINGS[d] for d in settings.decodings},
             "top_k": 0, "prompt_format": "chat" if use_chat else "plain",

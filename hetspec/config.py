@@ -30,7 +30,7 @@ AUTO: Auto = "auto"
 SHIPPED_CONFIGS = {"smollm2": "smollm2.toml", "gemma3-270m": "gemma3-270m.toml", "gemma3-smollm2": "gemma3-smollm2.toml"}
 DEFAULT_CONFIG = "smollm2"
 DRAFT_BACKENDS = ("native", "llama.cpp", "torch")
-TARGET_BACKENDS = ("transformers", *GGUF_TARGET_BACKENDS)
+TARGET_BACKENDS = ("auto", "transformers", *GGUF_TARGET_BACKENDS)
 DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
 CPU_KERNELS = ("gguf", "onednn", "torch")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -77,9 +77,10 @@ class DraftConfig:
 
 @dataclass(frozen=True)
 class TargetConfig:
-    backend: str = "transformers"       # "transformers" (float32 or another dtype; CPU or CUDA), "llama.cpp" or
+    backend: str = "auto"               # "transformers" (float32 or another dtype; CPU or CUDA), "llama.cpp" or
                                         # "native" (a GGUF file's own weights on the CPU, batch-invariant, run by
-                                        # llama.cpp or by hetspec's kernels: docs/design.md)
+                                        # llama.cpp or by hetspec's kernels: docs/design.md); "auto": native for
+                                        # a GGUF file on the CPU, else transformers (decided by the target worker)
     model: str = "builtin:smollm2"
     device: str = "auto"                # "auto", "cpu", "cuda", "cuda:N"
     dtype: str = "float32"
@@ -96,10 +97,10 @@ class TargetConfig:
     def checked(self) -> TargetConfig:
         _choice("target", "backend", self.backend, TARGET_BACKENDS)
         model = resolve_model(self.model, "target")
-        if self.backend != "transformers" and not model.gguf_file:
+        if self.backend in GGUF_TARGET_BACKENDS and not model.gguf_file:
             raise ConfigError(f"[target] backend {self.backend!r} needs a GGUF file, got model {self.model!r} "
                               "(backend = \"transformers\" runs a checkpoint or a random model)")
-        if self.backend != "transformers" and self.device.startswith("cuda"):
+        if self.backend in GGUF_TARGET_BACKENDS and self.device.startswith("cuda"):
             raise ConfigError(f"[target] backend {self.backend!r} runs on the CPU, got device {self.device!r} "
                               "(a CUDA target is backend = \"transformers\")")
         _choice("target", "cpu_kernels", self.cpu_kernels, CPU_KERNELS)

@@ -24,6 +24,7 @@ class WorkerHello:
     threads: int
     load_s: float
     eos_token_ids: list[int] = field(default_factory=list)   # from the target's generation config
+    backend: str = ""         # what runs the model: "native", "llama.cpp", "transformers" (target) or "torch"
     kernels: str = ""         # how the model runs, e.g. "llama.cpp f16" or "onednn prepacked (211 linear layers)"
     kv_geometry: list[int] = field(default_factory=list)  # [layers, kv_heads, head_dim, full-attention layers]
                                                           # of a cache that can be handed over (target) or

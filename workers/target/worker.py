@@ -4,6 +4,7 @@ python -m hetspec.workers.target --endpoint ENDPOINT --spec JSON   (started by h
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -32,13 +33,8 @@ from hetspec.workers.target.packed_linear import pack_linears
 class TransformersTarget:
     """A transformers model (any dtype, CPU or CUDA) behind per-request KV caches."""
 
-    def __init__(self, spec: TargetSpec):
-        device = spec.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError(f"device {device!r} was configured but CUDA is not available")
-        self.device = device
+    def __init__(self, spec: TargetSpec, why: str = ""):
+        self.device = device = resolve_device(spec.device)
         self.loan = CoreLoan(spec.cores, spec.borrow_cores if device == "cpu" else [], set_torch_threads, spec.threads)
         lm = load_causal_lm(spec.model, spec.dtype, device)
         cpu_kernels = spec.cpu_kernels if device == "cpu" else "torch"
@@ -56,6 +52,7 @@ class TransformersTarget:
             self.kernels = blocks + (f"; {self.kernels}" if self.packed_linears else "")
         elif blocks:
             self.kernels += f"; {blocks}"
+        self.kernels += why
         self.eos = eos_token_ids(self.kv.lm)
         self.n_vocab = self.kv.n_vocab
 
@@ -72,18 +69,48 @@ class TransformersTarget:
         self.kv.forget()
 
 
+def resolve_device(configured: str) -> str:
+    if configured == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if configured.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {configured!r} was configured but CUDA is not available")
+    return configured
+
+
+def resolve_backend(spec: TargetSpec) -> str:
+    """Backend "auto": a GGUF file's own blocks (native) where the target runs one in
+    float32 on the CPU; transformers on CUDA, for a checkpoint or a random model, or in
+    another dtype (docs/usage.md says why)."""
+    if spec.backend != "auto":
+        return spec.backend
+    on_cpu = resolve_device(spec.device) == "cpu"
+    return "native" if on_cpu and spec.model.gguf_file and spec.dtype == "float32" else "transformers"
+
+
 def load(spec: TargetSpec):
-    if spec.backend in GGUF_TARGET_BACKENDS:
+    backend = resolve_backend(spec)
+    if backend in GGUF_TARGET_BACKENDS:
         # before threads spread: it brings llama.cpp's OpenMP runtime (a transformers
         # target, on a GPU say, needs no llama.cpp at all)
+        from hetspec.workers.draft.native import Unsupported
+        from hetspec.workers.kernels.build import KernelUnavailable
         from hetspec.workers.target.gguf_target import GGUFTarget
     set_torch_threads(spec.threads)
     pin_threads(spec.cores, spec.threads)
     start = time.perf_counter()
-    state = GGUFTarget(spec) if spec.backend in GGUF_TARGET_BACKENDS else TransformersTarget(spec)
+    if backend in GGUF_TARGET_BACKENDS:
+        try:
+            state = GGUFTarget(dataclasses.replace(spec, backend=backend))
+        except (KernelUnavailable, Unsupported) as exc:
+            if spec.backend != "auto":
+                raise
+            backend, state = "transformers", TransformersTarget(spec, f" (backend auto: no native target: {exc})")
+    else:
+        state = TransformersTarget(spec)
     hello = WorkerHello(role="target", pid=os.getpid(), n_vocab=state.n_vocab, device=state.device,
                         cores=spec.cores, threads=spec.threads, load_s=time.perf_counter() - start,
-                        eos_token_ids=state.eos, kernels=state.kernels, kv_geometry=state.geometry())
+                        eos_token_ids=state.eos, backend=backend, kernels=state.kernels,
+                        kv_geometry=state.geometry())
     return hello, state
 
 
