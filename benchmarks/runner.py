@@ -53,7 +53,7 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
 
     _log(settings, f"hetspec-bench: {len(prompts)} prompts x {len(methods)} methods x {len(settings.decodings)} "
                    f"decodings; starting the engine ({config.target.model}, "
-                   f"{config.target.backend if config.target.backend in GGUF_TARGET_BACKENDS else config.target.dtype})")
+                   f"{config.target.backend if config.target.backend != 'transformers' else config.target.dtype})")
     clock.start("engine_start")            # load both models, measure the budget
     holder = EngineHolder(config_dict)
     poor = None
@@ -216,9 +216,11 @@ def _peer(config, tokenizer):
 
 def _resources(methods, info: dict, baselines, peer, dtype: str) -> dict:
     """Which cores and threads each method computed on (the report states them)."""
-    engine_side = {"device": info["target"]["device"], "dtype": dtype,
-                   "draft_cores": info["draft"]["cores"], "draft_threads": info["draft"]["threads"],
-                   "target_cores": info["target"]["cores"], "target_threads": info["target"]["threads"]}
+    draft, target = info["draft"], info["target"]
+    engine_side = {"device": target["device"],
+                   "dtype": "gguf" if target.get("backend") in GGUF_TARGET_BACKENDS else dtype,
+                   "draft_cores": draft["cores"], "draft_threads": draft["threads"],
+                   "target_cores": target["cores"], "target_threads": target["threads"]}
     out = {}
     for m in methods:
         if m.kind == "baseline":
@@ -227,6 +229,9 @@ def _resources(methods, info: dict, baselines, peer, dtype: str) -> dict:
             out[m.name] = peer.resources(m.threads)
         elif m.mode == "target":
             out[m.name] = {k: v for k, v in engine_side.items() if not k.startswith("draft")}
+            if info.get("alone_borrows_draft_cores"):     # alone, it computes on the draft's cores too
+                out[m.name].update(target_cores=sorted(target["cores"] + draft["cores"]),
+                                   target_threads=target["threads"] + draft["threads"])
         else:
             out[m.name] = dict(engine_side)
     return out
