@@ -157,3 +157,18 @@ def test_the_llama_cpp_peer_rows(smoke):
     pld = [r for r in doc["runs"] if r["method"] == "llama.cpp-pld" and r["decoding"] == "greedy"]
     assert pld and all(0 <= r["accepted"] <= r["drafted"] for r in pld)
     assert "Avg. vs llama.cpp" in (out / "report.md").read_text()
+
+
+@pytest.mark.integration
+def test_the_forced_overlap_script_runs(capsys):
+    """`python -m hetspec.benchmarks.forced_overlap`, short, on the embedded default: every
+    mode speculates where forced, and keeps the target alone's greedy tokens."""
+    from hetspec.benchmarks import forced_overlap
+
+    assert forced_overlap.main(["--config", "smollm2", "--categories", "qa", "--limit", "1",
+                                "--max-new-tokens", "16", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "greedy outputs unlike the target alone's: 0" in out
+    for mode in ("duodec", "sequential"):
+        line = next(line for line in out.splitlines() if line.strip().startswith(mode))
+        assert int(line.split(", ")[1].split()[0]) > 0      # speculative rounds
