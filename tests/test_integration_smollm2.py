@@ -3,6 +3,7 @@ hetspec.launch(). With a float32 transformers target, greedy output must equal
 transformers' generate on it; as embedded (on a CPU the file's own blocks, backend
 "auto"), every mode must give the target alone's tokens."""
 import json
+import re
 import subprocess
 import sys
 
@@ -92,3 +93,14 @@ def test_cli_one_shot_json():
     result = json.loads(out.stdout)
     assert len(result["token_ids"]) <= 8 and result["text"].strip()
     assert result["stats"]["new_tokens"] == len(result["token_ids"])
+
+
+def test_cli_one_shot_streams_text_and_says_how_it_decoded():
+    out = subprocess.run([sys.executable, "-m", "hetspec.cli", "--prompt", "The capital of France is",
+                          "--max-new-tokens", "48"], capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+    line = out.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"\[\d+ tokens in [\d.]+ s: [\d.]+ tok/s, ttft \d+ ms, mode duodec, gamma \d+, "
+                        r"acceptance [\d.]+%, [\d.]+ tokens/round(, \d+ tokens by the target alone "
+                        r"\(drafting did not pay\))?\]", line), line
