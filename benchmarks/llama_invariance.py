@@ -26,7 +26,7 @@ import numpy as np
 
 from hetspec.benchmarks.machine import describe_machine
 from hetspec.models import resolve_model
-from hetspec.workers.common.llama_handles import decode
+from hetspec.workers.common.llama_handles import decode, repacked_weights_run
 
 PROMPT = ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n"
           "        return n\n    a, b = 0, 1\n    for _ in range(n - 1):\n")
@@ -135,6 +135,9 @@ def report(results: dict) -> str:
              "largest logit difference | argmax flips | chunkings bitwise |", "|---|---|---|---|---|---|---|"]
     for name, settings in results["files"].items():
         for setting, r in settings.items():
+            if "skipped" in r:
+                lines.append(f"| {name} | {setting} | skipped: {r['skipped']} | | | | |")
+                continue
             w = r["windows"]
             same = [str(k) for k, v in w.items() if v["bitwise"]]
             chunk = [k for k, v in r["chunkings"].items() if v["bitwise"]]
@@ -159,9 +162,12 @@ def main() -> None:
     for name, builtin in files.items():
         spec = resolve_model(builtin, "target")
         path = str(Path(spec.path) / spec.gguf_file)
+        repacked = repacked_weights_run(path)      # else they die of SIGILL here: measure the others
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
-            results["files"][name] = {setting: pool.submit(measure, path, flash, repack, tiled, args.threads).result()
-                                      for setting, flash, repack, tiled in SETTINGS}
+            results["files"][name] = {
+                setting: pool.submit(measure, path, flash, repack, tiled, args.threads).result()
+                if repacked or not repack else {"skipped": "llama.cpp's repacked weights die of SIGILL on this CPU"}
+                for setting, flash, repack, tiled in SETTINGS}
         print(name, "done", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
