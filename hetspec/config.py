@@ -80,7 +80,8 @@ class TargetConfig:
     backend: str = "auto"               # "transformers" (float32 or another dtype; CPU or CUDA), "llama.cpp" or
                                         # "native" (a GGUF file's own weights on the CPU, batch-invariant, run by
                                         # llama.cpp or by hetspec's kernels: docs/design.md); "auto": native for
-                                        # a GGUF file on the CPU, else transformers (decided by the target worker)
+                                        # a GGUF file in float32 on the CPU, else transformers (the target
+                                        # worker decides: resolve_backend)
     model: str = "builtin:smollm2"
     device: str = "auto"                # "auto", "cpu", "cuda", "cuda:N"
     dtype: str = "float32"

@@ -91,6 +91,23 @@ def test_float_weights_are_refused_not_rounded(random_f32):
         NativeTarget(random_f32, n_ctx=64, caches=1, threads=1)
 
 
+def test_auto_picks_native_only_for_a_gguf_file_in_float32_on_the_cpu():
+    import torch
+
+    from hetspec.ipc.specs import TargetSpec
+    from hetspec.workers.target.worker import resolve_backend
+
+    def spec(model: str, **kw) -> TargetSpec:
+        return TargetSpec(**{"model": resolve_model(model), "dtype": "float32", "device": "cpu", "cores": [0],
+                             "threads": 1, "backend": "auto", **kw})
+
+    assert resolve_backend(spec("builtin:smollm2")) == "native"
+    assert resolve_backend(spec("builtin:smollm2", device="auto")) == ("transformers" if torch.cuda.is_available() else "native")
+    assert resolve_backend(spec("builtin:smollm2", dtype="bfloat16")) == "transformers"
+    assert resolve_backend(spec("random:seed=0")) == "transformers"
+    assert resolve_backend(spec("builtin:smollm2", backend="llama.cpp")) == "llama.cpp"
+
+
 def test_auto_runs_a_file_the_native_target_refuses_through_transformers(random_f32):
     """Backend "auto" on a float32 file, whose weights the native kernels refuse: the
     transformers target runs it and says why; speculation keeps its greedy output."""
