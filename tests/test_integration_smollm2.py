@@ -57,7 +57,8 @@ def test_greedy_equals_transformers_generate(engine, reference, mode):
 
 def test_the_embedded_default_runs_the_files_own_blocks_and_every_mode_keeps_them():
     """On a CPU, backend "auto" runs the native target; the gate may rest speculation
-    (the draft is the same file, no faster), so it is forced here."""
+    (the draft is the same file, no faster), so it is forced here. SpS's windows are
+    accepted; DuoDecoding's draft, no faster than the target, may hand it no window at all."""
     with hetspec.launch() as engine:
         info = engine.get_info()
         assert info["target"]["backend"] == "native" and info["draft"]["backend"] == "native"
@@ -66,7 +67,7 @@ def test_the_embedded_default_runs_the_files_own_blocks_and_every_mode_keeps_the
             for mode in ("duodec", "sequential"):
                 got = engine.generate(**request, max_new_tokens=N_NEW, mode=mode, speculation="always")
                 assert got.token_ids == alone.token_ids and got.text == alone.text
-                assert got.stats["spec_rounds"] > 0 and got.stats["accepted"] > 0
+                assert got.stats["spec_rounds"] > 0 and (mode == "duodec" or got.stats["accepted"] > 0)
         assert engine.generate(**request, max_new_tokens=8).finish_reason == "length"   # auto: the gate decides
 
 

@@ -242,7 +242,9 @@ def test_an_engine_whose_native_draft_prefills_itself_stays_exact():
     messages = [{"role": "user", "content": "Summarize these notes in one sentence. " + notes}]
     # no lookup guesses: on these repetitive notes they would finish the request
     # before the draft's prefill does, and no round would speculate
-    config = {"draft": {"backend": "native", "prompt_kv": "own"}, "decoding": {"lookup": 0}}
+    # the float32 target: slow enough that the draft's prefill ends long before the 128 tokens
+    config = {"draft": {"backend": "native", "prompt_kv": "own"}, "target": {"backend": "transformers"},
+              "decoding": {"lookup": 0}}
     with hetspec.launch(config) as engine:
         assert engine.info["draft"]["kernels"].startswith("native")
         want = engine.generate(messages=messages, max_new_tokens=128, mode="target")
