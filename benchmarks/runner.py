@@ -132,7 +132,7 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
             "config": settings.config or "smollm2 (embedded default)",
             "engine_config": info.get("config", config.to_dict()),
             "draft_model": config.draft.model, "target_model": config.target.model,
-            "target_backend": (info.get("target") or {}).get("backend") or config.target.backend,   # auto, resolved
+            "target_backend": info["target"]["backend"],   # "auto" resolved by the target worker
             "dtype": config.target.dtype, "limit": settings.limit, "categories": settings.categories,
             "methods": [m.name for m in methods], "decodings": {d: DECODINGS[d] for d in settings.decodings},
             "top_k": 0, "prompt_format": "chat" if use_chat else "plain",
@@ -218,7 +218,7 @@ def _resources(methods, info: dict, baselines, peer, dtype: str) -> dict:
     """Which cores and threads each method computed on (the report states them)."""
     draft, target = info["draft"], info["target"]
     engine_side = {"device": target["device"],
-                   "dtype": "gguf" if target.get("backend") in GGUF_TARGET_BACKENDS else dtype,
+                   "dtype": "gguf" if target["backend"] in GGUF_TARGET_BACKENDS else dtype,
                    "draft_cores": draft["cores"], "draft_threads": draft["threads"],
                    "target_cores": target["cores"], "target_threads": target["threads"]}
     out = {}
