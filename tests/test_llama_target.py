@@ -21,19 +21,24 @@ FTYPES = {"ALL_F32": {"F32"}, "MOSTLY_F16": {"F16"}, "MOSTLY_Q4_0": {"Q4_0"}, "M
           "MOSTLY_Q6_K": {"Q6_K"}}
 
 
-def write_random_llama(path: str, tokenizer_from: str, seed: int = 0) -> None:
-    """A 2-layer Llama GGUF file (width 256, as K-quant blocks need) with random float32
-    weights and the tokenizer of `tokenizer_from`."""
+def write_random_llama(path: str, tokenizer_from: str, seed: int = 0, arch: str = "llama") -> None:
+    """A 2-layer GGUF file (width 256, as K-quant blocks need) with random float32 weights
+    and the tokenizer of `tokenizer_from`. arch: "llama", "llama3" (a llama file with
+    Llama 3's rope_freqs), "qwen2" (query, key and value biases) or "qwen3" (query and key
+    norms, heads of 64 that do not divide the width: 8 heads, 512 query values)."""
     source = gguf.GGUFReader(tokenizer_from)
-    n_vocab, width, ff, heads, kv_heads = len(source.fields["tokenizer.ggml.tokens"].data), 256, 512, 4, 2
-    writer = gguf.GGUFWriter(path, "llama")
+    n_vocab, width, ff, kv_heads = len(source.fields["tokenizer.ggml.tokens"].data), 256, 512, 2
+    heads, head_dim = (8, 64) if arch == "qwen3" else (4, 64)
+    writer = gguf.GGUFWriter(path, "llama" if arch == "llama3" else arch)
     writer.add_context_length(2048)
     writer.add_embedding_length(width)
     writer.add_feed_forward_length(ff)
     writer.add_block_count(2)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_dimension_count(width // heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -43,19 +48,27 @@ def write_random_llama(path: str, tokenizer_from: str, seed: int = 0) -> None:
             writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
     rng = np.random.default_rng(seed)
 
-    def weight(*shape):
-        return (rng.standard_normal(shape) * 0.08).astype(np.float32)
+    def weight(*shape, scale=0.08):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
 
     writer.add_tensor("token_embd.weight", weight(n_vocab, width))
     writer.add_tensor("output_norm.weight", np.ones(width, np.float32))
-    kv = kv_heads * width // heads
+    if arch == "llama3":                  # divisors of the rope's angles, from 1 to 8 (as Llama 3's)
+        writer.add_tensor("rope_freqs.weight", np.geomspace(1.0, 8.0, head_dim // 2).astype(np.float32))
+    q, kv = heads * head_dim, kv_heads * head_dim
     for i in range(2):
-        for name, shape in (("attn_q", (width, width)), ("attn_k", (kv, width)), ("attn_v", (kv, width)),
-                            ("attn_output", (width, width)), ("ffn_gate", (ff, width)), ("ffn_up", (ff, width)),
+        for name, shape in (("attn_q", (q, width)), ("attn_k", (kv, width)), ("attn_v", (kv, width)),
+                            ("attn_output", (width, q)), ("ffn_gate", (ff, width)), ("ffn_up", (ff, width)),
                             ("ffn_down", (width, ff))):
             writer.add_tensor(f"blk.{i}.{name}.weight", weight(*shape))
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(width, np.float32))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(width, np.float32))
+        if arch == "qwen2":
+            for name, n in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+                writer.add_tensor(f"blk.{i}.{name}.bias", weight(n, scale=0.5))
+        if arch == "qwen3":
+            for name in ("attn_q_norm", "attn_k_norm"):
+                writer.add_tensor(f"blk.{i}.{name}.weight", 1.0 + weight(head_dim, scale=0.2))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

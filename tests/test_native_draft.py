@@ -103,15 +103,17 @@ def test_a_long_feed_fills_the_cache_alike_however_it_is_split(native, target_pa
     """A feed of WINDOW_FILL tokens or more fills the cache through the window products,
     which compute a token the same whatever window it comes in: the prompt in one feed,
     or in two that overlap, leaves the same bits. It is still the float32 target's
-    path, its largest logits further off than the stepped draft's (8-bit activations)."""
+    path, its largest logits further off than the stepped draft's where its activations
+    are 8-bit (AVX-512 VNNI)."""
     prompt, tokens, want, _, _ = target_path
     whole = native.forward(prompt, 0).copy()
     split = len(prompt) // 2
     native.forward(prompt[:split + 1], 0)                     # its last token stepped...
     again = native.forward(prompt[split:], split)             # ...then filled again
     assert len(prompt) - split >= WINDOW_FILL and np.array_equal(whole, again)
-    stepped = _stepped(native, prompt).copy()
-    assert not np.array_equal(whole, stepped)
+    if native._lib.hs_window_bits() == 8:     # 8-bit window products (AVX-512 VNNI) round otherwise than a step;
+        stepped = _stepped(native, prompt).copy()   # 16-bit ones (AVX2) may give the step's bits
+        assert not np.array_equal(whole, stepped)
     got = _path_logits(native, prompt, tokens, fill=True)
     assert [int(row.argmax()) for row in got[:-1]] == tokens
     top = np.argsort(-got, axis=1)[:, :4]
@@ -144,14 +146,14 @@ def test_the_targets_prompt_cache_stands_in_for_the_drafts_prefill(native, targe
 
 
 def test_another_architecture_is_refused(tmp_path):
-    path = str(tmp_path / "qwen2.gguf")
-    writer = gguf.GGUFWriter(path, "qwen2")
+    path = str(tmp_path / "phi3.gguf")
+    writer = gguf.GGUFWriter(path, "phi3")
     writer.add_block_count(1)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(Unsupported, match="runs Llama and Gemma 3 files, not 'qwen2'"):
+    with pytest.raises(Unsupported, match="run llama, qwen2, qwen3, gemma3 files, not 'phi3'"):
         NativeDraftModel(path, 256, str(tmp_path))
 
 

@@ -1,5 +1,5 @@
-"""The native draft: a Llama- or Gemma-3-architecture GGUF model run by
-workers/kernels/native_draft.c.
+"""The native draft: a Llama-, Qwen2-, Qwen3- or Gemma-3-architecture GGUF model run
+by workers/kernels/native_draft.c.
 
 It reads the file's own Q8_0/Q4_0/Q4_1 blocks, and holds other block types
 (Gemma 3's Q5_0, Q4_K, Q6_K) as Q8_0: exactly for Q5_0, to within half a step
@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from hetspec.workers.draft.llama_kv_state import ROPE_NEOX, ROPE_NORM, to_llama_order
 from hetspec.workers.kernels.build import KernelUnavailable, built, kernel_source
-from hetspec.workers.kernels.formats import BLOCK, BY_NAME, EXPANDED_FORMAT, KERNEL_FORMATS, WINDOW_INT8
+from hetspec.workers.kernels.formats import BLOCK, BY_NAME, EXPANDED_FORMAT, K_FORMATS, KERNEL_FORMATS, WINDOW_INT8
 from hetspec.workers.kernels.gguf_tensors import read_gguf
 
 SOURCE = kernel_source("native_draft.c")
@@ -39,10 +40,28 @@ FORMATS = {name: fmt.code for name, fmt in KERNEL_FORMATS.items()}   # name -> t
 # positions, against 100% stepped (docs/kernels.md, "Filling the cache").
 WINDOW_FILL = 8
 LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-GEMMA3_NORMS = {"q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "post_attn_norm": "post_attention_norm",
-                "post_ffn_norm": "post_ffw_norm"}
+QK_NORMS = {"q_norm": "attn_q_norm", "k_norm": "attn_k_norm"}
+POST_NORMS = {"post_attn_norm": "post_attention_norm", "post_ffn_norm": "post_ffw_norm"}
+BIASES = {"bq": "attn_q", "bk": "attn_k", "bv": "attn_v"}
 GEMMA3_GLOBAL_EVERY = 6          # every sixth layer attends fully, the others to a window (as llama.cpp)
 GEMMA3_LOCAL_ROPE_BASE = 10000.0  # the sliding layers' rope base, which Gemma 3 files do not record
+
+
+class Architecture(NamedTuple):
+    """How an architecture's layer differs from Llama's (native_draft.c's header says each)."""
+    neox_rope: bool = False     # rope over the heads' two halves, not adjacent pairs
+    qkv_bias: bool = False      # biases on query, key and value
+    qk_norm: bool = False       # query and key heads RMS-normalised before rope
+    gemma: bool = False         # Gemma 3's: scaled embedding, post norms, GELU, sliding-window layers
+
+
+# The GGUF architectures the native kernels run (general.architecture). Mistral files are "llama".
+ARCHITECTURES = {
+    "llama": Architecture(),
+    "qwen2": Architecture(neox_rope=True, qkv_bias=True),
+    "qwen3": Architecture(neox_rope=True, qk_norm=True),
+    "gemma3": Architecture(neox_rope=True, qk_norm=True, gemma=True),
+}
 
 
 class Unsupported(ValueError):
@@ -52,12 +71,13 @@ class Unsupported(ValueError):
 class _Mat(ctypes.Structure):
     _fields_ = [("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
                 ("fmt", ctypes.c_int), ("rows", ctypes.c_int), ("cols", ctypes.c_int),
-                ("scales", ctypes.c_void_p), ("offsets", ctypes.c_void_p)]
+                ("scales", ctypes.c_void_p), ("offsets", ctypes.c_void_p), ("sub", ctypes.c_void_p)]
 
 
 class _Layer(ctypes.Structure):
     _fields_ = [(name, _Mat) for name in ("wq", "wk", "wv", "wo", "gate", "up", "down")] + [
-        (name, ctypes.c_void_p) for name in ("attn_norm", "ffn_norm", *GEMMA3_NORMS)] + [("sliding", ctypes.c_int)]
+        (name, ctypes.c_void_p) for name in ("attn_norm", "ffn_norm", *QK_NORMS, *POST_NORMS)] + [
+        ("sliding", ctypes.c_int)] + [(name, ctypes.c_void_p) for name in BIASES]
 
 
 class _Model(ctypes.Structure):
@@ -67,14 +87,15 @@ class _Model(ctypes.Structure):
         ("out_norm", ctypes.c_void_p), ("layers", ctypes.POINTER(_Layer)),
         ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p), ("work", ctypes.c_void_p),
         ("neox_rope", ctypes.c_int), ("gelu", ctypes.c_int), ("window", ctypes.c_int),
-        ("embd_scale", ctypes.c_float), ("rope_base_local", ctypes.c_float), ("out_fast", _Mat)]
+        ("embd_scale", ctypes.c_float), ("rope_base_local", ctypes.c_float), ("out_fast", _Mat),
+        ("rope_freqs", ctypes.c_void_p), ("rope_scale", ctypes.c_float)]
 
 
 class NativeDraftModel:
     def __init__(self, path: str, n_ctx: int, cache_root: str = "", fast_head: bool = True,
                  exact_kquants: bool = False, window_layout: bool = False):
         """KernelUnavailable when the C file cannot be built here, Unsupported
-        when the file is not a Llama or Gemma 3 model of block types it reads.
+        when the file is not of an architecture (ARCHITECTURES) and block types it reads.
         fast_head: read a Q8_0 output layer mostly in a Q4_1 copy (see head()
         in native_draft.c); False reads all of it. exact_kquants: K-quant blocks
         as their exact values (FMT_I8, more bytes) rather than rounded to Q8_0.
@@ -200,64 +221,84 @@ def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list, formats: dict, 
               window: bool = False):
     """The C side's model: its shape from the file's metadata, its matrices and norms
     from its tensors (kept alive in `keep`; their formats counted in `formats`)."""
-    model, gemma = _shape(meta, n_ctx)
+    model, arch = _shape(meta, n_ctx)
     model.embd = _mat(tensors, "token_embd.weight", keep, formats, exact, window)
     model.out = (_mat(tensors, "output.weight", keep, formats, exact, window) if "output.weight" in tensors
                  else model.embd)
     model.n_vocab = model.embd.rows
-    model.out_norm = _norm(tensors, "output_norm.weight", model.n_embd, keep)
+    model.out_norm = _vector(tensors, "output_norm.weight", model.n_embd, keep)
+    if "rope_freqs.weight" in tensors:        # Llama 3's rope scaling
+        model.rope_freqs = _vector(tensors, "rope_freqs.weight", model.head_dim // 2, keep)
     layers = (_Layer * model.n_layer)()
     for i, layer in enumerate(layers):
-        _fill_layer(layer, i, model, gemma, tensors, keep, formats, exact, window)
+        _fill_layer(layer, i, model, arch, tensors, keep, formats, exact, window)
     _check_shapes(model, layers)
     model.layers = layers
     return model, layers
 
 
-def _shape(meta: dict, n_ctx: int) -> tuple[_Model, bool]:
-    """(the model's dimensions and settings, whether it is Gemma 3); Unsupported names
-    what the native draft cannot run."""
-    arch = meta.get("general.architecture")
-    if arch not in ("llama", "gemma3"):
-        raise Unsupported(f"the native draft runs Llama and Gemma 3 files, not {arch!r}")
-    gemma = arch == "gemma3"
+def _shape(meta: dict, n_ctx: int) -> tuple[_Model, Architecture]:
+    """(the model's dimensions and settings, its architecture); Unsupported names what
+    the native kernels cannot run."""
+    name = meta.get("general.architecture")
+    arch = ARCHITECTURES.get(name)
+    if arch is None:
+        raise Unsupported(f"the native kernels run {', '.join(ARCHITECTURES)} files, not {name!r}")
 
     def number(key: str, default=None):
-        value = meta.get(f"{arch}.{key}", default)
+        value = meta.get(f"{name}.{key}", default)
         if value is None:
-            raise Unsupported(f"the file has no {arch}.{key}")
+            raise Unsupported(f"the file has no {name}.{key}")
         return value
 
     n_embd, n_head = number("embedding_length"), number("attention.head_count")
     head_dim = number("attention.key_length", n_embd // n_head)
-    if number("attention.value_length", head_dim) != head_dim or (not gemma and head_dim != n_embd // n_head):
-        raise Unsupported("the native draft needs keys and values of one head size "
-                          "(embedding_length / head_count for Llama)")
-    if number("rope.dimension_count", head_dim) != head_dim or f"{arch}.rope.scaling.type" in meta:
-        raise Unsupported("the native draft needs plain rope over whole heads")
-    rope_base = number("rope.freq_base", 10000.0)
+    if number("attention.value_length", head_dim) != head_dim:
+        raise Unsupported("the native kernels need keys and values of one head size")
+    if number("rope.dimension_count", head_dim) != head_dim:
+        raise Unsupported("the native kernels need rope over whole heads")
     model = _Model(n_layer=number("block_count"), n_embd=n_embd, n_head=n_head,
                    n_kv=number("attention.head_count_kv", n_head), head_dim=head_dim,
                    n_ff=number("feed_forward_length"), n_ctx=n_ctx,
-                   eps=number("attention.layer_norm_rms_epsilon"), rope_base=rope_base,
-                   neox_rope=int(gemma), gelu=int(gemma), window=number("attention.sliding_window") if gemma else 0,
-                   embd_scale=float(np.sqrt(np.float32(n_embd))) if gemma else 1.0,
-                   rope_base_local=GEMMA3_LOCAL_ROPE_BASE if gemma else rope_base)
+                   eps=number("attention.layer_norm_rms_epsilon"), rope_base=number("rope.freq_base", 10000.0),
+                   neox_rope=int(arch.neox_rope), gelu=int(arch.gemma),
+                   window=number("attention.sliding_window") if arch.gemma else 0,
+                   embd_scale=float(np.sqrt(np.float32(n_embd))) if arch.gemma else 1.0,
+                   rope_scale=_rope_scale(meta, name))
+    model.rope_base_local = GEMMA3_LOCAL_ROPE_BASE if arch.gemma else model.rope_base
     if head_dim % 8 or head_dim > 256 or n_embd % BLOCK or model.n_ff % BLOCK or n_head % model.n_kv:
-        raise Unsupported(f"the native draft cannot run heads of {head_dim} or widths {n_embd}/{model.n_ff}")
-    return model, gemma
+        raise Unsupported(f"the native kernels cannot run heads of {head_dim} or widths {n_embd}/{model.n_ff}")
+    return model, arch
 
 
-def _fill_layer(layer: _Layer, i: int, model: _Model, gemma: bool, tensors: dict, keep: list, formats: dict,
+def _rope_scale(meta: dict, arch: str) -> float:
+    """What the rope's angles are multiplied by: 1, or 1 / factor for linear scaling."""
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    if kind == "none" or factor == 1.0:
+        return 1.0
+    if kind == "linear":
+        return 1.0 / factor
+    raise Unsupported(f"the native kernels do not run {kind!r} rope scaling")
+
+
+def _fill_layer(layer: _Layer, i: int, model: _Model, arch: Architecture, tensors: dict, keep: list, formats: dict,
                 exact: bool, window: bool) -> None:
     for field, name in zip(("wq", "wk", "wv", "wo", "gate", "up", "down"), LAYER_MATRICES):
         setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight", keep, formats, exact, window))
-    layer.attn_norm = _norm(tensors, f"blk.{i}.attn_norm.weight", model.n_embd, keep)
-    layer.ffn_norm = _norm(tensors, f"blk.{i}.ffn_norm.weight", model.n_embd, keep)
-    if gemma:
-        for field, name in GEMMA3_NORMS.items():
-            width = model.head_dim if field in ("q_norm", "k_norm") else model.n_embd
-            setattr(layer, field, _norm(tensors, f"blk.{i}.{name}.weight", width, keep))
+    layer.attn_norm = _vector(tensors, f"blk.{i}.attn_norm.weight", model.n_embd, keep)
+    layer.ffn_norm = _vector(tensors, f"blk.{i}.ffn_norm.weight", model.n_embd, keep)
+    if arch.qk_norm:
+        for field, name in QK_NORMS.items():
+            setattr(layer, field, _vector(tensors, f"blk.{i}.{name}.weight", model.head_dim, keep))
+    if arch.qkv_bias:
+        widths = {"bq": model.n_head * model.head_dim, "bk": model.n_kv * model.head_dim,
+                  "bv": model.n_kv * model.head_dim}
+        for field, name in BIASES.items():
+            setattr(layer, field, _vector(tensors, f"blk.{i}.{name}.bias", widths[field], keep))
+    if arch.gemma:
+        for field, name in POST_NORMS.items():
+            setattr(layer, field, _vector(tensors, f"blk.{i}.{name}.weight", model.n_embd, keep))
         layer.sliding = int((i + 1) % GEMMA3_GLOBAL_EVERY != 0)
 
 
@@ -276,17 +317,23 @@ def _check_shapes(model: _Model, layers) -> None:
 def _mat(tensors: dict, name: str, keep: list, formats: dict, exact: bool = False, window: bool = False) -> _Mat:
     """The tensor's blocks taken apart into quants, scales and offsets (one
     array each, row by row): the kernel then reads eight blocks' scales at once.
-    exact: K-quants keep their values (FMT_I8), else they are rounded to Q8_0.
+    exact: K-quants keep their values (Q4_K and Q6_K in their own layout, FMT_K4 and FMT_K6,
+    where the 16-bit kernels read them; else FMT_I8), else they are rounded to Q8_0.
     window: Q8_0 values in the window products' layout (FMT_W8, _window_int8)."""
     tensor = tensors.get(name)
     if tensor is None:
         raise Unsupported(f"the file has no tensor {name}")
     cols, rows = tensor.shape[0], int(np.prod(tensor.shape[1:]))
     fmt = tensor.type_name
-    if exact and fmt not in (*FORMATS, "Q5_0", "Q4_K", "Q5_K", "Q6_K"):
+    if exact and fmt not in (*FORMATS, "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"):
         raise Unsupported(f"{name} is {fmt}, which hetspec's kernels cannot hold exactly (they read Q4_0, Q4_1, "
-                          "Q5_0, Q8_0, Q4_K, Q5_K and Q6_K)")
-    if exact and fmt in ("Q4_K", "Q5_K", "Q6_K"):
+                          "Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K)")
+    if exact and not window and fmt in K_FORMATS:
+        qs, sub, scales = _as_k(tensor, rows, cols)
+        keep.extend((qs, sub, scales))
+        formats[fmt] = formats.get(fmt, 0) + 1
+        return _Mat(qs.ctypes.data, None, None, K_FORMATS[fmt], rows, cols, scales.ctypes.data, None, sub.ctypes.data)
+    if exact and fmt in ("Q5_1", "Q4_K", "Q5_K", "Q6_K"):
         q, scales, offsets = _as_i8(tensor, rows, cols)
         keep.extend(a for a in (q, scales, offsets) if a is not None)
         formats[f"{fmt} exact"] = formats.get(f"{fmt} exact", 0) + 1
@@ -354,7 +401,8 @@ def _as_q8_0(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _as_i8(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(int8 quants, float32 scale per 16 weights, float32 offset per 32 or None)
-    of a Q4_K, Q5_K or Q6_K tensor: its exact values, laid out for the kernel.
+    of a Q5_1, Q4_K, Q5_K or Q6_K tensor: its exact values, laid out for the kernel.
+    Q5_1: q is the 5-bit quant, the scale d, the offset m.
     scales[r, j // 16] * q[r, j] + offsets[r, j // 32] is gguf's dequantized
     weight bit for bit in float32 (d * sc, dmin * m and scale * q are exact, so
     the one add rounds as gguf's subtraction does). Q4_K/Q5_K: q is the 4/5-bit
@@ -363,8 +411,9 @@ def _as_i8(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.nda
     from gguf.quants import Q4_K
 
     fmt = tensor.type_name
-    if fmt not in ("Q4_K", "Q5_K", "Q6_K") or tensor.data is None or cols % 256:
-        raise Unsupported(f"{tensor.name} is stored as GGML type {tensor.ggml_type}, not a 256-weight K-quant")
+    if tensor.data is None or cols % BY_NAME.get(fmt, BY_NAME["F32"]).per_block or fmt not in (
+            "Q5_1", "Q4_K", "Q5_K", "Q6_K"):
+        raise Unsupported(f"{tensor.name} is stored as GGML type {tensor.ggml_type}, not Q5_1 or a 256-weight K-quant")
     blocks = np.asarray(tensor.data).reshape(-1, BY_NAME[fmt].block_bytes)
     n = blocks.shape[0]
 
@@ -372,6 +421,12 @@ def _as_i8(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.nda
         return np.ascontiguousarray(blocks[:, lo:lo + 2]).view(np.float16).astype(np.float32)
 
     nibbles = np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    if fmt == "Q5_1":                        # d m qh[4] qs[16]: weight j's fifth bit is bit j of qh
+        q = ((blocks[:, 8:24].reshape(n, 1, 16) >> nibbles[0]) & 0x0F).reshape(n, 32)
+        high = np.ascontiguousarray(blocks[:, 4:8]).view(np.uint32)
+        q |= (((high >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
+        return q.view(np.int8).reshape(rows, cols), np.repeat(f16(0), 2, axis=1).reshape(rows, cols // 16), \
+            f16(2).reshape(rows, cols // 32)
     if fmt == "Q6_K":                        # ql[128] qh[64] scales[16] d; quants in 8 runs of 32
         low = (blocks[:, :128].reshape(n, 2, 1, 64) >> nibbles) & 0x0F
         high = (blocks[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
@@ -388,7 +443,44 @@ def _as_i8(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.nda
     return q.view(np.int8).reshape(rows, cols), scales.reshape(rows, cols // 16), offsets.reshape(rows, cols // 32)
 
 
-def _norm(tensors: dict, name: str, n: int, keep: list) -> int:
+def _as_k(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(quants, integer sub-block scales, float scales) of a Q4_K or Q6_K tensor in
+    FMT_K4 or FMT_K6's layout (formats.h): the file's values at the file's size.
+    Per block of 32, the quants' low nibbles as Q4_0 orders them (weight j in byte
+    j % 16, high nibble for j >= 16); Q6_K then 8 bytes of top bits, byte j holding
+    weights j, j + 8, j + 16, j + 24. Q4_K: per 256 weights 8 scales then 8 mins,
+    and d, dmin as float32; Q6_K: an int8 scale per 16 and d as float32."""
+    from gguf.quants import Q4_K
+
+    fmt = tensor.type_name
+    blocks = np.asarray(tensor.data).reshape(-1, BY_NAME[fmt].block_bytes)
+    n = blocks.shape[0]                       # superblocks of 256 weights
+
+    def f16(lo: int) -> np.ndarray:           # the float16 at bytes lo, lo+1 of every superblock, as float32 (n, 1)
+        return np.ascontiguousarray(blocks[:, lo:lo + 2]).view(np.float16).astype(np.float32)
+
+    nibbles = np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    if fmt == "Q4_K":                         # d dmin scales[12] qs[128]: 4 runs of 32 bytes, low then high nibbles
+        q = ((blocks[:, -128:].reshape(n, 4, 1, 32) >> nibbles) & 0x0F).reshape(n * 8, 32)
+        sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))
+        sub = np.concatenate([sc.reshape(n, 8), m.reshape(n, 8)], axis=1).astype(np.uint8)
+        scales = np.concatenate([f16(0), f16(2)], axis=1)
+    else:                                     # ql[128] qh[64] scales[16] d
+        low = (blocks[:, :128].reshape(n, 2, 1, 64) >> nibbles) & 0x0F
+        high = (blocks[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
+        q = (low.reshape(n, 8, 32) | (high.reshape(n, 8, 32) << 4)).reshape(n * 8, 32)   # 6-bit, unsigned
+        sub = blocks[:, 192:208].copy()
+        scales = f16(208)
+    packed = (q[:, :16] & 0x0F) | (q[:, 16:] & 0x0F) << 4
+    if fmt == "Q6_K":                         # top bits: byte j, bits 2k..2k+1 = weight j + 8k's
+        top = (q >> 4).reshape(n * 8, 4, 8)
+        packed = np.concatenate([packed, top[:, 0] | top[:, 1] << 2 | top[:, 2] << 4 | top[:, 3] << 6], axis=1)
+    return (np.ascontiguousarray(packed, np.uint8).reshape(rows, -1), np.ascontiguousarray(sub).reshape(rows, -1),
+            np.ascontiguousarray(scales, np.float32).reshape(rows, -1))
+
+
+def _vector(tensors: dict, name: str, n: int, keep: list) -> int:
+    """A norm's weights or a bias: n float32 values."""
     tensor = tensors.get(name)
     if tensor is None or tensor.type_name != "F32" or tensor.shape[0] != n:
         raise Unsupported(f"{name} must be {n} float32 values")

@@ -11,6 +11,11 @@ enum { FMT_I8 = 3 };
 /* Nor this: Q8_0 values laid out for the target's window products (window8.h), each
    pair of blocks' dwords interleaved, quants + 128 (unsigned), scales in float32. */
 enum { FMT_W8 = 4 };
+/* Nor these: Q4_K and Q6_K blocks at their own size, laid out for the 16-bit kernels
+   (native_draft.c, row_k4 and row_k6): per 32 weights 16 bytes of nibbles as Q4_0
+   lays them out (FMT_K6: then 8 bytes of the values' top two bits), the sub-blocks'
+   integer scales (and Q4_K's mins) in `sub`, the superblocks' float scales in `scales`. */
+enum { FMT_K4 = 5, FMT_K6 = 6 };
 enum { BLOCK = 32 };                                          /* weights per block */
 enum { Q8_0_BYTES = 34, Q4_0_BYTES = 18, Q4_1_BYTES = 20 };   /* bytes per block in a GGUF file */
 

@@ -43,3 +43,6 @@ EXPANDED_FORMAT = 3
 # formats.h's FMT_W8: Q8_0 values laid out for the target's window products (pairs of blocks
 # interleaved, quants + 128, float32 scales), made at load where those products use VNNI.
 WINDOW_INT8 = 4
+# formats.h's FMT_K4 and FMT_K6: Q4_K and Q6_K blocks at their own size, laid out for the
+# 16-bit kernels (the native target where the CPU lacks AVX-512 VNNI).
+K_FORMATS = {"Q4_K": 5, "Q6_K": 6}

@@ -1,5 +1,5 @@
-/* A Llama- or Gemma-3-architecture model read straight from a GGUF file's
-   blocks: the native draft, one token per call (hs_forward), and the native
+/* A Llama-, Qwen2-, Qwen3- or Gemma-3-architecture model read straight from a GGUF
+   file's blocks: the native draft, one token per call (hs_forward), and the native
    target, a window of tokens per call (hs_forward_window, at the end, whose
    products are window8.h's, 8-bit activations, where the CPU has AVX-512 VNNI;
    the draft fills its cache with it too, for a long feed).
@@ -16,12 +16,17 @@
    times a block of activations x ~ dx * xq is d * dx * sum(q * xq) (minus
    8 * d * dx * sum(xq) for Q4_0), plus m * sum(x) for Q4_1 (o * sum(x) for I8).
 
-   Conventions are llama.cpp's. For "llama", rope turns adjacent pairs (GGUF
-   conversion permuted the query and key rows for it). Gemma 3 adds what its
-   layer has beyond Llama's: the embedding scaled by sqrt(width), query and key
-   heads normalised, a norm after attention and after the MLP, GELU (tanh)
-   gating, rope over the heads' two halves, and sliding-window layers with
-   their own rope base (its norm weights are stored with the 1 already added).
+   Conventions are llama.cpp's. One layer serves every architecture; what
+   differs is a field that is NULL or 0 where unused (native.py, ARCHITECTURES):
+   - "llama" (Llama 2/3, Mistral): rope turns adjacent pairs (GGUF conversion
+     permuted the query and key rows for it); Llama 3 divides the angles by its
+     rope_freqs, linear scaling multiplies them.
+   - "qwen2": rope over the heads' two halves, biases on query, key and value.
+   - "qwen3": rope over halves, query and key heads RMS-normalised.
+   - "gemma3": rope over halves, query and key heads normalised, the embedding
+     scaled by sqrt(width), a norm after attention and after the MLP, GELU
+     (tanh) gating, and sliding-window layers with their own rope base (its
+     norm weights are stored with the 1 already added).
    Weights are GGUF rows of `cols` values. The KV cache is float16, a kv
    head's keys in blocks of 8 positions, dimension-major, its values a row per
    position (see attend); the query heads sharing a kv head are served in one
@@ -49,7 +54,10 @@ typedef struct {
     const uint8_t *qs;
     const uint16_t *d, *m;
     int fmt, rows, cols;
-    const float *scales, *offsets;   /* FMT_I8: per 16 weights, per 32 (NULL: none); FMT_W8: per 32 */
+    const float *scales, *offsets;   /* FMT_I8: per 16 weights, per 32 (NULL: none); FMT_W8: per 32;
+                                        FMT_K4: d and dmin per 256 weights; FMT_K6: d per 256 */
+    const uint8_t *sub;              /* FMT_K4: per 256 weights 8 scales then 8 mins (uint8);
+                                        FMT_K6: a scale per 16 weights (int8) */
 } hs_mat;
 
 /* FMT_W8: where row r's pair of blocks p starts, in pairs (a row holds (blocks + 1) / 2). */
@@ -60,6 +68,7 @@ typedef struct {
     const float *attn_norm, *ffn_norm;
     const float *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;   /* Gemma 3; NULL for Llama */
     int sliding;      /* attends to the last `window` positions, rope at the local base */
+    const float *bq, *bk, *bv;   /* Qwen2's query, key and value biases; NULL elsewhere */
 } hs_layer;
 
 typedef struct {
@@ -74,6 +83,8 @@ typedef struct {
     int neox_rope, gelu, window;  /* rope over halves; GELU (tanh) instead of SiLU; sliding window */
     float embd_scale, rope_base_local;
     hs_mat out_fast;              /* a Q4_1 copy of a Q8_0 output layer (see head); qs NULL: none */
+    const float *rope_freqs;      /* Llama 3's per-pair divisors of the global rope's angles; NULL: none */
+    float rope_scale;             /* linear rope scaling: angles times this (1: none) */
 } hs_model;
 
 static inline float hsum8(__m256 a) {
@@ -227,6 +238,63 @@ static float row_i8(const int8_t *qs, int nb, const quantized *x, const float *s
     return hsum8(_mm256_add_ps(acc0, acc1)) + offsets;
 }
 
+/* Q4_K's and Q6_K's scales (FMT_K4, FMT_K6): per 256 weights a float d (and dmin),
+   per 32 (16 for Q6_K) an integer multiple of it. Each block's scale times the
+   activations' goes into `scale` (FMT_K6: two a block); the mins' share,
+   -dmin * m * sum(x) per block, is returned. d * sc is exact in float32, as in
+   the file's own values. */
+static float row_scales_k(const hs_mat *w, int r, int nb, const quantized *x, float *scale) {
+    const int supers = nb / 8;
+    __m256 off = _mm256_setzero_ps();
+    if (w->fmt == FMT_K4) {
+        const uint8_t *sub = w->sub + (size_t)r * supers * 16;
+        const float *dd = w->scales + (size_t)r * supers * 2;
+        for (int s = 0; s < supers; s++, sub += 16) {
+            const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sub)));
+            const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sub + 8))));
+            _mm256_storeu_ps(scale + 8 * s, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(dd[2 * s]), sc),
+                                                          _mm256_loadu_ps(x->scale + 8 * s)));
+            off = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dd[2 * s + 1]), mn), _mm256_loadu_ps(x->sum + 8 * s), off);
+        }
+        return hsum8(off);
+    }
+    const int8_t *sub = (const int8_t *)w->sub + (size_t)r * nb * 2;
+    const float *d = w->scales + (size_t)r * supers;
+    const __m256i twice = _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0);   /* each block's activation scale, twice */
+    for (int s = 0; s < supers; s++, sub += 16) {
+        for (int h = 0; h < 2; h++) {
+            const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sub + 8 * h))));
+            const __m256 xs = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(x->scale + 8 * s + 4 * h)), twice);
+            _mm256_storeu_ps(scale + 16 * s + 8 * h, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d[s]), sc), xs));
+        }
+    }
+    return 0.0f;
+}
+
+/* A row of FMT_K6 blocks: per block 16 bytes of low nibbles (Q4_0's order) and 8
+   bytes of top bits, byte j holding weights j, j + 8, j + 16, j + 24 (two bits
+   each, lowest first); a weight is (nibble | top << 4) - 32, with a scale per 16. */
+static float row_k6(const uint8_t *qs, int nb, const int16_t *xq, const float *scale) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m128i mask = _mm_set1_epi8(15), two = _mm_set1_epi8(3);
+    const __m256i bias = _mm256_set1_epi16(32);
+    for (int b = 0; b < nb; b++, qs += 24, xq += 32) {
+        const __m128i low = _mm_loadu_si128((const __m128i *)qs);
+        const __m128i top = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(qs + 16)),
+                                               _mm_loadl_epi64((const __m128i *)(qs + 16)));
+        const __m128i top_a = _mm_blend_epi16(_mm_and_si128(top, two), _mm_and_si128(_mm_srli_epi16(top, 2), two), 0xF0);
+        const __m128i top_b = _mm_blend_epi16(_mm_and_si128(_mm_srli_epi16(top, 4), two),
+                                              _mm_and_si128(_mm_srli_epi16(top, 6), two), 0xF0);
+        const __m128i qa = _mm_or_si128(_mm_and_si128(low, mask), _mm_slli_epi16(top_a, 4));
+        const __m128i qb = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(low, 4), mask), _mm_slli_epi16(top_b, 4));
+        const __m256i sa = dot16(_mm256_setzero_si256(), _mm256_sub_epi16(_mm256_cvtepu8_epi16(qa), bias), xq);
+        const __m256i sb = dot16(_mm256_setzero_si256(), _mm256_sub_epi16(_mm256_cvtepu8_epi16(qb), bias), xq + 16);
+        acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + 2 * b), _mm256_cvtepi32_ps(sa), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + 2 * b + 1), _mm256_cvtepi32_ps(sb), acc1);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
 /* A row's quants and scales are fetched this many rows before they are
    multiplied, past a matrix's end from the next one's first rows. Fetching
    ahead made steps faster; 16 rows did better than 4, and 32 or 64 no better
@@ -243,8 +311,13 @@ static inline __attribute__((always_inline)) float row_setup(const hs_mat *w, in
     return offsets;
 }
 
+/* Bytes of quants a block of 32 weights takes in a matrix of format fmt (not FMT_W8). */
+static inline int block_bytes(int fmt) {
+    return fmt == FMT_Q8_0 || fmt == FMT_I8 ? 32 : fmt == FMT_K6 ? 24 : 16;
+}
+
 static inline __attribute__((always_inline)) void prefetch_rows(const hs_mat *w, int r, int n) {
-    const int nb = w->cols / BLOCK, row_bytes = nb * (w->fmt == FMT_Q8_0 || w->fmt == FMT_I8 ? 32 : 16);
+    const int nb = w->cols / BLOCK, row_bytes = nb * block_bytes(w->fmt);
     if (w->fmt == FMT_W8) {
         const int pairs = (nb + 1) / 2;
         const char *rows = (const char *)(w->qs + 64 * w8_pair(w, r, 0)), *scales = (const char *)(w->scales + 2 * w8_pair(w, r, 0));
@@ -256,6 +329,10 @@ static inline __attribute__((always_inline)) void prefetch_rows(const hs_mat *w,
     for (int i = 0; i < n * row_bytes; i += 64) _mm_prefetch(rows + i, _MM_HINT_T0);
     if (w->fmt == FMT_I8) {
         for (int i = 0; i < n * nb * 8; i += 64) _mm_prefetch((const char *)(w->scales + (size_t)r * nb * 2) + i, _MM_HINT_T0);
+        return;
+    }
+    if (w->fmt == FMT_K4 || w->fmt == FMT_K6) {     /* 2 bytes of sub-block scales a block; the floats are few */
+        for (int i = 0; i < n * nb * 2; i += 64) _mm_prefetch((const char *)(w->sub + (size_t)r * nb * 2) + i, _MM_HINT_T0);
         return;
     }
     for (int i = 0; i < n * nb * 2; i += 64) _mm_prefetch((const char *)(w->d + (size_t)r * nb) + i, _MM_HINT_T0);
@@ -331,6 +408,11 @@ static float one_row(const hs_mat *w, int r, int nb, const quantized *x, float *
     if (w->fmt == FMT_I8)
         return row_i8((const int8_t *)w->qs + (size_t)r * nb * 32, nb, x, w->scales + (size_t)r * nb * 2,
                       w->offsets ? w->offsets + (size_t)r * nb : NULL);
+    if (w->fmt == FMT_K4 || w->fmt == FMT_K6) {
+        const float offsets = row_scales_k(w, r, nb, x, scale);
+        const uint8_t *qs = w->qs + (size_t)r * nb * block_bytes(w->fmt);
+        return (w->fmt == FMT_K4 ? row_q4(qs, nb, x->q, scale) : row_k6(qs, nb, x->q, scale)) + offsets;
+    }
     const float offsets = row_setup(w, r, nb, x, scale);
     const uint8_t *qs = w->qs + (size_t)r * nb * (w->fmt == FMT_Q8_0 ? 32 : 16);
     return (w->fmt == FMT_Q8_0 ? row_q8_0(qs, nb, x->q, scale) : row_q4(qs, nb, x->q, scale)) + offsets;
@@ -356,7 +438,7 @@ static void matmat_rows(const hs_mat *w, const quantized *x, int T, float *y, in
         return;
     }
 #else
-    float scale[nb];
+    float scale[2 * nb];    /* FMT_K6: two a block */
 #endif
     for (; r < r1; r++) {
         prefetch_ahead(w, next, r + AHEAD, 1);
@@ -451,6 +533,24 @@ static void window_products(const hs_mat *w, const float *x, int stride, int T, 
     window_matmat(w, xq, T, y, ystride, next);
 }
 
+/* Block b of row r of an FMT_K4 or FMT_K6 matrix, as float32 values. */
+static void dequantize_k(const hs_mat *w, int r, int b, float *y) {
+    const int nb = w->cols / BLOCK, s = b / 8;
+    const uint8_t *q = w->qs + ((size_t)r * nb + b) * block_bytes(w->fmt);
+    for (int j = 0; j < BLOCK; j++) {
+        const int nibble = j < 16 ? q[j] & 15 : q[j - 16] >> 4;
+        if (w->fmt == FMT_K4) {
+            const uint8_t *sub = w->sub + ((size_t)r * (nb / 8) + s) * 16;
+            const float *dd = w->scales + ((size_t)r * (nb / 8) + s) * 2;
+            y[j] = (dd[0] * (float)sub[b % 8]) * (float)nibble - dd[1] * (float)sub[8 + b % 8];
+        } else {
+            const int top = (q[16 + j % 8] >> (2 * (j / 8))) & 3;
+            const int8_t sc = (int8_t)w->sub[((size_t)r * nb + b) * 2 + j / 16];
+            y[j] = (w->scales[(size_t)r * (nb / 8) + s] * (float)sc) * (float)((nibble | top << 4) - 32);
+        }
+    }
+}
+
 /* Row r of W, as float32 values (the token embedding). */
 static void dequantize_row(const hs_mat *w, int r, float *y) {
     const int nb = w->cols / BLOCK;
@@ -461,6 +561,10 @@ static void dequantize_row(const hs_mat *w, int r, float *y) {
             const size_t pair = w8_pair(w, r, b / 2);
             for (int j = 0; j < BLOCK; j++)
                 yb[j] = w->scales[2 * pair + (b & 1)] * (float)(w->qs[64 * pair + 8 * (j / 4) + 4 * (b & 1) + j % 4] - 128);
+            continue;
+        }
+        if (w->fmt == FMT_K4 || w->fmt == FMT_K6) {
+            dequantize_k(w, r, b, yb);
             continue;
         }
         if (w->fmt == FMT_I8) {
@@ -524,7 +628,7 @@ static void head(const hs_model *m, const quantized *x, float *logits) {
         }
     }
     const int nb = m->out.cols / BLOCK;
-    float scale[nb];
+    float scale[2 * nb];
     for (int k = 0; k < kept; k++) logits[top[k]] = one_row(&m->out, top[k], nb, x, scale);
 }
 
@@ -584,9 +688,13 @@ static void rope_halves(float *v, int heads, int head_dim, const float *cos_t, c
     }
 }
 
-static void rope_angles(int pos, float base, int head_dim, float *cos_t, float *sin_t) {
+/* The angles of position pos, pair i turned by pos * base^(-2i/head_dim), times `scale`,
+   divided by freqs[i] where given (llama.cpp's freq_factors: Llama 3's rope scaling). */
+static void rope_angles(int pos, float base, int head_dim, const float *freqs, float scale, float *cos_t,
+                        float *sin_t) {
     for (int i = 0; i < head_dim / 2; i++) {
-        const float angle = (float)pos * powf(base, -2.0f * (float)i / (float)head_dim);
+        float angle = scale * ((float)pos * powf(base, -2.0f * (float)i / (float)head_dim));
+        if (freqs) angle /= freqs[i];
         cos_t[i] = cosf(angle);
         sin_t[i] = sinf(angle);
     }
@@ -781,6 +889,14 @@ static void to_half(const float *x, int n, uint16_t *y) {
 
 /* ---- the model ------------------------------------------------------------------ */
 
+/* Qwen2's biases, added to a token's query, key and value. */
+static void add_biases(const hs_layer *L, float *q, float *k, float *v, int heads, int kv_dim) {
+    if (!L->bq) return;
+    for (int i = 0; i < heads; i++) q[i] += L->bq[i];
+    for (int i = 0; i < kv_dim; i++) k[i] += L->bk[i];
+    for (int i = 0; i < kv_dim; i++) v[i] += L->bv[i];
+}
+
 static int widest(const hs_model *m) {
     const int heads = m->n_head * m->head_dim, w = m->n_ff > m->n_embd ? m->n_ff : m->n_embd;
     return heads > w ? heads : w;
@@ -833,8 +949,8 @@ int hs_forward(const hs_model *m, int token, int pos, float *logits) {
     float *scores = (float *)(xq.qsum + widest(m) / BLOCK);
 
     float cos_g[128], sin_g[128], cos_l[128], sin_l[128];    /* global and local (sliding) rope */
-    rope_angles(pos, m->rope_base, hd, cos_g, sin_g);
-    if (m->window > 0) rope_angles(pos, m->rope_base_local, hd, cos_l, sin_l);
+    rope_angles(pos, m->rope_base, hd, m->rope_freqs, m->rope_scale, cos_g, sin_g);
+    if (m->window > 0) rope_angles(pos, m->rope_base_local, hd, NULL, 1.0f, cos_l, sin_l);
     void (*turn)(float *, int, int, const float *, const float *) = m->neox_rope ? rope_halves : rope;
     dequantize_row(&m->embd, token, x);
     if (m->embd_scale != 1.0f)
@@ -847,6 +963,7 @@ int hs_forward(const hs_model *m, int token, int pos, float *logits) {
         matvec(&L->wq, &xq, q, &L->wk);
         matvec(&L->wk, &xq, k, &L->wv);
         matvec(&L->wv, &xq, v, &L->wo);
+        add_biases(L, q, k, v, heads, kv_dim);
         if (L->q_norm)
             for (int i = 0; i < m->n_head; i++) rms_norm(q + i * hd, L->q_norm, hd, m->eps, q + i * hd);
         if (L->k_norm)
@@ -922,8 +1039,8 @@ int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, floa
 
     for (int t = 0; t < T; t++) {      /* embeddings; rope angles, global then local, per token */
         float *a = angles + (size_t)t * 4 * MAX_HALF;
-        rope_angles(pos + t, m->rope_base, hd, a, a + MAX_HALF);
-        if (m->window > 0) rope_angles(pos + t, m->rope_base_local, hd, a + 2 * MAX_HALF, a + 3 * MAX_HALF);
+        rope_angles(pos + t, m->rope_base, hd, m->rope_freqs, m->rope_scale, a, a + MAX_HALF);
+        if (m->window > 0) rope_angles(pos + t, m->rope_base_local, hd, NULL, 1.0f, a + 2 * MAX_HALF, a + 3 * MAX_HALF);
         dequantize_row(&m->embd, tokens[t], x + (size_t)t * E);
         if (m->embd_scale != 1.0f)
             for (int i = 0; i < E; i++) x[(size_t)t * E + i] *= m->embd_scale;
@@ -938,6 +1055,7 @@ int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, floa
         window_products(&L->wv, h, E, T, xq, &held, v, kv_dim, &L->wo);
         for (int t = 0; t < T; t++) {   /* every key and value of the window first: later tokens attend to them */
             float *qt = q + (size_t)t * heads, *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
+            add_biases(L, qt, kt, vt, heads, kv_dim);
             const float *a = angles + (size_t)t * 4 * MAX_HALF + (L->sliding ? 2 * MAX_HALF : 0);
             if (L->q_norm)
                 for (int i = 0; i < m->n_head; i++) rms_norm(qt + i * hd, L->q_norm, hd, m->eps, qt + i * hd);

@@ -1,0 +1,61 @@
+"""The native kernels on every architecture they run (native.py, ARCHITECTURES): random
+files of each, quantized by llama.cpp to the weight types real files use, are batch-
+invariant bit for bit in the native target, and follow llama.cpp's logits on the same file."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetspec.models import resolve_model
+from hetspec.workers.target.llama_target import LlamaTarget
+from hetspec.workers.target.native_target import NativeTarget
+from tests.test_llama_target import assert_batch_invariant, quantize, tensor_types, write_random_llama
+
+ARCHS = ("llama", "llama3", "qwen2", "qwen3")
+# (architecture, llama.cpp file type, the tensor types it must bring): every architecture in
+# the K-quant mix that Qwen2.5 and Llama 3 files ship in; the other block types once each
+CASES = [*((arch, "MOSTLY_Q4_K_M", {"Q4_K", "Q6_K"}) for arch in ARCHS),
+         ("qwen2", "MOSTLY_Q5_0", {"Q5_0"}), ("llama", "MOSTLY_Q5_1", {"Q5_1"}), ("qwen3", "MOSTLY_Q8_0", {"Q8_0"})]
+
+
+@pytest.fixture(scope="module")
+def random_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("archs")
+    tokenizer = resolve_model("builtin:smollm2").file
+    paths = {}
+    for arch in ARCHS:
+        paths[arch] = str(folder / f"{arch}-f32.gguf")
+        write_random_llama(paths[arch], tokenizer, seed=3, arch=arch)
+    return paths
+
+
+@pytest.mark.parametrize("arch,ftype,types", CASES, ids=[f"{a}-{f}" for a, f, _ in CASES])
+def test_every_architecture_is_batch_invariant(random_files, tmp_path, arch, ftype, types):
+    path = quantize(random_files[arch], str(tmp_path / f"{arch}-{ftype}.gguf"), ftype)
+    assert types <= tensor_types(path)
+    assert_batch_invariant(path, NativeTarget)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_architecture_follows_llama_cpps_logits(random_files, tmp_path, arch):
+    """Along llama.cpp's own greedy path, the native target picks llama.cpp's token nearly
+    everywhere and its logits stay close: each architecture's differences (rope pairs or
+    halves, rope_freqs, biases, query and key norms) are computed as llama.cpp computes them.
+    A mistake in any of them (tried: rope without rope_freqs) drops agreement far below."""
+    path = quantize(random_files[arch], str(tmp_path / f"{arch}-q8_0.gguf"), "MOSTLY_Q8_0")
+    theirs = LlamaTarget(path, n_ctx=128, caches=1, threads=1)
+    try:
+        tokens = [int(t) for t in np.random.default_rng(4).integers(10, 5000, 8)]
+        for _ in range(40):
+            tokens.append(int(theirs.forward(0, tokens, 0, 1)[0].argmax()))
+        want = theirs.forward(0, tokens, 0, len(tokens))
+    finally:
+        theirs.close()
+    ours = NativeTarget(path, n_ctx=128, caches=1, threads=1)
+    try:
+        got = ours.forward(0, tokens, 0, len(tokens))
+    finally:
+        ours.close()
+    agree = (got.argmax(axis=1) == want.argmax(axis=1)).mean()
+    spread = np.abs(got - want).max(axis=1)
+    assert agree >= 0.9 and np.median(spread) < 0.1 * want.std(), (agree, np.median(spread), want.std())
