@@ -2,22 +2,22 @@
 by workers/kernels/native_draft.c.
 
 It reads the file's own Q8_0/Q4_0/Q4_1 blocks, and holds other block types
-(Gemma 3's Q5_0, Q4_K, Q6_K) as Q8_0: exactly for Q5_0, to within half a step
-of an 8-bit grid for the K-quants; a Q8_0 output layer is read mostly in a
-Q4_1 copy made at load (head() in the C file). Behind the DraftModel protocol
-of workers/draft/models.py (forward, kv_geometry, import_kv), so the drafter
-and the KV handover work with any backend. A token takes the one-token step,
-activations rounded to 16 bits. A long feed (a prompt, a catch-up after the
-draft rested) fills the cache, all but its last token, through the window
-products (hs_forward_window), which read each block of weights once for a
-window of tokens: about 3x faster a token, but their 8-bit activations (where
-the CPU has AVX-512 VNNI) move the cache further from the float model's (see
-WINDOW_FILL). Its cache is
-positional: a forward at `pos` simply overwrites from there, which is all a
-rollback needs. The native target
-(workers/target/native_target.py) loads its model here too, with exact_kquants:
-K-quants then keep their exact values (FMT_I8) rather than an 8-bit grid's,
-and with window_layout its Q8_0 values are laid out for the window products (FMT_W8).
+(Q5_0, Q5_1, the K-quants) as Q8_0: exactly for Q5_0, to within half a step of an
+8-bit grid for the others; a Q8_0 output layer is read mostly in a Q4_1 copy made
+at load (head() in the C file). Behind the DraftModel protocol of
+workers/draft/models.py (forward, kv_geometry, import_kv), so the drafter and the
+KV handover work with any backend. A token takes the one-token step, activations
+rounded to 16 bits. A long feed (a prompt, a catch-up after the draft rested)
+fills the cache, all but its last token, through the window products
+(hs_forward_window), which read each block of weights once for a window of
+tokens: about 3x faster a token, but their 8-bit activations move the cache
+further from the float model's (see WINDOW_FILL). Its cache is positional: a
+forward at `pos` simply overwrites from there, which is all a rollback needs.
+The native target (workers/target/native_target.py) loads its model here too,
+with exact_kquants: K-quants and Q5_1 then keep their exact values (Q4_K and Q6_K
+at their own size, FMT_K4 and FMT_K6, where the window products read them; else
+int8, FMT_I8), and with window_layout its Q8_0 values are laid out for AVX-512's
+window products (FMT_W8).
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ class NativeDraftModel:
         meta, tensors = read_gguf(path)
         self._arrays = []                            # what the C side reads: keep alive
         formats: dict[str, int] = {}
-        window_layout = window_layout and self._lib.hs_window_bits() == 8
+        window_layout = window_layout and self._lib.hs_pair_layout() == 1
         model, self._layers = _describe(meta, tensors, n_ctx, self._arrays, formats, exact_kquants, window_layout)
         self._rope = ROPE_NEOX if model.neox_rope else ROPE_NORM
         # Keys in blocks of key_block positions, dimension-major (native_draft.c, attend).

@@ -1,8 +1,8 @@
 /* A Llama-, Qwen2-, Qwen3- or Gemma-3-architecture model read straight from a GGUF
    file's blocks: the native draft, one token per call (hs_forward), and the native
    target, a window of tokens per call (hs_forward_window, at the end, whose
-   products are window8.h's, 8-bit activations, where the CPU has AVX-512 VNNI;
-   the draft fills its cache with it too, for a long feed).
+   products take 8-bit activations: window8.h's where the CPU has AVX-512 VNNI,
+   window8_avx2.h's elsewhere; the draft fills its cache with it too, for a long feed).
 
    Why: drafting is one row at a time, so it is bound by reading the weights
    and by per-token overheads. llama.cpp pays more of those overheads per
@@ -455,20 +455,17 @@ static void matvec(const hs_mat *w, const quantized *x, float *y, const hs_mat *
     matmat(w, x, 1, y, 0, next);
 }
 
-/* The target's window products: 8-bit activations where the CPU has AVX-512 VNNI
-   (window8.h), else the one-token kernels' 16-bit ones, a token at a time. */
+/* The target's window products: 8-bit activations, a block unpacked once for many
+   tokens: window8.h where the CPU has AVX-512 VNNI (its own layout of Q8_0, FMT_W8),
+   window8_avx2.h elsewhere. */
 #include "window8.h"
-#if WINDOW8
+#if !WINDOW8
+#include "window8_avx2.h"
+#endif
 typedef act8 window_act;
 #define window_kind act_kind
 #define window_quantize(w, x, n, a) quantize8(x, n, act_kind(w), a)
 #define window_rows matmat8
-#else
-typedef quantized window_act;
-#define window_kind(w) 0
-#define window_quantize(w, x, n, a) quantize(x, n, a)
-#define window_rows matmat_rows
-#endif
 
 /* The target alone takes more cores (pool.h): a product's rows are split among them. */
 #include "pool.h"
@@ -493,7 +490,11 @@ static void window_matmat(const hs_mat *w, const window_act *x, int T, float *y,
 }
 
 /* Bits an activation is rounded to in the target's products. */
-int hs_window_bits(void) { return WINDOW8 ? 8 : 16; }
+int hs_window_bits(void) { return 8; }
+
+/* Whether the window products read Q8_0 in window8.h's pair layout (FMT_W8): AVX-512
+   VNNI. Elsewhere they read Q4_K and Q6_K in FMT_K4 and FMT_K6. */
+int hs_pair_layout(void) { return WINDOW8; }
 
 /* Token t's rounded activations (of up to `widest` values) placed in `work`, which
    holds window_act_floats(widest) floats a token. */
@@ -501,7 +502,7 @@ static long window_act_floats(int widest) {
 #if WINDOW8
     return (widest / BLOCK + 1) / 2 * 48 + 2 * (widest / BLOCK) + 36;    /* 16 to align qc */
 #else
-    return widest + 3L * (widest / BLOCK) + 16;
+    return widest / 4 + 3 * (widest / BLOCK) + 8;
 #endif
 }
 
@@ -513,11 +514,10 @@ static void window_act_at(window_act *a, float *work, int widest) {
     a->scale = (float *)(a->u + 64 * pairs);
     a->sum = a->scale + 2 * pairs;
 #else
-    a->q = (int16_t *)work;
-    a->pairs = a->q + widest;
-    a->scale = work + widest;
+    a->q = (int8_t *)work;
+    a->scale = work + widest / 4;
     a->sum = a->scale + widest / BLOCK;
-    a->qsum = (int32_t *)(a->sum + widest / BLOCK);
+    a->sum16 = (int16_t *)(a->sum + widest / BLOCK);
 #endif
 }
 

@@ -70,7 +70,7 @@ static void quantize8(const float *x, int n, int kind, act8 *out) {
     for (int b = 0; b < nb; b++)
         top[b] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, _mm512_loadu_ps(x + b * BLOCK)),
                                                     _mm512_andnot_ps(sign, _mm512_loadu_ps(x + b * BLOCK + 16))));
-    if (kind == ACT_Q8_K)           /* n is a multiple of 256: FMT_I8 holds K-quants only */
+    if (kind == ACT_Q8_K && nb % 8 == 0)     /* K-quant rows are whole 256s; Q5_1's (FMT_I8) may not be */
         for (int g = 0; g < nb; g += 8) {
             float most = top[g];
             for (int b = g + 1; b < g + 8; b++) most = fmaxf(most, top[b]);

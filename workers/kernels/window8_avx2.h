@@ -1,0 +1,275 @@
+/* The native target's window products (see window8.h) on CPUs without AVX-512 VNNI:
+   activations rounded to int8 per block of 32, as llama.cpp rounds them, multiplied
+   with AVX2's byte products. Included by native_draft.c only, where window8.h is not.
+
+   Why: a 16-bit one-token kernel multiplies 16 pairs an instruction and unpacks every
+   block again for each token of a window, so a window of w tokens cost nearly w
+   passes. Here a block is unpacked once for up to CHUNK tokens, and each token takes
+   one 32-pair byte product (vpmaddubsw, then vpmaddwd to int32 lanes).
+
+   Shapes. A block of 32 weights fills one 256-bit vector of bytes in order; its
+   product with a token's 32 int8 activations leaves 8 int32 lanes, lane k summing
+   values 4k..4k+3 (lanes 0-3 the block's first 16 values, 4-7 its last 16, which is
+   where a scale per 16 values goes). vpmaddubsw multiplies unsigned bytes by signed
+   ones: 4-bit quants (Q4_0, Q4_1, FMT_K4) are unsigned and meet the activations as
+   they are; signed quants (Q8_0, FMT_I8, FMT_K6's values - 32) meet them through
+   their absolute values, the activations taking the quants' signs (|q| * |x| * 2
+   <= 32258 fits its int16 sums). A lane's float term is w_scale * x_scale * isum,
+   accumulated over the row's blocks in the lanes; offsets (Q4_1's m, Q4_0's -8 d,
+   K-quants' mins) times the blocks' rounded sums in the same lanes; the lanes summed
+   last.
+
+   Batch invariance: a token's float operations are the same sequence whatever the
+   window, chunk or token next to it; only the unpacking is shared. */
+
+typedef struct {
+    int8_t *q;       /* the n values rounded, in order */
+    float *scale;    /* per block (x ~ scale * q) */
+    float *sum;      /* per block: what the weights' offsets multiply (see quantize8) */
+    int16_t *sum16;  /* per 16 values: the sum of q (Q8_K only: FMT_K6 takes 32 off its quants with it) */
+} act8;
+
+/* How llama.cpp rounds the activations a matrix meets (its vec_dot_type): Q8_0 blocks
+   for Q8_0, Q5_0 (held as Q8_0) and Q4_0 weights; Q8_1 blocks, which add a float16
+   sum, for Q4_1; Q8_K blocks, one float32 scale per 256 values, for K-quants. */
+enum { ACT_Q8_0, ACT_Q8_1, ACT_Q8_K };
+
+static inline int act_kind(const hs_mat *w) {
+    return w->fmt == FMT_I8 || w->fmt == FMT_K4 || w->fmt == FMT_K6 ? ACT_Q8_K : w->fmt == FMT_Q4_1 ? ACT_Q8_1 : ACT_Q8_0;
+}
+
+static inline float round_half(float x) { return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT)); }
+
+/* x's n values rounded as `kind` says: xq = x * 127 / max|x| to nearest even, the max
+   taken per block (Q8_0, Q8_1) or per 256 values (Q8_K). The scale is max / 127 in
+   float16 (Q8_0, Q8_1) or 1 / (127 / max) in float32 (Q8_K); sum is scale * sum(xq),
+   except Q8_1's, float16(max / 127 * sum(xq)). The same rules as window8.h's. */
+static void quantize8(const float *x, int n, int kind, act8 *out) {
+    const int nb = n / BLOCK;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    float top[nb];
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + b * BLOCK;
+        __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(xb));
+        for (int c = 1; c < 4; c++) a = _mm256_max_ps(a, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + 8 * c)));
+        top[b] = hmax8(a);
+    }
+    if (kind == ACT_Q8_K && nb % 8 == 0)     /* K-quant rows are whole 256s; Q5_1's (FMT_I8) may not be */
+        for (int g = 0; g < nb; g += 8) {
+            float most = top[g];
+            for (int b = g + 1; b < g + 8; b++) most = fmaxf(most, top[b]);
+            for (int b = g; b < g + 8; b++) top[b] = most;
+        }
+    for (int b = 0; b < nb; b++) {
+        const float inv = top[b] > 0.0f ? 127.0f / top[b] : 0.0f;
+        __m256i q[4];
+        for (int c = 0; c < 4; c++)
+            q[c] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + b * BLOCK + 8 * c), _mm256_set1_ps(inv)));
+        const __m256i sums = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(out->q + b * BLOCK),
+                            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        const float qsum = (float)_mm_cvtsi128_si32(t), d = top[b] / 127.0f;
+        out->scale[b] = kind == ACT_Q8_K ? (inv > 0.0f ? 1.0f / inv : 0.0f) : round_half(d);
+        out->sum[b] = kind == ACT_Q8_1 ? round_half(d * qsum) : out->scale[b] * qsum;
+        if (kind == ACT_Q8_K) {
+            const __m256i halves = _mm256_hadd_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(halves), _mm256_extracti128_si256(halves, 1));
+            /* h: lanes 0 and 1 sum values 0-15 (pairs of q[0] + q[1]), lanes 2 and 3 values 16-31 */
+            out->sum16[2 * b] = (int16_t)(_mm_extract_epi32(h, 0) + _mm_extract_epi32(h, 1));
+            out->sum16[2 * b + 1] = (int16_t)(_mm_extract_epi32(h, 2) + _mm_extract_epi32(h, 3));
+        }
+    }
+}
+
+/* Block b of row r as 32 bytes in order (unsigned for 4-bit formats and FMT_K6, whose
+   32 tile_k takes off; signed for the others), and its weight scale in each lane (two scales for a scale per 16 values).
+   fmt is w->fmt, a constant where this is inlined (see matmat8), so no branch on it
+   is left in the loops. */
+static inline __attribute__((always_inline)) __m256i block_weights(const hs_mat *w, const int fmt, int r, int nb,
+                                                                   int b, __m256 *scales) {
+    const size_t at = (size_t)r * nb + b;
+    const __m128i mask = _mm_set1_epi8(15);
+    if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_K4) {     /* byte j holds values j and j + 16 */
+        const __m128i v = _mm_loadu_si128((const __m128i *)(w->qs + at * 16));
+        if (fmt == FMT_K4) {
+            const size_t s = (size_t)r * (nb / 8) + b / 8;
+            *scales = _mm256_set1_ps(w->scales[2 * s] * (float)w->sub[16 * s + b % 8]);
+        } else {
+            *scales = _mm256_set1_ps(_cvtsh_ss(w->d[at]));
+        }
+        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+    }
+    if (fmt == FMT_K6) {            /* low nibbles as above, then the top bits (see row_k6) */
+        const uint8_t *qs = w->qs + at * 24;
+        const __m128i low = _mm_loadu_si128((const __m128i *)qs), two = _mm_set1_epi8(3);
+        const __m128i top = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(qs + 16)),
+                                               _mm_loadl_epi64((const __m128i *)(qs + 16)));
+        const __m128i top_a = _mm_blend_epi16(_mm_and_si128(top, two), _mm_and_si128(_mm_srli_epi16(top, 2), two), 0xF0);
+        const __m128i top_b = _mm_blend_epi16(_mm_and_si128(_mm_srli_epi16(top, 4), two),
+                                              _mm_and_si128(_mm_srli_epi16(top, 6), two), 0xF0);
+        const __m128i qa = _mm_or_si128(_mm_and_si128(low, mask), _mm_slli_epi16(top_a, 4));
+        const __m128i qb = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(low, 4), mask), _mm_slli_epi16(top_b, 4));
+        const float d = w->scales[(size_t)r * (nb / 8) + b / 8];
+        const int8_t *sc = (const int8_t *)w->sub + 2 * at;
+        *scales = _mm256_set_m128(_mm_set1_ps(d * (float)sc[1]), _mm_set1_ps(d * (float)sc[0]));
+        return _mm256_set_m128i(qb, qa);
+    }
+    if (fmt == FMT_I8)              /* a float scale per 16 values */
+        *scales = _mm256_set_m128(_mm_set1_ps(w->scales[2 * at + 1]), _mm_set1_ps(w->scales[2 * at]));
+    else
+        *scales = _mm256_set1_ps(_cvtsh_ss(w->d[at]));
+    return _mm256_loadu_si256((const __m256i *)(w->qs + at * 32));
+}
+
+/* Eight of row r's per-block offsets from block b (fewer at the row's end; zeros past it). */
+static inline __attribute__((always_inline)) __m256 block_offsets(const hs_mat *w, const int fmt, int r, int nb, int b) {
+    const size_t at = (size_t)r * nb + b;
+    if (nb - b < 8) {
+        float o[8] = {0};
+        for (int k = 0; k < nb - b; k++)
+            o[k] = fmt == FMT_Q4_1 ? _cvtsh_ss(w->m[at + k]) : fmt == FMT_Q4_0 ? -8.0f * _cvtsh_ss(w->d[at + k])
+                                                              : w->offsets[at + k];
+        return _mm256_loadu_ps(o);   /* FMT_K4 rows hold whole superblocks: never here */
+    }
+    if (fmt == FMT_Q4_1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->m + at)));
+    if (fmt == FMT_Q4_0) return _mm256_mul_ps(_mm256_set1_ps(-8.0f), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->d + at))));
+    if (fmt == FMT_K4) {
+        const size_t s = (size_t)r * (nb / 8) + b / 8;
+        const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->sub + 16 * s + 8))));
+        return _mm256_mul_ps(_mm256_set1_ps(-w->scales[2 * s + 1]), mins);
+    }
+    return _mm256_loadu_ps(w->offsets + at);
+}
+
+/* The activations' per-block sums from block b, zeros past the row's end. */
+static inline __m256 block_sums(const float *sum, int nb, int b) {
+    if (nb - b >= 8) return _mm256_loadu_ps(sum + b);
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_maskload_ps(sum + b, _mm256_cmpgt_epi32(_mm256_set1_epi32(nb - b), lanes));
+}
+
+/* Each token's offsets share, offset * the activations' block sum, into its lanes: Q4_0's
+   -8 d, Q4_1's m, Q4_K's -dmin * m, FMT_I8's offsets (none for Q8_0 and Q6_K). */
+static inline __attribute__((always_inline)) void add_offsets(const hs_mat *w, const int fmt, int r, const act8 *x,
+                                                              const int n, __m256 *acc) {
+    if (fmt == FMT_Q8_0 || fmt == FMT_K6 || (fmt == FMT_I8 && !w->offsets)) return;
+    const int nb = w->cols / BLOCK;
+    for (int b = 0; b < nb; b += 8) {
+        const __m256 o = block_offsets(w, fmt, r, nb, b);
+        for (int t = 0; t < n; t++) acc[t] = _mm256_fmadd_ps(o, block_sums(x[t].sum, nb, b), acc[t]);
+    }
+}
+
+enum { CHUNK = 4 };     /* tokens a tile keeps accumulators for: more spill them */
+
+/* Row r of W for n tokens of x, n <= CHUNK (n and fmt constants at each call, so the
+   loops unroll). A row and token get the same float steps in any tile: the tiles only
+   share the loops and the unpacking. */
+static inline __attribute__((always_inline)) void tile8(const hs_mat *w, const int fmt, int r, const act8 *x,
+                                                        const int n, float *y, int ystride) {
+    const int nb = w->cols / BLOCK;
+    const int unsigned_q = fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_K4;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[CHUNK];
+    for (int t = 0; t < n; t++) acc[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256 ws;
+        const __m256i q = block_weights(w, fmt, r, nb, b, &ws);
+        const __m256i aq = unsigned_q ? q : _mm256_sign_epi8(q, q);
+        for (int t = 0; t < n; t++) {
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)(x[t].q + b * BLOCK));
+            const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, unsigned_q ? xq : _mm256_sign_epi8(xq, q)), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(ws, _mm256_set1_ps(x[t].scale[b])), acc[t]);
+        }
+    }
+    add_offsets(w, fmt, r, x, n, acc);
+    for (int t = 0; t < n; t++) y[(size_t)t * ystride + r] = hsum8(acc[t]);
+}
+
+/* tile8 for Q4_K and Q6_K (FMT_K4, FMT_K6), whose activations have one scale per 256
+   values (Q8_K): as llama.cpp does, a superblock's products are summed in int32, each
+   block's (or half-block's) times its integer scale, and meet the floats once, d times
+   the activations' scale; Q4_K's mins go in with the offsets, as tile8's do. Q6_K's
+   quants meet the activations unsigned, and 32 * scale * sum(xq) per 16 values comes
+   off the integer sum. Integer sums are exact, so a token's floats are the same
+   sequence in any tile. */
+static inline __attribute__((always_inline)) void tile_k(const hs_mat *w, const int fmt, int r, const act8 *x,
+                                                         const int n, float *y, int ystride) {
+    const int nb = w->cols / BLOCK, supers = nb / 8;
+    __m256 acc[CHUNK];
+    for (int t = 0; t < n; t++) acc[t] = _mm256_setzero_ps();
+    for (int s = 0; s < supers; s++) {
+        const size_t at = (size_t)r * supers + s;
+        __m256i isum[CHUNK];
+        for (int t = 0; t < n; t++) isum[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const int b = 8 * s + j;
+            __m256 unused;
+            const __m256i q = block_weights(w, fmt, r, nb, b, &unused);
+            __m256i sc;                  /* the block's integer scale (per 16 for Q6_K), on its int16 lanes */
+            if (fmt == FMT_K4) {
+                sc = _mm256_set1_epi16(w->sub[16 * at + j]);
+            } else {
+                const int8_t *sub = (const int8_t *)w->sub + 16 * at + 2 * j;
+                sc = _mm256_set_m128i(_mm_set1_epi16(sub[1]), _mm_set1_epi16(sub[0]));
+            }
+            for (int t = 0; t < n; t++) {
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(x[t].q + b * BLOCK));
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, xq), sc));
+            }
+        }
+        if (fmt == FMT_K6) {
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w->sub + 16 * at)));
+            for (int t = 0; t < n; t++) {
+                const __m256i xs = _mm256_loadu_si256((const __m256i *)(x[t].sum16 + 16 * s));
+                isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(_mm256_madd_epi16(sc16, xs), 5));
+            }
+        }
+        const float d = fmt == FMT_K4 ? w->scales[2 * at] : w->scales[at];
+        for (int t = 0; t < n; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * x[t].scale[8 * s]), acc[t]);
+    }
+    add_offsets(w, fmt, r, x, n, acc);
+    for (int t = 0; t < n; t++) y[(size_t)t * ystride + r] = hsum8(acc[t]);
+}
+
+static inline __attribute__((always_inline)) void tile(const hs_mat *w, const int fmt, int r, const act8 *x,
+                                                       const int n, float *y, int ystride) {
+    if (fmt == FMT_K4 || fmt == FMT_K6) tile_k(w, fmt, r, x, n, y, ystride);
+    else tile8(w, fmt, r, x, n, y, ystride);
+}
+
+/* Rows r0..r1-1 of Y = W X for T tokens (token t's outputs at y + t * ystride), a row
+   at a time, its tokens CHUNK at a time. Tiles of four rows for a token or two, as
+   window8.h takes, were slower here: four rows' streams at once. */
+static inline __attribute__((always_inline)) void matmat8_fmt(const hs_mat *w, const int fmt, const act8 *x, int T,
+                                                              float *y, int ystride, const hs_mat *next, int r0, int r1) {
+    for (int r = r0; r < r1; r++) {
+        prefetch_ahead(w, next, r + AHEAD, 1);
+        for (int t = 0; t < T; t += CHUNK) {
+            float *yt = y + (size_t)t * ystride;
+            switch (T - t < CHUNK ? T - t : CHUNK) {
+            case 1: tile(w, fmt, r, x + t, 1, yt, ystride); break;
+            case 2: tile(w, fmt, r, x + t, 2, yt, ystride); break;
+            case 3: tile(w, fmt, r, x + t, 3, yt, ystride); break;
+            default: tile(w, fmt, r, x + t, 4, yt, ystride); break;
+            }
+        }
+    }
+}
+
+/* Rows r0..r1-1 of Y = W X for T tokens, the kernel specialised for W's format. */
+static void matmat8(const hs_mat *w, const act8 *x, int T, float *y, int ystride, const hs_mat *next, int r0, int r1) {
+    switch (w->fmt) {
+    case FMT_Q8_0: matmat8_fmt(w, FMT_Q8_0, x, T, y, ystride, next, r0, r1); break;
+    case FMT_Q4_0: matmat8_fmt(w, FMT_Q4_0, x, T, y, ystride, next, r0, r1); break;
+    case FMT_Q4_1: matmat8_fmt(w, FMT_Q4_1, x, T, y, ystride, next, r0, r1); break;
+    case FMT_K4: matmat8_fmt(w, FMT_K4, x, T, y, ystride, next, r0, r1); break;
+    case FMT_K6: matmat8_fmt(w, FMT_K6, x, T, y, ystride, next, r0, r1); break;
+    default: matmat8_fmt(w, FMT_I8, x, T, y, ystride, next, r0, r1); break;
+    }
+}
