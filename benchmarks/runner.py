@@ -28,6 +28,7 @@ from hetspec.core.errors import EngineDeadError
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 from hetspec.models import resolve_model
 from hetspec.scheduler.tokenizer import Tokenizer
+from hetspec.workers.common.extras import require_llama_cpp
 
 SCHEMA = "hetspec-bench/1"
 WARMUP_TOKENS = 8
@@ -205,6 +206,7 @@ def _warm_up(engine, in_process, methods, chosen, max_gamma, ids) -> None:
 def _peer(config, tokenizer):
     """llama.cpp on the target's own GGUF file (a target that is no GGUF file has no peer).
     Imported here: a run without peers (a GPU's) needs no llama.cpp."""
+    require_llama_cpp("the benchmark's llama.cpp peer")
     from hetspec.benchmarks.llama_peer import LlamaPeer
 
     model = resolve_model(config.target.model, "target")

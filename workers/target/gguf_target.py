@@ -1,6 +1,7 @@
 """A GGUF file's own weights as the target, on the CPU: run by hetspec's kernels
 (backend "native", native_target.py) or by llama.cpp (llama_target.py), batch-invariant
-either way. Imported only for those backends: it loads llama.cpp."""
+either way. Imported only for those backends; only the llama.cpp one loads llama.cpp (the
+extra "llama"), and only when chosen."""
 from __future__ import annotations
 
 import os
@@ -8,9 +9,18 @@ import os
 import numpy as np
 
 from hetspec.ipc.specs import TargetSpec
+from hetspec.workers.common.extras import require_llama_cpp
 from hetspec.workers.common.pinning import CoreLoan
-from hetspec.workers.target.llama_target import MAX_PASS, LlamaTarget
 from hetspec.workers.target.native_target import NativeTarget
+
+
+def llama_backend():
+    """The llama.cpp backend's module (llama_target.py), imported on first use; ImportError
+    in one line naming the extra to install where llama-cpp-python is missing."""
+    require_llama_cpp("the llama.cpp target backend")
+    from hetspec.workers.target import llama_target
+
+    return llama_target
 
 
 class GGUFTarget:
@@ -24,11 +34,12 @@ class GGUFTarget:
             self.model = NativeTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads, cache_root)
             self.kernels = f"native, batch-invariant ({self.model.max_window} tokens a pass): {self.model.description}"
         else:
-            self.model = LlamaTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads, cache_root)
+            llama = llama_backend()
+            self.model = llama.LlamaTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads, cache_root)
             head = "hetspec's Q8_0 kernel, a window at once" if self.model.head else \
                 f"llama.cpp's ({self.model.head_why})"
             self.kernels = f"llama.cpp, batch-invariant (no repacking, no tiled K-quant products, flash attention, " \
-                           f"{MAX_PASS} tokens a pass); output layer: {head}"
+                           f"{llama.MAX_PASS} tokens a pass); output layer: {head}"
         self.loan = CoreLoan(spec.cores, spec.borrow_cores, self.model.set_threads, spec.threads,
                              getattr(self.model, "thread_ids", None))
         self.n_vocab, self.eos = self.model.n_vocab, self.model.eos_token_ids

@@ -33,6 +33,7 @@ import numpy as np
 
 from hetspec.workers.common.llama_handles import free
 from hetspec.workers.kernels import output_head
+from hetspec.workers.target.windows import checked_window
 
 os.environ["GGML_CPU_TILED_MM"] = "0"     # ggml reads it once, at the process's first product
 
@@ -56,23 +57,6 @@ def float_products(path: str) -> list[str]:
     return [f"{name} {t.tensor_type.name}" for name, t in tensors.items()
             if len(t.shape) >= 2 and t.tensor_type.name in floats
             and not (name == "token_embd.weight" and "output.weight" in tensors)]   # a lookup, unless tied
-
-
-def checked_window(target, cache: int, tokens: Sequence[int], keep: int, rows: int) -> np.ndarray:
-    """A GGUF target's forward arguments, checked (ValueError naming the problem): the
-    token ids as int64. target has caches, lengths, n_ctx and n_vocab."""
-    ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-    n = ids.size
-    if not 0 <= cache < target.caches:
-        raise ValueError(f"cache {cache} is not one of the {target.caches} this target has")
-    if n == 0 or not 1 <= rows <= n:
-        raise ValueError(f"forward needs tokens and 1..{n} rows, got {n} tokens and {rows} rows")
-    if not 0 <= keep <= target.lengths[cache] or keep + n > target.n_ctx:
-        raise ValueError(f"positions {keep}..{keep + n - 1} do not follow the {target.lengths[cache]} cached "
-                         f"or do not fit in {target.n_ctx}")
-    if ids.min() < 0 or ids.max() >= target.n_vocab:
-        raise ValueError(f"token ids must be in [0, {target.n_vocab})")
-    return ids
 
 
 class LlamaTarget:

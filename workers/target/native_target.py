@@ -22,9 +22,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hetspec.workers.common import gguf_vocab
 from hetspec.workers.draft.native import NativeDraftModel
 from hetspec.workers.kernels import output_head
-from hetspec.workers.target.llama_target import checked_window
+from hetspec.workers.target.windows import checked_window
 
 
 class NativeTarget:
@@ -110,16 +111,6 @@ class NativeTarget:
 
 
 def end_of_generation_tokens(path: str) -> list[int]:
-    """The file's end-of-generation tokens, as llama.cpp's vocabulary reads them."""
-    import llama_cpp
-
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(os.fsencode(path), params)
-    if not model:
-        raise RuntimeError(f"llama.cpp failed to read the vocabulary of {path}")
-    try:
-        vocab = llama_cpp.llama_model_get_vocab(model)
-        return [t for t in range(llama_cpp.llama_vocab_n_tokens(vocab)) if llama_cpp.llama_vocab_is_eog(vocab, t)]
-    finally:
-        llama_cpp.llama_model_free(model)
+    """The file's end-of-generation tokens, as llama.cpp's vocabulary reads them (from the
+    file's metadata: no llama.cpp needed)."""
+    return gguf_vocab.end_of_generation_tokens(path)

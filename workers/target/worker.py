@@ -90,11 +90,13 @@ def resolve_backend(spec: TargetSpec) -> str:
 def load(spec: TargetSpec):
     backend = resolve_backend(spec)
     if backend in GGUF_TARGET_BACKENDS:
-        # before threads spread: it brings llama.cpp's OpenMP runtime (a transformers
-        # target, on a GPU say, needs no llama.cpp at all)
         from hetspec.workers.draft.native import Unsupported
         from hetspec.workers.kernels.build import KernelUnavailable
-        from hetspec.workers.target.gguf_target import GGUFTarget
+        from hetspec.workers.target.gguf_target import GGUFTarget, llama_backend
+        if backend == "llama.cpp":
+            # before threads spread: it brings llama.cpp's OpenMP runtime (the native
+            # backend and a transformers target, on a GPU say, need no llama.cpp at all)
+            llama_backend()
     set_torch_threads(spec.threads)
     pin_threads(spec.cores, spec.threads)
     start = time.perf_counter()
