@@ -108,14 +108,31 @@ def test_auto_picks_native_only_for_a_gguf_file_in_float32_on_the_cpu():
     assert resolve_backend(spec("builtin:smollm2", backend="llama.cpp")) == "llama.cpp"
 
 
-def test_auto_runs_a_file_the_native_target_refuses_through_transformers(random_f32):
-    """Backend "auto" on a float32 file, whose weights the native kernels refuse: the
-    transformers target runs it and says why; speculation keeps its greedy output."""
+def test_auto_runs_a_file_the_native_target_refuses_through_llama_cpp(random_f32, tmp_path):
+    """Backend "auto" on a Q3_K_M file, a block type the native kernels do not read: the
+    llama.cpp target runs it, exact, and says why; never the float32 transformers model."""
     import hetspec
+
+    path = quantize(random_f32, str(tmp_path / "q3_k_m.gguf"), "MOSTLY_Q3_K_M")
+    assert "Q3_K" in tensor_types(path)
+    with hetspec.launch(_engine_config(path, path, backend="auto")) as engine:
+        target = engine.get_info()["target"]
+        assert target["backend"] == "llama.cpp"
+        assert "backend auto: no native target" in target["kernels"] and "Q3_K" in target["kernels"]
+        alone = engine.generate("Once upon a time", max_new_tokens=24, mode="target")
+        assert engine.generate("Once upon a time", max_new_tokens=24, mode="duodec").token_ids == alone.token_ids
+
+
+def test_auto_runs_a_float_file_in_its_own_float32(random_f32):
+    """A float32 file: the native kernels refuse float weights, and llama.cpp does where its
+    float products are not batch-invariant (llamafile's sgemm); the transformers target then
+    runs the file's own float32 weights, and says why."""
+    import hetspec
+    from hetspec.workers.target.llama_target import LLAMAFILE
 
     with hetspec.launch(_engine_config(random_f32, random_f32, backend="auto")) as engine:
         target = engine.get_info()["target"]
-        assert target["backend"] == "transformers"
+        assert target["backend"] == ("transformers" if LLAMAFILE else "llama.cpp")
         assert "backend auto: no native target" in target["kernels"] and "F32" in target["kernels"]
         alone = engine.generate("Once upon a time", max_new_tokens=24, mode="target")
         assert engine.generate("Once upon a time", max_new_tokens=24, mode="duodec").token_ids == alone.token_ids

@@ -79,12 +79,28 @@ def resolve_device(configured: str) -> str:
 
 def resolve_backend(spec: TargetSpec) -> str:
     """Backend "auto": a GGUF file's own blocks (native) where the target runs one in
-    float32 on the CPU; transformers on CUDA, for a checkpoint or a random model, or in
-    another dtype (docs/usage.md says why)."""
+    float32 on the CPU (where the native kernels refuse the file, llama.cpp: _auto_fallback);
+    transformers on CUDA, for a checkpoint or a random model, or in another dtype
+    (docs/usage.md says why)."""
     if spec.backend != "auto":
         return spec.backend
     on_cpu = resolve_device(spec.device) == "cpu"
     return "native" if on_cpu and spec.model.gguf_file and spec.dtype == "float32" else "transformers"
+
+
+def _auto_fallback(spec: TargetSpec, why: str):
+    """(backend, state) for a GGUF file the native kernels refuse, under backend "auto":
+    llama.cpp, exact and of any architecture (a missing extra is an error that names it);
+    transformers only where llama.cpp refuses too (float weights it multiplies otherwise
+    in a batch), the file's own float32. The kernels line says why."""
+    from hetspec.workers.target.gguf_target import GGUFTarget
+
+    try:
+        state = GGUFTarget(dataclasses.replace(spec, backend="llama.cpp"))
+    except ValueError as exc:
+        return "transformers", TransformersTarget(spec, f" (backend auto: {why}; nor llama.cpp: {exc})")
+    state.kernels += f" (backend auto: {why})"
+    return "llama.cpp", state
 
 
 def load(spec: TargetSpec):
@@ -106,7 +122,7 @@ def load(spec: TargetSpec):
         except (KernelUnavailable, Unsupported) as exc:
             if spec.backend != "auto":
                 raise
-            backend, state = "transformers", TransformersTarget(spec, f" (backend auto: no native target: {exc})")
+            backend, state = _auto_fallback(spec, f"no native target: {exc}")
     else:
         state = TransformersTarget(spec)
     hello = WorkerHello(role="target", pid=os.getpid(), n_vocab=state.n_vocab, device=state.device,
