@@ -1,7 +1,9 @@
 """The methods compared side by side (docs/design.md, "Measuring"), by name.
 
 Baselines run in the benchmark process with transformers, and the peers with
-llama.cpp on the target's own GGUF file (benchmarks/llama_peer.py); everything else is
+llama.cpp on the target's own GGUF file: its own C++ binaries (kind "cpp",
+benchmarks/llama_bin.py, built by scripts/build_llama_cpp.sh), and llama-cpp-python
+in a Python loop (kind "peer", benchmarks/llama_peer.py); everything else is
 a request to one running engine, differing only in mode, sequences and gamma,
 but for the "poor draft" methods: a second engine whose draft never agrees
 with the target (a tiny random model), to show what a bad draft costs.
@@ -22,19 +24,19 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Method:
     name: str
-    kind: str                   # "baseline" (transformers, in-process), "peer" (llama.cpp, in-process), "engine",
-                                # or "poor" (the poor-draft engine)
+    kind: str                   # "baseline" (transformers, in-process), "peer" (llama-cpp-python, in-process),
+                                # "cpp" (llama.cpp's binaries), "engine", or "poor" (the poor-draft engine)
     label: str                  # how the report names it
     mode: str = ""              # engine: "duodec", "sequential" or "target"; baseline: "vanilla" or "pld";
-                                # peer: "plain" or "pld"
+                                # peer: "plain" or "pld"; cpp: "bench", "spec", "ngram-simple" or "ngram-mod"
     sequences: int | str | None = None     # engine duodec: 1, 2, 3 or "dynamic"
     gamma_offset: int | None = None        # engine: gamma = chosen + offset; None: the chosen gamma
     speculation: str | None = None         # engine: "always" forces speculation; None: the engine's ("auto")
-    threads: int | None = None             # peer: None for every core of the benchmark process
+    threads: int | None = None             # peer, cpp: None for every core of the benchmark process
 
     def gamma(self, chosen: int, max_gamma: int) -> int | None:
         """The draft budget this method runs with (None for methods that do not draft)."""
-        if self.kind in ("baseline", "peer") or self.mode == "target":
+        if self.kind in ("baseline", "peer", "cpp") or self.mode == "target":
             return None
         return min(max(1, chosen + (self.gamma_offset or 0)), max_gamma)
 
@@ -49,13 +51,22 @@ class Method:
 
 
 FORCED = "always"          # a request's speculation: every round speculates
-PEER = "llama.cpp"         # every speedup is also given over this method: llama.cpp on every core
+PEER = "llama.cpp"         # llama.cpp on every core through llama-cpp-python: results' vs_llama divides by it
+CPP_PEER = "llama-bench"   # llama.cpp's own llama-bench on every core: the report's "vs llama.cpp", where it ran
 
 METHODS = {m.name: m for m in [
     Method("vanilla", "baseline", "Vanilla (transformers generate)", "vanilla"),
-    Method("llama.cpp-1t", "peer", "llama.cpp on the target's GGUF, 1 thread", "plain", threads=1),
-    Method(PEER, "peer", "llama.cpp on the target's GGUF, every core", "plain"),
-    Method("llama.cpp-pld", "peer", "llama.cpp prompt lookup, every core (greedy)", "pld"),
+    Method("llama.cpp-1t", "peer", "llama.cpp via llama-cpp-python (Python loop), 1 thread", "plain", threads=1),
+    Method(PEER, "peer", "llama.cpp via llama-cpp-python (Python loop), every core", "plain"),
+    Method("llama.cpp-pld", "peer", "llama.cpp via llama-cpp-python, prompt lookup, every core (greedy)", "pld"),
+    Method("llama-bench-1t", "cpp", "llama.cpp (llama-bench, C++), 1 thread", "bench", threads=1),
+    Method(CPP_PEER, "cpp", "llama.cpp (llama-bench, C++), every core", "bench"),
+    Method("llama-spec", "cpp", "llama.cpp speculative (llama-speculative-simple, C++, the draft's GGUF; greedy)",
+           "spec"),
+    Method("llama-ngram-simple", "cpp", "llama.cpp n-gram speculation (llama-speculative-simple ngram-simple, C++; "
+           "greedy)", "ngram-simple"),
+    Method("llama-ngram-mod", "cpp", "llama.cpp n-gram speculation (llama-speculative-simple ngram-mod, C++; greedy)",
+           "ngram-mod"),
     Method("target", "engine", "Engine, target only", "target"),
     Method("sps", "engine", "SpS (engine, sequential)", "sequential"),
     Method("sps-fixed", "engine", "SpS, gamma fixed at the budget", "sequential", None, 0, FORCED),
@@ -77,11 +88,12 @@ SWEEP = ("gamma-2", "gamma-1", "duodec", "gamma+1", "gamma+2")
 GROUPS = {
     "all": tuple(METHODS),
     "baselines": ("vanilla", "target", "sps", "sps-fixed", "pld"),
-    "peers": ("llama.cpp-1t", PEER, "llama.cpp-pld"),
+    "peers": ("llama.cpp-1t", PEER, "llama.cpp-pld", "llama-bench-1t", CPP_PEER, "llama-spec", "llama-ngram-simple",
+              "llama-ngram-mod"),
     "sequences": ("duodec-s1", "duodec-s2", "duodec-s3", "duodec"),
     "sweep": SWEEP,
     "poor": ("poor", "poor-forced"),
-    "headline": ("vanilla", PEER, "target", "sps", "duodec", "poor", "poor-forced"),
+    "headline": ("vanilla", PEER, CPP_PEER, "target", "sps", "duodec", "poor", "poor-forced"),
 }
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hetspec.benchmarks.checks import check_results
 from hetspec.benchmarks.data import TITLES
+from hetspec.benchmarks.llama_bin import REFERENCE, summarize, versus
 from hetspec.benchmarks.methods import PEER, SWEEP
 from hetspec.benchmarks.metrics import aggregate
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
@@ -26,6 +27,7 @@ def render_report(doc: dict, plots: list[str] = ()) -> str:
     for decoding in s["decodings"]:
         lines += _table1(doc, decoding)
     lines += _tokens_table(doc)
+    lines += _llama_cpp(doc)
     lines += _table2(doc)
     lines += _acceptance_table(doc)
     lines += _table3(doc)
@@ -129,11 +131,19 @@ def _methods_table(doc: dict) -> list[str]:
         gamma = "-" if m.get("gamma") is None else f"{m['gamma']}, rebalanced" if m.get("rebalanced") else m["gamma"]
         seqs = "-" if m.get("sequences") is None else m["sequences"]
         rows.append([f"`{name}`", m["label"], str(gamma), str(seqs), m["dtype"], where])
+    section = doc.get("llama_cpp") or {}
+    for name, m in section.get("methods", {}).items():
+        lengths = f", draft `{Path(m['draft']).name}`" if m.get("draft") else ""
+        where = (f"{m['device']}, cores {m['cores']} (taskset), {m['threads']} thread(s) (`{m['tool']}`{lengths}; "
+                 f"{m['settings']})")
+        rows.append([f"`{name}`", m["label"], "-", "-", m["dtype"], where])
+    note = [f"{section['missing']}.", ""] if section.get("missing") else []
     return ["## Methods and resources", "",
-            *_table(["method", "what", "gamma", "sequences", "dtype", "cores and threads"], rows), ""]
+            *_table(["method", "what", "gamma", "sequences", "dtype", "cores and threads"], rows), "", *note]
 
 
 def _table1(doc: dict, decoding: str) -> list[str]:
+    vs_llama, about = _vs_llama(doc)
     cats = doc["settings"]["categories"]
     res = doc["results"][decoding]
     rows = []
@@ -142,13 +152,12 @@ def _table1(doc: dict, decoding: str) -> list[str]:
         rows.append([f"`{name}`", *[_x(cells.get(c, {}).get("speedup")) for c in cats],
                      _x(cells.get("average", {}).get("speedup"), bold=True),
                      _x(cells.get("average", {}).get("vs_target"), bold=True),
-                     _x(cells.get("average", {}).get("vs_llama"), bold=True),
+                     _x(vs_llama(decoding, name), bold=True),
                      _f(cells.get("average", {}).get("tokens_per_s"))])
     title = f"## Table 1 ({decoding}): speedup over vanilla, over the engine's target-only mode, and over llama.cpp"
     note = ("Per category: over vanilla. The target-only column divides by the engine running the target alone "
             "(`target`), which has the engine's kernels but no draft: it is the speculative gain alone. The "
-            f"llama.cpp column divides by `{PEER}`: llama.cpp decoding the target's GGUF file on every core, "
-            "what a CPU user would run instead.")
+            f"llama.cpp column: {about}.")
     return [title, "", note, "", *_table(["method", *[TITLES[c] for c in cats], "Avg. vs vanilla",
                                           "Avg. vs target-only", "Avg. vs llama.cpp", "tok/s (avg)"], rows), ""]
 
@@ -162,6 +171,74 @@ def _tokens_table(doc: dict) -> list[str]:
                  _f(res.get(n, {}).get("average", {}).get("tokens_per_s"))] for n in doc["methods"]]
         out += [f"{decoding}:", "", *_table(["method", *[TITLES[c] for c in cats], "Avg."], rows), ""]
     return out
+
+
+def _vs_llama(doc: dict):
+    """(figure(decoding, method), what it divides by): the report's "vs llama.cpp" divides the
+    decode tok/s after the first token by llama-bench's at the same prompts where that row
+    ran; else results.json's vs_llama (tok/s over the llama-cpp-python row's)."""
+    cpp = versus(doc)
+    if cpp:
+        return (lambda d, name: cpp.get(d, {}).get(name, {}).get("average"),
+                (f"decode tok/s after the first token over `{REFERENCE}`'s, llama.cpp's own C++ benchmark decoding "
+                 "the same GGUF file at each prompt's depth on every core (per category, then averaged; see "
+                 "\"llama.cpp's own binaries\")"))
+    why = (doc.get("llama_cpp") or {}).get("missing")
+    return (lambda d, name: doc["results"][d].get(name, {}).get("average", {}).get("vs_llama"),
+            (f"tok/s over `{PEER}`'s: llama.cpp via llama-cpp-python (a Python loop) decoding the target's GGUF file "
+             "on every core" + (f". {why[0].upper()}{why[1:]}" if why else "")))
+
+
+def _llama_cpp(doc: dict) -> list[str]:
+    """llama.cpp's own C++ programs beside the engine: decode tok/s per category."""
+    section = doc.get("llama_cpp") or {}
+    if not section:
+        return []
+    lines = ["## llama.cpp's own binaries (C++)", ""]
+    if section.get("missing"):
+        return lines + [f"{section['missing']}.", ""]
+    cats = doc["settings"]["categories"]
+    results = summarize(section.get("runs", []), cats)
+    first = next(iter(doc["settings"]["decodings"]))
+    rows = []
+    for name, m in section["methods"].items():
+        cells = results.get(name, {})
+        what = f"{m['tool']}{'' if m['mode'] in ('bench', 'spec') else ' ' + m['mode']}, {m['threads']} thread(s)"
+        if "draft_length" in cells:
+            what += f", `--spec-draft-n-max` {cells['draft_length']} (" + ", ".join(
+                f"{n}: {_f(v['decode_tokens_per_s'])}" for n, v in cells["by_draft_length"].items()) + " tok/s)"
+        rows.append([f"`{name}`", what, *[_f(cells.get(c, {}).get("decode_tokens_per_s")) for c in cats],
+                     _f(cells.get("average", {}).get("decode_tokens_per_s"), bold=True),
+                     "none drafted" if cells.get("average", {}).get("drafted") == 0 else
+                     _pct(cells.get("average", {}).get("acceptance_rate"))])
+    for name in (PEER, "target", "sps", "duodec"):
+        cells = doc["results"].get(first, {}).get(name)
+        if cells:
+            rows.append([f"`{name}`", f"{first}, after the first token",
+                         *[_f(cells.get(c, {}).get("decode_tokens_per_s")) for c in cats],
+                         _f(cells.get("average", {}).get("decode_tokens_per_s"), bold=True),
+                         _pct(cells.get("average", {}).get("acceptance_rate"))])
+    lines += [("Decode tok/s on the target's GGUF file, per category pooled over its prompts, beside the engine's "
+               "and llama-cpp-python's decode tok/s after their first token. `llama-bench`: "
+               "`llama-bench -p 0 -n NEW -d PROMPT -r 3 -o json` per prompt (NEW one-token decodes after a "
+               "PROMPT-token context: the positions the engine decodes), the mean of the repetitions. "
+               "`llama-speculative-simple` (greedy, the prompt's text): its \"decoded N tokens in S seconds\", "
+               "from the prompt's last token; the draft-model row keeps the draft length fastest on average. "
+               "Same cores as the benchmark process; every C++ row runs once per prompt, interleaved with the "
+               "other methods."), "",
+              *_table(["row", "what", *[TITLES[c] for c in cats], "Avg. decode tok/s", "acceptance"], rows), ""]
+    for name, why in section.get("skipped", {}).items():
+        lines.append(f"- `{name}` not run: {why}.")
+    for file, load in section.get("load_ms", {}).items():
+        lines.append(f"- llama.cpp's own load time of `{file}`: " + (
+            f"{load['load_ms']:.0f} ms (llama-completion's `load time`: the model and a context, up to its "
+            "first evaluation)" if "load_ms" in load else f"not measured ({load.get('error')})"))
+    errors = [r for r in section.get("runs", []) if "error" in r]
+    if errors:
+        lines.append(f"- {len(errors)} C++ run(s) failed, the first: {errors[0]['method']}: {errors[0]['error']}")
+    lines.append(f"- Binaries: `{section.get('binaries')}`" + (
+        " (" + "; ".join(section["build_info"].splitlines()[:3]) + ")" if section.get("build_info") else ""))
+    return lines + [""]
 
 
 def _table2(doc: dict) -> list[str]:
@@ -209,6 +286,7 @@ def _table3(doc: dict) -> list[str]:
     if len(present) < 2:
         return []
     gammas = [doc["methods"][n]["gamma"] for n in present]
+    vs_llama, _ = _vs_llama(doc)
     header = ["", *[f"{n} (gamma {g})" if n != "duodec" else
                     f"**chosen (gamma {g}{', rebalanced' if doc['methods'][n].get('rebalanced') else ''})**"
                     for n, g in zip(present, gammas, strict=True)]]
@@ -219,7 +297,7 @@ def _table3(doc: dict) -> list[str]:
         rows.append([f"{d} speedup", *[_x(res.get(n, {}).get("average", {}).get("speedup")) for n in present]])
         rows.append([f"{d} vs target-only", *[_x(res.get(n, {}).get("average", {}).get("vs_target"))
                                                for n in present]])
-        rows.append([f"{d} vs llama.cpp", *[_x(res.get(n, {}).get("average", {}).get("vs_llama")) for n in present]])
+        rows.append([f"{d} vs llama.cpp", *[_x(vs_llama(d, n)) for n in present]])
         rows.append([f"{d} tokens/round",
                      *[_f(res.get(n, {}).get("average", {}).get("mean_accepted_per_round"), 2) for n in present]])
     return ["## Table 3: gamma sweep around the chosen budget (dynamic sequences)", "", *_table(header, rows), ""]
@@ -249,13 +327,14 @@ def _poor_draft(doc: dict) -> list[str]:
     names = [n for n in ("target", "poor", "poor-forced", "duodec") if n in doc["methods"]]
     if "poor" not in names:
         return []
+    vs_llama, _ = _vs_llama(doc)
     rows = []
     for d in doc["settings"]["decodings"]:
         for name in names:
             avg = doc["results"][d].get(name, {}).get("average", {})
             tokens = avg.get("new_tokens")
             rows.append([d, f"`{name}`", _f(avg.get("tokens_per_s")), _x(avg.get("vs_target")),
-                         _x(avg.get("vs_llama")), _pct(avg.get("acceptance_rate")),
+                         _x(vs_llama(d, name)), _pct(avg.get("acceptance_rate")),
                          _pct(avg.get("rested", 0) / tokens if tokens else None)])
     draft = doc["engine"].get("poor_draft")
     return ["## A poor draft", "",
@@ -364,9 +443,11 @@ def _definitions(doc: dict) -> list[str]:
              "vs target-only: over the engine's `target` method's."),
             ("- TTFT: time until the first new token is out (baselines: a generate streamer; engine: the "
              "client's first streamed text)."),
-            ("- llama.cpp (the `llama.cpp*` rows) decodes the target's own GGUF file through llama-cpp-python's C API "
-             "with llama.cpp's default settings, in the benchmark process; greedy reads each step's argmax from "
-             "the logits with numpy, sampling uses llama.cpp's sampler chain (temperature, top-p, a seeded draw)."),
+            ("- llama.cpp via llama-cpp-python (the `llama.cpp*` rows) decodes the target's own GGUF file through "
+             "llama-cpp-python's C API with llama.cpp's default settings, in the benchmark process; greedy reads "
+             "each step's argmax from the logits with numpy, sampling uses llama.cpp's sampler chain (temperature, "
+             "top-p, a seeded draw). The `llama-*` rows run llama.cpp's own C++ programs on the same file and "
+             "cores (scripts/build_llama_cpp.sh; their section above)."),
             ("- Vanilla and PLD run in the benchmark process and may use every core; the engine's draft and target "
              f"each own their cores{borrow}. A busy machine (see the load average) hurts multi-threaded "
              "baselines most: compare runs made under similar load."), ""]
@@ -378,8 +459,9 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def _f(value, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+def _f(value, digits: int = 1, bold: bool = False) -> str:
+    text = "-" if value is None else f"{value:.{digits}f}"
+    return f"**{text}**" if bold and value is not None else text
 
 
 def _x(value, bold: bool = False) -> str:
@@ -399,6 +481,9 @@ def main(argv=None) -> int:
     doc = json.loads(path.read_text())
     doc["results"] = aggregate(doc)      # the figures, and the rules, may have changed since the run
     doc["checks"] = check_results(doc)
+    if doc.get("llama_cpp", {}).get("runs"):
+        doc["llama_cpp"]["results"] = summarize(doc["llama_cpp"]["runs"], doc["settings"]["categories"])
+        doc["llama_cpp"]["vs"] = versus(doc)
     path.write_text(json.dumps(doc, indent=1))
     plots = sorted(str(p) for p in path.parent.glob("*.png"))
     print(write_report(doc, path.parent, plots))

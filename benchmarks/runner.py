@@ -14,13 +14,14 @@ import sys
 import time
 import zlib
 from datetime import UTC, datetime
+from pathlib import Path
 
 from hetspec.benchmarks.baselines import Baselines
 from hetspec.benchmarks.ceiling import measure_ceiling
 from hetspec.benchmarks.data import load_prompts
 from hetspec.benchmarks.engine_runs import EngineHolder, poor_draft_config, run_engine
 from hetspec.benchmarks.machine import describe_machine
-from hetspec.benchmarks.methods import Method, select_methods
+from hetspec.benchmarks.methods import CPP_PEER, PEER, Method, select_methods
 from hetspec.benchmarks.metrics import aggregate
 from hetspec.benchmarks.settings import DECODINGS, BenchSettings, engine_config, split_config
 from hetspec.config import load_config
@@ -41,6 +42,9 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
     config_dict = engine_config(config_dict, settings.dtype)
     config = load_config(config_dict)
     methods = select_methods(settings.methods)
+    requested = {m.name for m in methods}
+    cpp_rows = [m for m in methods if m.kind == "cpp"]      # llama.cpp's binaries: results.json "llama_cpp"
+    methods = [m for m in methods if m.kind != "cpp"]
     prompts = load_prompts(settings.categories, settings.limit, settings.max_new_tokens)
     tokenizer = Tokenizer(resolve_model(config.target.model, "target"))
     use_chat = _use_chat(settings.prompt_format, tokenizer)
@@ -52,12 +56,13 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
     runs: list[dict] = []
     _quiet_transformers()
 
-    _log(settings, f"hetspec-bench: {len(prompts)} prompts x {len(methods)} methods x {len(settings.decodings)} "
-                   f"decodings; starting the engine ({config.target.model}, "
+    cpp_note = f" (+ {len(cpp_rows)} of llama.cpp's binaries, once a prompt)" if cpp_rows else ""
+    _log(settings, f"hetspec-bench: {len(prompts)} prompts x {len(methods)} methods{cpp_note} x "
+                   f"{len(settings.decodings)} decodings; starting the engine ({config.target.model}, "
                    f"{config.target.backend if config.target.backend != 'transformers' else config.target.dtype})")
     clock.start("engine_start")            # load both models, measure the budget
     holder = EngineHolder(config_dict)
-    poor = None
+    poor = cpp = None
     try:
         clock.stop("engine_start")
         info = holder.info
@@ -74,6 +79,15 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
                 if not settings.baseline_threads:
                     first, longest = prompt_ids[prompts[0].key], max(prompt_ids.values(), key=len)
                     baselines.choose_threads([first] if longest is first else [first, longest])
+        llama_cpp: dict = {}
+        if cpp_rows:
+            with clock("llama_cpp_load"):
+                cpp, llama_cpp = _cpp_peer(settings, config, tokenizer, cpp_rows, info)
+            if cpp is None:
+                cpp_rows = []
+                names = [m.name for m in methods]
+                if CPP_PEER in requested and PEER not in names:
+                    methods = select_methods([*names, PEER])     # the llama-cpp-python row in its place
         peer = None
         if any(m.kind == "peer" for m in methods):
             with clock("peer_load"):
@@ -87,13 +101,18 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
                     _warm_up(poor.engine, (None, None), [m for m in methods if m.kind == "poor"], chosen, max_gamma,
                              prompt_ids[prompts[0].key])
         clock.start("runs")
-        bar = _progress(settings, len(prompts) * len(methods) * len(settings.decodings))
+        bar = _progress(settings, len(prompts) * (len(methods) * len(settings.decodings) + len(cpp_rows)))
         for decoding in settings.decodings:
             params = DECODINGS[decoding]
             for prompt in prompts:
                 ids, seed = prompt_ids[prompt.key], zlib.crc32(prompt.key.encode())
-                for method in methods:
+                # llama.cpp's binaries decode each prompt once (greedy, or no sampling at all: llama-bench)
+                for method in [*methods, *(cpp_rows if decoding == settings.decodings[0] else [])]:
                     bar.set_postfix_str(f"{decoding} {prompt.category} {method.name}", refresh=False)
+                    if method.kind == "cpp":
+                        llama_cpp["runs"].append(_run_cpp(cpp, method, prompt, ids, settings))
+                        bar.update(1)
+                        continue
                     record = {"method": method.name, "category": prompt.category, "question_id": prompt.question_id,
                               "decoding": decoding, "prompt_tokens": len(ids), "max_new_tokens": prompt.max_new_tokens,
                               "seed": seed if decoding != "greedy" else None}
@@ -120,6 +139,8 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
             poor.close()
         if peer is not None:
             peer.close()
+        if cpp is not None:
+            cpp.close()
     with clock("ceiling"):
         ceiling = _ceiling(settings, config, prompts, prompt_ids, info)
     doc = {
@@ -155,6 +176,12 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
     }
     doc["results"] = aggregate(doc)
     _add_ceiling_fraction(doc)
+    if llama_cpp:
+        from hetspec.benchmarks.llama_bin import summarize, versus
+
+        doc["llama_cpp"] = llama_cpp
+        llama_cpp["results"] = summarize(llama_cpp["runs"], settings.categories)
+        llama_cpp["vs"] = versus(doc)
     return doc
 
 
@@ -214,6 +241,74 @@ def _peer(config, tokenizer):
         raise ValueError(f"the llama.cpp peer needs a GGUF target, got {config.target.model!r}: leave out the peers "
                          "(--methods) for this config")
     return LlamaPeer(model.file, config.server.max_context + 512, tokenizer.eos_token_ids)
+
+
+def _cpp_peer(settings, config, tokenizer, rows: list[Method], info: dict):
+    """llama.cpp's own binaries on the target's GGUF file (benchmarks/llama_bin.py), and the
+    results.json section they fill; (None, {"missing": why}) when they are not built."""
+    from hetspec.benchmarks.llama_bin import LlamaBinaries, find_binaries, missing_line
+
+    target = resolve_model(config.target.model, "target")
+    if not target.gguf_file:
+        raise ValueError(f"llama.cpp's rows need a GGUF target, got {config.target.model!r}: leave out the peers "
+                         "(--methods) for this config")
+    bin_dir = find_binaries()
+    if bin_dir is None:
+        _log(settings, missing_line(), always=True)
+        return None, {"missing": missing_line(), "methods": {}, "runs": []}
+    draft = resolve_model(config.draft.model, "draft")
+    shared = (info.get("vocabulary") or {}).get("shared", True)
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cpp = LlamaBinaries(bin_dir, target.file, draft.file if draft.gguf_file else None, cores,
+                        _detokenizer(tokenizer), repack=_repacks(target.file))
+    section = {"binaries": str(bin_dir), "build_info": cpp.build_info, "cores": cores, "methods": {}, "skipped": {},
+               "runs": [], "load_ms": {}}
+    for m in rows:
+        why = cpp.skip_reason(m.mode, shared)
+        if why:
+            section["skipped"][m.name] = why
+        else:
+            section["methods"][m.name] = {"label": m.label, "kind": m.kind, "mode": m.mode,
+                                          **cpp.resources(m.mode, m.threads)}
+    for file in dict.fromkeys([target.file, *([cpp.draft] if "llama-spec" in section["methods"] else [])]):
+        try:
+            section["load_ms"][Path(file).name] = cpp.load_time(file)
+        except (RuntimeError, ValueError, OSError) as exc:
+            section["load_ms"][Path(file).name] = {"error": str(exc)}
+    rows[:] = [m for m in rows if m.name in section["methods"]]
+    return cpp, section
+
+
+def _repacks(path: str) -> bool:
+    """Whether llama.cpp's repacked weights run here (llama_handles probes a CPU with AMX)."""
+    try:
+        from hetspec.workers.common.llama_handles import repacked_weights_run
+    except ImportError:            # no llama-cpp-python: no probe (and no AMX build of it to probe)
+        return True
+    return repacked_weights_run(path)
+
+
+def _run_cpp(cpp, method: Method, prompt, ids: list[int], settings) -> dict:
+    record = {"method": method.name, "category": prompt.category, "question_id": prompt.question_id,
+              "prompt_tokens": len(ids), "max_new_tokens": prompt.max_new_tokens}
+    try:
+        record.update(cpp.run(method.mode, method.threads, ids, prompt.max_new_tokens))
+    except Exception as exc:  # noqa: BLE001 - one failed run must not sink the suite
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        _log(settings, f"\n{method.name} on {prompt.key} failed: {record['error']}")
+    return record
+
+
+def _detokenizer(tokenizer: Tokenizer):
+    """Prompt ids -> the text llama.cpp tokenizes back to them (special tokens spelt out;
+    without the start tokens, which llama.cpp adds itself)."""
+    start = tokenizer.encode_start()
+
+    def text(ids: list[int]) -> str:
+        ids = ids[len(start):] if start and ids[:len(start)] == start else ids
+        return tokenizer.hf.decode(ids, skip_special_tokens=False)
+
+    return text
 
 
 def _resources(methods, info: dict, baselines, peer, dtype: str) -> dict:
@@ -324,6 +419,6 @@ def _progress(settings, total: int):
     return tqdm(total=total, desc="hetspec-bench", unit="run", disable=not settings.progress, dynamic_ncols=True)
 
 
-def _log(settings, message: str) -> None:
-    if settings.progress:
+def _log(settings, message: str, always: bool = False) -> None:
+    if settings.progress or always:
         print(message, file=sys.stderr, flush=True)

@@ -5,6 +5,7 @@ results.json and the plots are produced and that the numbers are consistent
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from hetspec.benchmarks.methods import FORCED, METHODS
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 NEW_TOKENS = 8
+PER_RUN = [name for name, m in METHODS.items() if m.kind != "cpp"]     # a record per run in doc["runs"]
 TRANSFORMERS_PAIR = Path(__file__).resolve().parents[1] / "benchmarks" / "configs" / "smollm2-transformers.toml"
 
 
@@ -48,10 +50,10 @@ def test_outputs_are_written(smoke):
 def test_every_method_ran_and_numbers_are_consistent(smoke):
     _, doc = smoke
     assert check_results(doc) == [] and doc["checks"] == []
-    assert set(doc["methods"]) == set(METHODS)
-    assert len(doc["runs"]) == len(METHODS) * 2
+    assert set(doc["methods"]) == set(PER_RUN)           # llama.cpp's binaries: doc["llama_cpp"]
+    assert len(doc["runs"]) == len(PER_RUN) * 2
     for decoding in ("greedy", "sampling"):
-        for method in METHODS:
+        for method in PER_RUN:
             cell = doc["results"][decoding][method]["qa"]
             runs = [r for r in doc["runs"] if r["method"] == method and r["decoding"] == decoding]
             assert all(r["new_tokens"] == len(r["token_ids"]) > 0 for r in runs)
@@ -180,3 +182,87 @@ def test_the_forced_overlap_script_runs(capsys):
     for mode in ("duodec", "sequential"):
         line = next(line for line in out.splitlines() if line.strip().startswith(mode))
         assert int(line.split(", ")[1].split()[0]) > 0      # speculative rounds
+
+
+def test_the_llama_cpp_binary_rows(smoke):
+    """llama.cpp's own binaries: where built, every C++ row ran and the report's "vs llama.cpp"
+    divides decode tok/s by llama-bench's; where not, one line says how to build them and the
+    llama.cpp rows are llama-cpp-python's, labelled so."""
+    out, doc = smoke
+    section, report = doc["llama_cpp"], (out / "report.md").read_text()
+    assert doc["methods"]["llama.cpp"]["label"].startswith("llama.cpp via llama-cpp-python")
+    if section.get("missing"):
+        assert "scripts/build_llama_cpp.sh" in section["missing"] and section["missing"] in report
+        return
+    assert set(section["methods"]) | set(section["skipped"]) == {n for n, m in METHODS.items() if m.kind == "cpp"}
+    assert section["runs"] and all("error" not in r and r["decode_tokens_per_s"] > 0 for r in section["runs"])
+    bench = section["results"]["llama-bench"]["qa"]["decode_tokens_per_s"]
+    duodec = doc["results"]["greedy"]["duodec"]["qa"]["decode_tokens_per_s"]
+    assert section["vs"]["greedy"]["duodec"]["qa"] == pytest.approx(duodec / bench)
+    assert "llama.cpp's own binaries (C++)" in report and "over `llama-bench`'s" in report
+    assert all(v.get("load_ms", 0) > 0 for v in section["load_ms"].values())
+
+
+# ---- llama.cpp's binaries: commands and parsers (captured outputs), no build in CI ------
+
+LLAMA_OUTPUTS = Path(__file__).parent / "data" / "llama_cpp"
+
+
+def test_llama_cpp_commands():
+    from hetspec.benchmarks import llama_bin
+
+    bench = llama_bin.bench_command(Path("/b"), "m.gguf", 2, 150, 96, [0, 1])
+    assert bench[bench.index("/b/llama-bench"):] == ["/b/llama-bench", "-m", "m.gguf", "-t", "2", "-p", "0", "-n",
+                                                      "96", "-d", "150", "-r", "3", "-o", "json"]
+    if bench[0] == "taskset":
+        assert bench[:3] == ["taskset", "-c", "0,1"]
+    assert llama_bin.bench_command(Path("/b"), "m.gguf", 1, 8, 4, [], repack=False)[-2:] == ["--repack", "0"]
+    spec = llama_bin.spec_command(Path("/b"), "t.gguf", 2, "p.txt", 64, 300, [], draft="d.gguf", n_max=8)
+    assert spec[:3] == ["/b/llama-speculative-simple", "-m", "t.gguf"]
+    for flag, value in (("-md", "d.gguf"), ("--spec-draft-n-max", "8"), ("--temp", "0"), ("-f", "p.txt"),
+                        ("-n", "64"), ("-t", "2"), ("-td", "2")):
+        assert spec[spec.index(flag) + 1] == value
+    ngram = llama_bin.spec_command(Path("/b"), "t.gguf", 2, "p.txt", 64, 300, [], spec_type="ngram-mod")
+    assert ngram[ngram.index("--spec-type") + 1] == "ngram-mod" and "-md" not in ngram
+
+
+def test_llama_cpp_parsers_on_captured_output():
+    """The outputs of the vendored llama.cpp's binaries, captured on the development machine."""
+    from hetspec.benchmarks import llama_bin
+
+    bench = llama_bin.parse_bench_json((LLAMA_OUTPUTS / "llama-bench.json").read_text())
+    assert [(t["n_depth"], t["n_gen"], t["n_prompt"], t["threads"]) for t in bench] == [(150, 96, 0, 2)]
+    assert bench[0]["tokens_per_s"] > 0 and len(bench[0]["samples_ts"]) == 3
+    spec = llama_bin.parse_spec_output((LLAMA_OUTPUTS / "speculative-simple.txt").read_text())
+    assert spec["n_max"] == 8 and 0 <= spec["accepted"] <= spec["drafted"] and spec["new_tokens"] >= 32
+    assert spec["decode_tokens_per_s"] == pytest.approx(spec["new_tokens"] / spec["decode_s"])
+    timings = llama_bin.parse_timings((LLAMA_OUTPUTS / "completion.txt").read_text())
+    assert timings["load_ms"] > 0 and timings["eval_tokens"] >= 0
+    with pytest.raises(ValueError):
+        llama_bin.parse_spec_output("no timings here")
+    with pytest.raises(ValueError):
+        llama_bin.parse_bench_json("[]")
+
+
+def test_llama_cpp_binaries_when_built():
+    """Against the real binaries where scripts/build_llama_cpp.sh built them (seconds), skipped otherwise."""
+    from hetspec.benchmarks import llama_bin
+    from hetspec.models import resolve_model
+
+    bin_dir = llama_bin.find_binaries()
+    if bin_dir is None:
+        pytest.skip(llama_bin.missing_line())
+    model = resolve_model("builtin:smollm2").file
+    peer = llama_bin.LlamaBinaries(bin_dir, model, model, sorted(os.sched_getaffinity(0)),
+                                   lambda ids: "The capital of France is")
+    try:
+        bench = peer.run("bench", 1, list(range(32)), 4)
+        assert bench["depth"] == 32 and bench["new_tokens"] == 4 and bench["decode_tokens_per_s"] > 0
+        spec = peer.run("spec", 1, [1, 2, 3], 8)
+        assert set(spec["by_draft_length"]) == set(llama_bin.DRAFT_LENGTHS)
+        assert all(r["n_max"] == n and r["decode_tokens_per_s"] > 0 for n, r in spec["by_draft_length"].items())
+        for mode in ("ngram-simple", "ngram-mod"):
+            assert peer.run(mode, 1, [1, 2, 3], 8)["decode_tokens_per_s"] > 0
+        assert peer.load_time(model)["load_ms"] > 0
+    finally:
+        peer.close()
