@@ -274,19 +274,25 @@ static float row_scales_k(const hs_mat *w, int r, int nb, const quantized *x, fl
 /* A row of FMT_K6 blocks: per block 16 bytes of low nibbles (Q4_0's order) and 8
    bytes of top bits, byte j holding weights j, j + 8, j + 16, j + 24 (two bits
    each, lowest first); a weight is (nibble | top << 4) - 32, with a scale per 16. */
+/* An FMT_K6 block's 32 quants, unsigned (0-63): values 0-15 in *lo, 16-31 in *hi. */
+static inline __attribute__((always_inline)) void k6_quants(const uint8_t *qs, __m128i *lo, __m128i *hi) {
+    const __m128i mask = _mm_set1_epi8(15), two = _mm_set1_epi8(3);
+    const __m128i low = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i top = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(qs + 16)),
+                                           _mm_loadl_epi64((const __m128i *)(qs + 16)));
+    const __m128i top_a = _mm_blend_epi16(_mm_and_si128(top, two), _mm_and_si128(_mm_srli_epi16(top, 2), two), 0xF0);
+    const __m128i top_b = _mm_blend_epi16(_mm_and_si128(_mm_srli_epi16(top, 4), two),
+                                          _mm_and_si128(_mm_srli_epi16(top, 6), two), 0xF0);
+    *lo = _mm_or_si128(_mm_and_si128(low, mask), _mm_slli_epi16(top_a, 4));
+    *hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(low, 4), mask), _mm_slli_epi16(top_b, 4));
+}
+
 static float row_k6(const uint8_t *qs, int nb, const int16_t *xq, const float *scale) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    const __m128i mask = _mm_set1_epi8(15), two = _mm_set1_epi8(3);
     const __m256i bias = _mm256_set1_epi16(32);
     for (int b = 0; b < nb; b++, qs += 24, xq += 32) {
-        const __m128i low = _mm_loadu_si128((const __m128i *)qs);
-        const __m128i top = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(qs + 16)),
-                                               _mm_loadl_epi64((const __m128i *)(qs + 16)));
-        const __m128i top_a = _mm_blend_epi16(_mm_and_si128(top, two), _mm_and_si128(_mm_srli_epi16(top, 2), two), 0xF0);
-        const __m128i top_b = _mm_blend_epi16(_mm_and_si128(_mm_srli_epi16(top, 4), two),
-                                              _mm_and_si128(_mm_srli_epi16(top, 6), two), 0xF0);
-        const __m128i qa = _mm_or_si128(_mm_and_si128(low, mask), _mm_slli_epi16(top_a, 4));
-        const __m128i qb = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(low, 4), mask), _mm_slli_epi16(top_b, 4));
+        __m128i qa, qb;
+        k6_quants(qs, &qa, &qb);
         const __m256i sa = dot16(_mm256_setzero_si256(), _mm256_sub_epi16(_mm256_cvtepu8_epi16(qa), bias), xq);
         const __m256i sb = dot16(_mm256_setzero_si256(), _mm256_sub_epi16(_mm256_cvtepu8_epi16(qb), bias), xq + 16);
         acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + 2 * b), _mm256_cvtepi32_ps(sa), acc0);

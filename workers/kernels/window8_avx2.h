@@ -103,16 +103,9 @@ static inline __attribute__((always_inline)) __m256i block_weights(const hs_mat 
         }
         return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
     }
-    if (fmt == FMT_K6) {            /* low nibbles as above, then the top bits (see row_k6) */
-        const uint8_t *qs = w->qs + at * 24;
-        const __m128i low = _mm_loadu_si128((const __m128i *)qs), two = _mm_set1_epi8(3);
-        const __m128i top = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(qs + 16)),
-                                               _mm_loadl_epi64((const __m128i *)(qs + 16)));
-        const __m128i top_a = _mm_blend_epi16(_mm_and_si128(top, two), _mm_and_si128(_mm_srli_epi16(top, 2), two), 0xF0);
-        const __m128i top_b = _mm_blend_epi16(_mm_and_si128(_mm_srli_epi16(top, 4), two),
-                                              _mm_and_si128(_mm_srli_epi16(top, 6), two), 0xF0);
-        const __m128i qa = _mm_or_si128(_mm_and_si128(low, mask), _mm_slli_epi16(top_a, 4));
-        const __m128i qb = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(low, 4), mask), _mm_slli_epi16(top_b, 4));
+    if (fmt == FMT_K6) {            /* low nibbles as above, then the top bits (k6_quants) */
+        __m128i qa, qb;
+        k6_quants(w->qs + at * 24, &qa, &qb);
         const float d = w->scales[(size_t)r * (nb / 8) + b / 8];
         const int8_t *sc = (const int8_t *)w->sub + 2 * at;
         *scales = _mm256_set_m128(_mm_set1_ps(d * (float)sc[1]), _mm_set1_ps(d * (float)sc[0]));
