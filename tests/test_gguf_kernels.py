@@ -71,7 +71,7 @@ def test_python_and_c_agree_on_the_block_formats():
     assert {name: constants[f"{name}_BYTES"] for name in KERNEL_FORMATS} == {
         n: f.block_bytes for n, f in KERNEL_FORMATS.items()}
     assert constants["FMT_I8"] == EXPANDED_FORMAT and constants["FMT_W8"] == WINDOW_INT8
-    assert {name: constants[f"FMT_{name[1]}{name[3]}"] for name in K_FORMATS} == K_FORMATS    # Q4_K: FMT_K4
+    assert {name: constants[f"FMT_K{name[1]}"] for name in K_FORMATS} == K_FORMATS    # Q4_K: FMT_K4
     assert sorted(k for k in constants if k.startswith("FMT_")) == sorted(
         [*(f"FMT_{n}" for n in KERNEL_FORMATS), "FMT_I8", "FMT_W8", "FMT_K4", "FMT_K6"])
     assert constants["BLOCK"] == BLOCK
