@@ -2,15 +2,14 @@
 
 llama.cpp, set to be batch-invariant (llama_target.py), multiplies a verify window by
 each weight matrix a token at a time, so a window of w tokens costs nearly w passes.
-hs_forward_window unpacks each block of weights once for up to 8 tokens of the window
-(window8.h) and gives every token the same float steps whatever window or prompt chunk
-it came in, so its logits are the same bits. The weights are the file's values exactly:
-Q8_0, Q4_0 and Q4_1 blocks as stored (Q8_0 laid out for the window kernels at load,
-FMT_W8), Q5_0 as int8 quants beside its scales, K-quants as int8 quants with float scales
-(FMT_I8: more bytes than the file, the same values).
-Activations are rounded to int8 as llama.cpp rounds them for each weight type (int16,
-a token at a time, on CPUs without AVX-512 VNNI). The output layer is one more window
-product (on CPUs without AVX-512 VNNI, a Q8_0 one goes through output_head.c instead).
+hs_forward_window unpacks each block of weights once for several tokens of the window
+(window8.h with AVX-512 VNNI, window8_avx2.h elsewhere) and gives every token the same
+float steps whatever window or prompt chunk it came in, so its logits are the same bits.
+The weights are the file's values exactly (native.py, _mat): Q8_0, Q4_0 and Q4_1 blocks
+as stored, Q5_0 as int8 quants beside its scales, Q4_K and Q6_K at their own size where
+the AVX2 products read them, other K-quants and Q5_1 as int8 quants with float scales.
+Activations are rounded to int8 as llama.cpp rounds them for each weight type. The
+output layer is one more window product.
 When the target runs alone on borrowed cores, every product's rows are split among
 threads (pool.h), each row computed as on one thread.
 """
@@ -24,7 +23,6 @@ import numpy as np
 
 from hetspec.workers.common import gguf_vocab
 from hetspec.workers.draft.native import NativeDraftModel
-from hetspec.workers.kernels import output_head
 from hetspec.workers.target.windows import checked_window
 
 
@@ -37,7 +35,6 @@ class NativeTarget:
         self._net = NativeDraftModel(path, n_ctx, cache_root, fast_head=False, exact_kquants=True, window_layout=True)
         lib, model = self._net._lib, self._net._model
         lib.hs_window_logits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-        lib.hs_window_bits.restype = ctypes.c_int
         lib.hs_set_threads.restype = ctypes.c_int
         lib.hs_set_threads.argtypes = [ctypes.c_int]
         lib.hs_thread_ids.restype = ctypes.c_int
@@ -49,22 +46,12 @@ class NativeTarget:
         self._caches = [first] + [(np.zeros_like(first[0]), np.zeros_like(first[1])) for _ in range(caches - 1)]
         self._norms = np.zeros((self.max_window, model.n_embd), np.float32)
         self._tokens = np.zeros(self.max_window, np.int32)
-        # With 8-bit windows the output layer takes the window's products on the pool's
-        # threads, faster than output_head.c at any window; without them a Q8_0 output
-        # layer takes output_head.c's kernel.
-        bits = lib.hs_window_bits()
-        weights, why = output_head.head_matrix(path) if bits != 8 else (None, "8-bit windows")
-        self._head = None
-        if weights is not None:
-            self._head, self._head_weights = output_head.library(cache_root), weights
         self.n_vocab, self.n_ctx, self.caches = model.n_vocab, n_ctx, caches
         self.set_threads(threads)
         self.lengths = [0] * caches
         self.eos_token_ids = end_of_generation_tokens(path)
         self.description = self._net.description.replace("native, ", "") + (
-            f", activations in {bits} bits" + (
-                "; output layer: hetspec's Q8_0 kernel, a window at once" if self._head is not None
-                else f"; output layer through the window's products ({why})"))
+            ", activations in 8 bits; output layer through the window's products")
 
     def forward(self, cache: int, tokens: Sequence[int], keep: int, rows: int) -> np.ndarray:
         """Drop cache `cache`'s positions >= keep, run `tokens` there; the logits of the
@@ -82,16 +69,10 @@ class NativeTarget:
             self.lengths[cache] = keep + start + m
             if start + m > first_row:
                 skip = max(0, first_row - start)
-                self._logits(self._norms[skip:m], logits[start + skip - first_row:start + m - first_row])
+                rows_out = logits[start + skip - first_row:start + m - first_row]
+                self._lib.hs_window_logits(self._ref, self._norms[skip:m].ctypes.data, m - skip, rows_out.ctypes.data)
         self._lib.hs_pool_rest()
         return logits
-
-    def _logits(self, norms: np.ndarray, out: np.ndarray) -> None:
-        n = len(norms)
-        if self._head is None:
-            self._lib.hs_window_logits(self._ref, norms.ctypes.data, n, out.ctypes.data)
-            return
-        output_head.head_logits(self._head, self._head_weights, self._model.n_embd, norms, n, out, self.threads)
 
     def forget(self, cache: int) -> None:
         self.lengths[cache] = 0
