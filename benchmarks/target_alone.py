@@ -4,7 +4,8 @@ window of 4 and 8 tokens costs, on 1 thread, 2 and every core.
 
     python -m hetspec.benchmarks.target_alone [--model builtin:smollm2 ...] [--threads 1 2] [--out DIR]
 
-Each model is loaded once (its load time is reported beside llama.cpp's); then, per
+Each model is loaded once, its kernels already built (its load time is reported beside
+llama.cpp's); then, per
 thread count, hetspec and llama-bench take turns, REPS times, and each number is the
 median of its turns, so both see the same drift of the machine. llama-bench comes from
 scripts/build_llama_cpp.sh (benchmarks/llama_bin.py finds it). The window costs are the
@@ -24,16 +25,21 @@ from pathlib import Path
 import numpy as np
 
 from hetspec.benchmarks.llama_bin import completion_command, find_binaries, missing_line, parse_bench_json, pinned
+from hetspec.core.pinning import pin
 from hetspec.models import resolve_model
+from hetspec.workers.common.pinning import pin_threads
 
 DEPTH, DECODE, PREFILL, WINDOWS = 150, 32, 150, (4, 8)
 REPS = 3
 MODELS = ("builtin:smollm2", "builtin:gemma3-270m")
 
 
-def hetspec_turn(model, threads: int) -> dict:
-    """One turn of the native target: prefill, decode after DEPTH, window costs (ms)."""
+def hetspec_turn(model, threads: int, cores: list[int]) -> dict:
+    """One turn of the native target: prefill, decode after DEPTH, window costs (ms). Its
+    threads are pinned a core each, as the target worker pins them (CoreLoan): left to
+    float over both cores, two threads shared one at times (2-thread decode ~20% slower)."""
     model.set_threads(threads)
+    pin_threads(cores, threads, model.thread_ids)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(100, 5000, PREFILL)]
     start = time.perf_counter()
@@ -50,6 +56,7 @@ def hetspec_turn(model, threads: int) -> dict:
         model.forward(0, [token] * w, pos, w)
         windows[w] = (time.perf_counter() - start) * 1000
     model.set_threads(1)
+    pin(cores)
     return {"decode": decode, "prefill": prefill, **{f"window{w}_ms": ms for w, ms in windows.items()}}
 
 
@@ -85,12 +92,15 @@ def median_of(turns: list[dict]) -> dict:
 
 
 def measure(spec: str, thread_counts: list[int], bin_dir: Path) -> dict:
+    from hetspec.workers.draft.native import load_library
     from hetspec.workers.target.native_target import NativeTarget
 
-    path = resolve_model(spec).file
+    found = resolve_model(spec)
+    path, cache_root = found.file, os.path.dirname(found.cache_dir) if found.cache_dir else ""
     cores = sorted(os.sched_getaffinity(0))
+    load_library(cache_root)        # built once, as on every start but a machine's first
     start = time.perf_counter()
-    model = NativeTarget(path, n_ctx=512, caches=1, threads=1)
+    model = NativeTarget(path, n_ctx=512, caches=1, threads=1, cache_root=cache_root)
     load_s = time.perf_counter() - start
     result = {"model": spec, "file": os.path.basename(path), "bytes": os.path.getsize(path),
               "load_s": load_s, "llama_load_s": llama_load_s(bin_dir, path, cores),
@@ -101,7 +111,7 @@ def measure(spec: str, thread_counts: list[int], bin_dir: Path) -> dict:
             os.sched_setaffinity(0, use)
             ours, theirs = [], []
             for _ in range(REPS):
-                ours.append(hetspec_turn(model, threads))
+                ours.append(hetspec_turn(model, threads, use))
                 theirs.append(llama_turn(bin_dir, path, threads, use))
             result["threads"][threads] = {"hetspec": median_of(ours), "llama.cpp": median_of(theirs)}
             print(spec, threads, json.dumps(result["threads"][threads]), flush=True)

@@ -1,4 +1,6 @@
 """Helpers for the tests: tiny random models (no files) and references to compare with."""
+import os
+
 import numpy as np
 import torch
 
@@ -8,6 +10,20 @@ from hetspec.workers.target.hf_loading import load_causal_lm
 
 TARGET = "random:seed=0"
 WEAK_DRAFT = "random:seed=1"          # a different random model: disagrees often
+# The tests of a sampled law draw a third of their samples in the short form CI runs (their
+# bounds widen by sqrt(3), as the noise does); HETSPEC_FULL_TESTS=1 (scripts/full_tests.sh)
+# draws them all.
+FULL_TESTS = os.environ.get("HETSPEC_FULL_TESTS") == "1"
+
+
+def draws(full: int) -> int:
+    """How many samples a test of a sampled law takes: `full` in the full form, a third in CI's."""
+    return full if FULL_TESTS else full // 3
+
+
+def noise_scale(n: int, full: int) -> float:
+    """How much wider a bound set for `full` draws is at n: sampling noise goes as 1 / sqrt(n)."""
+    return (full / n) ** 0.5
 
 
 def random_engine_config(draft=TARGET, target=TARGET, **decoding):

@@ -7,13 +7,14 @@ import pytest
 
 import hetspec
 
-from helpers import exact_joint, load_reference, random_engine_config, total_variation
+from helpers import draws, exact_joint, load_reference, noise_scale, random_engine_config, total_variation
 
 VOCAB = 8
 TARGET = f"random:vocab={VOCAB},seed=0"
 DRAFT = f"random:vocab={VOCAB},seed=2"
 PROMPT = [1, 2, 3]
-N_SAMPLES = 1200
+FULL_SAMPLES = 1200                # the bounds below are set for this many draws
+N_SAMPLES = draws(FULL_SAMPLES)
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +50,13 @@ def test_sampled_output_follows_target_distribution(engine, target, mode, gamma,
     # Each position's marginal (8 cells: tight) and the first pair (64 cells: looser), with
     # seeds 0..N-1, so a seeded run is deterministic; the draft really was used, and rejected.
     # An unseeded run is random: its marginals get 0.08, ~6 standard deviations of the
-    # sampling noise (simulated: total variation 0.019-0.028 on average, sd 0.008-0.009).
+    # sampling noise (simulated at 1200 draws: total variation 0.019-0.028 on average, sd
+    # 0.008-0.009). Fewer draws widen every bound as the noise widens.
     marginal = 0.06 if seeded else 0.08
+    wider = noise_scale(N_SAMPLES, FULL_SAMPLES)
     for axes, bound in [((1, 2), marginal), ((0, 2), marginal), ((0, 1), marginal), (2, 0.15)]:
         e, x = empirical.sum(axis=axes), exact.sum(axis=axes)
-        assert total_variation(e, x) < bound, (axes, np.round(e, 3), np.round(x, 3))
+        assert total_variation(e, x) < bound * wider, (axes, np.round(e, 3), np.round(x, 3))
     assert counts[exact == 0].sum() == 0, "a token outside top-k/top-p was produced"
     assert drafted > 0 and accepted < drafted
     if top_k == 0 and top_p == 1.0:   # truncated supports of two random models barely overlap
@@ -61,11 +64,12 @@ def test_sampled_output_follows_target_distribution(engine, target, mode, gamma,
 
 
 def test_a_broken_sampler_would_fail(target):
-    """The statistic above separates the target from the draft's own distribution."""
+    """The statistic above separates the target from the draft's own distribution, at the
+    widest bound it allows (unseeded, in the short form too)."""
     exact = exact_joint(target, PROMPT, VOCAB, 1.0, 0, 1.0)
     draft = exact_joint(load_reference(DRAFT), PROMPT, VOCAB, 1.0, 0, 1.0)
     worst = max(total_variation(exact.sum(axis=axes), draft.sum(axis=axes)) for axes in [(1, 2), (0, 2), (0, 1)])
-    assert worst > 0.2
+    assert worst > 0.08 * noise_scale(N_SAMPLES, FULL_SAMPLES) + 0.05
 
 
 def test_seed_makes_sampling_reproducible(engine):

@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from hetspec.models import resolve_model
-from hetspec.workers.kernels.formats import BLOCK, EXPANDED_FORMAT, GGML_TYPES, K_FORMATS, KERNEL_FORMATS, WINDOW_INT8
+from hetspec.workers.kernels.formats import (
+    BLOCK,
+    EXPANDED_FORMAT,
+    FLOAT_FORMATS,
+    GGML_TYPES,
+    K_FORMATS,
+    KERNEL_FORMATS,
+    Q5_FORMAT,
+    WINDOW_INT8,
+)
 from hetspec.workers.kernels.gguf_kernels import FORMATS, KernelUnavailable, load
 from hetspec.workers.kernels.gguf_tensors import read_tensors
 from hetspec.workers.target.gguf_linear import MAX_ROWS, GGUFLinear, attach_gguf_blocks
@@ -71,9 +80,11 @@ def test_python_and_c_agree_on_the_block_formats():
     assert {name: constants[f"{name}_BYTES"] for name in KERNEL_FORMATS} == {
         n: f.block_bytes for n, f in KERNEL_FORMATS.items()}
     assert constants["FMT_I8"] == EXPANDED_FORMAT and constants["FMT_W8"] == WINDOW_INT8
+    assert constants["FMT_Q5"] == Q5_FORMAT
+    assert {name: constants[f"FMT_{name}"] for name in FLOAT_FORMATS} == FLOAT_FORMATS
     assert {name: constants[f"FMT_K{name[1]}"] for name in K_FORMATS} == K_FORMATS    # Q4_K: FMT_K4
     assert sorted(k for k in constants if k.startswith("FMT_")) == sorted(
-        [*(f"FMT_{n}" for n in KERNEL_FORMATS), "FMT_I8", "FMT_W8", "FMT_K4", "FMT_K6"])
+        [*(f"FMT_{n}" for n in KERNEL_FORMATS), "FMT_I8", "FMT_W8", "FMT_K4", "FMT_K6", "FMT_Q5", "FMT_F16", "FMT_F32"])
     assert constants["BLOCK"] == BLOCK
 
 

@@ -82,6 +82,16 @@ def test_a_transformers_target_needs_no_llama_cpp(tmp_path):
     assert done.stdout.split() == ["False"]
 
 
+def test_a_gguf_target_worker_and_the_scheduler_need_no_torch(tmp_path):
+    """torch takes seconds to import: the target worker brings it in only for the
+    transformers backend (transformers_target.py), and the scheduler's kept tokenizer loads
+    without it."""
+    code = ("import sys, hetspec.workers.target.worker, hetspec.workers.target.gguf_target, "
+            "hetspec.workers.draft.worker, hetspec.scheduler.service; print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path)
+    assert done.stdout.split() == ["False"]
+
+
 def test_the_wheel_installs_every_package_under_hetspec():
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg")

@@ -14,6 +14,8 @@ import pytest
 from hetspec.models import resolve_model
 from hetspec.workers.target.llama_target import LLAMAFILE, MAX_PASS, LlamaTarget
 
+from helpers import draws
+
 PROMPT, STEPS = 70, 40       # a prompt longer than one pass, then a greedy continuation
 # llama.cpp's file types, and the tensor types each must bring (K-quant mixes bring two)
 FTYPES = {"ALL_F32": {"F32"}, "MOSTLY_F16": {"F16"}, "MOSTLY_Q4_0": {"Q4_0"}, "MOSTLY_Q4_1": {"Q4_1"},
@@ -248,7 +250,7 @@ def test_sampling_keeps_the_targets_distribution(random_pair, mode, seeded):
     """Seeded (keyed draws) and unseeded (speculative sampling), top-k 4 so that three
     positions have at most 64 outcomes; the law of the first pair and of each position."""
     engine, target = random_pair
-    drafted, accepted = assert_sampling_follows(engine, LlamaTarget, target, 1000, mode, seeded)
+    drafted, accepted = assert_sampling_follows(engine, LlamaTarget, target, draws(1000), mode, seeded)
     assert drafted > 0 and 0 < accepted < drafted
 
 

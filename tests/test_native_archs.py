@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hetspec.models import resolve_model
+from hetspec.workers.target import llama_target
 from hetspec.workers.target.llama_target import LlamaTarget
 from hetspec.workers.target.native_target import NativeTarget
 from tests.test_llama_target import assert_batch_invariant, quantize, tensor_types, write_random_llama
@@ -15,7 +16,8 @@ ARCHS = ("llama", "llama3", "qwen2", "qwen3")
 # (architecture, llama.cpp file type, the tensor types it must bring): every architecture in
 # the K-quant mix that Qwen2.5 and Llama 3 files ship in; the other block types once each
 CASES = [*((arch, "MOSTLY_Q4_K_M", {"Q4_K", "Q6_K"}) for arch in ARCHS),
-         ("qwen2", "MOSTLY_Q5_0", {"Q5_0"}), ("llama", "MOSTLY_Q5_1", {"Q5_1"}), ("qwen3", "MOSTLY_Q8_0", {"Q8_0"})]
+         ("qwen2", "MOSTLY_Q5_0", {"Q5_0"}), ("llama", "MOSTLY_Q5_1", {"Q5_1"}), ("qwen3", "MOSTLY_Q8_0", {"Q8_0"}),
+         ("llama3", "MOSTLY_F16", {"F16"}), ("qwen2", "ALL_F32", {"F32"})]
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +33,23 @@ def random_files(tmp_path_factory):
 
 @pytest.mark.parametrize("arch,ftype,types", CASES, ids=[f"{a}-{f}" for a, f, _ in CASES])
 def test_every_architecture_is_batch_invariant(random_files, tmp_path, arch, ftype, types):
-    path = quantize(random_files[arch], str(tmp_path / f"{arch}-{ftype}.gguf"), ftype)
+    source = random_files[arch]
+    path = source if ftype == "ALL_F32" else quantize(source, str(tmp_path / f"{arch}-{ftype}.gguf"), ftype)
     assert types <= tensor_types(path)
     assert_batch_invariant(path, NativeTarget)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_every_architecture_follows_llama_cpps_logits(random_files, tmp_path, arch):
+@pytest.mark.parametrize("arch,ftype", [*((arch, "MOSTLY_Q8_0") for arch in ARCHS), ("llama3", "MOSTLY_F16")])
+def test_every_architecture_follows_llama_cpps_logits(random_files, tmp_path, monkeypatch, arch, ftype):
     """Along llama.cpp's own greedy path, the native target picks llama.cpp's token nearly
     everywhere and its logits stay close: each architecture's differences (rope pairs or
-    halves, rope_freqs, biases, query and key norms) are computed as llama.cpp computes them.
-    A mistake in any of them (tried: rope without rope_freqs) drops agreement far below."""
-    path = quantize(random_files[arch], str(tmp_path / f"{arch}-q8_0.gguf"), "MOSTLY_Q8_0")
+    halves, rope_freqs, biases, query and key norms) are computed as llama.cpp computes them,
+    and so are float matrices. A mistake in any of them (tried: rope without rope_freqs)
+    drops agreement far below."""
+    path = quantize(random_files[arch], str(tmp_path / f"{arch}-{ftype}.gguf"), ftype)
+    # a float file's products in llama.cpp may differ with the batch (llamafile's sgemm):
+    # LlamaTarget refuses it as a target, but it is still llama.cpp's arithmetic to follow
+    monkeypatch.setattr(llama_target, "LLAMAFILE", False)
     theirs = LlamaTarget(path, n_ctx=128, caches=1, threads=1)
     try:
         tokens = [int(t) for t in np.random.default_rng(4).integers(10, 5000, 8)]

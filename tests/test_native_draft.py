@@ -12,7 +12,8 @@ import hetspec
 from hetspec.ipc.specs import DraftSpec
 from hetspec.models import resolve_model
 from hetspec.scheduler.tokenizer import Tokenizer
-from hetspec.workers.draft.native import WINDOW_FILL, NativeDraftModel, Unsupported, _as_q8_0
+from hetspec.workers.draft.block_layouts import as_q8_0
+from hetspec.workers.draft.native import WINDOW_FILL, NativeDraftModel, Unsupported
 from hetspec.workers.draft.worker import DraftState
 from hetspec.workers.kernels.gguf_tensors import GGUFTensor
 from hetspec.workers.target.hf_loading import load_causal_lm
@@ -174,7 +175,7 @@ def test_q5_0_blocks_become_q8_0_exactly_whatever_the_sign_of_their_scale():
     blocks = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q5_0)
     want = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q5_0)
     tensor = GGUFTensor("w", "Q5_0", 6, (64, 4), blocks)
-    q, d = _as_q8_0(tensor, 4, 64)
+    q, d = as_q8_0(tensor, 4, 64)
     scales = d.view(np.float16).astype(np.float32)
     assert (scales < 0).any()
     got = (q.reshape(4, 2, 32).astype(np.float32) * scales[..., None]).reshape(4, 64)

@@ -6,17 +6,21 @@ that do not fill its four-row tiles. The only error allowed is the one of roundi
 the activations to int16 per block, plus float32 summation.
 
 hs_window_matmat, the target's: against llama.cpp's rounding of the activations,
-up to float32 summation; and Q8_0 laid out for it at load (FMT_W8) gives the same bits."""
+up to float32 summation; and Q8_0 laid out for it at load (FMT_W8), like Q5_0 read at
+its own size (FMT_Q5), gives the same bits as the Q8_0 it equals."""
 import ctypes
 import os
 import shutil
 
+import gguf
 import numpy as np
 import pytest
 
-from hetspec.workers.draft.native import FORMATS, SOURCE, _Mat, _window_int8
+from hetspec.workers.draft.block_layouts import as_q5, as_q8_0, window_int8
+from hetspec.workers.draft.native import FORMATS, SOURCE, _Mat
 from hetspec.workers.kernels.build import KernelUnavailable, _build_key, built
-from hetspec.workers.kernels.formats import EXPANDED_FORMAT, WINDOW_INT8
+from hetspec.workers.kernels.formats import EXPANDED_FORMAT, Q5_FORMAT, WINDOW_INT8
+from hetspec.workers.kernels.gguf_tensors import GGUFTensor
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +184,7 @@ def test_q8_0_laid_out_for_the_window_gives_the_same_bits(library, rows, cols):
     rng = np.random.default_rng(3)
     (qs, d, _), _ = random_matrix("Q8_0", rows, cols, rng)
     plain = _Mat(qs.ctypes.data, d.ctypes.data, None, FORMATS["Q8_0"], rows, cols)
-    laid, scales = _window_int8(qs.reshape(rows, cols // 32, 32), d.view(np.uint16))
+    laid, scales = window_int8(qs.reshape(rows, cols // 32, 32), d.view(np.uint16))
     window = _Mat(laid.ctypes.data, None, None, WINDOW_INT8, rows, cols, scales.ctypes.data, None)
     for T in range(1, 12):
         x = (rng.standard_normal((T, cols)) * np.exp(rng.standard_normal((T, cols)))).astype(np.float32)
@@ -189,3 +193,33 @@ def test_q8_0_laid_out_for_the_window_gives_the_same_bits(library, rows, cols):
         for mat, out in zip((plain, window), y):
             assert library.hs_window_matmat(ctypes.byref(mat), x.ctypes.data, T, out.ctypes.data, work.ctypes.data) == 0
         assert np.array_equal(y[0].view(np.uint32), y[1].view(np.uint32)), T
+
+
+@pytest.mark.parametrize("rows, cols", [(9, 640), (6, 96)])
+def test_q5_0_at_its_own_size_gives_the_bits_of_its_q8_0(library, rows, cols):
+    """FMT_Q5 (the file's Q5_0 blocks, unpacked in the kernels) against the Q8_0 that holds
+    the same values exactly, in the window products for windows of 1-9 tokens and in the
+    draft's one-token product. Fifth bits set and clear, and scales of both signs, occur."""
+    window_matmat(library)
+    if library.hs_pair_layout() == 1:
+        pytest.skip("with AVX-512 VNNI, Q5_0 is laid out as Q8_0 pairs (FMT_W8): FMT_Q5 is not made")
+    rng = np.random.default_rng(5)
+    values = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+    tensor = GGUFTensor("w", "Q5_0", 6, (cols, rows), gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q5_0))
+    qs, d = as_q5(tensor, rows, cols)
+    q8, d8 = as_q8_0(tensor, rows, cols)
+    own = _Mat(qs.ctypes.data, d.ctypes.data, None, Q5_FORMAT, rows, cols)
+    as_q8 = _Mat(q8.ctypes.data, d8.ctypes.data, None, FORMATS["Q8_0"], rows, cols)
+    for T in range(1, 10):
+        x = (rng.standard_normal((T, cols)) * np.exp(rng.standard_normal((T, cols)))).astype(np.float32)
+        work = np.zeros(T * library.hs_window_act_floats(cols), np.float32)
+        y = [np.zeros((T, rows), np.float32) for _ in range(2)]
+        for mat, out in zip((own, as_q8), y):
+            assert library.hs_window_matmat(ctypes.byref(mat), x.ctypes.data, T, out.ctypes.data, work.ctypes.data) == 0
+        assert np.array_equal(y[0].view(np.uint32), y[1].view(np.uint32)), T
+    work = np.zeros(library.hs_matvec_work_floats(cols), np.float32)
+    y = [np.zeros(rows, np.float32) for _ in range(2)]
+    for mat, out in zip((own, as_q8), y):
+        library.hs_matvec(ctypes.byref(mat), x[0].ctypes.data, out.ctypes.data, work.ctypes.data)
+    assert np.array_equal(y[0].view(np.uint32), y[1].view(np.uint32))
+

@@ -24,6 +24,8 @@ from tests.test_llama_target import (
     write_random_llama,
 )
 
+from helpers import draws
+
 # llama.cpp's file types the native target reads exactly, and the tensor types each brings
 FTYPES = {"MOSTLY_Q4_0": {"Q4_0"}, "MOSTLY_Q4_1": {"Q4_1"}, "MOSTLY_Q8_0": {"Q8_0"},
           "MOSTLY_Q4_K_M": {"Q4_K", "Q6_K"}, "MOSTLY_Q5_K_M": {"Q5_K", "Q6_K"}}
@@ -86,9 +88,15 @@ def test_a_borrowed_core_gets_a_thread_of_its_own(random_f32, tmp_path):
         pin(before)
 
 
-def test_float_weights_are_refused_not_rounded(random_f32):
-    with pytest.raises(Unsupported, match="F32, which hetspec's kernels cannot hold exactly"):
-        NativeTarget(random_f32, n_ctx=64, caches=1, threads=1)
+@pytest.fixture(scope="module")
+def random_bf16(random_f32, tmp_path_factory):
+    return quantize(random_f32, str(tmp_path_factory.mktemp("bf16") / "bf16.gguf"), "MOSTLY_BF16")
+
+
+def test_bfloat16_weights_are_refused_not_rounded(random_bf16):
+    """The float kernels read F16 and F32 (test_native_archs.py); bfloat16 they refuse."""
+    with pytest.raises(Unsupported, match="BF16, which hetspec's kernels cannot hold exactly"):
+        NativeTarget(random_bf16, n_ctx=64, caches=1, threads=1)
 
 
 def test_auto_picks_native_only_for_a_gguf_file_in_float32_on_the_cpu():
@@ -123,17 +131,17 @@ def test_auto_runs_a_file_the_native_target_refuses_through_llama_cpp(random_f32
         assert engine.generate("Once upon a time", max_new_tokens=24, mode="duodec").token_ids == alone.token_ids
 
 
-def test_auto_runs_a_float_file_in_its_own_float32(random_f32):
-    """A float32 file: the native kernels refuse float weights, and llama.cpp does where its
-    float products are not batch-invariant (llamafile's sgemm); the transformers target then
-    runs the file's own float32 weights, and says why."""
+def test_auto_runs_a_bfloat16_file_in_float32(random_f32, random_bf16):
+    """A bfloat16 file: the native kernels refuse it, and llama.cpp does where its float
+    products are not batch-invariant (llamafile's sgemm); the transformers target then runs
+    the file's weights in float32, and says why."""
     import hetspec
     from hetspec.workers.target.llama_target import LLAMAFILE
 
-    with hetspec.launch(_engine_config(random_f32, random_f32, backend="auto")) as engine:
+    with hetspec.launch(_engine_config(random_bf16, random_f32, backend="auto")) as engine:
         target = engine.get_info()["target"]
         assert target["backend"] == ("transformers" if LLAMAFILE else "llama.cpp")
-        assert "backend auto: no native target" in target["kernels"] and "F32" in target["kernels"]
+        assert "backend auto: no native target" in target["kernels"] and "BF16" in target["kernels"]
         alone = engine.generate("Once upon a time", max_new_tokens=24, mode="target")
         assert engine.generate("Once upon a time", max_new_tokens=24, mode="duodec").token_ids == alone.token_ids
 
@@ -173,7 +181,7 @@ def test_greedy_in_every_mode_is_the_target_alone(native_pair, mode, sequences):
 def test_unseeded_sampling_keeps_the_targets_distribution(native_pair):
     """Speculative sampling with top-k 4: the law of each of the first three tokens."""
     engine, target = native_pair
-    assert_sampling_follows(engine, NativeTarget, target, 600, "duodec", seeded=False)
+    assert_sampling_follows(engine, NativeTarget, target, draws(600), "duodec", seeded=False)
 
 
 @pytest.mark.integration

@@ -11,16 +11,16 @@ import torch
 from hetspec.benchmarks.micro.conftest import CONTEXT_TOKENS, GAMMA
 from hetspec.ipc.specs import TargetSpec
 from hetspec.models import resolve_model
-from hetspec.workers.target.worker import TargetState
+from hetspec.workers.target.transformers_target import TransformersTarget
 
 
 @pytest.fixture(scope="module")
 def target(resolved, context_ids):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    state = TargetState(TargetSpec(model=resolve_model(resolved.target.model, "target"), device="cpu",
-                                    dtype=resolved.target.dtype, cores=[], threads=1,
-                                    cpu_kernels=resolved.target.cpu_kernels))
+    state = TransformersTarget(TargetSpec(model=resolve_model(resolved.target.model, "target"), device="cpu",
+                                          dtype=resolved.target.dtype, cores=[], threads=1,
+                                          cpu_kernels=resolved.target.cpu_kernels))
     state.kv.forward(context_ids, 0, all_logits=False)
     yield state
     torch.set_num_threads(threads)

@@ -40,7 +40,7 @@ class Tokenizer:
         elif model.kind == "random":
             self.byte = ByteTokenizer()
             return
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
         def convert():
             try:
@@ -51,7 +51,9 @@ class Tokenizer:
                 raise ConfigError(f"could not load the tokenizer of {model.file}: {exc}") from None
 
         kept = os.path.join(model.cache_dir, "tokenizer") if model.cache_dir else ""
-        self.hf = load_or_convert(kept, AutoTokenizer.from_pretrained, convert,
+        # The kept copy is a fast tokenizer's files (tokenizer.json holds every rule), which
+        # the fast class reads as they were saved; AutoTokenizer would import torch (seconds).
+        self.hf = load_or_convert(kept, PreTrainedTokenizerFast.from_pretrained, convert,
                                   lambda tokenizer, path: tokenizer.save_pretrained(path))
 
     @property

@@ -14,9 +14,9 @@ tokens: about 3x faster a token, but their 8-bit activations move the cache
 further from the float model's (see WINDOW_FILL). Its cache is positional: a
 forward at `pos` simply overwrites from there, which is all a rollback needs.
 The native target (workers/target/native_target.py) loads its model here too,
-with exact_kquants: K-quants and Q5_1 then keep their exact values (Q4_K and Q6_K
-at their own size, FMT_K4 and FMT_K6, where the window products read them; else
-int8, FMT_I8), and with window_layout its Q8_0 values are laid out for AVX-512's
+with exact_kquants: K-quants and Q5_1 then keep their exact values (Q4_K, Q6_K and
+Q5_0 at their own size, FMT_K4, FMT_K6 and FMT_Q5, where the window products read
+them; else int8, FMT_I8), and with window_layout its Q8_0 values are laid out for AVX-512's
 window products (FMT_W8).
 """
 from __future__ import annotations
@@ -27,9 +27,18 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hetspec.workers.draft.block_layouts import Unsupported, as_i8, as_k, as_q5, as_q8_0, window_int8
 from hetspec.workers.draft.llama_kv_state import ROPE_NEOX, ROPE_NORM, to_llama_order
 from hetspec.workers.kernels.build import KernelUnavailable, built, kernel_source
-from hetspec.workers.kernels.formats import BLOCK, BY_NAME, EXPANDED_FORMAT, K_FORMATS, KERNEL_FORMATS, WINDOW_INT8
+from hetspec.workers.kernels.formats import (
+    BLOCK,
+    EXPANDED_FORMAT,
+    FLOAT_FORMATS,
+    K_FORMATS,
+    KERNEL_FORMATS,
+    Q5_FORMAT,
+    WINDOW_INT8,
+)
 from hetspec.workers.kernels.gguf_tensors import read_gguf
 
 SOURCE = kernel_source("native_draft.c")
@@ -62,10 +71,6 @@ ARCHITECTURES = {
     "qwen3": Architecture(neox_rope=True, qk_norm=True),
     "gemma3": Architecture(neox_rope=True, qk_norm=True, gemma=True),
 }
-
-
-class Unsupported(ValueError):
-    """The file is not one the native draft can run (another architecture or weight type)."""
 
 
 class _Mat(ctypes.Structure):
@@ -106,7 +111,8 @@ class NativeDraftModel:
         self._arrays = []                            # what the C side reads: keep alive
         formats: dict[str, int] = {}
         window_layout = window_layout and self._lib.hs_pair_layout() == 1
-        model, self._layers = _describe(meta, tensors, n_ctx, self._arrays, formats, exact_kquants, window_layout)
+        weights = _Weights(self._lib, tensors, self._arrays, formats, exact_kquants, window_layout)
+        model, self._layers = _describe(meta, weights, n_ctx)
         self._rope = ROPE_NEOX if model.neox_rope else ROPE_NORM
         # Keys in blocks of key_block positions, dimension-major (native_draft.c, attend).
         self._key_block = self._lib.hs_key_block()
@@ -214,24 +220,36 @@ class NativeDraftModel:
 def load_library(cache_root: str = ""):
     """native_draft.c, built here once (KernelUnavailable where it cannot be)."""
     with built(SOURCE, "native draft kernels", cache_root) as library:
-        return ctypes.CDLL(library)
+        lib = ctypes.CDLL(library)
+    for pack in (lib.hs_pack_q4_k, lib.hs_pack_q6_k):
+        pack.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        pack.restype = None
+    return lib
 
 
-def _describe(meta: dict, tensors: dict, n_ctx: int, keep: list, formats: dict, exact: bool = False,
-              window: bool = False):
+class _Weights(NamedTuple):
+    """How a file's tensors become the C side's: what reads them, what keeps them alive."""
+    lib: ctypes.CDLL          # native_draft.c, which lays K-quants out (hs_pack_q4_k, hs_pack_q6_k)
+    tensors: dict             # the file's, by name (gguf_tensors.read_gguf)
+    keep: list                # the arrays the C side reads: held as long as the model
+    formats: dict             # matrices counted by how they are held, for the description
+    exact: bool               # K-quants, Q5_0 and Q5_1 at their exact values (see _mat)
+    window: bool              # Q8_0 laid out for AVX-512's window products (FMT_W8)
+
+
+def _describe(meta: dict, w: _Weights, n_ctx: int):
     """The C side's model: its shape from the file's metadata, its matrices and norms
-    from its tensors (kept alive in `keep`; their formats counted in `formats`)."""
+    from its tensors."""
     model, arch = _shape(meta, n_ctx)
-    model.embd = _mat(tensors, "token_embd.weight", keep, formats, exact, window)
-    model.out = (_mat(tensors, "output.weight", keep, formats, exact, window) if "output.weight" in tensors
-                 else model.embd)
+    model.embd = _mat(w, "token_embd.weight")
+    model.out = _mat(w, "output.weight") if "output.weight" in w.tensors else model.embd
     model.n_vocab = model.embd.rows
-    model.out_norm = _vector(tensors, "output_norm.weight", model.n_embd, keep)
-    if "rope_freqs.weight" in tensors:        # Llama 3's rope scaling
-        model.rope_freqs = _vector(tensors, "rope_freqs.weight", model.head_dim // 2, keep)
+    model.out_norm = _vector(w, "output_norm.weight", model.n_embd)
+    if "rope_freqs.weight" in w.tensors:        # Llama 3's rope scaling
+        model.rope_freqs = _vector(w, "rope_freqs.weight", model.head_dim // 2)
     layers = (_Layer * model.n_layer)()
     for i, layer in enumerate(layers):
-        _fill_layer(layer, i, model, arch, tensors, keep, formats, exact, window)
+        _fill_layer(layer, i, model, arch, w)
     _check_shapes(model, layers)
     model.layers = layers
     return model, layers
@@ -282,23 +300,22 @@ def _rope_scale(meta: dict, arch: str) -> float:
     raise Unsupported(f"the native kernels do not run {kind!r} rope scaling")
 
 
-def _fill_layer(layer: _Layer, i: int, model: _Model, arch: Architecture, tensors: dict, keep: list, formats: dict,
-                exact: bool, window: bool) -> None:
+def _fill_layer(layer: _Layer, i: int, model: _Model, arch: Architecture, w: _Weights) -> None:
     for field, name in zip(("wq", "wk", "wv", "wo", "gate", "up", "down"), LAYER_MATRICES):
-        setattr(layer, field, _mat(tensors, f"blk.{i}.{name}.weight", keep, formats, exact, window))
-    layer.attn_norm = _vector(tensors, f"blk.{i}.attn_norm.weight", model.n_embd, keep)
-    layer.ffn_norm = _vector(tensors, f"blk.{i}.ffn_norm.weight", model.n_embd, keep)
+        setattr(layer, field, _mat(w, f"blk.{i}.{name}.weight"))
+    layer.attn_norm = _vector(w, f"blk.{i}.attn_norm.weight", model.n_embd)
+    layer.ffn_norm = _vector(w, f"blk.{i}.ffn_norm.weight", model.n_embd)
     if arch.qk_norm:
         for field, name in QK_NORMS.items():
-            setattr(layer, field, _vector(tensors, f"blk.{i}.{name}.weight", model.head_dim, keep))
+            setattr(layer, field, _vector(w, f"blk.{i}.{name}.weight", model.head_dim))
     if arch.qkv_bias:
         widths = {"bq": model.n_head * model.head_dim, "bk": model.n_kv * model.head_dim,
                   "bv": model.n_kv * model.head_dim}
         for field, name in BIASES.items():
-            setattr(layer, field, _vector(tensors, f"blk.{i}.{name}.bias", widths[field], keep))
+            setattr(layer, field, _vector(w, f"blk.{i}.{name}.bias", widths[field]))
     if arch.gemma:
         for field, name in POST_NORMS.items():
-            setattr(layer, field, _vector(tensors, f"blk.{i}.{name}.weight", model.n_embd, keep))
+            setattr(layer, field, _vector(w, f"blk.{i}.{name}.weight", model.n_embd))
         layer.sliding = int((i + 1) % GEMMA3_GLOBAL_EVERY != 0)
 
 
@@ -314,27 +331,41 @@ def _check_shapes(model: _Model, layers) -> None:
         raise Unsupported("the embedding and output matrices do not match the model's width and vocabulary")
 
 
-def _mat(tensors: dict, name: str, keep: list, formats: dict, exact: bool = False, window: bool = False) -> _Mat:
+def _mat(w: _Weights, name: str) -> _Mat:
     """The tensor's blocks taken apart into quants, scales and offsets (one
     array each, row by row): the kernel then reads eight blocks' scales at once.
-    exact: K-quants keep their values (Q4_K and Q6_K in their own layout, FMT_K4 and FMT_K6,
-    where the 16-bit kernels read them; else FMT_I8), else they are rounded to Q8_0.
-    window: Q8_0 values in the window products' layout (FMT_W8, _window_int8)."""
-    tensor = tensors.get(name)
+    exact: K-quants keep their values (Q4_K, Q6_K and Q5_0 in their own layout, FMT_K4, FMT_K6
+    and FMT_Q5, where the 16-bit kernels read them; else FMT_I8 or Q8_0), F16 and F32
+    matrices are read as stored; else they are rounded to Q8_0.
+    window: Q8_0 values in the window products' layout (FMT_W8, block_layouts.window_int8)."""
+    keep, formats, exact, window = w.keep, w.formats, w.exact, w.window
+    tensor = w.tensors.get(name)
     if tensor is None:
         raise Unsupported(f"the file has no tensor {name}")
     cols, rows = tensor.shape[0], int(np.prod(tensor.shape[1:]))
     fmt = tensor.type_name
-    if exact and fmt not in (*FORMATS, "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"):
+    if exact and fmt not in (*FORMATS, "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", *FLOAT_FORMATS):
         raise Unsupported(f"{name} is {fmt}, which hetspec's kernels cannot hold exactly (they read Q4_0, Q4_1, "
-                          "Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K)")
+                          "Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 and F32)")
+    if exact and fmt in FLOAT_FORMATS:        # the file's own bytes, not copied
+        if cols % 16:
+            raise Unsupported(f"{name} has rows of {cols} values; the float kernels take multiples of 16")
+        data = np.ascontiguousarray(tensor.data)
+        keep.append(data)
+        formats[fmt] = formats.get(fmt, 0) + 1
+        return _Mat(data.ctypes.data, None, None, FLOAT_FORMATS[fmt], rows, cols)
     if exact and not window and fmt in K_FORMATS:
-        qs, sub, scales = _as_k(tensor, rows, cols)
+        qs, sub, scales = as_k(w.lib, tensor, rows, cols)
         keep.extend((qs, sub, scales))
         formats[fmt] = formats.get(fmt, 0) + 1
         return _Mat(qs.ctypes.data, None, None, K_FORMATS[fmt], rows, cols, scales.ctypes.data, None, sub.ctypes.data)
+    if exact and not window and fmt == "Q5_0":
+        qs, d = as_q5(tensor, rows, cols)
+        keep.extend((qs, d))
+        formats[fmt] = formats.get(fmt, 0) + 1
+        return _Mat(qs.ctypes.data, d.ctypes.data, None, Q5_FORMAT, rows, cols)
     if exact and fmt in ("Q5_1", "Q4_K", "Q5_K", "Q6_K"):
-        q, scales, offsets = _as_i8(tensor, rows, cols)
+        q, scales, offsets = as_i8(tensor, rows, cols)
         keep.extend(a for a in (q, scales, offsets) if a is not None)
         formats[f"{fmt} exact"] = formats.get(f"{fmt} exact", 0) + 1
         return _Mat(q.ctypes.data, None, None, EXPANDED_FORMAT, rows, cols, scales.ctypes.data,
@@ -346,11 +377,11 @@ def _mat(tensors: dict, name: str, keep: list, formats: dict, exact: bool = Fals
                  blocks[:, :, 2:4].view(np.uint16) if fmt == "Q4_1" else None]
         formats[fmt] = formats.get(fmt, 0) + 1
     else:
-        parts = [*_as_q8_0(tensor, rows, cols), None]
+        parts = [*as_q8_0(tensor, rows, cols), None]
         formats[f"Q8_0 from {fmt}"] = formats.get(f"Q8_0 from {fmt}", 0) + 1
         fmt = "Q8_0"
     if window and fmt == "Q8_0":
-        qs, scales = _window_int8(parts[0].reshape(rows, cols // BLOCK, BLOCK), parts[1].reshape(rows, cols // BLOCK))
+        qs, scales = window_int8(parts[0].reshape(rows, cols // BLOCK, BLOCK), parts[1].reshape(rows, cols // BLOCK))
         keep.extend((qs, scales))
         return _Mat(qs.ctypes.data, None, None, WINDOW_INT8, rows, cols, scales.ctypes.data, None)
     parts = [np.ascontiguousarray(p) if p is not None else None for p in parts]
@@ -359,133 +390,13 @@ def _mat(tensors: dict, name: str, keep: list, formats: dict, exact: bool = Fals
     return _Mat(qs, d, m, FORMATS[fmt], rows, cols)
 
 
-def _window_int8(q: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q8_0 quants (rows, blocks, 32) and float16 scales (rows, blocks, as uint16) as the
-    window products read them (window8.h): per pair of blocks 64 bytes, block b's dwords
-    in the even places and b + 1's in the odd, each quant + 128; the scales in float32.
-    A last block without a partner is paired with zeros."""
-    rows, nb, _ = q.shape
-    pairs = (nb + 1) // 2
-    biased = np.full((rows, 2 * pairs, BLOCK), 128, np.uint8)
-    biased[:, :nb] = q.view(np.uint8) ^ np.uint8(0x80)
-    biased = biased.reshape(rows, pairs, 2, 8, 4).transpose(0, 1, 3, 2, 4)
-    scales = np.zeros((rows, 2 * pairs), np.float32)
-    scales[:, :nb] = d.view(np.float16)
-    return np.ascontiguousarray(biased).reshape(rows, pairs * 64), scales
-
-
-def _as_q8_0(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """(int8 quants, float16 scales) of a tensor of another block type. Q5_0's
-    values d * (q - 16) keep their scale and are exact; the K-quants' 16- and
-    32-value sub-blocks get one scale per 32 values, max |w| / 127."""
-    import gguf
-
-    if tensor.data is None or cols % BLOCK:
-        raise Unsupported(f"{tensor.name} is stored as GGML type {tensor.ggml_type}, which the native draft "
-                          f"cannot read")
-    try:
-        kind = gguf.GGMLQuantizationType(tensor.ggml_type)
-        values = gguf.quants.dequantize(np.asarray(tensor.data), kind).reshape(rows, cols // BLOCK, BLOCK)
-    except (ValueError, NotImplementedError) as exc:
-        raise Unsupported(f"{tensor.name}: GGML type {tensor.ggml_type} cannot be read ({exc})") from None
-    if tensor.type_name == "Q5_0":
-        blocks = tensor.data.reshape(rows, cols // BLOCK, BY_NAME["Q5_0"].block_bytes)
-        d = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16)[..., 0]
-    else:
-        d = (np.abs(values).max(axis=2) / 127).astype(np.float16)
-    scale = d.astype(np.float32)
-    inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale != 0)
-    q = np.clip(np.rint(values * inverse[..., None]), -127, 127).astype(np.int8)
-    return q.reshape(rows, cols), np.ascontiguousarray(d).view(np.uint16)
-
-
-def _as_i8(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(int8 quants, float32 scale per 16 weights, float32 offset per 32 or None)
-    of a Q5_1, Q4_K, Q5_K or Q6_K tensor: its exact values, laid out for the kernel.
-    Q5_1: q is the 5-bit quant, the scale d, the offset m.
-    scales[r, j // 16] * q[r, j] + offsets[r, j // 32] is gguf's dequantized
-    weight bit for bit in float32 (d * sc, dmin * m and scale * q are exact, so
-    the one add rounds as gguf's subtraction does). Q4_K/Q5_K: q is the 4/5-bit
-    quant, the two 16-halves of a 32-sub-block share d * sc and the offset is
-    -(dmin * m); Q6_K: q is q6 - 32, the scale d * sc, no offset."""
-    from gguf.quants import Q4_K
-
-    fmt = tensor.type_name
-    if tensor.data is None or cols % BY_NAME.get(fmt, BY_NAME["F32"]).per_block or fmt not in (
-            "Q5_1", "Q4_K", "Q5_K", "Q6_K"):
-        raise Unsupported(f"{tensor.name} is stored as GGML type {tensor.ggml_type}, not Q5_1 or a 256-weight K-quant")
-    blocks = np.asarray(tensor.data).reshape(-1, BY_NAME[fmt].block_bytes)
-    n = blocks.shape[0]
-
-    def f16(lo: int) -> np.ndarray:          # the float16 at bytes lo, lo+1 of every block, as float32 (n, 1)
-        return np.ascontiguousarray(blocks[:, lo:lo + 2]).view(np.float16).astype(np.float32)
-
-    nibbles = np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-    if fmt == "Q5_1":                        # d m qh[4] qs[16]: weight j's fifth bit is bit j of qh
-        q = ((blocks[:, 8:24].reshape(n, 1, 16) >> nibbles[0]) & 0x0F).reshape(n, 32)
-        high = np.ascontiguousarray(blocks[:, 4:8]).view(np.uint32)
-        q |= (((high >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
-        return q.view(np.int8).reshape(rows, cols), np.repeat(f16(0), 2, axis=1).reshape(rows, cols // 16), \
-            f16(2).reshape(rows, cols // 32)
-    if fmt == "Q6_K":                        # ql[128] qh[64] scales[16] d; quants in 8 runs of 32
-        low = (blocks[:, :128].reshape(n, 2, 1, 64) >> nibbles) & 0x0F
-        high = (blocks[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
-        q = (low.reshape(n, 8, 32) | (high.reshape(n, 8, 32) << 4)).view(np.int8) - np.int8(32)
-        scales = f16(208) * blocks[:, 192:208].view(np.int8).astype(np.float32)
-        return q.reshape(rows, cols), scales.reshape(rows, cols // 16), None
-    # Q4_K: d dmin scales[12] qs[128]; Q5_K: d dmin scales[12] qh[32] qs[128]
-    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))
-    q = ((blocks[:, -128:].reshape(n, 4, 1, 32) >> nibbles) & 0x0F).reshape(n, 8, 32)
-    if fmt == "Q5_K":                        # bit j of qh[i] is the fifth bit of sub-block j's weight i
-        q |= ((blocks[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1) << 4
-    scales = np.repeat(f16(0) * sc.astype(np.float32), 2, axis=1)
-    offsets = -(f16(2) * m.astype(np.float32))
-    return q.view(np.int8).reshape(rows, cols), scales.reshape(rows, cols // 16), offsets.reshape(rows, cols // 32)
-
-
-def _as_k(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(quants, integer sub-block scales, float scales) of a Q4_K or Q6_K tensor in
-    FMT_K4 or FMT_K6's layout (formats.h): the file's values at the file's size.
-    Per block of 32, the quants' low nibbles as Q4_0 orders them (weight j in byte
-    j % 16, high nibble for j >= 16); Q6_K then 8 bytes of top bits, byte j holding
-    weights j, j + 8, j + 16, j + 24. Q4_K: per 256 weights 8 scales then 8 mins,
-    and d, dmin as float32; Q6_K: an int8 scale per 16 and d as float32."""
-    from gguf.quants import Q4_K
-
-    fmt = tensor.type_name
-    blocks = np.asarray(tensor.data).reshape(-1, BY_NAME[fmt].block_bytes)
-    n = blocks.shape[0]                       # superblocks of 256 weights
-
-    def f16(lo: int) -> np.ndarray:           # the float16 at bytes lo, lo+1 of every superblock, as float32 (n, 1)
-        return np.ascontiguousarray(blocks[:, lo:lo + 2]).view(np.float16).astype(np.float32)
-
-    nibbles = np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-    if fmt == "Q4_K":                         # d dmin scales[12] qs[128]: 4 runs of 32 bytes, low then high nibbles
-        q = ((blocks[:, -128:].reshape(n, 4, 1, 32) >> nibbles) & 0x0F).reshape(n * 8, 32)
-        sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))
-        sub = np.concatenate([sc.reshape(n, 8), m.reshape(n, 8)], axis=1).astype(np.uint8)
-        scales = np.concatenate([f16(0), f16(2)], axis=1)
-    else:                                     # ql[128] qh[64] scales[16] d
-        low = (blocks[:, :128].reshape(n, 2, 1, 64) >> nibbles) & 0x0F
-        high = (blocks[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
-        q = (low.reshape(n, 8, 32) | (high.reshape(n, 8, 32) << 4)).reshape(n * 8, 32)   # 6-bit, unsigned
-        sub = blocks[:, 192:208].copy()
-        scales = f16(208)
-    packed = (q[:, :16] & 0x0F) | (q[:, 16:] & 0x0F) << 4
-    if fmt == "Q6_K":                         # top bits: byte j, bits 2k..2k+1 = weight j + 8k's
-        top = (q >> 4).reshape(n * 8, 4, 8)
-        packed = np.concatenate([packed, top[:, 0] | top[:, 1] << 2 | top[:, 2] << 4 | top[:, 3] << 6], axis=1)
-    return (np.ascontiguousarray(packed, np.uint8).reshape(rows, -1), np.ascontiguousarray(sub).reshape(rows, -1),
-            np.ascontiguousarray(scales, np.float32).reshape(rows, -1))
-
-
-def _vector(tensors: dict, name: str, n: int, keep: list) -> int:
+def _vector(w: _Weights, name: str, n: int) -> int:
     """A norm's weights or a bias: n float32 values."""
-    tensor = tensors.get(name)
+    tensor = w.tensors.get(name)
     if tensor is None or tensor.type_name != "F32" or tensor.shape[0] != n:
         raise Unsupported(f"{name} must be {n} float32 values")
-    keep.append(np.array(tensor.data).view(np.float32))
-    return keep[-1].ctypes.data
+    w.keep.append(np.array(tensor.data).view(np.float32))
+    return w.keep[-1].ctypes.data
 
 
 __all__ = ["KernelUnavailable", "NativeDraftModel", "Unsupported"]

@@ -16,6 +16,13 @@ enum { FMT_W8 = 4 };
    lays them out (FMT_K6: then 8 bytes of the values' top two bits), the sub-blocks'
    integer scales (and Q4_K's mins) in `sub`, the superblocks' float scales in `scales`. */
 enum { FMT_K4 = 5, FMT_K6 = 6 };
+/* Nor this: Q5_0 blocks at their own size for the target where the CPU lacks AVX-512
+   VNNI: per block 16 bytes of nibbles as Q4_0 lays them out, then the 4 bytes of fifth
+   bits (bit j: weight j's), the float16 scale in `d`. A weight is d * (q - 16). */
+enum { FMT_Q5 = 7 };
+/* Float matrices as the file stores them, row after row (F16 and F32 files): read by
+   the target's window products only, never rounded to blocks. */
+enum { FMT_F16 = 8, FMT_F32 = 9 };
 enum { BLOCK = 32 };                                          /* weights per block */
 enum { Q8_0_BYTES = 34, Q4_0_BYTES = 18, Q4_1_BYTES = 20 };   /* bytes per block in a GGUF file */
 

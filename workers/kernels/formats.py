@@ -46,3 +46,9 @@ WINDOW_INT8 = 4
 # formats.h's FMT_K4 and FMT_K6: Q4_K and Q6_K blocks at their own size, laid out for the
 # 16-bit kernels (the native target where the CPU lacks AVX-512 VNNI).
 K_FORMATS = {"Q4_K": 5, "Q6_K": 6}
+# formats.h's FMT_Q5: Q5_0 blocks at their own size (nibbles, then fifth bits; float16
+# scales apart), where K_FORMATS are read.
+Q5_FORMAT = 7
+# formats.h's FMT_F16 and FMT_F32: float matrices as the file stores them (the target's
+# window products only).
+FLOAT_FORMATS = {"F16": 8, "F32": 9}

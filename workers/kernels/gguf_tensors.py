@@ -19,6 +19,7 @@ from hetspec.workers.kernels.formats import GGML_TYPES, GGMLType
 # value type -> struct format of a scalar; 8 is a string, 9 an array
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")
 _UNREAD = GGMLType("", 0, 0)
 
 
@@ -38,9 +39,8 @@ def read_tensors(path: str) -> dict[str, GGUFTensor]:
 def read_gguf(path: str) -> tuple[dict, dict[str, GGUFTensor]]:
     """(the file's scalar and string metadata, arrays such as the tokenizer's left
     out; its tensors), from one walk of the header."""
-    with open(path, "rb") as f:
-        header = _Header(f.read(1 << 20), f)
     data = np.memmap(path, dtype=np.uint8, mode="r")
+    header = _Header(data)
     tensors = {}
     start = -(-header.end // header.alignment) * header.alignment
     for name, dims, ggml_type, offset in header.tensors:
@@ -55,10 +55,10 @@ def read_gguf(path: str) -> tuple[dict, dict[str, GGUFTensor]]:
 
 
 class _Header:
-    """Walks the header; reads more of the file when a tokenizer's metadata runs long."""
+    """Walks the header, in place in the file's memory map."""
 
-    def __init__(self, head: bytes, file):
-        self.buf, self.file, self.pos = head, file, 0
+    def __init__(self, buf: np.ndarray):
+        self.buf, self.pos = memoryview(buf), 0
         magic, version = self._take("<4sI")
         if magic != b"GGUF" or version not in (2, 3):
             raise ValueError(f"not a GGUF file of version 2 or 3 (magic {magic!r}, version {version})")
@@ -83,11 +83,8 @@ class _Header:
 
     def _take(self, fmt: str):
         size = struct.calcsize(fmt)
-        while self.pos + size > len(self.buf):
-            more = self.file.read(1 << 20)
-            if not more:
-                raise ValueError("the GGUF header ends early")
-            self.buf += more
+        if self.pos + size > len(self.buf):
+            raise ValueError("the GGUF header ends early")
         values = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
         return values
@@ -102,11 +99,24 @@ class _Header:
         if kind == _ARRAY:
             item_kind, count = self._take("<IQ")
             if item_kind in _SCALARS:              # arrays are skipped whole
-                self._take(f"<{count}{_SCALARS[item_kind]}")
-                return None
-            for _ in range(count):
-                self._value(item_kind)
+                self._skip(count * struct.calcsize(_SCALARS[item_kind]))
+            elif item_kind == _STRING:             # a tokenizer's: each string's length, then past it
+                length, pos = _LENGTH.unpack_from, self.pos
+                try:
+                    for _ in range(count):
+                        pos += 8 + length(self.buf, pos)[0]
+                except struct.error:
+                    raise ValueError("the GGUF header ends early") from None
+                self._skip(pos - self.pos)
+            else:
+                for _ in range(count):
+                    self._value(item_kind)
             return None
         if kind not in _SCALARS:
             raise ValueError(f"unknown GGUF metadata type {kind}")
         return self._take(f"<{_SCALARS[kind]}")[0]
+
+    def _skip(self, size: int) -> None:
+        if self.pos + size > len(self.buf):
+            raise ValueError("the GGUF header ends early")
+        self.pos += size

@@ -287,6 +287,35 @@ static inline __attribute__((always_inline)) void k6_quants(const uint8_t *qs, _
     *hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(low, 4), mask), _mm_slli_epi16(top_b, 4));
 }
 
+/* An FMT_Q5 block's 32 values q - 16 as int8, in order: the nibbles as Q4_0's, then
+   each weight whose fifth bit is clear has 16 taken off (its byte's top four bits set). */
+static inline __attribute__((always_inline)) __m256i q5_quants(const uint8_t *qs) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(15);
+    uint32_t fifth;
+    memcpy(&fifth, qs + 16, 4);
+    /* byte j: byte j / 8 of the fifth bits, then whether its bit j % 8 is set */
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)fifth),
+                                               _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                                                  0x0303030303030303LL));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+    return _mm256_or_si256(q, _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
+}
+
+/* One row of FMT_Q5 blocks, as row_q8_0 once they are unpacked. */
+static float row_q5(const uint8_t *qs, int nb, const int16_t *xq, const float *scale) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, qs += 20, xq += 32) {
+        const __m256i q = q5_quants(qs);
+        __m256i s = dot16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), xq);
+        s = dot16(s, _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), xq + 16);
+        if (b & 1) acc1 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + b), _mm256_cvtepi32_ps(s), acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_broadcast_ss(scale + b), _mm256_cvtepi32_ps(s), acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
 static float row_k6(const uint8_t *qs, int nb, const int16_t *xq, const float *scale) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     const __m256i bias = _mm256_set1_epi16(32);
@@ -319,7 +348,7 @@ static inline __attribute__((always_inline)) float row_setup(const hs_mat *w, in
 
 /* Bytes of quants a block of 32 weights takes in a matrix of format fmt (not FMT_W8). */
 static inline int block_bytes(int fmt) {
-    return fmt == FMT_Q8_0 || fmt == FMT_I8 ? 32 : fmt == FMT_K6 ? 24 : 16;
+    return fmt == FMT_Q8_0 || fmt == FMT_I8 ? 32 : fmt == FMT_K6 ? 24 : fmt == FMT_Q5 ? 20 : 16;
 }
 
 static inline __attribute__((always_inline)) void prefetch_rows(const hs_mat *w, int r, int n) {
@@ -420,8 +449,9 @@ static float one_row(const hs_mat *w, int r, int nb, const quantized *x, float *
         return (w->fmt == FMT_K4 ? row_q4(qs, nb, x->q, scale) : row_k6(qs, nb, x->q, scale)) + offsets;
     }
     const float offsets = row_setup(w, r, nb, x, scale);
-    const uint8_t *qs = w->qs + (size_t)r * nb * (w->fmt == FMT_Q8_0 ? 32 : 16);
-    return (w->fmt == FMT_Q8_0 ? row_q8_0(qs, nb, x->q, scale) : row_q4(qs, nb, x->q, scale)) + offsets;
+    const uint8_t *qs = w->qs + (size_t)r * nb * block_bytes(w->fmt);
+    if (w->fmt == FMT_Q8_0) return row_q8_0(qs, nb, x->q, scale) + offsets;
+    return (w->fmt == FMT_Q5 ? row_q5(qs, nb, x->q, scale) : row_q4(qs, nb, x->q, scale)) + offsets;
 }
 
 /* Y = W X for T tokens already rounded, token t's outputs at y + t * ystride. Each
@@ -527,11 +557,78 @@ static void window_act_at(window_act *a, float *work, int widest) {
 #endif
 }
 
+/* A float matrix's (FMT_F16, FMT_F32) row r times n <= 4 tokens of x (stride floats
+   apart), in float32: each activation rounded to float16 first for an F16 matrix, as
+   llama.cpp rounds them (its vec_dot_type), kept for F32. Each token's sums take the
+   same order in any window: the tokens share only the weights' loads. */
+static inline __attribute__((always_inline)) void float_tile(const hs_mat *w, const int fmt, int r, const float *x,
+                                                             int stride, const int n, float *y, int ystride) {
+    const int cols = w->cols;
+    __m256 lo[4], hi[4];
+    for (int t = 0; t < n; t++) lo[t] = hi[t] = _mm256_setzero_ps();
+    for (int j = 0; j < cols; j += 16) {
+        __m256 w0, w1;
+        if (fmt == FMT_F16) {
+            const uint16_t *row = (const uint16_t *)w->qs + (size_t)r * cols + j;
+            w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)row));
+            w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8)));
+        } else {
+            const float *row = (const float *)w->qs + (size_t)r * cols + j;
+            w0 = _mm256_loadu_ps(row);
+            w1 = _mm256_loadu_ps(row + 8);
+        }
+        for (int t = 0; t < n; t++) {
+            __m256 a = _mm256_loadu_ps(x + (size_t)t * stride + j), b = _mm256_loadu_ps(x + (size_t)t * stride + j + 8);
+            if (fmt == FMT_F16) {
+                a = _mm256_cvtph_ps(_mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+                b = _mm256_cvtph_ps(_mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT));
+            }
+            lo[t] = _mm256_fmadd_ps(w0, a, lo[t]);
+            hi[t] = _mm256_fmadd_ps(w1, b, hi[t]);
+        }
+    }
+    for (int t = 0; t < n; t++) y[(size_t)t * ystride + r] = hsum8(_mm256_add_ps(lo[t], hi[t]));
+}
+
+static inline __attribute__((always_inline)) void float_rows_fmt(const hs_mat *w, const int fmt, const float *x,
+                                                                 int stride, int T, float *y, int ystride, int r0, int r1) {
+    for (int r = r0; r < r1; r++)
+        for (int t = 0; t < T; t += 4) {
+            const float *xt = x + (size_t)t * stride;
+            float *yt = y + (size_t)t * ystride;
+            switch (T - t < 4 ? T - t : 4) {
+            case 1: float_tile(w, fmt, r, xt, stride, 1, yt, ystride); break;
+            case 2: float_tile(w, fmt, r, xt, stride, 2, yt, ystride); break;
+            case 3: float_tile(w, fmt, r, xt, stride, 3, yt, ystride); break;
+            default: float_tile(w, fmt, r, xt, stride, 4, yt, ystride); break;
+            }
+        }
+}
+
+typedef struct {
+    const hs_mat *w;
+    const float *x;
+    int stride, T, ystride;
+    float *y;
+} float_job;
+
+static void float_part(void *arg, int part, int parts) {
+    const float_job *j = arg;
+    const int r0 = (int)((long)j->w->rows * part / parts), r1 = (int)((long)j->w->rows * (part + 1) / parts);
+    if (j->w->fmt == FMT_F16) float_rows_fmt(j->w, FMT_F16, j->x, j->stride, j->T, j->y, j->ystride, r0, r1);
+    else float_rows_fmt(j->w, FMT_F32, j->x, j->stride, j->T, j->y, j->ystride, r0, r1);
+}
+
 /* Y = W X for the window's T rows of x (stride floats apart). *held says how xq
    holds x already (-1: not at all, a new x); it is rounded again only when w
-   needs another rounding. */
+   needs another rounding. Float matrices read x itself. */
 static void window_products(const hs_mat *w, const float *x, int stride, int T, window_act *xq, int *held,
                             float *y, int ystride, const hs_mat *next) {
+    if (w->fmt == FMT_F16 || w->fmt == FMT_F32) {
+        float_job job = {w, x, stride, T, ystride, y};
+        pool_run(float_part, &job);
+        return;
+    }
     if (*held != window_kind(w)) {
         for (int t = 0; t < T; t++) window_quantize(w, x + (size_t)t * stride, w->cols, xq + t);
         *held = window_kind(w);
@@ -573,6 +670,14 @@ static void dequantize_row(const hs_mat *w, int r, float *y) {
             dequantize_k(w, r, b, yb);
             continue;
         }
+        if (w->fmt == FMT_F16) {
+            for (int j = 0; j < BLOCK; j++) yb[j] = _cvtsh_ss(((const uint16_t *)w->qs)[at * BLOCK + j]);
+            continue;
+        }
+        if (w->fmt == FMT_F32) {
+            memcpy(yb, (const float *)w->qs + at * BLOCK, sizeof(float) * BLOCK);
+            continue;
+        }
         if (w->fmt == FMT_I8) {
             const int8_t *q = (const int8_t *)w->qs + at * 32;
             const float off = w->offsets ? w->offsets[at] : 0.0f;
@@ -580,6 +685,12 @@ static void dequantize_row(const hs_mat *w, int r, float *y) {
             continue;
         }
         const float d = _cvtsh_ss(w->d[at]);
+        if (w->fmt == FMT_Q5) {
+            int8_t q[BLOCK];
+            _mm256_storeu_si256((__m256i *)q, q5_quants(w->qs + at * 20));
+            for (int j = 0; j < BLOCK; j++) yb[j] = d * (float)q[j];
+            continue;
+        }
         if (w->fmt == FMT_Q8_0) {
             const int8_t *q = (const int8_t *)w->qs + at * 32;
             for (int j = 0; j < BLOCK; j++) yb[j] = d * (float)q[j];
@@ -656,6 +767,53 @@ void hs_q4_1_from_q8_0(const int8_t *qs, const uint16_t *d, long blocks, uint8_t
         for (int j = 0; j < 16; j++) {
             const int a = (int)lrintf((w[j] - low) * inv), c = (int)lrintf((w[j + 16] - low) * inv);
             q4[b * 16 + j] = (uint8_t)((a < 0 ? 0 : a > 15 ? 15 : a) | (c < 0 ? 0 : c > 15 ? 15 : c) << 4);
+        }
+    }
+}
+
+/* n Q4_K superblocks (d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles: four
+   runs of 32 bytes, low nibbles one sub-block's 32 weights, high the next's) in FMT_K4's
+   layout (formats.h): at load, where numpy took seconds for a 1.5B model. */
+void hs_pack_q4_k(const uint8_t *blocks, long n, uint8_t *qs, uint8_t *sub, float *scales) {
+    for (long s = 0; s < n; s++, blocks += 144, qs += 128, sub += 16, scales += 2) {
+        uint16_t d[2];
+        memcpy(d, blocks, 4);
+        scales[0] = _cvtsh_ss(d[0]);
+        scales[1] = _cvtsh_ss(d[1]);
+        const uint8_t *sc = blocks + 4, *q = blocks + 16;
+        for (int j = 0; j < 8; j++) {      /* sub-block j's scale and min, 6 bits each */
+            sub[j] = j < 4 ? sc[j] & 63 : (sc[j + 4] & 15) | (sc[j - 4] >> 6) << 4;
+            sub[8 + j] = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | (sc[j] >> 6) << 4;
+        }
+        for (int b = 0; b < 8; b++) {      /* weight j of sub-block b: nibble b % 2 of q[32 (b / 2) + j] */
+            const uint8_t *run = q + 32 * (b / 2);
+            const int shift = 4 * (b % 2);
+            for (int j = 0; j < 16; j++)
+                qs[16 * b + j] = (uint8_t)(((run[j] >> shift) & 15) | ((run[j + 16] >> shift) & 15) << 4);
+        }
+    }
+}
+
+/* n Q6_K superblocks (ql[128], qh[64], 16 int8 scales, d) in FMT_K6's layout: per block
+   of 32 the low nibbles as Q4_0 orders them, then byte j holding the top two bits of
+   weights j, j + 8, j + 16, j + 24. Block 4h + c's weight j is ql's nibble c / 2 of
+   byte 64h + 32 (c % 2) + j, with bits 2c of qh[32h + j] above it (llama.cpp's order). */
+void hs_pack_q6_k(const uint8_t *blocks, long n, uint8_t *qs, uint8_t *sub, float *scales) {
+    for (long s = 0; s < n; s++, blocks += 210, qs += 8 * 24, sub += 16, scales++) {
+        uint16_t d;
+        memcpy(&d, blocks + 208, 2);
+        *scales = _cvtsh_ss(d);
+        memcpy(sub, blocks + 192, 16);
+        for (int b = 0; b < 8; b++) {
+            const int h = b / 4, c = b % 4;
+            uint8_t q[BLOCK];
+            for (int j = 0; j < BLOCK; j++)
+                q[j] = (uint8_t)(((blocks[64 * h + 32 * (c % 2) + j] >> (4 * (c / 2))) & 15) |
+                                 ((blocks[128 + 32 * h + j] >> (2 * c)) & 3) << 4);
+            uint8_t *out = qs + 24 * b;
+            for (int j = 0; j < 16; j++) out[j] = (uint8_t)((q[j] & 15) | (q[j + 16] & 15) << 4);
+            for (int j = 0; j < 8; j++)
+                out[16 + j] = (uint8_t)(q[j] >> 4 | (q[j + 8] >> 4) << 2 | (q[j + 16] >> 4) << 4 | (q[j + 24] >> 4) << 6);
         }
     }
 }

@@ -12,7 +12,7 @@
    values 4k..4k+3 (lanes 0-3 the block's first 16 values, 4-7 its last 16, which is
    where a scale per 16 values goes). vpmaddubsw multiplies unsigned bytes by signed
    ones: 4-bit quants (Q4_0, Q4_1, FMT_K4) are unsigned and meet the activations as
-   they are; signed quants (Q8_0, FMT_I8, FMT_K6's values - 32) meet them through
+   they are; signed quants (Q8_0, FMT_Q5, FMT_I8, FMT_K6's values - 32) meet them through
    their absolute values, the activations taking the quants' signs (|q| * |x| * 2
    <= 32258 fits its int16 sums). A lane's float term is w_scale * x_scale * isum,
    accumulated over the row's blocks in the lanes; offsets (Q4_1's m, Q4_0's -8 d,
@@ -30,7 +30,7 @@ typedef struct {
 } act8;
 
 /* How llama.cpp rounds the activations a matrix meets (its vec_dot_type): Q8_0 blocks
-   for Q8_0, Q5_0 (held as Q8_0) and Q4_0 weights; Q8_1 blocks, which add a float16
+   for Q8_0, Q5_0 and Q4_0 weights; Q8_1 blocks, which add a float16
    sum, for Q4_1; Q8_K blocks, one float32 scale per 256 values, for K-quants. */
 enum { ACT_Q8_0, ACT_Q8_1, ACT_Q8_K };
 
@@ -111,6 +111,10 @@ static inline __attribute__((always_inline)) __m256i block_weights(const hs_mat 
         *scales = _mm256_set_m128(_mm_set1_ps(d * (float)sc[1]), _mm_set1_ps(d * (float)sc[0]));
         return _mm256_set_m128i(qb, qa);
     }
+    if (fmt == FMT_Q5) {            /* q - 16, signed */
+        *scales = _mm256_set1_ps(_cvtsh_ss(w->d[at]));
+        return q5_quants(w->qs + at * 20);
+    }
     if (fmt == FMT_I8)              /* a float scale per 16 values */
         *scales = _mm256_set_m128(_mm_set1_ps(w->scales[2 * at + 1]), _mm_set1_ps(w->scales[2 * at]));
     else
@@ -149,7 +153,7 @@ static inline __m256 block_sums(const float *sum, int nb, int b) {
    -8 d, Q4_1's m, Q4_K's -dmin * m, FMT_I8's offsets (none for Q8_0 and Q6_K). */
 static inline __attribute__((always_inline)) void add_offsets(const hs_mat *w, const int fmt, int r, const act8 *x,
                                                               const int n, __m256 *acc) {
-    if (fmt == FMT_Q8_0 || fmt == FMT_K6 || (fmt == FMT_I8 && !w->offsets)) return;
+    if (fmt == FMT_Q8_0 || fmt == FMT_Q5 || fmt == FMT_K6 || (fmt == FMT_I8 && !w->offsets)) return;
     const int nb = w->cols / BLOCK;
     for (int b = 0; b < nb; b += 8) {
         const __m256 o = block_offsets(w, fmt, r, nb, b);
@@ -259,6 +263,7 @@ static inline __attribute__((always_inline)) void matmat8_fmt(const hs_mat *w, c
 static void matmat8(const hs_mat *w, const act8 *x, int T, float *y, int ystride, const hs_mat *next, int r0, int r1) {
     switch (w->fmt) {
     case FMT_Q8_0: matmat8_fmt(w, FMT_Q8_0, x, T, y, ystride, next, r0, r1); break;
+    case FMT_Q5: matmat8_fmt(w, FMT_Q5, x, T, y, ystride, next, r0, r1); break;
     case FMT_Q4_0: matmat8_fmt(w, FMT_Q4_0, x, T, y, ystride, next, r0, r1); break;
     case FMT_Q4_1: matmat8_fmt(w, FMT_Q4_1, x, T, y, ystride, next, r0, r1); break;
     case FMT_K4: matmat8_fmt(w, FMT_K4, x, T, y, ystride, next, r0, r1); break;

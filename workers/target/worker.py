@@ -9,7 +9,6 @@ import os
 import time
 
 import numpy as np
-import torch
 
 from hetspec.core.sampling import Rule, draw_keyed, probabilities
 from hetspec.ipc.messages import (
@@ -22,59 +21,28 @@ from hetspec.ipc.messages import (
     WorkerHello,
 )
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS, TargetSpec
-from hetspec.workers.common.pinning import CoreLoan, pin_threads, set_torch_threads
+from hetspec.workers.common.pinning import pin_threads, set_torch_threads
 from hetspec.workers.common.process import parse_args, serve
-from hetspec.workers.target.gguf_linear import use_gguf_blocks
-from hetspec.workers.target.hf_loading import eos_token_ids, load_causal_lm
-from hetspec.workers.target.kv_model import KVModel
-from hetspec.workers.target.packed_linear import pack_linears
 
-
-class TransformersTarget:
-    """A transformers model (any dtype, CPU or CUDA) behind per-request KV caches."""
-
-    def __init__(self, spec: TargetSpec, why: str = ""):
-        self.device = device = resolve_device(spec.device)
-        self.loan = CoreLoan(spec.cores, spec.borrow_cores if device == "cpu" else [], set_torch_threads, spec.threads)
-        lm = load_causal_lm(spec.model, spec.dtype, device)
-        cpu_kernels = spec.cpu_kernels if device == "cpu" else "torch"
-        tuned_cpu = cpu_kernels in ("gguf", "onednn")
-        attached, blocks = use_gguf_blocks(lm, spec.model, spec.dtype) if cpu_kernels == "gguf" else (False, "")
-        self.packed_linears = pack_linears(lm) if tuned_cpu else 0
-        if tuned_cpu:
-            # transformers copies each shared KV head once per query head before a masked
-            # (multi-token) attention on the CPU; torch's SDPA can share them itself: the
-            # same logits bit for bit, sooner (measured: docs/kernels.md).
-            os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
-        self.kv = KVModel(lm, device)
-        self.kernels = f"onednn prepacked ({self.packed_linears} linear layers)" if self.packed_linears else "torch"
-        if attached:
-            self.kernels = blocks + (f"; {self.kernels}" if self.packed_linears else "")
-        elif blocks:
-            self.kernels += f"; {blocks}"
-        self.kernels += why
-        self.eos = eos_token_ids(self.kv.lm)
-        self.n_vocab = self.kv.n_vocab
-
-    def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
-        """The logits of the last `rows` tokens, run after the cache's first `keep` positions."""
-        self.loan.hold(borrow)
-        self.kv.use(cache)
-        return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
-
-    def geometry(self) -> list[int]:
-        return self.kv.geometry()
-
-    def forget(self) -> None:
-        self.kv.forget()
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 
 
 def resolve_device(configured: str) -> str:
     if configured == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if configured.startswith("cuda") and not torch.cuda.is_available():
+        return "cuda" if cuda_available() else "cpu"
+    if configured.startswith("cuda") and not cuda_available():
         raise RuntimeError(f"device {configured!r} was configured but CUDA is not available")
     return configured
+
+
+def cuda_available() -> bool:
+    """torch's answer, asked only where a GPU driver's device is present (NVIDIA's, WSL's
+    or ROCm's): importing torch takes seconds, and a GGUF target on the CPU never uses it."""
+    if not any(os.path.exists(node) for node in GPU_DEVICE_NODES):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def resolve_backend(spec: TargetSpec) -> str:
@@ -98,7 +66,7 @@ def _auto_fallback(spec: TargetSpec, why: str):
     try:
         state = GGUFTarget(dataclasses.replace(spec, backend="llama.cpp"))
     except ValueError as exc:
-        return "transformers", TransformersTarget(spec, f" (backend auto: {why}; nor llama.cpp: {exc})")
+        return "transformers", _transformers_target(spec, f" (backend auto: {why}; nor llama.cpp: {exc})")
     state.kernels += f" (backend auto: {why})"
     return "llama.cpp", state
 
@@ -113,7 +81,9 @@ def load(spec: TargetSpec):
             # before threads spread: it brings llama.cpp's OpenMP runtime (the native
             # backend and a transformers target, on a GPU say, need no llama.cpp at all)
             llama_backend()
-    set_torch_threads(spec.threads)
+    else:
+        from hetspec.workers.target import transformers_target  # torch, and its OpenMP runtime
+        set_torch_threads(spec.threads)
     pin_threads(spec.cores, spec.threads)
     start = time.perf_counter()
     if backend in GGUF_TARGET_BACKENDS:
@@ -124,7 +94,7 @@ def load(spec: TargetSpec):
                 raise
             backend, state = _auto_fallback(spec, f"no native target: {exc}")
     else:
-        state = TransformersTarget(spec)
+        state = transformers_target.TransformersTarget(spec)
     hello = WorkerHello(role="target", pid=os.getpid(), n_vocab=state.n_vocab, device=state.device,
                         cores=spec.cores, threads=spec.threads, load_s=time.perf_counter() - start,
                         eos_token_ids=state.eos, backend=backend, kernels=state.kernels,
@@ -149,25 +119,32 @@ def verify(state, cmd: VerifyCommand, buffers) -> Verified:
     return Verified(cmd.request_id, time.perf_counter() - start)
 
 
-def _argmax(logits: np.ndarray | torch.Tensor) -> np.ndarray:
+def _argmax(logits) -> np.ndarray:
     """Each row's top token, where the logits are (a GGUF target's are a numpy array:
-    numpy's argmax takes a tenth of torch's time over a 262k-token row)."""
+    numpy's argmax takes a tenth of torch's time over a 262k-token row; a transformers
+    target's a torch tensor)."""
     return logits.argmax(axis=-1) if isinstance(logits, np.ndarray) else logits.argmax(dim=-1).cpu().numpy()
 
 
-def _on_host(logits: np.ndarray | torch.Tensor) -> np.ndarray:
+def _on_host(logits) -> np.ndarray:
     return logits if isinstance(logits, np.ndarray) else logits.cpu().numpy()
 
 
-def export_kv(state: TransformersTarget, cmd: ExportKV, buffers) -> KVExported:
+def export_kv(state, cmd: ExportKV, buffers) -> KVExported:
     """The prompt's KV cache, for a draft that is a copy of this model (see workers/draft/llama_kv_state.py)."""
     start = time.perf_counter()
-    kv = buffers["kv"].array
-    state.kv.use(cmd.cache)
-    for i, (keys, values) in enumerate(state.kv.layer_kv(cmd.length)):
-        kv[0, i, :, :cmd.length] = keys.to(torch.float16).cpu().numpy()
-        kv[1, i, :, :cmd.length] = values.to(torch.float16).cpu().numpy()
+    state.export_kv(cmd.cache, cmd.length, buffers["kv"].array)
     return KVExported(cmd.request_id, time.perf_counter() - start)
+
+
+def _transformers_target(spec: TargetSpec, why: str):
+    """A transformers target where another backend was first in line: torch comes in now,
+    so its threads are set and spread here."""
+    from hetspec.workers.target.transformers_target import TransformersTarget
+
+    set_torch_threads(spec.threads)
+    pin_threads(spec.cores, spec.threads)
+    return TransformersTarget(spec, why)
 
 
 def calibrate(state, cmd: CalibrateTarget, buffers) -> TargetCalibration:

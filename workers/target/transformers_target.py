@@ -1,0 +1,63 @@
+"""A transformers model as the target: any dtype, on the CPU or CUDA. Imported by the
+target worker only for this backend: torch takes seconds to import, and the GGUF
+backends (gguf_target.py) never use it."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from hetspec.ipc.specs import TargetSpec
+from hetspec.workers.common.pinning import CoreLoan, set_torch_threads
+from hetspec.workers.target.gguf_linear import use_gguf_blocks
+from hetspec.workers.target.hf_loading import eos_token_ids, load_causal_lm
+from hetspec.workers.target.kv_model import KVModel
+from hetspec.workers.target.packed_linear import pack_linears
+from hetspec.workers.target.worker import resolve_device
+
+
+class TransformersTarget:
+    """A transformers model (any dtype, CPU or CUDA) behind per-request KV caches."""
+
+    def __init__(self, spec: TargetSpec, why: str = ""):
+        self.device = device = resolve_device(spec.device)
+        self.loan = CoreLoan(spec.cores, spec.borrow_cores if device == "cpu" else [], set_torch_threads, spec.threads)
+        lm = load_causal_lm(spec.model, spec.dtype, device)
+        cpu_kernels = spec.cpu_kernels if device == "cpu" else "torch"
+        tuned_cpu = cpu_kernels in ("gguf", "onednn")
+        attached, blocks = use_gguf_blocks(lm, spec.model, spec.dtype) if cpu_kernels == "gguf" else (False, "")
+        self.packed_linears = pack_linears(lm) if tuned_cpu else 0
+        if tuned_cpu:
+            # transformers copies each shared KV head once per query head before a masked
+            # (multi-token) attention on the CPU; torch's SDPA can share them itself: the
+            # same logits bit for bit, sooner (measured: docs/kernels.md).
+            os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+        self.kv = KVModel(lm, device)
+        self.kernels = f"onednn prepacked ({self.packed_linears} linear layers)" if self.packed_linears else "torch"
+        if attached:
+            self.kernels = blocks + (f"; {self.kernels}" if self.packed_linears else "")
+        elif blocks:
+            self.kernels += f"; {blocks}"
+        self.kernels += why
+        self.eos = eos_token_ids(self.kv.lm)
+        self.n_vocab = self.kv.n_vocab
+
+    def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
+        """The logits of the last `rows` tokens, run after the cache's first `keep` positions."""
+        self.loan.hold(borrow)
+        self.kv.use(cache)
+        return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
+
+    def geometry(self) -> list[int]:
+        return self.kv.geometry()
+
+    def forget(self) -> None:
+        self.kv.forget()
+
+    def export_kv(self, cache: int, length: int, kv: np.ndarray) -> None:
+        """Cache `cache`'s first `length` positions into kv (2, layers, kv_heads, T, head_dim), float16."""
+        self.kv.use(cache)
+        for i, (keys, values) in enumerate(self.kv.layer_kv(length)):
+            kv[0, i, :, :length] = keys.to(torch.float16).cpu().numpy()
+            kv[1, i, :, :length] = values.to(torch.float16).cpu().numpy()
