@@ -186,13 +186,21 @@ def test_q8_0_laid_out_for_the_window_gives_the_same_bits(library, rows, cols):
     plain = _Mat(qs.ctypes.data, d.ctypes.data, None, FORMATS["Q8_0"], rows, cols)
     laid, scales = window_int8(qs.reshape(rows, cols // 32, 32), d.view(np.uint16))
     window = _Mat(laid.ctypes.data, None, None, WINDOW_INT8, rows, cols, scales.ctypes.data, None)
-    for T in range(1, 12):
+    assert_same_window_bits(library, plain, window, 11, rng)
+
+
+def assert_same_window_bits(library, a: _Mat, b: _Mat, widest: int, rng) -> np.ndarray:
+    """Matrices a and b give the same bits through hs_window_matmat for windows of 1..widest
+    random tokens; the last window's tokens."""
+    rows, cols = a.rows, a.cols
+    for T in range(1, widest + 1):
         x = (rng.standard_normal((T, cols)) * np.exp(rng.standard_normal((T, cols)))).astype(np.float32)
         work = np.zeros(T * library.hs_window_act_floats(cols), np.float32)
         y = [np.zeros((T, rows), np.float32) for _ in range(2)]
-        for mat, out in zip((plain, window), y):
+        for mat, out in zip((a, b), y):
             assert library.hs_window_matmat(ctypes.byref(mat), x.ctypes.data, T, out.ctypes.data, work.ctypes.data) == 0
         assert np.array_equal(y[0].view(np.uint32), y[1].view(np.uint32)), T
+    return x
 
 
 @pytest.mark.parametrize("rows, cols", [(9, 640), (6, 96)])
@@ -210,13 +218,7 @@ def test_q5_0_at_its_own_size_gives_the_bits_of_its_q8_0(library, rows, cols):
     q8, d8 = as_q8_0(tensor, rows, cols)
     own = _Mat(qs.ctypes.data, d.ctypes.data, None, Q5_FORMAT, rows, cols)
     as_q8 = _Mat(q8.ctypes.data, d8.ctypes.data, None, FORMATS["Q8_0"], rows, cols)
-    for T in range(1, 10):
-        x = (rng.standard_normal((T, cols)) * np.exp(rng.standard_normal((T, cols)))).astype(np.float32)
-        work = np.zeros(T * library.hs_window_act_floats(cols), np.float32)
-        y = [np.zeros((T, rows), np.float32) for _ in range(2)]
-        for mat, out in zip((own, as_q8), y):
-            assert library.hs_window_matmat(ctypes.byref(mat), x.ctypes.data, T, out.ctypes.data, work.ctypes.data) == 0
-        assert np.array_equal(y[0].view(np.uint32), y[1].view(np.uint32)), T
+    x = assert_same_window_bits(library, own, as_q8, 9, rng)
     work = np.zeros(library.hs_matvec_work_floats(cols), np.float32)
     y = [np.zeros(rows, np.float32) for _ in range(2)]
     for mat, out in zip((own, as_q8), y):
