@@ -62,6 +62,14 @@ class Launcher:
         return {"scheduler": self.scheduler.process} if self.scheduler and self.scheduler.process else {}
 
     def start(self) -> None:
+        self.spec = self.run_spec()
+        self.spec.save(self.run_file)
+        self.scheduler = Worker("scheduler", ["-m", "hetspec.scheduler", self.run_file], threads=1,
+                                log_path=os.path.join(self.runtime_dir, "scheduler.log"), name="the scheduler")
+        self.scheduler.start()
+
+    def run_spec(self) -> RunSpec:
+        """What the scheduler starts from: the config, the endpoints and both workers' commands."""
         c = self.config
         draft_model, target_model = resolve_model(c.draft.model, "draft"), resolve_model(c.target.model, "target")
         draft = DraftSpec(backend=c.draft.backend, model=draft_model, cores=list(c.draft.cores),
@@ -75,17 +83,13 @@ class Launcher:
                             or c.target.alone_borrows_draft_cores is not False else [],
                             backend=c.target.backend, n_ctx=c.server.max_context + c.decoding.max_gamma + 1,
                             caches=c.server.max_running)
-        self.spec = RunSpec(
+        return RunSpec(
             run_id=self.run_id, config=c.to_dict(), endpoints=self.endpoints, runtime_dir=self.runtime_dir,
             draft=WorkerCommand(["-m", "hetspec.workers.draft", "--endpoint", self.endpoints.draft,
                                  "--spec", draft.to_json()], c.draft.threads),
             target=WorkerCommand(["-m", "hetspec.workers.target", "--endpoint", self.endpoints.target,
                                   "--spec", target.to_json()], c.target.threads),
             draft_model=draft_model, target_model=target_model, launcher_pid=os.getpid())
-        self.spec.save(self.run_file)
-        self.scheduler = Worker("scheduler", ["-m", "hetspec.scheduler", self.run_file], threads=1,
-                                log_path=os.path.join(self.runtime_dir, "scheduler.log"), name="the scheduler")
-        self.scheduler.start()
 
     def check(self) -> None:
         """While the engine starts: raise EngineStartError if the scheduler has exited,

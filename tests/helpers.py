@@ -2,6 +2,7 @@
 import os
 
 import numpy as np
+import pytest
 import torch
 
 from hetspec.core.sampling import probabilities
@@ -10,10 +11,17 @@ from hetspec.workers.target.hf_loading import load_causal_lm
 
 TARGET = "random:seed=0"
 WEAK_DRAFT = "random:seed=1"          # a different random model: disagrees often
-# The tests of a sampled law draw a third of their samples in the short form CI runs (their
-# bounds widen by sqrt(3), as the noise does); HETSPEC_FULL_TESTS=1 (scripts/full_tests.sh)
-# draws them all.
+# The short form CI runs: the tests of a sampled law draw a third of their samples (their
+# bounds widen by sqrt(3), as the noise does), and tests marked FULL are skipped (each a
+# slower twin of one CI keeps: another weight type, the other shipped file, a longer soak).
+# HETSPEC_FULL_TESTS=1 (scripts/full_tests.sh) runs them all, with every sample.
 FULL_TESTS = os.environ.get("HETSPEC_FULL_TESTS") == "1"
+FULL = pytest.mark.full
+
+
+def full_only(*values, keep=()):
+    """Parameters for parametrize: those in `keep` run in CI too, the others in the full form only."""
+    return [v if v in keep else pytest.param(v, marks=FULL) for v in values]
 
 
 def draws(full: int) -> int:

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from helpers import WEAK_DRAFT, random_engine_config
+from helpers import FULL, WEAK_DRAFT, random_engine_config
 
 CONFIG = random_engine_config(draft=WEAK_DRAFT)
 
@@ -35,6 +35,7 @@ def test_a_few_kills_lose_nothing_and_leave_nothing(tmp_path):
                                "other engines' segments": report["leaks"]["other engines' segments"]}
 
 
+@FULL
 def test_a_short_soak_holds_memory_steady(tmp_path):
     report = run_chaos(tmp_path, "--kills", "0", "--requests", "150", "--settle", "50", "--clients", "4")
     assert report["counts"]["requests"] >= 150

@@ -14,7 +14,7 @@ from hetspec.models import resolve_model
 from hetspec.scheduler.decoding.bridge import Anchor
 from hetspec.scheduler.tokenizer import Tokenizer
 
-from helpers import draws, exact_joint, load_reference, noise_scale, reference_greedy, total_variation
+from helpers import FULL, draws, exact_joint, load_reference, noise_scale, reference_greedy, total_variation
 
 SMOL = "random:vocab=49152,tokenizer=smollm2,seed=0"
 GEMMA = "random:vocab=262144,tokenizer=gemma3-270m,seed=3"
@@ -33,8 +33,8 @@ def pair(request):
         yield engine, target, load_reference(target)
 
 
-@pytest.mark.parametrize("mode,sequences", [("duodec", "dynamic"), ("duodec", 2), ("sequential", None),
-                                            ("target", None)])
+@pytest.mark.parametrize("mode,sequences", [("duodec", "dynamic"), ("duodec", 2), pytest.param("sequential", None, marks=FULL),
+                                            pytest.param("target", None, marks=FULL)])
 def test_greedy_across_vocabularies_equals_target_generate(pair, mode, sequences):
     engine, target, model = pair
     tokenizer = Tokenizer(resolve_model(target))
@@ -163,6 +163,7 @@ def test_a_draft_vocabulary_that_cannot_express_the_text_is_refused(tmp_path):
 # ---- the real heterogeneous pair: Gemma 3 270M target, SmolLM2-135M draft ----
 
 @pytest.mark.integration
+@FULL
 def test_gemma_target_with_smollm2_draft_equals_gemma_generate():
     from hetspec.workers.target.hf_loading import load_causal_lm
 

@@ -6,7 +6,7 @@ import pytest
 
 import hetspec
 
-from helpers import TARGET, WEAK_DRAFT, explain_mismatch, load_reference, random_engine_config, reference_greedy
+from helpers import FULL, TARGET, WEAK_DRAFT, explain_mismatch, load_reference, random_engine_config, reference_greedy
 
 PROMPTS = [[1, 2, 3, 4, 5], list(range(100, 140)), [7]]
 SETTINGS = [dict(mode="target"), dict(mode="sequential", gamma=3), dict(mode="duodec", gamma=1),
@@ -44,7 +44,7 @@ def test_acceptance_reflects_the_draft(engine):
         assert stats["acceptance_rate"] < 0.5 and stats["spec_rounds"] > 10
 
 
-@pytest.mark.parametrize("draft", [TARGET, WEAK_DRAFT], ids=["same-draft", "weak-draft"])
+@pytest.mark.parametrize("draft", [pytest.param(TARGET, marks=FULL), WEAK_DRAFT], ids=["same-draft", "weak-draft"])
 def test_an_automatic_budget_rebalanced_every_round_stays_exact(target_model, draft):
     """gamma = "auto": each round's draft follows the measured costs, past the start-up gamma."""
     config = random_engine_config(draft=draft)

@@ -40,7 +40,7 @@ import hetspec
 from hetspec import EngineDeadError, RequestAbortedError, RequestError
 from hetspec.core.errors import InternalError
 
-from helpers import TARGET, WEAK_DRAFT, load_reference, random_engine_config
+from helpers import TARGET, WEAK_DRAFT, full_only, load_reference, random_engine_config
 
 CONFIG = random_engine_config(draft=WEAK_DRAFT)
 PROMPT = "Faults and limits"
@@ -102,7 +102,7 @@ def test_a_draft_killed_between_requests_costs_only_speed(engine, reference):
     assert result.stats["fallback"] is None and result.stats["spec_rounds"] > 0   # speculating again
 
 
-@pytest.mark.parametrize("mode", ["duodec", "sequential"])
+@pytest.mark.parametrize("mode", full_only("duodec", "sequential", keep=["duodec"]))
 def test_a_draft_killed_mid_request_finishes_it_target_only_and_exactly(engine, reference, mode):
     restarts = ready_again(engine, "draft", 0)["restarts"]
     stream = engine.stream(PROMPT, max_new_tokens=300, mode=mode)
@@ -145,7 +145,7 @@ def test_a_target_killed_between_requests_is_restarted(engine, reference):
 
 # ---- crash loops -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("role", ["draft", "target"])
+@pytest.mark.parametrize("role", full_only("draft", "target", keep=["target"]))
 def test_a_worker_that_keeps_dying_is_given_up_with_its_last_log_lines(tmp_path, role):
     """Its weights go bad under it: every restart fails to load them."""
     load_reference(WEAK_DRAFT if role == "draft" else TARGET).save_pretrained(tmp_path)
@@ -295,7 +295,7 @@ def test_a_served_engine_starts_its_scheduler_again_and_says_so(tmp_path, refere
 
 # ---- clients ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+@pytest.mark.parametrize("transport", full_only("ipc", "tcp", keep=["tcp"]))
 def test_a_client_process_that_dies_has_its_request_cancelled(transport):
     config = {**CONFIG, "server": {"transport": transport, "host": "127.0.0.1"}}
     with hetspec.launch(config) as engine:

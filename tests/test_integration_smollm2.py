@@ -15,7 +15,7 @@ from hetspec.models import resolve_model
 from hetspec.scheduler.tokenizer import Tokenizer
 from hetspec.workers.target.hf_loading import load_causal_lm
 
-from helpers import explain_mismatch
+from helpers import FULL, explain_mismatch, full_only
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def _generate(model, ids):
     return out[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("mode", ["duodec", "sequential"])
+@pytest.mark.parametrize("mode", full_only("duodec", "sequential", keep=["duodec"]))
 def test_greedy_equals_transformers_generate(engine, reference, mode):
     model, tokenizer = reference
     cases = [(tokenizer.encode_chat([{"role": "user", "content": c}]), dict(messages=[{"role": "user", "content": c}]))
@@ -86,6 +86,7 @@ def test_sampling_with_seed_is_reproducible(engine):
     assert a.token_ids == b.token_ids and a.text == b.text
 
 
+@FULL   # tests/test_lifecycle.py's twin runs in CI, on the random pair
 def test_cli_one_shot_json():
     out = subprocess.run([sys.executable, "-m", "hetspec.cli", "--prompt", "The capital of France is",
                           "--max-new-tokens", "8", "--json"], capture_output=True, text=True, timeout=600,

@@ -79,8 +79,8 @@ def test_random_blocks_give_gguf_values_bit_for_bit(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K"])
-def test_random_blocks_at_their_own_size_give_gguf_values_bit_for_bit(fmt, tmp_path):
-    _assert_exact(random_tensor(fmt), load_library(str(tmp_path)))
+def test_random_blocks_at_their_own_size_give_gguf_values_bit_for_bit(fmt):
+    _assert_exact(random_tensor(fmt), load_library())
 
 
 def test_other_types_are_refused():
@@ -90,11 +90,11 @@ def test_other_types_are_refused():
 
 
 @pytest.mark.integration
-def test_the_gemma_files_k_quants_give_gguf_values_bit_for_bit(tmp_path):
+def test_the_gemma_files_k_quants_give_gguf_values_bit_for_bit():
     tensors = read_gguf(resolve_model("builtin:gemma3-270m").file)[1]
     chosen = [t for t in tensors.values() if t.type_name in ("Q4_K", "Q6_K")]
     assert {t.type_name for t in chosen} == {"Q4_K", "Q6_K"}
-    lib = load_library(str(tmp_path))
+    lib = load_library()
     for tensor in chosen[:3] + chosen[-3:]:
         _assert_exact(tensor)
         _assert_exact(tensor, lib)

@@ -29,6 +29,8 @@ import hetspec.client
 from hetspec import EngineDeadError, EngineStartError, HetspecError
 from hetspec.launcher import Launcher
 
+from helpers import FULL
+
 DRAFT = "random:seed=1"
 TARGET = "random:seed=0"
 CONFIG = {"draft": {"backend": "torch", "model": DRAFT}, "target": {"model": TARGET}, "decoding": {"gamma": 4}}
@@ -413,7 +415,7 @@ def start_serving(toml: str, stderr=subprocess.PIPE) -> tuple[subprocess.Popen, 
     return proc, endpoint, engine_processes
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGINT, marks=FULL), signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_cli_serve_mode(tmp_path, engine, sig):
     proc, endpoint, engine_processes = start_serving(write_toml(tmp_path))
     try:

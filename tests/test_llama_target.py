@@ -14,7 +14,7 @@ import pytest
 from hetspec.models import resolve_model
 from hetspec.workers.target.llama_target import LLAMAFILE, MAX_PASS, LlamaTarget
 
-from helpers import draws
+from helpers import FULL, draws, full_only
 
 PROMPT, STEPS = 70, 40       # a prompt longer than one pass, then a greedy continuation
 # llama.cpp's file types, and the tensor types each must bring (K-quant mixes bring two)
@@ -133,7 +133,7 @@ def random_q8(random_f32, tmp_path_factory):
     return quantize(random_f32, str(tmp_path_factory.mktemp("q8") / "random-q8_0.gguf"), "MOSTLY_Q8_0")
 
 
-@pytest.mark.parametrize("ftype", FTYPES)
+@pytest.mark.parametrize("ftype", full_only(*FTYPES, keep=["MOSTLY_F16", "MOSTLY_Q4_K_M"]))
 def test_every_weight_type_is_batch_invariant(random_f32, tmp_path, ftype):
     path = random_f32 if ftype == "ALL_F32" else quantize(random_f32, str(tmp_path / f"{ftype}.gguf"), ftype)
     assert FTYPES[ftype] <= tensor_types(path)
@@ -145,13 +145,13 @@ def test_every_weight_type_is_batch_invariant(random_f32, tmp_path, ftype):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("builtin", ["smollm2", "gemma3-270m"])
+@pytest.mark.parametrize("builtin", full_only("smollm2", "gemma3-270m", keep=["smollm2"]))
 def test_the_shipped_files_are_batch_invariant(builtin):
     assert_batch_invariant(resolve_model(f"builtin:{builtin}").file)
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("builtin", ["smollm2", "gemma3-270m"])
+@pytest.mark.parametrize("builtin", full_only("smollm2", "gemma3-270m", keep=["smollm2"]))
 def test_the_window_output_layer_computes_llama_cpps_logits(builtin):
     """Both shipped files keep their output layer in Q8_0: hetspec's kernel computes it for
     a window at once, with llama.cpp's arithmetic, so the logits are llama.cpp's own."""
@@ -245,7 +245,8 @@ def assert_positions_follow(exact: dict, counts: dict, n: int) -> None:
         assert tv < 1.2 * noise.max(), (axis, tv, noise.max())
 
 
-@pytest.mark.parametrize("mode,seeded", [("duodec", True), ("sequential", True), ("duodec", False)])
+@pytest.mark.parametrize("mode,seeded", [pytest.param("duodec", True, marks=FULL), pytest.param("sequential", True, marks=FULL),
+                                         ("duodec", False)])   # seeded: the target alone's tokens, token for token
 def test_sampling_keeps_the_targets_distribution(random_pair, mode, seeded):
     """Seeded (keyed draws) and unseeded (speculative sampling), top-k 4 so that three
     positions have at most 64 outcomes; the law of the first pair and of each position."""
@@ -277,6 +278,7 @@ def assert_sampling_follows(engine, target_class, path: str, n: int, mode: str, 
 
 
 @pytest.mark.integration
+@FULL
 def test_gemma_with_a_smollm2_draft_across_vocabularies_is_the_target_alone():
     """The shipped gemma3-smollm2 pair with a llama.cpp target (it ships with the native one:
     tests/test_native_target.py), a native draft of another vocabulary."""

@@ -62,7 +62,7 @@ def test_each_match_length_keeps_its_own_hit_rate():
 
 import hetspec
 
-from helpers import load_reference, random_engine_config, reference_greedy
+from helpers import FULL, load_reference, random_engine_config, reference_greedy
 
 LOOPING = "random:vocab=12,seed=0"         # a small vocabulary: greedy text soon repeats itself
 PROMPT = [1, 2, 3, 4, 5]
@@ -109,6 +109,7 @@ def test_the_replay_counts_what_the_rule_would_commit():
 
 
 @pytest.mark.integration
+@FULL
 def test_the_replay_script_runs(capsys):
     """`python -m hetspec.benchmarks.lookup_replay`, short: the Gemma 3 target's greedy
     code, replayed with its own window times."""

@@ -24,7 +24,7 @@ from tests.test_llama_target import (
     write_random_llama,
 )
 
-from helpers import draws
+from helpers import FULL, draws, full_only
 
 # llama.cpp's file types the native target reads exactly, and the tensor types each brings
 FTYPES = {"MOSTLY_Q4_0": {"Q4_0"}, "MOSTLY_Q4_1": {"Q4_1"}, "MOSTLY_Q8_0": {"Q8_0"},
@@ -38,7 +38,7 @@ def random_f32(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("ftype", FTYPES)
+@pytest.mark.parametrize("ftype", full_only(*FTYPES, keep=["MOSTLY_Q8_0", "MOSTLY_Q4_K_M", "MOSTLY_Q5_K_M"]))
 def test_every_block_type_is_batch_invariant(random_f32, tmp_path, ftype):
     path = quantize(random_f32, str(tmp_path / f"{ftype}.gguf"), ftype)
     assert FTYPES[ftype] <= tensor_types(path)
@@ -131,6 +131,7 @@ def test_auto_runs_a_file_the_native_target_refuses_through_llama_cpp(random_f32
         assert engine.generate("Once upon a time", max_new_tokens=24, mode="duodec").token_ids == alone.token_ids
 
 
+@FULL
 def test_auto_runs_a_bfloat16_file_in_float32(random_f32, random_bf16):
     """A bfloat16 file: the native kernels refuse it, and llama.cpp does where its float
     products are not batch-invariant (llamafile's sgemm); the transformers target then runs
@@ -147,7 +148,7 @@ def test_auto_runs_a_bfloat16_file_in_float32(random_f32, random_bf16):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("builtin", ["smollm2", "gemma3-270m"])
+@pytest.mark.parametrize("builtin", full_only("smollm2", "gemma3-270m", keep=["smollm2"]))
 def test_the_shipped_files_are_batch_invariant(builtin):
     assert_batch_invariant(resolve_model(f"builtin:{builtin}").file, NativeTarget)
     assert_threads_change_no_bit(resolve_model(f"builtin:{builtin}").file)

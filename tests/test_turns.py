@@ -11,7 +11,7 @@ import pytest
 
 import hetspec
 
-from helpers import WEAK_DRAFT, random_engine_config
+from helpers import WEAK_DRAFT, full_only, random_engine_config
 
 DEADLINE_S = 120
 LONG, SHORT = ("Hello", 2000), ("short one", 16)
@@ -42,7 +42,7 @@ def run_all(engine, requests) -> list:
     return results
 
 
-@pytest.mark.parametrize("draft", ["same", "weak"])
+@pytest.mark.parametrize("draft", full_only("same", "weak", keep=["weak"]))
 def test_switching_every_round_changes_no_output(draft):
     """turn_s so short that requests switch after every round: each has its own cache in the
     target (a slot), and the draft catches up with whichever request's turn it is."""
@@ -57,7 +57,7 @@ def test_switching_every_round_changes_no_output(draft):
         assert info["running"] == 0 and info["requests"]["completed"] == 2 * len(REQUESTS)
 
 
-@pytest.mark.parametrize("max_running", [1, 4])
+@pytest.mark.parametrize("max_running", full_only(1, 4, keep=[1]))
 def test_a_short_request_behind_a_long_one(max_running):
     """With turns (max_running 4, the default) the short request ends while the long one is
     still decoding; one at a time (max_running 1) it waits for all of the long one's tokens."""

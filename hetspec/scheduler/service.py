@@ -74,7 +74,7 @@ class Scheduler:
         spec, links = self.spec, (self.draft_link, self.target)
         self.crew.start()
         tokenizer = Tokenizer(spec.target_model)
-        draft_tokenizer = startup.draft_tokenizer(spec.draft_model, spec.target_model)
+        draft_tokenizer = startup.draft_tokenizer(spec.draft_model, spec.target_model, tokenizer)
         hellos = startup.wait_for_workers(self.crew, links, self.config.server.startup_timeout_s)
         differ = startup.check_vocabularies(tokenizer, draft_tokenizer, hellos, spec.draft_model)
         self.kv_buffer = startup.attach_buffers(self.config, spec.run_id, *links, hellos)

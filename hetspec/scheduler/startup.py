@@ -4,6 +4,7 @@ calibrate the draft budget, fix the capabilities, and describe the engine.
 """
 from __future__ import annotations
 
+import filecmp
 import os
 
 import numpy as np
@@ -18,23 +19,34 @@ from hetspec.scheduler.decoding.budget import CostModel, choose_gamma, monotone
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerLost
 from hetspec.scheduler.decoding.request import Capabilities
 from hetspec.scheduler.supervisor import Crew
-from hetspec.scheduler.tokenizer import Tokenizer
+from hetspec.scheduler.tokenizer import Tokenizer, kept_tokenizer
 
 CALIBRATION_CONTEXT = 256
 ALONE_CONTEXT = 16        # tokens before the timed token of alone_borrows_cores
 VERIFY_SIZES = [1, 2, 4, 6, 8, 10, 12, 16, 24, 32]
 
 
-def draft_tokenizer(draft: ModelSpec, target: ModelSpec) -> Tokenizer | None:
+def draft_tokenizer(draft: ModelSpec, target: ModelSpec, target_tokenizer: Tokenizer) -> Tokenizer | None:
     """The draft's tokenizer, when the draft is another model than the target (its
-    vocabulary may then differ); None when it is the target's own file."""
+    vocabulary may then differ); None when it is the target's own file. A draft whose
+    kept tokenizer files are the target's (Qwen2.5-Coder 0.5B and 1.5B) shares its
+    object: a second copy of a large vocabulary's rules held 50 MB more."""
     if (draft.kind, draft.file, draft.random) == (target.kind, target.file, target.random):
         return None
+    if same_files(kept_tokenizer(draft), kept_tokenizer(target)):
+        return target_tokenizer
     try:
         return Tokenizer(draft)
     except ConfigError as exc:
         raise EngineStartError(f"the draft's tokenizer: {exc} (a draft that is another model than the target "
                                "needs its own tokenizer files, even if it shares the target's vocabulary)") from None
+
+
+def same_files(a: str, b: str) -> bool:
+    """Two folders holding files of the same names and bytes (False where either is missing)."""
+    if not (a and b and os.path.isdir(a) and os.path.isdir(b)) or sorted(os.listdir(a)) != sorted(os.listdir(b)):
+        return False
+    return all(filecmp.cmp(os.path.join(a, name), os.path.join(b, name), shallow=False) for name in os.listdir(a))
 
 
 def wait_for_workers(crew: Crew, links: tuple[DraftLink, TargetLink], timeout_s: float) -> dict[str, WorkerHello]:

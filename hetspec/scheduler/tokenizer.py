@@ -32,6 +32,11 @@ class ByteTokenizer:
         return ids, ends
 
 
+def kept_tokenizer(model: ModelSpec) -> str:
+    """Where a model's tokenizer is kept once converted ("": nowhere, a random model's)."""
+    return os.path.join(model.cache_dir, "tokenizer") if model.cache_dir else ""
+
+
 class Tokenizer:
     def __init__(self, model: ModelSpec):
         self.hf = None
@@ -50,7 +55,7 @@ class Tokenizer:
             except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
                 raise ConfigError(f"could not load the tokenizer of {model.file}: {exc}") from None
 
-        kept = os.path.join(model.cache_dir, "tokenizer") if model.cache_dir else ""
+        kept = kept_tokenizer(model)
         # The kept copy is a fast tokenizer's files (tokenizer.json holds every rule), which
         # the fast class reads as they were saved; AutoTokenizer would import torch (seconds).
         self.hf = load_or_convert(kept, PreTrainedTokenizerFast.from_pretrained, convert,

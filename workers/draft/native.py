@@ -22,6 +22,7 @@ window products (FMT_W8).
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -217,8 +218,10 @@ class NativeDraftModel:
         self._arrays = None
 
 
+@functools.cache
 def load_library(cache_root: str = ""):
-    """native_draft.c, built here once (KernelUnavailable where it cannot be)."""
+    """native_draft.c, built here once (KernelUnavailable where it cannot be), and loaded
+    once per process: without a cache folder each load built it anew (seconds)."""
     with built(SOURCE, "native draft kernels", cache_root) as library:
         lib = ctypes.CDLL(library)
     for pack in (lib.hs_pack_q4_k, lib.hs_pack_q6_k):

@@ -4,6 +4,7 @@ this CPU by build.py; without them the target keeps oneDNN's kernels.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 import torch
@@ -34,8 +35,9 @@ class GGUFKernels:
         return y
 
 
+@functools.cache
 def load(cache_root: str = "") -> GGUFKernels:
     """The kernels, built into cache_root/kernels (or a temporary directory when
-    there is no cache); KernelUnavailable says why they cannot be had here."""
+    there is no cache), once per process; KernelUnavailable says why they cannot be had here."""
     with built(SOURCE, "GGUF kernels", cache_root) as path:
         return GGUFKernels(path)       # loaded: a temporary file may go

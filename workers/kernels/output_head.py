@@ -7,6 +7,7 @@ Q8_0 arithmetic, reading each weight row once for the whole window.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 
 import numpy as np
@@ -41,8 +42,10 @@ def head_matrix(path: str) -> tuple[np.ndarray | None, str]:
     return head.data, ""
 
 
+@functools.cache
 def library(cache_root: str = ""):
-    """output_head.c, built here once (KernelUnavailable where it cannot be), hs_head_q8_0 typed."""
+    """output_head.c, built here once (KernelUnavailable where it cannot be), hs_head_q8_0 typed;
+    loaded once per process."""
     with built(SOURCE, "output-layer kernel", cache_root) as path:
         lib = ctypes.CDLL(path)
     lib.hs_head_q8_0.restype = ctypes.c_int

@@ -43,7 +43,8 @@ class NativeTarget:
         self._lib, self._model, self._ref = lib, model, ctypes.byref(model)
         self.max_window = self._net.max_window
         first = (self._net._kcache, self._net._vcache)
-        self._caches = [first] + [(np.zeros_like(first[0]), np.zeros_like(first[1])) for _ in range(caches - 1)]
+        # np.zeros, not zeros_like (which writes its zeros): a cache's pages are taken as a request fills them
+        self._caches = [first] + [tuple(np.zeros(a.shape, a.dtype) for a in first) for _ in range(caches - 1)]
         self._norms = np.zeros((self.max_window, model.n_embd), np.float32)
         self._tokens = np.zeros(self.max_window, np.int32)
         self.n_vocab, self.n_ctx, self.caches = model.n_vocab, n_ctx, caches
