@@ -4,6 +4,7 @@ position, for every weight type of the shipped files and of random files written
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 
 import gguf
@@ -23,13 +24,22 @@ FTYPES = {"ALL_F32": {"F32"}, "MOSTLY_F16": {"F16"}, "MOSTLY_Q4_0": {"Q4_0"}, "M
           "MOSTLY_Q6_K": {"Q6_K"}}
 
 
+@functools.cache
+def tokenizer_fields(path: str) -> dict:
+    """A GGUF file's tokenizer fields, key: (contents, type, sub-type), read once per file
+    (gguf's reader takes seconds over a 49,152-token vocabulary)."""
+    fields = gguf.GGUFReader(path).fields.items()
+    return {key: (field.contents(), field.types[0], field.types[1] if len(field.types) > 1 else None)
+            for key, field in fields if key.startswith("tokenizer.")}
+
+
 def write_random_llama(path: str, tokenizer_from: str, seed: int = 0, arch: str = "llama") -> None:
     """A 2-layer GGUF file (width 256, as K-quant blocks need) with random float32 weights
     and the tokenizer of `tokenizer_from`. arch: "llama", "llama3" (a llama file with
     Llama 3's rope_freqs), "qwen2" (query, key and value biases) or "qwen3" (query and key
     norms, heads of 64 that do not divide the width: 8 heads, 512 query values)."""
-    source = gguf.GGUFReader(tokenizer_from)
-    n_vocab, width, ff, kv_heads = len(source.fields["tokenizer.ggml.tokens"].data), 256, 512, 2
+    fields = tokenizer_fields(tokenizer_from)
+    n_vocab, width, ff, kv_heads = len(fields["tokenizer.ggml.tokens"][0]), 256, 512, 2
     heads, head_dim = (8, 64) if arch == "qwen3" else (4, 64)
     writer = gguf.GGUFWriter(path, "llama" if arch == "llama3" else arch)
     writer.add_context_length(2048)
@@ -44,10 +54,8 @@ def write_random_llama(path: str, tokenizer_from: str, seed: int = 0, arch: str 
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    for key, field in source.fields.items():
-        if key.startswith("tokenizer."):
-            sub = field.types[1] if len(field.types) > 1 else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for key, (contents, kind, sub) in fields.items():
+        writer.add_key_value(key, contents, kind, sub_type=sub)
     rng = np.random.default_rng(seed)
 
     def weight(*shape, scale=0.08):
