@@ -13,13 +13,16 @@
 #
 #   PYTHON=...            the Python whose llama-cpp-python to match (default .venv/bin/python)
 #   LLAMA_CPP_SDIST=FILE  a llama_cpp_python-VERSION.tar.gz already at hand (no download)
+#   LLAMA_CPP_VERSION=V   its version, where no llama-cpp-python is installed (a GPU machine:
+#                         scripts/gpu_pack.sh packs the sources)
 #   HETSPEC_LLAMA_BIN=DIR where the benchmark looks instead (your own build); not used here
 #
 # About 16 CPU-minutes (25 minutes on a busy 2-core AMD EPYC), plus a 77 MB download.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
-version=$("$python" -c "import llama_cpp; print(llama_cpp.__version__)" 2>/dev/null) \
+version=${LLAMA_CPP_VERSION:-}
+[ -n "$version" ] || version=$("$python" -c "import llama_cpp; print(llama_cpp.__version__)" 2>/dev/null) \
     || { echo "no llama-cpp-python in $python: install it first (its version picks the llama.cpp to build)" >&2; exit 1; }
 root=${HETSPEC_CACHE:-}
 if [ -z "$root" ] || [ "${root,,}" = off ]; then     # "off" keeps no model copies; binaries need a home
