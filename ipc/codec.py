@@ -35,6 +35,7 @@ from hetspec.ipc.messages import (
     KVExported,
     PrefillDraft,
     Prefilled,
+    RanAhead,
     RequestFailed,
     Shutdown,
     StopEngine,
@@ -53,6 +54,7 @@ TYPES = [
     PrefillDraft, Prefilled, DraftWindow, Drafted, DraftExtended, Idle, CalibrateDraft, DraftCalibration,
     VerifyCommand, Verified, ExportKV, KVExported, CalibrateTarget, TargetCalibration,
     GenerateRequest, TokensEvent, Finished, RequestFailed, InfoRequest, EngineInfo, StopEngine, CancelRequest,
+    RanAhead,
 ]
 TAG_OF = {cls: bytes([i]) for i, cls in enumerate(TYPES)}   # each message type's tag
 _CLASS_OF = {tag: cls for cls, tag in TAG_OF.items()}

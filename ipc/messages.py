@@ -160,11 +160,27 @@ class VerifyCommand:
     sampling: Sampling
     borrow_cores: bool = False   # use the draft's cores too (prompt prefill)
     cache: int = 0               # which request's cache: each admitted request keeps its own (requests take turns)
+    ahead: int = 0               # then decode up to this many tokens alone, each after the last choice
+                                 # (greedy and keyed rules): a RanAhead each, until the next message comes
+    run: int = 0                 # the scheduler's number for this command, which its RanAhead messages echo
 
 
 @dataclass
 class Verified:
     request_id: int
+    seconds: float
+
+
+@dataclass
+class RanAhead:
+    """A token the target decoded after its last answer without being asked again
+    (VerifyCommand.ahead): the scheduler takes it as that step's answer where its
+    context is the one the target ran from, so the step costs no round trip."""
+    request_id: int
+    run: int
+    position: int                # the chosen token's index in the sequence
+    after: int                   # the token before it, which this pass ran
+    token: int                   # the target's choice (argmax or keyed draw)
     seconds: float
 
 

@@ -288,7 +288,7 @@ class Scheduler:
                 link.discard()
             except HetspecError:           # lost, or failed for good: nothing more will come
                 pass
-        self.draft_link.settle()
+            link.settle()
 
     def close(self) -> None:
         """Tell both workers to leave and wait for them (a dead one is not waited on)."""

@@ -15,6 +15,7 @@ from hetspec.ipc.messages import (
     CalibrateTarget,
     ExportKV,
     KVExported,
+    RanAhead,
     TargetCalibration,
     Verified,
     VerifyCommand,
@@ -102,21 +103,42 @@ def load(spec: TargetSpec):
     return hello, state
 
 
-def verify(state, cmd: VerifyCommand, buffers) -> Verified:
+def verify(state, cmd: VerifyCommand, buffers):
+    """The verdict on a window; then, where the command asks, tokens decoded ahead."""
     start = time.perf_counter()
     tokens = buffers["input"].array[:cmd.n_tokens]
     rows, s, choice = cmd.rows, cmd.sampling, buffers["choice"].array
     logits = state.run(cmd.cache, tokens, cmd.keep, rows, cmd.borrow_cores)
+    if s.rule is Rule.UNKEYED:
+        buffers["probs"].array[:rows] = probabilities(_on_host(logits), s.temperature, s.top_k, s.top_p)
+    else:                              # row i chooses the token at position keep + n_tokens - rows + 1 + i
+        choice[:rows] = _choose(logits, s, cmd.keep + cmd.n_tokens - rows + 1)
+    reply = Verified(cmd.request_id, time.perf_counter() - start)
+    if cmd.ahead <= 0 or s.rule is Rule.UNKEYED:
+        return reply
+    return reply, run_ahead(state, cmd, int(choice[rows - 1]))
+
+
+def run_ahead(state, cmd: VerifyCommand, token: int):
+    """One pass a step, each after the last choice, while no new command has come
+    (process.CommandLoop stops it): the scheduler's next target-only step is then
+    answered before it asks. A step it does not take costs a pass and nothing else:
+    its next command crops the cache to its own context."""
+    position = cmd.keep + cmd.n_tokens          # the index of `token`, the last choice
+    for _ in range(cmd.ahead):
+        start = time.perf_counter()
+        logits = state.run(cmd.cache, np.array([token], np.int32), position, 1, cmd.borrow_cores)
+        after, token = token, int(_choose(logits, cmd.sampling, position + 1)[0])
+        position += 1
+        yield RanAhead(cmd.request_id, cmd.run, position, after, token, time.perf_counter() - start)
+
+
+def _choose(logits, s, first: int) -> np.ndarray:
+    """Each row's token, greedy or keyed (row i chooses the token at index first + i)."""
     if s.rule is Rule.GREEDY:
-        choice[:rows] = _argmax(logits)
-    else:
-        probs = probabilities(_on_host(logits), s.temperature, s.top_k, s.top_p)
-        if s.rule is Rule.KEYED:       # row i chooses the token at position keep + n_tokens - rows + 1 + i
-            after = cmd.keep + cmd.n_tokens - rows + 1
-            choice[:rows] = [draw_keyed(row, s.seed, after + i) for i, row in enumerate(probs)]
-        else:
-            buffers["probs"].array[:rows] = probs
-    return Verified(cmd.request_id, time.perf_counter() - start)
+        return _argmax(logits)
+    probs = probabilities(_on_host(logits), s.temperature, s.top_k, s.top_p)
+    return np.array([draw_keyed(row, s.seed, first + i) for i, row in enumerate(probs)], np.int32)
 
 
 def _argmax(logits) -> np.ndarray:

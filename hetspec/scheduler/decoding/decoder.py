@@ -41,6 +41,7 @@ from hetspec.scheduler.decoding.request import Capabilities, Request
 from hetspec.scheduler.decoding.stats import Stats
 
 LONG_PROMPT = 16   # tokens; shorter prompts prefill fast anyway, so neither worker borrows the other's cores
+AHEAD = 256        # tokens the target may decode ahead of a target-only step (Decoder.ahead)
 
 
 class PrefillPlan(NamedTuple):
@@ -85,6 +86,7 @@ class Decoder:
             yield from self.decode()
         self.emit_round()
         self.draft.settle()
+        self.target.settle()
         return self.stats
 
     def suspend(self) -> None:
@@ -158,12 +160,20 @@ class Decoder:
     def target_step(self, alone: bool) -> tuple[float, int]:
         """A target-only round (target mode and rests: alone, on the draft's cores too
         where allowed; or while the draft prefills): the target's next token, after as
-        many tokens of a lookup guess as it agrees with. Returns (seconds, tokens committed)."""
+        many tokens of a lookup guess as it agrees with. Without a guess, the target has
+        often decoded it already, ahead (Decoder.ahead): no round trip. Returns (seconds,
+        tokens committed)."""
         started = time.perf_counter()
-        guess = self.guess()
-        self.start_verify(guess, borrow=alone and self.caps.alone_borrows_cores)
-        self.emit_round()                      # the last round's tokens, while the target computes
-        n_accepted, _, kept = self.accept_and_commit(guess, self.target.finish_verify(len(guess) + 1))
+        guess, verdict = self.guess(), None
+        if not len(guess) and self.target.running_ahead(self.id, self.cache):
+            self.emit_round()                  # the last round's tokens, while the target computes ahead
+            verdict = self.target.ran_ahead(self.out.context)
+            self.stats.ran_ahead += verdict is not None
+        if verdict is None:                    # a guess to verify, or no token decoded ahead: ask
+            self.start_verify(guess, borrow=alone and self.caps.alone_borrows_cores, ahead=self.ahead(alone))
+            self.emit_round()                  # the last round's tokens, while the target computes
+            verdict = self.target.finish_verify(len(guess) + 1)
+        n_accepted, _, kept = self.accept_and_commit(guess, verdict)
         if len(guess):
             self.lookup.verified(len(guess), n_accepted)
             self.stats.lookup_guessed += len(guess)
@@ -171,6 +181,17 @@ class Decoder:
         self.stats.rounds += 1
         self.stats.target_only_rounds += 1
         return time.perf_counter() - started, max(kept, 1)
+
+    def ahead(self, alone: bool) -> int:
+        """Tokens the target may decode ahead after a target-only step, each then a step
+        without a round trip (links.TargetLink.ran_ahead), to the end of the request or
+        the rest. Not where lookup guesses: a guess stops the run, and its pass under way
+        is lost (measured: docs/performance.md); not beside the draft's prefill, nor where
+        the scheduler samples (the unkeyed rule)."""
+        if not alone or self.lookup is not None or self.request.rule is Rule.UNKEYED:
+            return 0
+        left = self.out.remaining - 1 if self.mode is Mode.TARGET else min(self.out.remaining, self.gate.rest) - 1
+        return max(0, min(left, AHEAD))
 
     def guess(self) -> Window:
         """A lookup guess for a target-only round (lookup.py), as long as its hit rate
@@ -270,11 +291,11 @@ class Decoder:
         drafted = self.draft.finish_window()
         return drafted.window(0), drafted
 
-    def start_verify(self, window: Window, borrow: bool = False) -> None:
+    def start_verify(self, window: Window, borrow: bool = False, ahead: int = 0) -> None:
         """The target's cache holds all but the last committed token: feed it, then the window."""
         context = self.out.context
         self.target.start_verify(self.id, self.cache, np.concatenate([context[-1:], window.tokens]),
-                                 len(context) - 1, len(window) + 1, self.request.sampling, borrow)
+                                 len(context) - 1, len(window) + 1, self.request.sampling, borrow, ahead)
 
     def accept_and_commit(self, window: Window, verdict: Verification) -> tuple[int, int, int]:
         """(draft tokens accepted, the target's own next token, tokens actually

@@ -29,6 +29,7 @@ from hetspec.ipc.messages import (
     KVExported,
     PrefillDraft,
     Prefilled,
+    RanAhead,
     Shutdown,
     Verified,
     VerifyCommand,
@@ -38,6 +39,7 @@ from hetspec.ipc.messages import (
 from hetspec.ipc.shm import SharedArray, segment_name
 
 POLL_S = 0.2
+AHEAD_TIMEOUT_S = 60.0   # a token decoded ahead that has not come by then is not coming (its pass failed)
 
 
 class WorkerError(HetspecError, RuntimeError):
@@ -203,14 +205,20 @@ class WorkerLink:
 
 class TargetLink(WorkerLink):
     with_probs = False    # the last verify writes probability rows
+    run = 0               # the last VerifyCommand's number
+    ahead: tuple | None = None   # (request_id, cache, tokens still to come) of a run ahead under way
 
     def start_verify(self, request_id: int, cache: int, tokens, keep: int, rows: int, sampling: Sampling,
-                     borrow_cores: bool = False) -> None:
+                     borrow_cores: bool = False, ahead: int = 0) -> None:
         """Crop the target's cache `cache` to `keep` tokens and run `tokens` after it;
-        answers for the last `rows` positions (finish_verify)."""
+        answers for the last `rows` positions (finish_verify). With `ahead`, the target
+        then goes on alone, a token at a time (ran_ahead)."""
         self.buffers["input"].array[:len(tokens)] = tokens
         self.with_probs = sampling.rule is Rule.UNKEYED
-        self.send(VerifyCommand(request_id, keep, len(tokens), rows, sampling, borrow_cores, cache))
+        self.run += 1
+        self.send(VerifyCommand(request_id, keep, len(tokens), rows, sampling, borrow_cores, cache, ahead, self.run))
+        if ahead > 0 and not self.with_probs:
+            self.ahead = (request_id, cache, ahead)
 
     def finish_verify(self, rows: int) -> Verification:
         reply = self.wait()
@@ -218,6 +226,43 @@ class TargetLink(WorkerLink):
         choice = self.buffers["choice"].array[:rows].copy()
         probs = self.buffers["probs"].array[:rows] if self.with_probs else None
         return Verification(choice, probs, reply.seconds)
+
+    def running_ahead(self, request_id: int, cache: int) -> bool:
+        """The target is decoding ahead in this request's cache (start_verify's `ahead`)."""
+        return self.ahead is not None and self.ahead[:2] == (request_id, cache)
+
+    def ran_ahead(self, context: np.ndarray) -> Verification | None:
+        """The target's next token after `context`, decoded ahead (waits for it); None
+        where the run went from another context (a guess of its command was cut short)."""
+        request_id, cache, left = self.ahead
+        message = self.wait(AHEAD_TIMEOUT_S)
+        assert isinstance(message, RanAhead), message
+        if message.position != len(context) or message.after != int(context[-1]):
+            self.ahead = None                  # the next command stops it
+            return None
+        self.ahead = (request_id, cache, left - 1) if left > 1 else None
+        return Verification(np.array([message.token], np.int32), None, message.seconds)
+
+    def is_stale(self, message) -> bool:
+        """Tokens decoded ahead by a run that a later command (or a turn) stopped."""
+        return isinstance(message, RanAhead) and (self.ahead is None or message.run != self.run)
+
+    def _send(self, message) -> None:
+        self.ahead = None                      # any command stops a run ahead: what it still sends is stale
+        super()._send(message)
+
+    def settle(self) -> None:
+        """Stop a run ahead that no step will take (the end of a request)."""
+        if self.ahead is not None:
+            try:
+                self.send(Idle())
+            except WorkerLost:                 # nothing to stop
+                pass
+            self.busy = False                  # Idle has no reply
+
+    def lost(self) -> None:
+        super().lost()
+        self.ahead = None
 
     def export_kv(self, request_id: int, cache: int, length: int) -> None:
         """Have the target write cache `cache`'s first `length` positions to the shared
