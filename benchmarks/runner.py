@@ -306,7 +306,7 @@ def _detokenizer(tokenizer: Tokenizer):
 
     def text(ids: list[int]) -> str:
         ids = ids[len(start):] if start and ids[:len(start)] == start else ids
-        return tokenizer.hf.decode(ids, skip_special_tokens=False)
+        return tokenizer.decode(ids, skip_special_tokens=False)
 
     return text
 
@@ -403,7 +403,7 @@ def _quiet_transformers() -> None:
 
 def _use_chat(prompt_format: str, tokenizer: Tokenizer) -> bool:
     if prompt_format == "auto":
-        return bool(tokenizer.hf is not None and getattr(tokenizer.hf, "chat_template", None))
+        return bool(tokenizer.backend is not None and tokenizer.chat_template)
     return prompt_format == "chat"
 
 

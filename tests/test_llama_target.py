@@ -33,11 +33,13 @@ def tokenizer_fields(path: str) -> dict:
             for key, field in fields if key.startswith("tokenizer.")}
 
 
-def write_random_llama(path: str, tokenizer_from: str, seed: int = 0, arch: str = "llama") -> None:
+def write_random_llama(path: str, tokenizer_from: str, seed: int = 0, arch: str = "llama",
+                       output: bool = False) -> None:
     """A 2-layer GGUF file (width 256, as K-quant blocks need) with random float32 weights
     and the tokenizer of `tokenizer_from`. arch: "llama", "llama3" (a llama file with
     Llama 3's rope_freqs), "qwen2" (query, key and value biases) or "qwen3" (query and key
-    norms, heads of 64 that do not divide the width: 8 heads, 512 query values)."""
+    norms, heads of 64 that do not divide the width: 8 heads, 512 query values). output:
+    an output layer of its own (as the Qwen2.5-Coder files have), else the embedding's."""
     fields = tokenizer_fields(tokenizer_from)
     n_vocab, width, ff, kv_heads = len(fields["tokenizer.ggml.tokens"][0]), 256, 512, 2
     heads, head_dim = (8, 64) if arch == "qwen3" else (4, 64)
@@ -63,6 +65,8 @@ def write_random_llama(path: str, tokenizer_from: str, seed: int = 0, arch: str 
 
     writer.add_tensor("token_embd.weight", weight(n_vocab, width))
     writer.add_tensor("output_norm.weight", np.ones(width, np.float32))
+    if output:
+        writer.add_tensor("output.weight", weight(n_vocab, width))
     if arch == "llama3":                  # divisors of the rope's angles, from 1 to 8 (as Llama 3's)
         writer.add_tensor("rope_freqs.weight", np.geomspace(1.0, 8.0, head_dim // 2).astype(np.float32))
     q, kv = heads * head_dim, kv_heads * head_dim

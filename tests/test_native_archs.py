@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hetspec.models import resolve_model
+from hetspec.workers.draft import native
 from hetspec.workers.target import llama_target
 from hetspec.workers.target.llama_target import LlamaTarget
 from hetspec.workers.target.native_target import NativeTarget
@@ -73,3 +74,36 @@ def test_every_architecture_follows_llama_cpps_logits(random_files, tmp_path, mo
     agree = (got.argmax(axis=1) == want.argmax(axis=1)).mean()
     spread = np.abs(got - want).max(axis=1)
     assert agree >= 0.9 and np.median(spread) < 0.1 * want.std(), (agree, np.median(spread), want.std())
+
+
+def test_token_embeddings_read_from_the_files_blocks_change_no_bit(tmp_path, monkeypatch):
+    """With an output layer of its own, the embedding table is read a row at a time from
+    the file (native.FileEmbedding) instead of held converted: the same logits, bit for
+    bit, in the target's windows and steps and in a draft holding K-quants exactly, and
+    still batch-invariant. (A draft rounding K-quants to Q8_0 now reads its embeddings
+    unrounded.)"""
+    source = str(tmp_path / "qwen2-output-f32.gguf")
+    write_random_llama(source, resolve_model("builtin:smollm2").file, seed=5, arch="qwen2", output=True)
+    path = quantize(source, str(tmp_path / "qwen2-output-q4_k_m.gguf"), "MOSTLY_Q4_K_M")
+    tokens = [int(t) for t in np.random.default_rng(6).integers(10, 5000, 24)]
+
+    def run():
+        target = NativeTarget(path, n_ctx=64, caches=1, threads=1)
+        draft = native.NativeDraftModel(path, n_ctx=64, exact_kquants=True)   # (else K-quants round to Q8_0)
+        try:
+            return (target.description, target.forward(0, tokens, 0, 8).copy(), target.forward(0, tokens[:3], 0, 1).copy(),
+                    draft.description, draft.forward(tokens, 0).copy())
+        finally:
+            target.close()
+            draft.close()
+
+    read = run()
+    assert "token embeddings read from the file's blocks" in read[0] and "from the file's blocks" in read[3]
+    monkeypatch.setattr(native.FileEmbedding, "of", classmethod(lambda cls, tensors, rows: None))
+    held = run()
+    assert "from the file's blocks" not in held[0]
+    for a, b in zip(read[1:], held[1:]):
+        if isinstance(a, np.ndarray):
+            assert np.array_equal(a, b)
+    monkeypatch.undo()
+    assert_batch_invariant(path, NativeTarget)

@@ -71,8 +71,8 @@ def check_vocabularies(target: Tokenizer, draft: Tokenizer | None, hellos: dict[
     vocabulary). A draft of another vocabulary must carry plain text through."""
     for role, tokenizer in (("target", target), ("draft", draft)):
         n_vocab = hellos[role].n_vocab
-        if tokenizer and tokenizer.hf is not None and len(tokenizer.hf) > n_vocab:   # (bytes: a test model's)
-            raise EngineStartError(f"the {role}'s tokenizer has {len(tokenizer.hf)} tokens but its model only "
+        if tokenizer and tokenizer.size is not None and tokenizer.size > n_vocab:   # (bytes: a test model's)
+            raise EngineStartError(f"the {role}'s tokenizer has {tokenizer.size} tokens but its model only "
                                    f"{n_vocab}: they do not belong together")
     differ = draft and describe_vocabularies(target, draft, hellos["target"].n_vocab, hellos["draft"].n_vocab)
     if differ:

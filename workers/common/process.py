@@ -48,6 +48,7 @@ def serve(role: str, endpoint: str, spec, load, handlers: dict, recover=None) ->
             print(message, file=sys.stderr)
             channel.send(WorkerFailed(role, message))
             return 1
+        release_freed_memory()
         channel.send(hello)
         loop = CommandLoop(role, channel, state, handlers, recover)
         while True:
@@ -93,6 +94,16 @@ class CommandLoop:
         if background is not None:
             _work_until_next_message(self.channel, background)
         return True
+
+
+def release_freed_memory() -> None:
+    """Hand back to the system what loading freed (the weights' conversions leave hundreds
+    of MB free in the C heap, which glibc keeps; measured: docs/performance.md). Elsewhere
+    than glibc, nothing."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _die_with_parent() -> None:

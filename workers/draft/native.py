@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -113,7 +114,10 @@ class NativeDraftModel:
         formats: dict[str, int] = {}
         window_layout = window_layout and self._lib.hs_pair_layout() == 1
         weights = _Weights(self._lib, tensors, self._arrays, formats, exact_kquants, window_layout)
-        model, self._layers = _describe(meta, weights, n_ctx)
+        self._embedding = FileEmbedding.of(tensors, self._lib.hs_max_window())
+        model, self._layers = _describe(meta, weights, n_ctx, self._embedding)
+        if self._embedding is not None:
+            self._embedding.drop_pages()
         self._rope = ROPE_NEOX if model.neox_rope else ROPE_NORM
         # Keys in blocks of key_block positions, dimension-major (native_draft.c, attend).
         self._key_block = self._lib.hs_key_block()
@@ -143,6 +147,8 @@ class NativeDraftModel:
         self.n_vocab, self.n_ctx = model.n_vocab, n_ctx
         self.n_cached = 0
         self.description = "native, " + ", ".join(f"{n} {kind}" for kind, n in sorted(formats.items()))
+        if self._embedding is not None:
+            self.description += ", token embeddings read from the file's blocks"
         if fast_head and model.out.fmt == FORMATS["Q8_0"]:
             model.out_fast = self._q4_1_copy(model.out)
             self.description += (f", output layer read in a Q4_1 copy, its {self._lib.hs_refined_logits()} "
@@ -176,13 +182,16 @@ class NativeDraftModel:
             self.forward_window(self._window_tokens[:n], pos + start, self._window_norms)
         for i in range(filled, ids.size):
             logits = self._logits.ctypes.data if i == ids.size - 1 else None
-            self._lib.hs_forward(ctypes.byref(self._model), int(ids[i]), pos + i, logits)
+            token = int(ids[i]) if self._embedding is None else int(self._embedding.rows(ids[i:i + 1])[0])
+            self._lib.hs_forward(ctypes.byref(self._model), token, pos + i, logits)
         self.n_cached = pos + ids.size
         return self._logits
 
     def forward_window(self, tokens: np.ndarray, pos: int, norms: np.ndarray) -> None:
         """Run up to max_window int32 `tokens` at positions pos.. through the window
         products; each token's state after the final norm into norms' rows."""
+        if self._embedding is not None:
+            tokens = self._embedding.rows(tokens)
         if self._lib.hs_forward_window(ctypes.byref(self._model), tokens.ctypes.data, tokens.size, pos,
                                        norms.ctypes.data) != 0:
             raise RuntimeError(f"the native forward refused positions {pos}..{pos + tokens.size - 1}")
@@ -240,13 +249,53 @@ class _Weights(NamedTuple):
     window: bool              # Q8_0 laid out for AVX-512's window products (FMT_W8)
 
 
-def _describe(meta: dict, w: _Weights, n_ctx: int):
+class FileEmbedding:
+    """Token embeddings dequantized from the file's own blocks, a row per token as it
+    comes (gguf's dequantize, as llama.cpp's get_rows reads them), into rows the C side
+    reads as its embedding table (FMT_F32), the tokens renumbered to those rows. Only
+    where the output layer is a tensor of its own: nothing else reads the table, and a
+    converted copy of it cost 136 MB in Qwen2.5-Coder-0.5B and 131 MB in the 1.5B."""
+
+    def __init__(self, tensor, rows: int):
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        self.data, self.rows_in_file = tensor.data, tensor.shape[1]
+        self.dequantize = functools.partial(dequantize, qtype=GGMLQuantizationType[tensor.type_name])
+        self.buffer = np.zeros((rows, tensor.shape[0]), np.float32)
+        self.local = np.arange(rows, dtype=np.int32)
+
+    @classmethod
+    def of(cls, tensors: dict, rows: int) -> FileEmbedding | None:
+        embedding = tensors.get("token_embd.weight")
+        if "output.weight" not in tensors or embedding is None or not embedding.type_name or embedding.data is None:
+            return None
+        return cls(embedding, rows)
+
+    def drop_pages(self) -> None:
+        """Loading read every block through the file's memory map, which the rows keep
+        open: without this all of them would count as resident. They stay in the page
+        cache; a row read again comes back from there."""
+        mapping = getattr(self.data, "_mmap", None)
+        if mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
+            mapping.madvise(mmap.MADV_DONTNEED)
+
+    def mat(self) -> _Mat:
+        return _Mat(self.buffer.ctypes.data, None, None, FLOAT_FORMATS["F32"], len(self.buffer), self.buffer.shape[1])
+
+    def rows(self, tokens) -> np.ndarray:
+        """Fills a row per token (at most len(buffer)); returns the tokens' row numbers."""
+        self.buffer[:len(tokens)] = self.dequantize(self.data[np.asarray(tokens, np.int64)])
+        return self.local[:len(tokens)]
+
+
+def _describe(meta: dict, w: _Weights, n_ctx: int, embedding: FileEmbedding | None = None):
     """The C side's model: its shape from the file's metadata, its matrices and norms
-    from its tensors."""
+    from its tensors; the token embeddings from `embedding`'s rows where given."""
     model, arch = _shape(meta, n_ctx)
-    model.embd = _mat(w, "token_embd.weight")
+    model.embd = _mat(w, "token_embd.weight") if embedding is None else embedding.mat()
     model.out = _mat(w, "output.weight") if "output.weight" in w.tensors else model.embd
-    model.n_vocab = model.embd.rows
+    model.n_vocab = model.out.rows
     model.out_norm = _vector(w, "output_norm.weight", model.n_embd)
     if "rope_freqs.weight" in w.tensors:        # Llama 3's rope scaling
         model.rope_freqs = _vector(w, "rope_freqs.weight", model.head_dim // 2)
