@@ -164,6 +164,14 @@ class WorkerLink:
         """A message that answers nothing outstanding, to be dropped."""
         return False
 
+    def stop_background(self) -> None:
+        """Idle stops what a worker does between commands (an extension, a run ahead)."""
+        try:
+            self.send(Idle())
+        except WorkerLost:         # nothing to stop
+            pass
+        self.busy = False          # Idle has no reply
+
     def send(self, message) -> None:
         """Never to a dead worker (a DEALER with no peer holds the message, and once
         full the sender, until one connects), nor to a restarted one still loading."""
@@ -254,11 +262,7 @@ class TargetLink(WorkerLink):
     def settle(self) -> None:
         """Stop a run ahead that no step will take (the end of a request)."""
         if self.ahead is not None:
-            try:
-                self.send(Idle())
-            except WorkerLost:                 # nothing to stop
-                pass
-            self.busy = False                  # Idle has no reply
+            self.stop_background()
 
     def lost(self) -> None:
         super().lost()
@@ -335,11 +339,7 @@ class DraftLink(WorkerLink):
         request), so it does not compete with whatever runs next."""
         if self.extending:
             self.extending = False
-            try:
-                self.send(Idle())
-            except WorkerLost:     # nothing to stop
-                pass
-            self.busy = False      # Idle has no reply
+            self.stop_background()
 
     def lost(self) -> None:
         super().lost()
