@@ -327,6 +327,26 @@ def test_a_costly_failed_probe_buys_a_rest_it_is_a_small_share_of():
     assert gate.rest == MAX_PROBE_REST
 
 
+def test_a_request_that_begins_by_speculating_pays_back_its_first_probe():
+    """Each request of an engine whose draft cannot pay begins with a probe (its rest
+    over): timed from the prompt on (Gate.start), a failed one buys the rest it cost,
+    not merely FIRST_REST, so the requests after it rest rather than probe again."""
+    now = [0.0]
+    memory = Memory(target_s=0.010)
+    gate = Gate(memory, forced=False, clock=lambda: now[0])
+    gate.start()
+    now[0] += 0.100
+    gate.probing(5)                                  # the target alone beside the draft's catching up
+    for _ in range(1 + MIN_ROUNDS):
+        now[0] += 0.012
+        gate.judge(0.012, 1)
+    assert gate.rest == pytest.approx((0.100 + 4 * 0.012 - 9 * 0.010) / (PROBE_SHARE * 0.010), abs=1)
+    assert gate.rest > 2 * FIRST_REST and memory.rest == gate.rest
+    forced = Gate(Memory(target_s=0.010), forced=True, clock=lambda: now[0])
+    forced.start()
+    assert forced.probe_began is None
+
+
 def test_gate_never_rests_a_forced_request_and_times_the_target_first():
     forced = Gate(Memory(target_s=0.010), forced=True)
     _judged(forced, 20, 1.0, 1)

@@ -79,10 +79,11 @@ class Scheduler:
         differ = startup.check_vocabularies(tokenizer, draft_tokenizer, hellos, spec.draft_model)
         self.kv_buffer = startup.attach_buffers(self.config, spec.run_id, *links, hellos)
         gamma, budget, self.costs = startup.calibrate(self.config, *links)
-        alone = startup.alone_borrows_cores(self.config, self.target, hellos["target"].device)
+        alone, alone_pace = startup.alone_borrows_cores(self.config, self.target, hellos["target"].device)
         self.caps = startup.capabilities(self.config, hellos, kv_handover=self.kv_buffer is not None,
                                          alone_borrows=alone)
-        self.memories = memories(target_s=interpolate(self.costs.verify_s, 1) if self.costs else None)
+        # the target alone's token, which speculation must beat: on both workers' cores where it takes them
+        self.memories = memories(target_s=interpolate(self.costs.verify_s, 1) * alone_pace if self.costs else None)
         self.draft = BridgedDraft(self.draft_link, tokenizer, draft_tokenizer, self.caps.max_gamma,
                                   self.config.draft.n_ctx, hellos["target"].n_vocab) if differ else self.draft_link
         self.resolver = Resolver(tokenizer, hellos["target"].n_vocab,

@@ -121,21 +121,24 @@ def calibrate(config: EngineConfig, draft: DraftLink, target: TargetLink) -> tup
     return gamma, info, CostModel(draft_s, verify_s, prefill_s)
 
 
-def alone_borrows_cores(config: EngineConfig, target: TargetLink, device: str) -> bool:
+def alone_borrows_cores(config: EngineConfig, target: TargetLink, device: str) -> tuple[bool, float]:
     """Whether the target decoding alone also takes the draft's cores: as configured, or
     ("auto") if one token is at least 5% faster so (the draft idle), after a short context:
     a token's cost is its weights'. On a small CPU a second thread can cost more in
-    synchronisation than it gains."""
+    synchronisation than it gains. Also how much faster a token alone is than on the
+    target's own cores (1.0 where not measured): the gate's first figure for the target
+    alone, which speculation must beat (gate.Memory)."""
     choice = config.target.alone_borrows_draft_cores
     if choice != AUTO or device != "cpu" or not set(config.draft.cores) - set(config.target.cores):
-        return choice is True and device == "cpu"
+        return choice is True and device == "cpu", 1.0
     context = min(ALONE_CONTEXT, config.server.max_context // 2)
 
     def fastest(borrow: bool) -> float:
         target.send(CalibrateTarget(context, [1, 1, 1], borrow_cores=borrow))
         return min(target.wait().seconds)
 
-    return fastest(True) < 0.95 * fastest(False)
+    borrowed, own = fastest(True), fastest(False)
+    return (True, borrowed / own) if borrowed < 0.95 * own else (False, 1.0)
 
 
 def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handover: bool,

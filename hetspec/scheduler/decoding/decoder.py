@@ -225,6 +225,7 @@ class Decoder:
                                      borrow_cores=False)
         self.out.commit([self.choose(self.target.finish_verify(1))])
         self.stats.ttft_s = time.perf_counter() - self.stats.start
+        self.gate.start()
         self.emit_round()
 
     def draft_catches_up(self) -> None:

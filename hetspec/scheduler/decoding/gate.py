@@ -58,6 +58,13 @@ class Gate:
         self.probe_began: float | None = None      # when the probe under way began (None: none is)
         self.probe_tokens = 0                       # tokens it has committed since
 
+    def start(self) -> None:
+        """The prompt is in: a request that begins by speculating begins a probe, timed
+        like one after a rest, so that a failed one rests as long as it cost (else every
+        request of an engine whose draft cannot pay would probe again at its start)."""
+        if self.speculate and not self.forced:
+            self.probe_began, self.probe_tokens = self.clock(), 0
+
     @property
     def speculate(self) -> bool:
         return self.rest <= 0
