@@ -42,9 +42,8 @@ SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token", "se
 
 class Tokenizer:
     """A model's tokenizer, run by `tokenizers` (Rust) with its chat template in jinja2,
-    as transformers' fast tokenizers run them. transformers itself is imported only to
-    convert a GGUF file's tokenizer the first time: importing it cost the scheduler
-    1.8 s and 80 MB (docs/performance.md)."""
+    as transformers' fast tokenizers run them. transformers itself, slow to import and
+    large, is imported only to convert a GGUF file's tokenizer the first time."""
 
     def __init__(self, model: ModelSpec):
         self.backend = None        # a tokenizers.Tokenizer; None: UTF-8 bytes (a random model's)

@@ -97,9 +97,8 @@ class CommandLoop:
 
 
 def release_freed_memory() -> None:
-    """Hand back to the system what loading freed (the weights' conversions leave hundreds
-    of MB free in the C heap, which glibc keeps; measured: docs/performance.md). Elsewhere
-    than glibc, nothing."""
+    """Hand back to the system what loading freed in the C heap (the weights' conversions),
+    which glibc would keep. Elsewhere than glibc, nothing."""
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):

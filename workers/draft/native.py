@@ -253,14 +253,14 @@ class FileEmbedding:
     """Token embeddings dequantized from the file's own blocks, a row per token as it
     comes (gguf's dequantize, as llama.cpp's get_rows reads them), into rows the C side
     reads as its embedding table (FMT_F32), the tokens renumbered to those rows. Only
-    where the output layer is a tensor of its own: nothing else reads the table, and a
-    converted copy of it cost 136 MB in Qwen2.5-Coder-0.5B and 131 MB in the 1.5B."""
+    where the output layer is a tensor of its own: nothing else reads the table, so a
+    converted copy of it would be memory for one row a token (docs/kernels.md)."""
 
     def __init__(self, tensor, rows: int):
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        self.data, self.rows_in_file = tensor.data, tensor.shape[1]
+        self.data = tensor.data
         self.dequantize = functools.partial(dequantize, qtype=GGMLQuantizationType[tensor.type_name])
         self.buffer = np.zeros((rows, tensor.shape[0]), np.float32)
         self.local = np.arange(rows, dtype=np.int32)
