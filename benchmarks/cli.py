@@ -28,7 +28,7 @@ from hetspec.core.errors import HetspecError
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hetspec-bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="engine config: shipped name (smollm2, gemma3-270m, gemma3-smollm2) or TOML path "
+    p.add_argument("--config", help="engine config: shipped name (smollm2, gemma3-270m, gemma3-smollm2, qwen2.5-coder, ...) or TOML path "
                                     "(default: the embedded SmolLM2 pair)")
     p.add_argument("--limit", type=int, help="prompts per category, 0 = all (default 1: the quick run)")
     p.add_argument("--methods", nargs="+", help=f"methods or groups ({', '.join(GROUPS)}); "

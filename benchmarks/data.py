@@ -1,11 +1,12 @@
 """The benchmark's prompts: the six Spec-Bench categories the DuoDecoding paper uses,
-and two of hetspec's own (code and text to continue, for base models).
+and three of hetspec's own (code and text to continue, for base models, and
+HumanEval-style function stubs: a signature, a docstring, an example).
 
 The jsonl files live inside the package (benchmarks/data/spec-bench/, MIT
 license kept beside them; benchmarks/data/continuation/) so that a run never
 depends on anything outside the project. The first turn of each question is the
 prompt; the new-token budget follows the paper: 128, but 32 for QA and RAG
-(short answers); 64 for the continuations.
+(short answers); 64 for the continuations, 128 for the stubs.
 """
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from importlib import resources
 
 # The paper's column order (Tables 1-3), with the short column titles it uses.
 CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
-CONTINUATIONS = ("code", "continuation")       # run when asked for (--categories)
+CONTINUATIONS = ("code", "continuation", "stubs")   # run when asked for (--categories)
 ALL_CATEGORIES = CATEGORIES + CONTINUATIONS
 TITLES = {"mt_bench": "MT", "translation": "Trans.", "summarization": "Sum.", "qa": "QA",
-          "math_reasoning": "Math", "rag": "RAG", "code": "Code", "continuation": "Cont."}
+          "math_reasoning": "Math", "rag": "RAG", "code": "Code", "continuation": "Cont.", "stubs": "Stubs"}
 MAX_NEW_TOKENS = {"mt_bench": 128, "translation": 128, "summarization": 128, "qa": 32,
-                  "math_reasoning": 128, "rag": 32, "code": 64, "continuation": 64}
+                  "math_reasoning": 128, "rag": 32, "code": 64, "continuation": 64, "stubs": 128}
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import argparse
 import time
 
 import hetspec
-from hetspec.benchmarks.data import CATEGORIES, load_prompts
+from hetspec.benchmarks.data import ALL_CATEGORIES, load_prompts
 
 MODES = ("duodec", "sequential", "target")
 
@@ -27,7 +27,7 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="gemma3-smollm2")
     parser.add_argument("--categories", nargs="+", default=["code", "continuation"],
-                        choices=[*CATEGORIES, "code", "continuation"])
+                        choices=ALL_CATEGORIES)
     parser.add_argument("--limit", type=int, default=4, help="prompts per category")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)

@@ -3,7 +3,7 @@
 The llama-cpp-python peer (llama_peer.py) drives llama.cpp from a Python loop,
 which costs llama.cpp part of its speed; users compare against llama.cpp's own
 programs. `scripts/build_llama_cpp.sh` builds them from the llama.cpp that the
-installed llama-cpp-python vendors, into the cache folder (cache_root()); each
+installed llama-cpp-python vendors, into the cache folder (hetspec.models.cache_home()); each
 row below runs one of them on the target's GGUF file, per prompt, on the
 benchmark process's cores (`taskset`), while the engine's processes sit idle:
 
@@ -35,6 +35,7 @@ from pathlib import Path
 from statistics import mean
 
 from hetspec.benchmarks.methods import CPP_PEER
+from hetspec.models import cache_home
 
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
 BUILD = "scripts/build_llama_cpp.sh"
@@ -42,15 +43,6 @@ BENCH_REPS = 3                       # llama-bench repetitions per prompt (their
 DRAFT_LENGTHS = (3, 8, 16)           # --spec-draft-n-max tried for the draft-model row
 REFERENCE = CPP_PEER                 # the row the report's "vs llama.cpp" divides by (every core)
 TIMEOUT_S = 600
-
-
-def cache_root() -> Path:
-    """hetspec's cache folder, as hetspec.models names it (HETSPEC_CACHE, else
-    ~/.cache/hetspec); "off" keeps no model copies, but binaries need a home."""
-    root = os.environ.get("HETSPEC_CACHE", "")
-    if root and root.lower() != "off":
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "hetspec"
 
 
 def llama_cpp_version() -> str | None:
@@ -70,13 +62,22 @@ def find_binaries() -> Path | None:
         version = llama_cpp_version()
         if version is None:
             return None
-        folder = cache_root() / f"llama.cpp-{version}" / "bin"
+        folder = cache_home() / f"llama.cpp-{version}" / "bin"
     folder = Path(folder)
     return folder if all(os.access(folder / t, os.X_OK) for t in TOOLS) else None
 
 
+def kept_tree() -> Path | None:
+    """The installed llama-cpp-python's CMake build tree, where `scripts/setup.sh --dev`
+    kept it: there the binaries take a minute to build, not llama.cpp whole."""
+    version = llama_cpp_version()
+    tree = cache_home() / f"llama.cpp-{version}" / "python-build"
+    return tree if version and (tree / "CMakeCache.txt").is_file() else None
+
+
 def missing_line() -> str:
-    return (f"llama.cpp's own binaries are not built ({BUILD} builds them: 16 CPU-minutes); the llama.cpp rows "
+    cost = "a minute, in llama-cpp-python's kept build tree" if kept_tree() else "16 CPU-minutes"
+    return (f"llama.cpp's own binaries are not built ({BUILD} builds them: {cost}); the llama.cpp rows "
             "are llama-cpp-python's Python loop only")
 
 

@@ -22,7 +22,7 @@ from collections import defaultdict
 import numpy as np
 
 import hetspec
-from hetspec.benchmarks.data import CATEGORIES, load_prompts
+from hetspec.benchmarks.data import ALL_CATEGORIES, load_prompts
 from hetspec.config import load_config
 from hetspec.core.pinning import pin
 from hetspec.models import resolve_model
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hetspec.benchmarks.lookup_replay",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="gemma3-smollm2")
-    parser.add_argument("--categories", nargs="+", default=[*CATEGORIES, "code", "continuation"])
+    parser.add_argument("--categories", nargs="+", default=list(ALL_CATEGORIES))
     parser.add_argument("--limit", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2, help="the target's threads, as in a rest (default 2)")

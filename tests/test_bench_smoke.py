@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hetspec.benchmarks.checks import check_results
+from hetspec.benchmarks.llama_bin import kept_tree
 from hetspec.benchmarks.methods import FORCED, METHODS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -193,6 +194,7 @@ def test_the_llama_cpp_binary_rows(smoke):
     assert doc["methods"]["llama.cpp"]["label"].startswith("llama.cpp via llama-cpp-python")
     if section.get("missing"):
         assert "scripts/build_llama_cpp.sh" in section["missing"] and section["missing"] in report
+        assert kept_tree() is None, "scripts/setup.sh --dev kept llama-cpp-python's build tree but built no binaries"
         return
     assert set(section["methods"]) | set(section["skipped"]) == {n for n, m in METHODS.items() if m.kind == "cpp"}
     assert section["runs"] and all("error" not in r and r["decode_tokens_per_s"] > 0 for r in section["runs"])
