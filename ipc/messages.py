@@ -204,6 +204,7 @@ class CalibrateTarget:
     context_len: int
     sizes: list[int]
     borrow_cores: bool = False      # timed on the draft's cores too
+    budget_s: float = 0.0           # stop after the size at which the passes have taken this long (0: every size)
 
 
 @dataclass

@@ -354,3 +354,17 @@ def test_gate_never_rests_a_forced_request_and_times_the_target_first():
     unknown = Gate(Memory(target_s=None), forced=False)
     _judged(unknown, 1 + MIN_ROUNDS, 0.001, 5)
     assert unknown.rest == MIN_ROUNDS                # nothing to compare with yet: time the target alone
+
+
+def test_a_draft_that_cannot_beat_the_target_on_every_core_is_not_prefilled():
+    """Qwen2.5-Coder-1.5B on one core (153 ms a token, windows of 4 and 8 cost 285 and 572
+    ms) and its 0.5B draft (58 ms a token): at 80% acceptance a pipelined round beats the
+    one-core token, but not the target alone on both cores (0.58 of it). Judged against
+    the one-core token, the request would prefill its draft and probe; against the target
+    alone's own pace it goes on target-only at once."""
+    verify = {1: 0.153, 4: 0.285, 8: 0.572}
+    own_core, both_cores = CostModel(0.058, verify), CostModel(0.058, verify, alone_pace=0.58)
+    assert own_core.gain(32, 0.8) > 1.5 and own_core.prefill_pays(64, 96, own_core.gain(32, 0.8))
+    assert both_cores.alone_s() == pytest.approx(0.58 * 0.153)
+    assert both_cores.gain(32, 0.8) < 1 and not both_cores.prefill_pays(64, 96, both_cores.gain(32, 0.8))
+    assert both_cores.gain(32, 0.99) > 1          # a draft that nearly always agrees would still pay

@@ -22,7 +22,6 @@ from hetspec.scheduler import startup
 from hetspec.scheduler.clients import Clients, Pending
 from hetspec.scheduler.decoding.acceptance_prior import AcceptancePrior
 from hetspec.scheduler.decoding.bridge import BridgedDraft
-from hetspec.scheduler.decoding.budget import interpolate
 from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.gate import memories
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerLost
@@ -82,8 +81,9 @@ class Scheduler:
         alone, alone_pace = startup.alone_borrows_cores(self.config, self.target, hellos["target"].device)
         self.caps = startup.capabilities(self.config, hellos, kv_handover=self.kv_buffer is not None,
                                          alone_borrows=alone)
-        # the target alone's token, which speculation must beat: on both workers' cores where it takes them
-        self.memories = memories(target_s=interpolate(self.costs.verify_s, 1) * alone_pace if self.costs else None)
+        if self.costs:      # the target alone's token, which speculation must beat: on both workers' cores
+            self.costs.alone_pace = alone_pace   # where it takes them
+        self.memories = memories(target_s=self.costs.alone_s() if self.costs else None)
         self.draft = BridgedDraft(self.draft_link, tokenizer, draft_tokenizer, self.caps.max_gamma,
                                   self.config.draft.n_ctx, hellos["target"].n_vocab) if differ else self.draft_link
         self.resolver = Resolver(tokenizer, hellos["target"].n_vocab,

@@ -21,7 +21,8 @@ from hetspec.scheduler.decoding.request import Capabilities
 from hetspec.scheduler.supervisor import Crew
 from hetspec.scheduler.tokenizer import Tokenizer, kept_tokenizer
 
-CALIBRATION_CONTEXT = 256
+CALIBRATION_CONTEXT = 128
+CALIBRATION_BUDGET_S = 4.0  # verify passes timed at start-up, at most about this long (larger sizes extrapolated)
 ALONE_CONTEXT = 16        # tokens before the timed token of alone_borrows_cores
 VERIFY_SIZES = [1, 2, 4, 6, 8, 10, 12, 16, 24, 32]
 
@@ -111,7 +112,7 @@ def calibrate(config: EngineConfig, draft: DraftLink, target: TargetLink) -> tup
     sizes = [n for n in VERIFY_SIZES if n <= decoding.max_gamma + 1]
     context = min(CALIBRATION_CONTEXT, config.server.max_context // 2)
     draft.send(CalibrateDraft(context, 8, repeats=6))
-    target.send(CalibrateTarget(context, sizes))
+    target.send(CalibrateTarget(context, sizes, budget_s=CALIBRATION_BUDGET_S))
     verify_s = monotone(dict(zip(sizes, target.wait().seconds)))
     timed = draft.wait()
     draft_s, prefill_s = timed.seconds_per_token, timed.prefill_seconds_per_token

@@ -62,11 +62,13 @@ class CostModel:
 
     SMOOTHING = 0.2
 
-    def __init__(self, draft_s_per_token: float, verify_s: dict[int, float], prefill_s_per_token: float = 0.0):
+    def __init__(self, draft_s_per_token: float, verify_s: dict[int, float], prefill_s_per_token: float = 0.0,
+                 alone_pace: float = 1.0):
         self.draft_s = draft_s_per_token
         self.verify_s = dict(verify_s)
         self.verify_scale = 1.0
         self.prefill_s = prefill_s_per_token or draft_s_per_token   # per draft prompt token (untimed: a step)
+        self.alone_pace = alone_pace    # a token of the target alone over one on its own cores (it may take the draft's)
 
     def observe(self, n_draft: int, draft_s: float, n_verify: int, verify_s: float) -> None:
         if n_draft > 0 and draft_s > 0:
@@ -89,7 +91,7 @@ class CostModel:
             return True
         if gain <= 1:
             return False
-        target_s = self._verify(1)
+        target_s = self.alone_s()
         lost = n_tokens * self.prefill_s * (1 - 1 / (gain * CONTENTION))
         return lost < remaining * target_s * (1 - 1 / gain)
 
@@ -132,9 +134,15 @@ class CostModel:
                    key=lambda k: self._verify(k + 1) / sum(acceptance ** j for j in range(k + 1)))
 
     def gain(self, max_gamma: int, acceptance: float) -> float:
-        """Speculation's expected pace over the target alone's, at the best pipelined window."""
+        """Speculation's expected pace over the target alone's, at the best pipelined window.
+        The target alone may take the draft's cores too, and then a pipelined round,
+        each worker on its own cores, must beat that pace, not the one-core token's."""
         best = self._pipelined_s(self.best_pipelined(max_gamma, acceptance), acceptance)
-        return self._verify(1) / best
+        return self.alone_s() / best
+
+    def alone_s(self) -> float:
+        """A token of the target alone, on every core it takes so."""
+        return self._verify(1) * self.alone_pace
 
     def covering(self, gamma: int, pending: int) -> int:
         """Draft for as long as the target will take to verify the last committed token
