@@ -268,3 +268,15 @@ def test_llama_cpp_binaries_when_built():
         assert peer.load_time(model)["load_ms"] > 0
     finally:
         peer.close()
+
+
+def test_the_mode_ab_script_runs(capsys):
+    """`python -m hetspec.benchmarks.mode_ab`, short, on the embedded default: modes take
+    turns per prompt, and their greedy outputs agree."""
+    from hetspec.benchmarks import mode_ab
+
+    assert mode_ab.main(["--modes", "target", "duodec", "--categories", "code", "--limit", "1",
+                         "--max-new-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "prompts whose greedy outputs differ between modes: 0" in out
+    assert out.count("code/1") == 2 and "1.00x target" in out
