@@ -155,6 +155,8 @@ def _one_shot(engine, args) -> int:
     stats = engine.last_result.stats
     print()
     rested = f", {stats['rested']} tokens by the target alone (drafting did not pay)" if stats["rested"] else ""
+    if stats.get("fallback"):
+        rested += f", the target alone: {stats['fallback']}"
     print(f"[{stats['new_tokens']} tokens in {stats['total_s']:.2f} s: {stats['tokens_per_s']:.1f} tok/s, "
           f"ttft {stats['ttft_s'] * 1000:.0f} ms, mode {stats['mode']}, gamma {stats['gamma']}, "
           f"acceptance {stats['acceptance_rate']:.1%}, {stats['mean_accepted_per_round']:.2f} tokens/round{rested}]",

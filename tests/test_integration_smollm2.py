@@ -105,4 +105,4 @@ def test_cli_one_shot_streams_text_and_says_how_it_decoded():
     line = out.stderr.strip().splitlines()[-1]
     assert re.fullmatch(r"\[\d+ tokens in [\d.]+ s: [\d.]+ tok/s, ttft \d+ ms, mode duodec, gamma \d+, "
                         r"acceptance [\d.]+%, [\d.]+ tokens/round(, \d+ tokens by the target alone "
-                        r"\(drafting did not pay\))?\]", line), line
+                        r"\(drafting did not pay\))?(, the target alone: [^\]]+)?\]", line), line
