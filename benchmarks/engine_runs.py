@@ -137,4 +137,5 @@ def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int],
         "rested": int(s.get("rested", 0)),
         "lookup_guessed": int(s.get("lookup_guessed", 0)),
         "lookup_accepted": int(s.get("lookup_accepted", 0)),
+        "fallback": s.get("fallback"),       # why the target ran without the draft, where it did
     }
