@@ -256,9 +256,9 @@ def test_gain_says_when_speculating_pays_for_a_waiting_target():
     """The draft's prefill borrows the target's cores, the target waiting, only where
     speculation more than doubles the pace (Decoder.draft_catches_up)."""
     steep = CostModel(0.014, {1: 0.106, 4: 0.130, 8: 0.182, 16: 0.269, 32: 0.426})
-    assert steep.gain(32, 0.0) < 1 < steep.gain(32, 0.5) < 2 < steep.gain(32, 0.95)
+    assert steep.gain(32, 0.0) <= 1 < steep.gain(32, 0.5) < 2 < steep.gain(32, 0.95)
     flat = CostModel(0.004, {1: 0.030, 8: 0.032, 16: 0.036, 32: 0.045})
-    assert flat.gain(32, 0.9) > 4
+    assert flat.gain(32, 0.9) > 3.5
 
 
 def test_a_draft_prefill_pays_only_if_it_leaves_time_to_speculate():
@@ -364,7 +364,23 @@ def test_a_draft_that_cannot_beat_the_target_on_every_core_is_not_prefilled():
     alone's own pace it goes on target-only at once."""
     verify = {1: 0.153, 4: 0.285, 8: 0.572}
     own_core, both_cores = CostModel(0.058, verify), CostModel(0.058, verify, alone_pace=0.58)
-    assert own_core.gain(32, 0.8) > 1.5 and own_core.prefill_pays(64, 96, own_core.gain(32, 0.8))
+    assert own_core.gain(32, 0.8) > 1.2 and own_core.prefill_pays(64, 96, own_core.gain(32, 0.8))
     assert both_cores.alone_s() == pytest.approx(0.58 * 0.153)
     assert both_cores.gain(32, 0.8) < 1 and not both_cores.prefill_pays(64, 96, both_cores.gain(32, 0.8))
     assert both_cores.gain(32, 0.99) > 1          # a draft that nearly always agrees would still pay
+
+
+def test_a_rejection_costs_the_pipeline_a_restart():
+    """After a rejection the draft has no window ready: the target waits while it drafts a
+    short one (Windows.restart). Qwen2.5-Coder-1.5B and its 0.5B draft as calibrated on the
+    2-core EPYC (62 ms a draft token; verify passes of 1, 2, 4 and 6 tokens 145, 178, 224
+    and 409 ms; the target alone 86 ms a token on both cores): a round that keeps its
+    window of 4 lasts the draft's 248 ms and commits 3.3 tokens at 87% acceptance, 76 ms
+    a token, but the restarts bring the pace to 88 ms: speculating is not expected to pay."""
+    verify = {1: 0.145, 2: 0.178, 4: 0.224, 6: 0.409, 8: 0.504}
+    costs = CostModel(0.062, verify, alone_pace=0.086 / 0.145)
+    unbroken = max(4 * 0.062, verify[4]) / sum(0.87 ** j for j in range(4))
+    assert costs._pipelined_s(4, 0.87) > 1.1 * unbroken
+    assert costs.gain(32, 0.87) < 1 and not costs.prefill_pays(64, 96, costs.gain(32, 0.87))
+    assert costs._pipelined_s(4, 1.0) == pytest.approx(unbroken * sum(0.87 ** j for j in range(4)) / 4)
+    assert costs.gain(32, 0.99) > 1.3          # where the draft nearly always agrees it would pay

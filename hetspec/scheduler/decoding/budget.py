@@ -55,6 +55,21 @@ def interpolate(points: dict[int, float], x: int) -> float:
     return points[lo] + slope * (x - lo)
 
 
+def restart_tokens(acceptance: float, pace: float, draft_s: float, limit: int) -> int:
+    """Tokens worth drafting while the target waits: the j-th is kept with probability
+    acceptance**j, and is worth a draft step while that times the pipeline's pace
+    (seconds per committed token) beats the step; at most limit."""
+    n = 0
+    while n < limit and acceptance ** (n + 1) * pace >= draft_s:
+        n += 1
+    return n
+
+
+def _committed(acceptance: float, n: int) -> float:
+    """Expected tokens a pass verifying n drafted tokens commits: 1 + a + ... + a**n."""
+    return sum(acceptance ** j for j in range(n + 1))
+
+
 class CostModel:
     """What a draft token and a verify pass cost, from the start-up measurement,
     kept honest by the rounds' own timings (costs grow with the context and
@@ -151,8 +166,21 @@ class CostModel:
         return max(1, min(gamma, math.ceil(self._verify(pending + 1) / self.draft_s)))
 
     def _pipelined_s(self, n: int, acceptance: float) -> float:
-        round_s = max(n * self.draft_s, self._verify(n + 1))
-        return round_s / sum(acceptance ** j for j in range(n + 1))
+        """Seconds per committed token of pipelined rounds whose draft windows hold n
+        tokens: the first guesses the target's bonus token, so a round verifies the
+        n - 1 others. A round that keeps its whole window and whose bonus token the
+        draft guessed hands the next one a window drafted meanwhile; any other is
+        followed by a restart round, whose r tokens are drafted while the target
+        waits (Windows.restart). The two kinds alternate as a two-state chain, and
+        its stationary mix weighs them."""
+        a = acceptance
+        full_s, full_n = max(n * self.draft_s, self._verify(n)), _committed(a, n - 1)
+        if a >= 1:
+            return full_s / full_n
+        r = restart_tokens(a, full_s / full_n, self.draft_s, n - 1)
+        restart_s, restart_n = r * self.draft_s + self._verify(r + 1), _committed(a, r)
+        to_full, to_restart = a ** (r + 1), 1 - a ** n     # each kind's chance of being followed by the other
+        return (to_full * full_s + to_restart * restart_s) / (to_full * full_n + to_restart * restart_n)
 
     def _verify(self, n: int) -> float:
         """A verify pass of n tokens, as measured and scaled by the rounds since."""
@@ -203,10 +231,7 @@ class Windows:
         if self.costs is None or limit <= 0:
             return max(limit, 0)
         pace = pace if pace is not None else self.costs.s_per_token(self.gamma, acceptance)
-        n = 0
-        while n < limit and acceptance ** (n + 1) * pace >= self.costs.draft_s:
-            n += 1
-        return n
+        return restart_tokens(acceptance, pace, self.costs.draft_s, limit)
 
     def lookup(self, acceptance: float, room: int) -> int:
         """How many lookup tokens a target-only step may guess (lookup.py), at most
