@@ -271,6 +271,7 @@ def test_a_draft_prefill_pays_only_if_it_leaves_time_to_speculate():
     assert not costs.prefill_pays(300, 48, modest) and costs.prefill_pays(300, 48, high)
     assert not costs.prefill_pays(600, 48, high)    # longer than the whole request
     assert not costs.prefill_pays(100, 512, costs.gain(32, 0.0))   # speculation is not expected to pay at all
+    assert not costs.prefill_pays(3, 512, costs.gain(32, 0.0))     # nor where the draft holds the prompt already
     costs.observe_prefill(600, 0.6)            # a draft that prefills in batches: 1 ms a token
     assert 0.008 < costs.prefill_s < 0.010     # one timing moves the estimate a fifth of the way
     for _ in range(20):

@@ -101,11 +101,13 @@ class CostModel:
         decodes alone meanwhile but CONTENTION times slower, before speculating at
         gain g (CostModel.gain): over prefill time P it loses P * (1 - 1/(g * CONTENTION))
         against the target alone, and speculating wins back (1 - 1/g) of the rest of
-        the request's time (docs/design.md). A short prefill always goes: the gate judges."""
-        if n_tokens < SHORT_PREFILL:
-            return True
+        the request's time (docs/design.md). Speculation that is not expected to pay
+        never does, however little the draft has to read (a prompt it mostly holds
+        already); otherwise a short prefill always goes, and the gate judges."""
         if gain <= 1:
             return False
+        if n_tokens < SHORT_PREFILL:
+            return True
         target_s = self.alone_s()
         lost = n_tokens * self.prefill_s * (1 - 1 / (gain * CONTENTION))
         return lost < remaining * target_s * (1 - 1 / gain)
