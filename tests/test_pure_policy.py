@@ -385,3 +385,27 @@ def test_a_rejection_costs_the_pipeline_a_restart():
     assert costs.gain(32, 0.87) < 1 and not costs.prefill_pays(64, 96, costs.gain(32, 0.87))
     assert costs._pipelined_s(4, 1.0) == pytest.approx(unbroken * sum(0.87 ** j for j in range(4)) / 4)
     assert costs.gain(32, 0.99) > 1.3          # where the draft nearly always agrees it would pay
+
+
+def test_a_short_prompt_starts_no_probe_that_cannot_pay():
+    """A prompt under LONG_PROMPT tokens has its draft prefilled beside the target's
+    prompt: only where speculating may beat the target alone (Decoder.may_pay), the
+    decision plan_draft_prefill makes for longer prompts. The costs: Qwen2.5-Coder as in
+    test_a_rejection_costs_the_pipeline_a_restart, and a draft four times cheaper."""
+    from hetspec.core.params import Speculation
+    from hetspec.scheduler.decoding.decoder import Decoder
+    from hetspec.scheduler.decoding.output import Output
+    from hetspec.scheduler.decoding.request import Capabilities
+
+    verify = {1: 0.145, 2: 0.178, 4: 0.224, 6: 0.409, 8: 0.504}
+    caps = Capabilities(32, 4, False, True, False, False, False)
+    request = Request(0, SamplingParams(mode="duodec", seed=1), Sampling(Rule.GREEDY), 4, 1, rebalance=True)
+
+    def may_pay(draft_s: float, speculation=Speculation.AUTO) -> bool:
+        costs = CostModel(draft_s, verify, alone_pace=0.086 / 0.145)
+        asked = dataclasses.replace(request, speculation=speculation)
+        return Decoder(asked, caps, None, None, Output([1, 2, 3], 8, set(), None, None), costs).may_pay()
+
+    assert not may_pay(0.062)
+    assert may_pay(0.062, Speculation.ALWAYS)
+    assert may_pay(0.015)

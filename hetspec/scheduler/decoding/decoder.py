@@ -220,7 +220,7 @@ class Decoder:
         long_prompt = len(self.out.context) >= LONG_PROMPT
         borrow = self.caps.borrow_cores and long_prompt
         self.target.start_verify(self.id, self.cache, self.out.context, 0, 1, self.request.sampling, borrow)
-        if self.mode is not Mode.TARGET and not borrow and self.gate.speculate:
+        if self.mode is not Mode.TARGET and not borrow and self.gate.speculate and self.may_pay():
             self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
                                      borrow_cores=False)
         self.out.commit([self.choose(self.target.finish_verify(1))])
@@ -274,6 +274,14 @@ class Decoder:
             seconds = self.draft.finish_prefill()
             if self.costs is not None and plan is not None and not target_waits:
                 self.costs.observe_prefill(plan.n_tokens, seconds)
+
+    def may_pay(self) -> bool:
+        """Whether speculating may beat the target alone at all (CostModel.gain), where
+        it is not forced: a short prompt's draft prefill, begun beside the target's,
+        must not start a probe that plan_draft_prefill would refuse."""
+        if self.costs is None or self.request.speculation is Speculation.ALWAYS:
+            return True
+        return self.costs.gain(self.caps.max_gamma, self.stats.acceptance) > 1
 
     def prefill_pays(self, n_tokens: int, gain: float | None) -> bool:
         """CostModel.prefill_pays, where speculation is not forced."""
