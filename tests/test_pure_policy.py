@@ -409,3 +409,14 @@ def test_a_short_prompt_starts_no_probe_that_cannot_pay():
     assert not may_pay(0.062)
     assert may_pay(0.062, Speculation.ALWAYS)
     assert may_pay(0.015)
+
+
+def test_a_restart_is_never_longer_than_the_pipelined_window():
+    """Where drafting never catches up with a steep verify curve, the start-up gamma is
+    max_gamma (32); restarts follow the cost model's window, not it (Windows.restart)."""
+    verify = {1: 0.120, 2: 0.143, 4: 0.203, 6: 0.337, 8: 0.494, 16: 0.830, 24: 1.198}
+    costs = CostModel(0.0446, verify)
+    assert choose_gamma(0.0446, verify, 32) == 32
+    windows = Windows(32, rebalance=True, max_gamma=32, costs=costs)
+    assert windows.restart(0.8, 0.3, room=100) == costs.best_pipelined(32, 0.8) - 1 < 8
+    assert Windows(32, rebalance=False, max_gamma=32, costs=costs).restart(0.8, 0.3, room=100) == 8   # only the pace limits it

@@ -228,11 +228,17 @@ class Windows:
         with probability acceptance**j: draft it while that beats the pipeline's
         own pace (seconds per committed token: this request's rounds', or the cost
         model's before there are enough), up to a pipelined window (gamma - 1) and
-        `room`. Without a cost model every window is a full one."""
-        limit = min(self.gamma - 1, room)
+        `room`. Without a cost model every window is a full one. With an automatic
+        budget the pipelined window is the cost model's (best_pipelined), not the
+        start-up gamma: where drafting never catches up with a verify, that is
+        max_gamma, and restarts as long would make the target wait for them."""
+        window = self.gamma
+        if self.rebalance and self.costs is not None:
+            window = self.costs.best_pipelined(self.max_gamma, acceptance)
+        limit = min(window - 1, room)
         if self.costs is None or limit <= 0:
             return max(limit, 0)
-        pace = pace if pace is not None else self.costs.s_per_token(self.gamma, acceptance)
+        pace = pace if pace is not None else self.costs.s_per_token(window, acceptance)
         return restart_tokens(acceptance, pace, self.costs.draft_s, limit)
 
     def lookup(self, acceptance: float, room: int) -> int:
