@@ -66,8 +66,11 @@ def restart_tokens(acceptance: float, pace: float, draft_s: float, limit: int) -
 
 
 def _committed(acceptance: float, n: int) -> float:
-    """Expected tokens a pass verifying n drafted tokens commits: 1 + a + ... + a**n."""
-    return sum(acceptance ** j for j in range(n + 1))
+    """Expected tokens a pass verifying n drafted tokens commits: 1 + a + ... + a**n
+    (in closed form: the window search runs every round)."""
+    if acceptance >= 1:
+        return n + 1.0
+    return (1 - acceptance ** (n + 1)) / (1 - acceptance)
 
 
 class CostModel:
@@ -227,7 +230,7 @@ class Windows:
         of a whole window. Each token costs a draft step and its j-th is accepted
         with probability acceptance**j: draft it while that beats the pipeline's
         own pace (seconds per committed token: this request's rounds', or the cost
-        model's before there are enough), up to a pipelined window (gamma - 1) and
+        model's before there are enough), up to the pipelined window less one and
         `room`. Without a cost model every window is a full one. With an automatic
         budget the pipelined window is the cost model's (best_pipelined), not the
         start-up gamma: where drafting never catches up with a verify, that is

@@ -250,7 +250,7 @@ class Decoder:
         long_prompt = len(self.out.context) >= LONG_PROMPT
         handover = len(self.out.context) - 1 if self.caps.kv_handover and long_prompt else 0
         n_tokens = 0 if handover else self.draft.to_prefill(self.out.context, self.params.cache_prompt)
-        gain = self.costs.gain(self.caps.max_gamma, self.stats.acceptance) if self.costs else None
+        gain = self.expected_gain()
         if not self.prefill_pays(n_tokens, gain):
             self.mode, self.stats.fallback = Mode.TARGET, f"the draft's prefill ({n_tokens} tokens) would not pay"
             return None
@@ -275,13 +275,15 @@ class Decoder:
             if self.costs is not None and plan is not None and not target_waits:
                 self.costs.observe_prefill(plan.n_tokens, seconds)
 
+    def expected_gain(self) -> float | None:
+        """CostModel.gain at this request's acceptance estimate (None: no cost model)."""
+        return self.costs.gain(self.caps.max_gamma, self.stats.acceptance) if self.costs else None
+
     def may_pay(self) -> bool:
-        """Whether speculating may beat the target alone at all (CostModel.gain), where
-        it is not forced: a short prompt's draft prefill, begun beside the target's,
-        must not start a probe that plan_draft_prefill would refuse."""
-        if self.costs is None or self.request.speculation is Speculation.ALWAYS:
-            return True
-        return self.costs.gain(self.caps.max_gamma, self.stats.acceptance) > 1
+        """Whether speculating may beat the target alone at all: a short prompt's draft
+        prefill, begun beside the target's, must not start a probe that
+        plan_draft_prefill would refuse (a prefill of nothing, judged the same way)."""
+        return self.prefill_pays(0, self.expected_gain())
 
     def prefill_pays(self, n_tokens: int, gain: float | None) -> bool:
         """CostModel.prefill_pays, where speculation is not forced."""
