@@ -1,4 +1,4 @@
-"""hetspec's benchmark suite (docs/design.md, "Measuring"): the DuoDecoding paper's protocol, adapted.
+"""hetspec's benchmark suite (docs/performance.md, "How to measure"): the DuoDecoding paper's protocol, adapted.
 
 `hetspec-bench` (hetspec.benchmarks.cli) runs every method on the Spec-Bench prompts
 with one engine and writes report.md, results.json and PNG plots;

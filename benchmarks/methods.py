@@ -1,4 +1,4 @@
-"""The methods compared side by side (docs/design.md, "Measuring"), by name.
+"""The methods compared side by side (docs/performance.md, "How to measure"), by name.
 
 Baselines run in the benchmark process with transformers, and the peers with
 llama.cpp on the target's own GGUF file: its own C++ binaries (kind "cpp",
