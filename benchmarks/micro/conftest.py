@@ -45,9 +45,12 @@ def context_ids(resolved) -> list[int]:
 def running_scheduler(config: dict, **decoding):
     """The engine's two workers, started as the engine starts them (the launcher's run spec:
     same specs, pinning, threads, shared memory), with the scheduler in this process: its
-    DraftLink and TargetLink at hand. `decoding` overrides the config's [decoding]."""
+    DraftLink and TargetLink at hand. `decoding` overrides the config's [decoding]. The
+    scheduler pins this process to its cores: they are given back after, or the next suite's
+    config would name cores this process no longer has."""
     config = {section: dict(values) for section, values in config.items()}
     config.setdefault("decoding", {}).update(decoding)
+    affinity = os.sched_getaffinity(0)
     launcher, scheduler = Launcher(load_config(config)), None
     try:
         scheduler = Scheduler(launcher.run_spec())
@@ -59,3 +62,4 @@ def running_scheduler(config: dict, **decoding):
                 scheduler.close()
         finally:
             launcher.stop()
+            os.sched_setaffinity(0, affinity)

@@ -59,7 +59,10 @@ def test_target_alone_step_decoded_ahead(benchmark, scheduler, context_ids):
 
 
 def _beside_the_model(benchmark, worker_s: list[float], context: int, borrow: bool) -> None:
-    """The worker's own median seconds for the pass, and the rest of the measured median."""
+    """The worker's own median seconds for the pass, and the rest of the measured median
+    (none under --benchmark-disable, which measures nothing)."""
     worker = float(np.median(worker_s))
+    if benchmark.stats is None:
+        return
     benchmark.extra_info.update(context=context, borrowed_cores=borrow, worker_median_ms=1e3 * worker,
                                 beside_the_model_ms=1e3 * (benchmark.stats.stats.median - worker))
