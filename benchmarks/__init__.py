@@ -1,20 +1,14 @@
-"""hetspec's benchmark suite (docs/performance.md, "How to measure"): the DuoDecoding paper's protocol, adapted.
+"""What hetspec is measured and tried with, in three groups (benchmarks/README.md gives
+each one's command):
 
-`hetspec-bench` (hetspec.benchmarks.cli) runs every method on the Spec-Bench prompts
-with one engine and writes report.md, results.json and PNG plots;
-benchmarks/micro/ holds pytest-benchmark micro-benchmarks of the pieces a
-round is made of (IPC round trip, draft step, verify pass, whole round).
+- bench/: `hetspec-bench`, the DuoDecoding paper's protocol adapted: every method on the
+  Spec-Bench prompts (data/) with one engine; report.md, results.json and plots.
+- robustness/: `hetspec-chaos`, processes killed under load, and `hetspec-fuzz`, hostile
+  input to every surface.
+- the tools the docs send a user or developer to: mode_ab (modes taking turns on one
+  engine, forced to speculate or not), target_alone (the native target against llama-bench),
+  gpu_profile (a target on a GPU), shaped_gguf (a GGUF file's shape with random weights, for
+  a machine the file cannot reach), and micro/ (pytest-benchmark timings of a round's pieces).
 
-One concept per module:
-    data        the Spec-Bench prompts shipped in benchmarks/data/
-    methods     the compared methods, by name
-    settings    what a run does (engine config, limit, methods, dtype)
-    baselines   transformers vanilla and prompt lookup, in-process
-    engine_runs one request to the engine as a record
-    ceiling     the draft model alone (its configured backend), in a pinned child process
-    runner      the whole suite
-    metrics     per-run records -> per-category and average figures
-    checks      consistency of a results document
-    report      report.md;  plots: the PNG figures;  machine: where it ran
-    cli         hetspec-bench
+reports/ keeps committed runs, each with the command and the commit that made it.
 """

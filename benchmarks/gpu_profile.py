@@ -17,10 +17,12 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 
 LLAMA2_7B = "random:vocab=32000,hidden=4096,layers=32,heads=32,intermediate=11008,seed=0,init=device"
 LLAMA_68M = "random:vocab=32000,hidden=768,layers=2,heads=12,intermediate=3072,seed=1"
 MODES = [("target", "auto"), ("sequential", "always"), ("duodec", "always")]
+COUNTED = ("rounds", "spec_rounds", "drafted", "accepted")       # summed over a mode's requests, as they are
 
 
 def engine_config(target: str, draft: str, dtype: str) -> dict:
@@ -44,21 +46,18 @@ def profile_modes(engine, ids: list[list[int]], tokens: int, gamma: int) -> dict
     for mode, speculation in MODES:
         fixed = {} if mode == "target" else {"gamma": gamma}
         engine.generate(ids[0], max_new_tokens=8, mode=mode, speculation=speculation, **fixed)   # warm-up
-        totals = dict(new=0, wall=0.0, rounds=0, spec=0, draft=0.0, verify=0.0, round=0.0, overhead=0.0,
-                      drafted=0, accepted=0)
+        totals = Counter()
         for prompt in ids:
             start = time.perf_counter()
-            s = engine.generate(prompt, max_new_tokens=tokens, mode=mode, speculation=speculation,
-                                cache_prompt=False, **fixed).stats
+            stats = engine.generate(prompt, max_new_tokens=tokens, mode=mode, speculation=speculation,
+                                    cache_prompt=False, **fixed).stats
             totals["wall"] += time.perf_counter() - start
-            for key, stat in (("new", "new_tokens"), ("rounds", "rounds"), ("spec", "spec_rounds"),
-                              ("draft", "draft_s"), ("verify", "verify_s"), ("round", "round_s"),
-                              ("overhead", "overhead_s"), ("drafted", "drafted"), ("accepted", "accepted")):
-                totals[key] += s[stat]
-        spec = max(1, totals["spec"])
-        out[mode] = {"tokens_per_s": round(totals["new"] / totals["wall"], 1), "rounds": totals["rounds"],
-                     "spec_rounds": totals["spec"], "drafted": totals["drafted"], "accepted": totals["accepted"],
-                     "ms_per_spec_round": {k: round(1e3 * totals[k] / spec, 2)
+            totals.update({key: stats[key] for key in (*COUNTED, "new_tokens", "draft_s", "verify_s", "round_s",
+                                                       "overhead_s")})
+        spec = max(1, totals["spec_rounds"])
+        out[mode] = {"tokens_per_s": round(totals["new_tokens"] / totals["wall"], 1),
+                     **{key: totals[key] for key in COUNTED},
+                     "ms_per_spec_round": {k: round(1e3 * totals[f"{k}_s"] / spec, 2)
                                            for k in ("draft", "verify", "round", "overhead")}}
     return out
 

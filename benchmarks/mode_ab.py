@@ -2,21 +2,55 @@
 prompt, so a machine that drifts within the hour drifts for all of them alike.
 Prints each request's decode tok/s after its first token and what the engine did
 (speculative rounds, rests, lookup, the fallback's reason), then each mode's pooled
-decode tok/s and its ratio to the first mode's. Greedy outputs must agree.
+decode tok/s, its ratio to the first mode's, its speculative rounds and the drafted
+tokens that held. Exits 1 if greedy outputs disagree.
 
     python -m hetspec.benchmarks.mode_ab --config qwen2.5-coder --modes target duodec sequential \\
         --categories stubs --limit 4 --max-new-tokens 96
+
+`--speculation always` forces every round of the speculative modes to draft: what the
+overlap gains over drafting before verifying where the gate would rest. With
+`--repeats 2` the second pass takes the modes in reverse order, so drift falls on all alike:
+
+    python -m hetspec.benchmarks.mode_ab --config gemma3-smollm2 --modes target duodec sequential \\
+        --speculation always --categories code continuation --max-new-tokens 64 --repeats 2
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from collections import Counter
 
 from hetspec.benchmarks.data import ALL_CATEGORIES, load_prompts
 
 
 def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    import hetspec
+
+    started = time.perf_counter()
+    with hetspec.launch(args.config) as engine:
+        print(f"started in {time.perf_counter() - started:.1f} s; gamma {engine.get_info()['gamma']}")
+        prompts = load_prompts(args.categories, args.limit)
+        engine.generate(prompts[0].text, max_new_tokens=8, mode="target")       # warm: the kernels, the caches
+        pooled = {mode: Counter() for mode in args.modes}
+        differ = 0
+        for repeat in range(args.repeats):
+            order = args.modes if repeat % 2 == 0 else args.modes[::-1]
+            for prompt in prompts:
+                outputs = {_one(engine, prompt, mode, args, pooled[mode]) for mode in order}
+                differ += len(outputs) > 1
+        reference = _rate(pooled[args.modes[0]])
+        for mode, cell in pooled.items():
+            held = f", {cell['accepted']}/{cell['drafted']} drafted tokens held" if cell["drafted"] else ""
+            print(f"{mode:10} {_rate(cell):7.2f} tok/s  {_rate(cell) / reference:.2f}x {args.modes[0]} "
+                  f"({cell['tokens']} tokens, {cell['spec_rounds']} speculative rounds{held})")
+        print(f"prompts whose greedy outputs differ between modes: {differ}")
+    return 1 if differ else 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hetspec.benchmarks.mode_ab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="smollm2", help="a shipped config's name or a TOML path")
@@ -26,33 +60,25 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--speculation", default="auto", choices=["auto", "always"],
                         help="always: the speculative modes speculate every round (their rounds' profile)")
-    args = parser.parse_args(argv)
-    import hetspec
+    parser.add_argument("--repeats", type=int, default=1, help="passes over the prompts, every other one in "
+                                                               "reverse mode order")
+    return parser
 
-    started = time.perf_counter()
-    with hetspec.launch(args.config) as engine:
-        print(f"started in {time.perf_counter() - started:.1f} s; gamma {engine.get_info()['gamma']}")
-        prompts = load_prompts(args.categories, args.limit)
-        engine.generate(prompts[0].text, max_new_tokens=8, mode="target")       # warm: the kernels, the caches
-        pooled = {mode: [0, 0.0] for mode in args.modes}
-        differ = 0
-        for prompt in prompts:
-            outputs = set()
-            for mode in args.modes:
-                forced = {} if mode == "target" else {"speculation": args.speculation}
-                result = engine.generate(prompt.text, max_new_tokens=args.max_new_tokens, mode=mode, **forced)
-                stats = result.stats
-                outputs.add(tuple(result.token_ids))
-                tokens, seconds = stats["new_tokens"] - 1, stats["total_s"] - stats["ttft_s"]
-                pooled[mode][0] += tokens
-                pooled[mode][1] += seconds
-                print(f"{prompt.key:16} {mode:10} {tokens / seconds:7.2f} tok/s  {_did(stats)}", flush=True)
-            differ += len(outputs) > 1
-        reference = pooled[args.modes[0]][0] / pooled[args.modes[0]][1]
-        for mode, (tokens, seconds) in pooled.items():
-            print(f"{mode:10} {tokens / seconds:7.2f} tok/s  {tokens / seconds / reference:.2f}x {args.modes[0]}")
-        print(f"prompts whose greedy outputs differ between modes: {differ}")
-    return 1 if differ else 0
+
+def _one(engine, prompt, mode: str, args, cell: Counter) -> tuple[int, ...]:
+    """One request, pooled into its mode's cell; its tokens, to compare with the other modes'."""
+    forced = {} if mode == "target" else {"speculation": args.speculation}
+    result = engine.generate(prompt.text, max_new_tokens=args.max_new_tokens, mode=mode, **forced)
+    stats = result.stats
+    tokens, seconds = stats["new_tokens"] - 1, stats["total_s"] - stats["ttft_s"]
+    cell.update(tokens=tokens, seconds=seconds, spec_rounds=stats["spec_rounds"], accepted=stats["accepted"],
+                drafted=stats["drafted"])
+    print(f"{prompt.key:16} {mode:10} {tokens / seconds:7.2f} tok/s  {_did(stats)}", flush=True)
+    return tuple(result.token_ids)
+
+
+def _rate(cell: Counter) -> float:
+    return cell["tokens"] / cell["seconds"]
 
 
 def _did(stats: dict) -> str:
@@ -60,9 +86,9 @@ def _did(stats: dict) -> str:
             f"lookup {stats['lookup_accepted']}/{stats['lookup_guessed']}")
     if stats["spec_rounds"]:          # where the rounds' time went: drafting, verifying, neither (the scheduler, idle)
         committed = round(stats["mean_accepted_per_round"] * stats["spec_rounds"])
-        said += (f"; {committed} tokens in rounds of {stats['round_s']:.2f} s: draft {stats['draft_s']:.2f}, verify {stats['verify_s']:.2f}, "
-                 f"overhead {stats['overhead_s']:.2f}; sequences {dict(stats['sequences_hist'])}; "
-                 f"{stats['target_only_rounds']} target-only steps")
+        said += (f"; {committed} tokens in rounds of {stats['round_s']:.2f} s: draft {stats['draft_s']:.2f}, "
+                 f"verify {stats['verify_s']:.2f}, overhead {stats['overhead_s']:.2f}; "
+                 f"sequences {dict(stats['sequences_hist'])}; {stats['target_only_rounds']} target-only steps")
     return said + (f", fallback: {stats['fallback']}" if stats.get("fallback") else "")
 
 

@@ -1,22 +1,21 @@
 """The native target alone against llama.cpp's own loop (llama-bench), on the same GGUF
 file and the same cores: decoding after a 150-token context, prefill, and what a verify
-window of 4 and 8 tokens costs, on 1 thread, 2 and every core.
+window of 4 and 8 tokens costs, on 1 thread, 2 and every core. The one timing loop for
+a target (scripts/gpu_check.sh runs it on a GPU machine's cores).
 
     python -m hetspec.benchmarks.target_alone [--model builtin:smollm2 ...] [--threads 1 2] [--out DIR]
 
 Each model is loaded once, its kernels already built (its load time is reported beside
-llama.cpp's); then, per
-thread count, hetspec and llama-bench take turns, REPS times, and each number is the
-median of its turns, so both see the same drift of the machine. llama-bench comes from
-scripts/build_llama_cpp.sh (benchmarks/llama_bin.py finds it). The window costs are the
-native target's verify passes (hs_forward_window) against llama-bench's pp4 and pp8.
+llama.cpp's). Per thread count hetspec and llama-bench take turns, REPS times, and each
+number is the median of its turns, so that both see the same drift of the machine.
+llama-bench comes from scripts/build_llama_cpp.sh (llama_bin.find_binaries finds it).
+The window costs are the native target's verify passes against llama-bench's pp4 and pp8.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import time
@@ -24,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hetspec.benchmarks.llama_bin import completion_command, find_binaries, missing_line, parse_bench_json, pinned
+from hetspec.benchmarks import llama_bin
+from hetspec.benchmarks.machine import describe_machine
 from hetspec.core.pinning import pin
 from hetspec.models import resolve_model
 from hetspec.workers.common.pinning import pin_threads
@@ -36,39 +36,34 @@ MODELS = ("builtin:smollm2", "builtin:gemma3-270m")
 
 def hetspec_turn(model, threads: int, cores: list[int]) -> dict:
     """One turn of the native target: prefill, decode after DEPTH, window costs (ms). Its
-    threads are pinned a core each, as the target worker pins them (CoreLoan): left to
-    float over both cores, two threads shared one at times (2-thread decode ~20% slower)."""
+    threads are pinned a core each, as the target worker pins them: left to float, two
+    threads share one core at times."""
     model.set_threads(threads)
     pin_threads(cores, threads, model.thread_ids)
-    rng = np.random.default_rng(0)
-    prompt = [int(t) for t in rng.integers(100, 5000, PREFILL)]
+    prompt = [int(t) for t in np.random.default_rng(0).integers(100, 5000, PREFILL)]
     start = time.perf_counter()
     token = int(model.forward(0, prompt, 0, 1)[0].argmax())
-    prefill = PREFILL / (time.perf_counter() - start)
-    start, pos = time.perf_counter(), PREFILL
-    for _ in range(DECODE):
+    out = {"prefill": PREFILL / (time.perf_counter() - start)}
+    start = time.perf_counter()
+    for pos in range(PREFILL, PREFILL + DECODE):
         token = int(model.forward(0, [token], pos, 1)[0].argmax())
-        pos += 1
-    decode = DECODE / (time.perf_counter() - start)
-    windows = {}
+    out["decode"] = DECODE / (time.perf_counter() - start)
     for w in WINDOWS:
         start = time.perf_counter()
-        model.forward(0, [token] * w, pos, w)
-        windows[w] = (time.perf_counter() - start) * 1000
+        model.forward(0, [token] * w, PREFILL + DECODE, w)
+        out[f"window{w}_ms"] = (time.perf_counter() - start) * 1000
     model.set_threads(1)
     pin(cores)
-    return {"decode": decode, "prefill": prefill, **{f"window{w}_ms": ms for w, ms in windows.items()}}
+    return out
 
 
 def llama_turn(bin_dir: Path, path: str, threads: int, cores: list[int]) -> dict:
-    """One turn of llama-bench: tg DECODE at depth DEPTH, pp PREFILL, pp4 and pp8."""
-    tests = ["-p", f"{PREFILL},{','.join(map(str, WINDOWS))}", "-n", "0", "-r", "1"]
-    decode_cmd = [*pinned(cores), str(bin_dir / "llama-bench"), "-m", path, "-t", str(threads), "-p", "0",
-                  "-n", str(DECODE), "-d", str(DEPTH), "-r", "1", "-o", "json"]
-    rows = parse_bench_json(subprocess.run(decode_cmd, capture_output=True, text=True, check=True).stdout)
-    out = {"decode": rows[0]["tokens_per_s"]}
-    prefill_cmd = [*pinned(cores), str(bin_dir / "llama-bench"), "-m", path, "-t", str(threads), *tests, "-o", "json"]
-    for row in parse_bench_json(subprocess.run(prefill_cmd, capture_output=True, text=True, check=True).stdout):
+    """One turn of llama-bench: tg DECODE at depth DEPTH, then pp PREFILL, pp4 and pp8."""
+    decode = llama_bin.bench_command(bin_dir, path, threads, DEPTH, DECODE, cores, reps=1)
+    out = {"decode": llama_bin.parse_bench_json(_output(decode))[0]["tokens_per_s"]}
+    prefill = [*llama_bin.pinned(cores), str(bin_dir / "llama-bench"), "-m", path, "-t", str(threads),
+               "-p", ",".join(map(str, (PREFILL, *WINDOWS))), "-n", "0", "-r", "1", "-o", "json"]
+    for row in llama_bin.parse_bench_json(_output(prefill)):
         n = row["n_prompt"]
         if n == PREFILL:
             out["prefill"] = row["tokens_per_s"]
@@ -77,17 +72,21 @@ def llama_turn(bin_dir: Path, path: str, threads: int, cores: list[int]) -> dict
     return out
 
 
+def _output(command: list[str]) -> str:
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+
 def llama_load_s(bin_dir: Path, path: str, cores: list[int]) -> float | None:
     """llama.cpp's own load time of the file (llama-completion's "load time", one token)."""
-    done = subprocess.run(completion_command(bin_dir, path, len(cores), cores), capture_output=True, text=True,
+    done = subprocess.run(llama_bin.completion_command(bin_dir, path, len(cores), cores), capture_output=True, text=True,
                           check=False)
-    for line in (done.stderr + done.stdout).splitlines():
-        if "load time" in line:
-            return float(line.split("=")[1].split("ms")[0]) / 1000
-    return None
+    try:
+        return llama_bin.parse_timings(done.stderr + done.stdout)["load_ms"] / 1000
+    except ValueError:
+        return None
 
 
-def median_of(turns: list[dict]) -> dict:
+def median_of(turns) -> dict:
     return {key: statistics.median(t[key] for t in turns) for key in turns[0]}
 
 
@@ -101,18 +100,15 @@ def measure(spec: str, thread_counts: list[int], bin_dir: Path) -> dict:
     load_library(cache_root)        # built once, as on every start but a machine's first
     start = time.perf_counter()
     model = NativeTarget(path, n_ctx=512, caches=1, threads=1, cache_root=cache_root)
-    load_s = time.perf_counter() - start
     result = {"model": spec, "file": os.path.basename(path), "bytes": os.path.getsize(path),
-              "load_s": load_s, "llama_load_s": llama_load_s(bin_dir, path, cores),
+              "load_s": time.perf_counter() - start, "llama_load_s": llama_load_s(bin_dir, path, cores),
               "kernels": model.description, "threads": {}}
     try:
         for threads in thread_counts:
             use = cores[:threads]
             os.sched_setaffinity(0, use)
-            ours, theirs = [], []
-            for _ in range(REPS):
-                ours.append(hetspec_turn(model, threads, use))
-                theirs.append(llama_turn(bin_dir, path, threads, use))
+            ours, theirs = zip(*[(hetspec_turn(model, threads, use), llama_turn(bin_dir, path, threads, use))
+                                 for _ in range(REPS)])
             result["threads"][threads] = {"hetspec": median_of(ours), "llama.cpp": median_of(theirs)}
             print(spec, threads, json.dumps(result["threads"][threads]), flush=True)
     finally:
@@ -143,22 +139,16 @@ def report(results: list[dict], machine: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    cores = len(os.sched_getaffinity(0))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", help="a builtin:NAME or a GGUF path (repeatable)")
-    parser.add_argument("--threads", type=int, nargs="+",
-                        default=sorted({1, 2, len(os.sched_getaffinity(0))} & set(range(1, 1 + len(os.sched_getaffinity(0))))))
+    parser.add_argument("--threads", type=int, nargs="+", default=sorted({t for t in (1, 2, cores) if t <= cores}))
     parser.add_argument("--out", help="folder for report.md and results.json")
     args = parser.parse_args(argv)
-    bin_dir = find_binaries()
+    bin_dir = llama_bin.find_binaries()
     if bin_dir is None:
-        parser.error(missing_line())
-    machine = f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores"
-    try:
-        with open("/proc/cpuinfo") as f:
-            machine = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name")) + \
-                f", {len(os.sched_getaffinity(0))} cores"
-    except (OSError, StopIteration):
-        pass
+        parser.error(llama_bin.missing_line())
+    machine = f"{describe_machine()['cpu']}, {cores} cores"
     results = [measure(spec, args.threads, bin_dir) for spec in (args.model or MODELS)]
     text = report(results, machine)
     print(text)

@@ -170,16 +170,16 @@ def test_the_llama_cpp_peer_rows(smoke):
 
 @pytest.mark.integration
 def test_the_forced_overlap_script_runs(capsys):
-    """`python -m hetspec.benchmarks.forced_overlap`, short, on the embedded default: every
-    mode speculates where forced, and keeps the target alone's greedy tokens."""
-    from hetspec.benchmarks import forced_overlap
+    """`python -m hetspec.benchmarks.mode_ab --speculation always`, short, on the embedded
+    default: every mode speculates where forced, and keeps the target alone's greedy tokens."""
+    from hetspec.benchmarks import mode_ab
 
     # 48 tokens: the draft prefills the prompt itself (a native target keeps its cache) while
     # the target decodes the first ones alone
-    assert forced_overlap.main(["--config", "smollm2", "--categories", "qa", "--limit", "1",
-                                "--max-new-tokens", "48", "--repeats", "1"]) == 0
+    assert mode_ab.main(["--config", "smollm2", "--modes", "duodec", "sequential", "target", "--speculation", "always",
+                         "--categories", "qa", "--limit", "1", "--max-new-tokens", "48", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert "greedy outputs unlike the target alone's: 0" in out
+    assert "prompts whose greedy outputs differ between modes: 0" in out      # the target alone's among them
     for mode in ("duodec", "sequential"):
         line = next(line for line in out.splitlines() if line.strip().startswith(mode))
         assert int(line.split(", ")[1].split()[0]) > 0      # speculative rounds

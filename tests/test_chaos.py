@@ -17,8 +17,9 @@ def run_chaos(tmp_path, *args) -> dict:
     toml.write_text(f'[draft]\nbackend = "torch"\nmodel = "{WEAK_DRAFT}"\n[target]\nmodel = "{CONFIG["target"]["model"]}"\n'
                     '[decoding]\ngamma = 4\n')
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "hetspec.benchmarks.chaos", "--config", str(toml), "--out", str(out),
-                           *args], check=False, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "hetspec.benchmarks.robustness.chaos", "--config", str(toml),
+                           "--out", str(out), *args], check=False, capture_output=True, text=True, timeout=900,
+                          cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]     # 1: a check failed (the table says which)
     return json.loads((out / "chaos.json").read_text())
 

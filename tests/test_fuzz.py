@@ -9,7 +9,7 @@ before any fuzzing. Derandomized, so that CI runs the same inputs every time.
 """
 import pytest
 
-from hetspec.benchmarks import fuzz
+from hetspec.benchmarks.robustness import fuzz
 
 EXAMPLES = {"http": 150, "client": 100, "wire": 100, "config": 150}
 

@@ -1,18 +1,23 @@
-"""Shared fixtures: the engine config, a realistic context, the models."""
+"""Shared fixtures: the engine config, a realistic context, and the engine's scheduler
+built in this process, so that pytest-benchmark can time what it does."""
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import pytest
 
 from hetspec.benchmarks.data import load_prompts
 from hetspec.benchmarks.settings import engine_config, split_config
 from hetspec.config import load_config
+from hetspec.launcher import Launcher
 from hetspec.models import resolve_model
+from hetspec.scheduler.service import Scheduler
 from hetspec.scheduler.tokenizer import Tokenizer
 
 CONTEXT_TOKENS = 256     # the engine's own calibration context (hetspec.scheduler.service.CALIBRATION_CONTEXT)
 GAMMA = 5                # the budget the committed SmolLM2 reports chose (4-5); a verify pass holds GAMMA + 1 tokens
+VOCABS = {"smollm2": 49152, "gemma3": 262144}
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +39,27 @@ def context_ids(resolved) -> list[int]:
     ids = tokenizer.encode_prompt(text)
     assert len(ids) >= CONTEXT_TOKENS
     return ids[:CONTEXT_TOKENS]
+
+
+@contextmanager
+def running_scheduler(config: dict, **decoding):
+    """The engine's two workers, started as the engine starts them (the launcher's run spec:
+    same specs, pinning, threads, shared memory), with the scheduler in this process: its
+    DraftLink and TargetLink at hand. `decoding` overrides the config's [decoding]. The
+    scheduler pins this process to its cores: they are given back after, or the next suite's
+    config would name cores this process no longer has."""
+    config = {section: dict(values) for section, values in config.items()}
+    config.setdefault("decoding", {}).update(decoding)
+    affinity = os.sched_getaffinity(0)
+    launcher, scheduler = Launcher(load_config(config)), None
+    try:
+        scheduler = Scheduler(launcher.run_spec())
+        scheduler.start()
+        yield scheduler
+    finally:
+        try:
+            if scheduler is not None:
+                scheduler.close()
+        finally:
+            launcher.stop()
+            os.sched_setaffinity(0, affinity)

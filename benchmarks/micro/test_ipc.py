@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import zmq
 
-from hetspec.benchmarks.micro.conftest import GAMMA
+from hetspec.benchmarks.micro.conftest import GAMMA, VOCABS
 from hetspec.core.sampling import GREEDY, Rule, Sampling
 from hetspec.ipc.channel import Channel, ipc_endpoint, make_runtime_dir
 from hetspec.ipc.messages import WorkerHello
@@ -26,8 +26,6 @@ from hetspec.ipc.shm import new_run_id
 from hetspec.scheduler.decoding.links import TargetLink
 
 ROWS = GAMMA + 1
-VOCABS = {"smollm2": 49152, "gemma3": 262144}
-
 
 @pytest.fixture(scope="module", params=list(VOCABS), ids=lambda v: f"vocab-{v}")
 def echo_link(request):
@@ -35,8 +33,8 @@ def echo_link(request):
     runtime = make_runtime_dir(tempfile.mkdtemp(prefix="hetspec-bench-ipc-"))
     context = zmq.Context()
     link = TargetLink("target", Channel(context, ipc_endpoint(runtime, "echo"), bind=True))
-    worker = subprocess.Popen([sys.executable, "-m", "hetspec.benchmarks.micro.echo_worker", "--endpoint", link.channel.endpoint,
-                               "--spec", json.dumps({"vocab": vocab, "rows": ROWS})])
+    worker = subprocess.Popen([sys.executable, "-m", "hetspec.benchmarks.micro.echo_worker", "--endpoint",
+                               link.channel.endpoint, "--spec", json.dumps({"vocab": vocab, "rows": ROWS})])
     try:
         hello = link.wait(60)
         assert isinstance(hello, WorkerHello), hello

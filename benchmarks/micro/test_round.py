@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetspec.benchmarks.micro.conftest import GAMMA
-from hetspec.benchmarks.micro.rig import Rig
+from hetspec.benchmarks.micro.conftest import GAMMA, running_scheduler
 from hetspec.core.acceptance import accept_greedy
 from hetspec.core.branches import pick_branch
 from hetspec.core.sampling import GREEDY
@@ -22,35 +21,33 @@ from hetspec.ipc.messages import BranchPlan
 
 
 @pytest.fixture(scope="module")
-def rig(bench_config):
-    config = {section: dict(values) for section, values in bench_config.items()}
-    config.setdefault("decoding", {}).update(gamma=GAMMA, sequences="dynamic")
-    rig = Rig(config)
-    yield rig
-    rig.close()
+def scheduler(bench_config):
+    with running_scheduler(bench_config, gamma=GAMMA, sequences="dynamic") as scheduler:
+        yield scheduler
 
 
 @pytest.fixture(scope="module")
-def primed(rig, context_ids):
+def primed(scheduler, context_ids):
     """Both workers hold the context; the draft's window after it is pending."""
     context = np.asarray(context_ids, dtype=np.int32)
-    rig.target.start_verify(1, 0, context, 0, 1, GREEDY)
-    rig.target.finish_verify(1)
-    rig.draft.start_window(1, context, GAMMA, GREEDY)
-    window = rig.draft.finish_window().branches[0]
+    scheduler.target.start_verify(1, 0, context, 0, 1, GREEDY)
+    scheduler.target.finish_verify(1)
+    scheduler.draft.start_window(1, context, GAMMA, GREEDY)
+    window = scheduler.draft.finish_window().branches[0]
     return context, window
 
 
-def test_duodec_round(benchmark, rig, primed):
+def test_duodec_round(benchmark, scheduler, primed):
     context, window = primed
-    max_sequences = rig.scheduler.config.decoding.max_sequences
+    target, draft_link = scheduler.target, scheduler.draft
+    max_sequences = scheduler.config.decoding.max_sequences
 
     def one_round():
-        rig.target.start_verify(1, 0, np.concatenate([context[-1:], window]), len(context) - 1, len(window) + 1,
-                                GREEDY)
-        rig.draft.start_window(1, np.concatenate([context, window]), GAMMA, GREEDY, BranchPlan("dynamic", max_sequences, 0.8))
-        verification = rig.target.finish_verify(len(window) + 1)
-        draft = rig.draft.finish_window()
+        target.start_verify(1, 0, np.concatenate([context[-1:], window]), len(context) - 1, len(window) + 1, GREEDY)
+        draft_link.start_window(1, np.concatenate([context, window]), GAMMA, GREEDY,
+                                BranchPlan("dynamic", max_sequences, 0.8))
+        verification = target.finish_verify(len(window) + 1)
+        draft = draft_link.finish_window()
         accepted, token = accept_greedy(window, verification.choice)
         return accepted, pick_branch(draft.branches, token), len(draft.branches)
 

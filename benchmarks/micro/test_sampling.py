@@ -8,9 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hetspec.benchmarks.micro.conftest import VOCABS
 from hetspec.core.sampling import draw_keyed, probabilities, sample
-
-VOCABS = {"smollm2": 49152, "gemma3": 262144}
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9])

@@ -4,7 +4,7 @@ llama.cpp's default CPU products are not batch-invariant: a window of w tokens g
 other logits than the same tokens one at a time (up to 3 apart on Gemma 3 270M), so
 its speculative output can differ from its plain output. Three settings of the
 installed build make every product of a window compute each row as a one-token pass
-does (benchmarks/llama_invariance.py; report: benchmarks/reports/llama-invariance):
+does (benchmarks/reports/llama-invariance, made at commit 5e66ca1):
 - weights are not repacked (use_extra_bufts off): repacked products differ by batch;
 - ggml's tiled K-quant products are off (GGML_CPU_TILED_MM=0, read once, at the
   process's first product, hence set at import);

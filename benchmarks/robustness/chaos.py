@@ -79,7 +79,7 @@ class ClientProcesses:
 
     def spawn(self) -> None:
         index, self.spawned = self.spawned, self.spawned + 1
-        proc = subprocess.Popen([sys.executable, "-m", "hetspec.benchmarks.chaos", "--client", self.endpoint,
+        proc = subprocess.Popen([sys.executable, "-m", "hetspec.benchmarks.robustness.chaos", "--client", self.endpoint,
                                  "--seed", str(self.seed * 1000 + index), "--stop-file", self.stop_file,
                                  "--cancel-p", str(self.cancel_p)], stdout=subprocess.PIPE, text=True)
         self.procs[index] = proc
@@ -88,6 +88,9 @@ class ClientProcesses:
     def _read(self, index: int, proc: subprocess.Popen) -> None:
         for line in proc.stdout:
             self.events.put((index, json.loads(line)))
+
+    def hung(self) -> bool:
+        return any(time.monotonic() - t > HANG_S for t in self.open.values())
 
     def kill_one(self, rng: random.Random) -> None:
         index = rng.choice([i for i, p in self.procs.items() if p.poll() is None])
@@ -108,6 +111,68 @@ class ClientProcesses:
                 proc.wait()
 
 
+COUNTS = ("requests", "exact", "sampled", "cancelled", "client killed", "inexact", "aborted (target killed)",
+          "other errors", "lost to a draft kill", "hung", "finished target-only")
+
+
+class Watch:
+    """The clients' events as they come, counted; for a soak, the engine's memory when the
+    count of requests reaches each of `soak_at`."""
+
+    def __init__(self, engine, clients: ClientProcesses, references: dict, soak_at: tuple[int, ...]):
+        self.engine, self.clients, self.references, self.soak_at = engine, clients, references, soak_at
+        self.counts = dict.fromkeys(COUNTS, 0)
+        self.errors: list[dict] = []
+        self.memory: dict[int, dict] = {}
+
+    def pump(self, seconds: float) -> None:
+        """Count events for `seconds`, or until a request hangs."""
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            try:
+                self.handle(*self.clients.events.get(timeout=min(left, 0.5)))
+            except queue.Empty:
+                pass
+            if self.clients.hung():
+                return
+
+    def drain(self) -> None:
+        """The events left once the clients stopped; a request still open hung (stop() killed its client)."""
+        while not self.clients.events.empty():
+            self.handle(*self.clients.events.get())
+        self.counts["hung"] = len(self.clients.open)
+
+    def handle(self, index: int, event: dict) -> None:
+        if event["event"] == "start":
+            self.clients.open[index] = time.monotonic()
+            return
+        self.clients.open.pop(index, None)
+        self.counts["requests"] += 1
+        self.counts[self._outcome(event)] += 1
+        if self.counts["requests"] in self.soak_at:
+            self.memory[self.counts["requests"]] = _rss(self.engine)
+
+    def _outcome(self, event: dict) -> str:
+        kind = event["event"]
+        if kind in ("cancelled", "client killed"):
+            return kind
+        if kind == "done":
+            self.counts["finished target-only"] += bool(event["fallback"])
+            return self._exactness(event)
+        if event["type"] == "RequestAbortedError" and "target worker" in event["message"]:
+            return "aborted (target killed)"
+        self.errors.append(event)
+        return "lost to a draft kill" if "draft" in event["message"] else "other errors"
+
+    def _exactness(self, event: dict) -> str:
+        """A greedy completion is the target's own output, or its start where it ended early."""
+        reference, ids = self.references.get(event["job"]), event["ids"]
+        if reference is None:
+            return "sampled"
+        whole = len(ids) == len(reference) or event["finish"] in ("eos", "stop")
+        return "exact" if ids == reference[:len(ids)] and whole else "inexact"
+
+
 def run(args) -> dict:
     import hetspec
 
@@ -118,77 +183,44 @@ def run(args) -> dict:
     references = {j: engine.generate(p, max_new_tokens=n, mode="target").token_ids
                   for j, (p, n, t) in enumerate(JOBS) if t == 0}
     clients = ClientProcesses(engine.endpoint, args.clients, args.seed, args.cancel_p, workdir)
-    counts = {"requests": 0, "exact": 0, "sampled": 0, "cancelled": 0, "client killed": 0, "inexact": 0,
-              "aborted (target killed)": 0, "other errors": 0, "lost to a draft kill": 0, "hung": 0,
-              "finished target-only": 0}
-    kills = {"draft": 0, "target": 0, "client": 0}
-    errors, memory, started = [], {}, time.monotonic()
+    watch = Watch(engine, clients, references, () if args.kills else (args.settle, args.requests))
+    started = time.monotonic()
+    kills = _kill_at_random(args, rng, engine, clients, watch)
+    while args.kills == 0 and watch.counts["requests"] < args.requests and not clients.hung():
+        watch.pump(1)
+    watch.pump(5 if args.kills else 0)
+    clients.stop()
+    watch.drain()
+    info = engine.get_info()
+    live = {"segments": sorted(_segments(run_id)), "runtime_dir": sorted(os.listdir(runtime_dir))}
+    foreign = [s for s in glob.glob("/dev/shm/hetspec-*") if f"hetspec-{run_id}-" not in s]
+    engine.close()
+    shutil.rmtree(workdir, ignore_errors=True)
+    leaks = {"processes": _mentioning(runtime_dir) + [p.pid for p in clients.procs.values() if p.poll() is None],
+             "segments": _segments(run_id), "runtime_dir": os.path.exists(runtime_dir),
+             "other engines' segments": foreign}
+    return {"config": args.config or "(embedded default)", "kills": kills, "clients": args.clients,
+            "seconds": round(time.monotonic() - started, 1), "counts": watch.counts, "restarts": info["restarts"],
+            "engine_requests": info["requests"], "memory": watch.memory, "while_running": live, "leaks": leaks,
+            "errors": watch.errors[:20]}
 
-    def handle(index: int, event: dict) -> None:
-        kind = event["event"]
-        if kind == "start":
-            clients.open[index] = time.monotonic()
-            return
-        clients.open.pop(index, None)
-        counts["requests"] += 1
-        if kind == "done":
-            job = event["job"]
-            counts["finished target-only"] += bool(event["fallback"])
-            if job in references:
-                ok = event["ids"] == references[job][:len(event["ids"])] and (
-                    len(event["ids"]) == len(references[job]) or event["finish"] in ("eos", "stop"))
-                counts["exact" if ok else "inexact"] += 1
-            else:
-                counts["sampled"] += 1
-        elif kind in ("cancelled", "client killed"):
-            counts[kind] += 1
-        elif event["type"] == "RequestAbortedError" and "target worker" in event["message"]:
-            counts["aborted (target killed)"] += 1
-        else:
-            counts["lost to a draft kill" if "draft" in event["message"] else "other errors"] += 1
-            errors.append(event)
-        if args.kills == 0 and counts["requests"] in (args.settle, args.requests):
-            memory[counts["requests"]] = _rss(engine)
 
-    def pump(until: float) -> None:
-        while (left := until - time.monotonic()) > 0:
-            try:
-                handle(*clients.events.get(timeout=min(left, 0.5)))
-            except queue.Empty:
-                pass
-            if any(time.monotonic() - t > HANG_S for t in clients.open.values()):
-                return
-
+def _kill_at_random(args, rng: random.Random, engine, clients: ClientProcesses, watch: Watch) -> dict:
+    """--kills SIGKILLs, --min-gap to --max-gap seconds apart, of the draft, the target or a client."""
+    kills = dict.fromkeys(("draft", "target", "client"), 0)
     for _ in range(args.kills):
-        pump(time.monotonic() + rng.uniform(args.min_gap, args.max_gap))
-        victim = rng.choices(["draft", "target", "client"], weights=[0.4, 0.3, 0.3])[0]
+        watch.pump(rng.uniform(args.min_gap, args.max_gap))
+        victim = rng.choices(list(kills), weights=[0.4, 0.3, 0.3])[0]
         if victim == "client":
             clients.kill_one(rng)
         else:
             _kill_when_ready(engine, victim)
         kills[victim] += 1
-    while args.kills == 0 and counts["requests"] < args.requests:
-        pump(time.monotonic() + 1)
-        if any(time.monotonic() - t > HANG_S for t in clients.open.values()):
-            break
-    pump(time.monotonic() + (5 if args.kills else 0))
-    clients.stop()
-    while not clients.events.empty():
-        handle(*clients.events.get())
-    counts["hung"] = len(clients.open)   # still open: their clients were stuck, and killed by stop()
-    info = engine.get_info()
-    live = {"segments": sorted(glob.glob(f"/dev/shm/hetspec-{run_id}-*")), "runtime_dir": sorted(os.listdir(runtime_dir))}
-    foreign = [s for s in glob.glob("/dev/shm/hetspec-*") if f"hetspec-{run_id}-" not in s]
-    engine.close()
-    shutil.rmtree(workdir, ignore_errors=True)
-    leaks = {"processes": [p.pid for p in _mentioning(runtime_dir)] + [p.pid for p in clients.procs.values()
-                                                                        if p.poll() is None],
-             "segments": glob.glob(f"/dev/shm/hetspec-{run_id}-*"), "runtime_dir": os.path.exists(runtime_dir),
-             "other engines' segments": foreign}
-    return {"config": args.config or "(embedded default)", "kills": kills, "clients": args.clients,
-            "seconds": round(time.monotonic() - started, 1), "counts": counts, "restarts": info["restarts"],
-            "engine_requests": info["requests"], "memory": memory, "while_running": live, "leaks": leaks,
-            "errors": errors[:20]}
+    return kills
+
+
+def _segments(run_id: str) -> list[str]:
+    return glob.glob(f"/dev/shm/hetspec-{run_id}-*")
 
 
 def _kill_when_ready(engine, role: str) -> None:
@@ -210,12 +242,10 @@ def _rss(engine) -> dict:
     return {role: psutil.Process(pid).memory_info().rss for role, pid in pids.items()}
 
 
-def _mentioning(text: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        if p.info["status"] != psutil.STATUS_ZOMBIE and text in " ".join(p.info["cmdline"] or []):
-            found.append(p)
-    return found
+def _mentioning(text: str) -> list[int]:
+    """The live processes whose command line names `text` (the engine's runtime directory)."""
+    return [p.pid for p in psutil.process_iter(["cmdline", "status"])
+            if p.info["status"] != psutil.STATUS_ZOMBIE and text in " ".join(p.info["cmdline"] or [])]
 
 
 def verdict(report: dict, max_growth: float) -> list[str]:
@@ -228,24 +258,29 @@ def verdict(report: dict, max_growth: float) -> list[str]:
         problems.append(f"left behind: {report['leaks']}")
     if extra := set(report["while_running"]["runtime_dir"]) - RUNTIME_FILES:
         problems.append(f"the runtime directory held more than the live engine's files: {sorted(extra)}")
-    if len(report["memory"]) == 2:
-        first, last = (report["memory"][k] for k in sorted(report["memory"]))
-        for role in first:
-            if last[role] > first[role] * (1 + max_growth):
-                problems.append(f"{role} memory grew {last[role] / first[role] - 1:.1%}")
+    first, last = _soak_ends(report)
+    problems += [f"{role} memory grew {last[role] / first[role] - 1:.1%}" for role in first
+                 if last[role] > first[role] * (1 + max_growth)]
     return problems
 
 
+def _soak_ends(report: dict) -> tuple[dict, dict]:
+    """Each process's RSS at the soak's two points (empty where this was no soak)."""
+    if len(report["memory"]) != 2:
+        return {}, {}
+    first, last = (report["memory"][k] for k in sorted(report["memory"]))
+    return first, last
+
+
 def table(report: dict) -> str:
-    rows = [("kills (draft / target / client)", " / ".join(str(report["kills"][k]) for k in ("draft", "target", "client"))),
+    rows = [("kills (draft / target / client)", " / ".join(map(str, report["kills"].values()))),
             ("restarts (draft / target)", f"{report['restarts']['draft']} / {report['restarts']['target']}"),
             *((k, v) for k, v in report["counts"].items()),
             ("leaked processes", len(report["leaks"]["processes"])),
             ("leaked segments", len(report["leaks"]["segments"])), ("seconds", report["seconds"])]
-    if len(report["memory"]) == 2:
-        first, last = (report["memory"][k] for k in sorted(report["memory"]))
-        rows += [(f"{role} RSS after {min(report['memory'])} / {max(report['memory'])} requests",
-                  f"{first[role] / 2**20:.1f} / {last[role] / 2**20:.1f} MiB") for role in first]
+    first, last = _soak_ends(report)
+    rows += [(f"{role} RSS after {min(report['memory'])} / {max(report['memory'])} requests",
+              f"{first[role] / 2**20:.1f} / {last[role] / 2**20:.1f} MiB") for role in first]
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
 

@@ -1,24 +1,16 @@
-"""hetspec-fuzz: property-based fuzzing (Hypothesis) of every input surface of a
-running engine, and of configs.
+"""hetspec-fuzz: property-based fuzzing (Hypothesis) of every input surface of a running
+engine, and of configs (benchmarks/README.md, "hetspec-fuzz", says what each surface is sent).
 
     hetspec-fuzz --examples 10000 --out DIR      the long form (its report: benchmarks/reports/fuzz/)
     tests/test_fuzz.py                           the short form CI runs (a few hundred examples)
 
-One engine (tiny random models with SmolLM2's tokenizer and chat template,
-[server] max_new_tokens 32) is served by `hetspec-launch --http` with an API
-key. Its surfaces:
-
-  http     every endpoint: near-valid OpenAI bodies with fields at and past every
-           bound, arbitrary JSON, raw bytes, unknown routes and methods, headers;
-  client   Engine.generate and Engine.stream arguments (a connect()ed handle);
-  wire     frames sent straight to the scheduler's zmq socket;
-  config   load_config on dicts and TOML text (no engine: nothing may start).
-
-The property, for every input: an answer within BOUND_S, either a completion or
-an error in the documented shape (OpenAI's error object; a RequestError; a
-RequestFailed; a ConfigError). A 500, an InternalError or any other exception
-is a finding. After each surface the engine must be alive with no scheduler
-or worker restart, and a greedy request must give the tokens it gave before.
+One engine (tiny random models with SmolLM2's tokenizer, [server] max_new_tokens 32) is
+served by `hetspec-launch --http` with an API key. Its surfaces: http (every endpoint), client
+(Engine.generate and stream), wire (zmq frames to the scheduler), config (load_config: no engine).
+The property, for every input: an answer within BOUND_S, either a completion or an error in the
+documented shape (OpenAI's error object; a RequestError; a RequestFailed; a ConfigError); anything
+else is a finding. After each surface the engine must be alive with no scheduler or worker
+restart, and a greedy request must give the tokens it gave before.
 """
 from __future__ import annotations
 
@@ -41,8 +33,8 @@ import zmq
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from hetspec.benchmarks import fuzz_inputs as inputs
 from hetspec.benchmarks.machine import describe_machine
+from hetspec.benchmarks.robustness import fuzz_inputs as inputs
 
 BOUND_S = 30.0             # an answer later than this is a hang
 KEY = "fuzz-key"
@@ -57,7 +49,7 @@ model = "random:vocab=49152,tokenizer=smollm2,seed=0"
 max_context = 256
 max_new_tokens = 32
 """
-SURFACES = ("http", "client", "wire", "config")
+SURFACES = {"http": 0.35, "client": 0.25, "wire": 0.25, "config": 0.15}    # each one's share of --examples
 ERROR_STATUSES = {400, 401, 404, 405, 413}
 
 
@@ -117,9 +109,9 @@ class Served:
         info = self.engine.get_info(timeout_s=BOUND_S)
         restarts = {**info["restarts"], "scheduler": info["scheduler"]["restarts"]}
         exact = self.engine.generate(PROBE, max_new_tokens=24).token_ids == self.reference
-        ok = self.process.poll() is None and not info["dead"] and not any(restarts.values()) and exact
-        return {"alive": self.process.poll() is None and not info["dead"], "restarts": restarts, "exact": exact,
-                "ok": ok, "requests": info["requests"]}
+        alive = self.process.poll() is None and not info["dead"]
+        return {"alive": alive, "restarts": restarts, "exact": exact, "ok": alive and not any(restarts.values()) and exact,
+                "requests": info["requests"]}
 
     def close(self) -> None:
         self.http.close()
@@ -132,21 +124,18 @@ class Served:
 
 # ---- one input, each surface --------------------------------------------------------------------
 
-def http_once(served: Served, request: dict, tally: Tally) -> None:
+def http_once(served: Served, request: dict) -> str:
     headers = {k: v.encode("latin-1") for k, v in request["headers"].items()}
     if request["auth"] == "good":
         headers["authorization"] = f"Bearer {KEY}".encode()
     elif request["auth"] != "none":
         headers["authorization"] = request["auth"].encode("latin-1")
-    started = time.monotonic()
     try:
         with served.http.stream(request["method"], request["path"], headers=headers, content=request["body"]) as r:
-            chunks = [line for line in r.iter_lines()]
+            lines = list(r.iter_lines())
     except httpx.TimeoutException:
         raise Finding(f"no answer within {BOUND_S} s: {request}") from None
-    seconds = time.monotonic() - started
-    outcome = _check_http(r.status_code, r.headers.get("content-type", ""), chunks, request)
-    tally.add(outcome, seconds)
+    return _check_http(r.status_code, r.headers.get("content-type", ""), lines, request)
 
 
 def _check_http(status: int, content_type: str, lines: list[str], request: dict) -> str:
@@ -157,15 +146,7 @@ def _check_http(status: int, content_type: str, lines: list[str], request: dict)
     if status != 200:
         raise Finding(f"status {status} ({text[:300]}) for {request}")
     if "text/event-stream" in content_type:
-        events = [line[6:] for line in lines if line.startswith("data: ")]
-        if not events or (events[-1] != "[DONE]" and "error" not in json.loads(events[-1])):
-            raise Finding(f"a stream that neither ends in [DONE] nor in an error: {events[-3:]} for {request}")
-        for event in events[:-1]:
-            json.loads(event)
-        if events[-1] != "[DONE]":
-            _error_shape(events[-1], request)
-            return "200 stream, error event"
-        return "200 stream"
+        return _check_stream(lines, request)
     if request["path"] == "/metrics":
         return "200 metrics"
     body = json.loads(text)
@@ -174,6 +155,19 @@ def _check_http(status: int, content_type: str, lines: list[str], request: dict)
         assert isinstance(choice.get("text", choice.get("message", {}).get("content")), str), body
         assert body["usage"]["completion_tokens"] <= 32, body
     return "200"
+
+
+def _check_stream(lines: list[str], request: dict) -> str:
+    """Server-sent events of JSON that end in [DONE], or in an error event in OpenAI's shape."""
+    events = [line[6:] for line in lines if line.startswith("data: ")]
+    if not events or (events[-1] != "[DONE]" and "error" not in json.loads(events[-1])):
+        raise Finding(f"a stream that neither ends in [DONE] nor in an error: {events[-3:]} for {request}")
+    for event in events[:-1]:
+        json.loads(event)
+    if events[-1] != "[DONE]":
+        _error_shape(events[-1], request)
+        return "200 stream, error event"
+    return "200 stream"
 
 
 def _error_shape(text: str, request: dict) -> None:
@@ -185,11 +179,10 @@ def _error_shape(text: str, request: dict) -> None:
         raise Finding(f"an error not in OpenAI's shape: {text[:300]!r} for {request}") from None
 
 
-def client_once(served: Served, call: dict, tally: Tally) -> None:
+def client_once(served: Served, call: dict) -> str:
     from hetspec import RequestError
     from hetspec.core.errors import InternalError
 
-    started = time.monotonic()
     try:
         if call["stream"]:
             stream = served.engine.stream(call["prompt"], messages=call["messages"], params=call["params"],
@@ -202,20 +195,16 @@ def client_once(served: Served, call: dict, tally: Tally) -> None:
                                             **call["overrides"])
         assert result.finish_reason in ("eos", "stop", "length", "cancelled", "timeout"), result
         assert len(result.token_ids) <= 32 and all(0 <= t < served.n_vocab for t in result.token_ids), result
-        outcome = f"Result ({result.finish_reason})"
+        return f"Result ({result.finish_reason})"
     except InternalError as exc:
         raise Finding(f"an internal error: {exc} for {call!r}") from None
     except RequestError:
-        outcome = "RequestError"
+        return "RequestError"
     except Exception as exc:
         raise Finding(f"{type(exc).__name__}: {exc} for {call!r}") from exc
-    seconds = time.monotonic() - started
-    if seconds > BOUND_S:
-        raise Finding(f"answered after {seconds:.1f} s: {call!r}")
-    tally.add(outcome, seconds)
 
 
-def wire_once(served: Served, frames: list[bytes], tally: Tally) -> None:
+def wire_once(served: Served, frames: list[bytes]) -> str | None:
     from hetspec.ipc import codec, messages
 
     try:                                        # what the frames are, as the scheduler will read them
@@ -223,55 +212,58 @@ def wire_once(served: Served, frames: list[bytes], tally: Tally) -> None:
     except codec.Malformed:
         sent = None
     if isinstance(sent, messages.StopEngine) and sent.token == KEY:
-        return                                  # a stop with the key stops the engine: that is its job
+        return None                             # a stop with the key stops the engine: that is its job
     sock = served.zmq.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(served.endpoint)
-    started = time.monotonic()
     try:
         sock.send_multipart(frames)
         if isinstance(sent, messages.CancelRequest):   # no answer: the engine must still answer the next
-            tally.add("CancelRequest (no answer)", time.monotonic() - started)
-            return
-        while True:
-            if not sock.poll(int(BOUND_S * 1000)):
-                raise Finding(f"no answer within {BOUND_S} s to {frames!r}"[:2000])
-            answer = codec.decode(sock.recv_multipart())
-            if isinstance(answer, messages.TokensEvent):
-                continue
-            if not isinstance(answer, (messages.Finished, messages.RequestFailed, messages.EngineInfo)):
-                raise Finding(f"answered {answer!r} to {frames!r}"[:2000])
-            if isinstance(answer, messages.RequestFailed) and answer.kind not in ("request", "auth"):
-                raise Finding(f"a {answer.kind} failure: {answer.message} for {frames!r}"[:2000])
-            break
+            return "CancelRequest (no answer)"
+        answer = _answer(sock, frames)
     finally:
         sock.close()
-    tally.add(type(answer).__name__ + (f" ({answer.kind})" if isinstance(answer, messages.RequestFailed) else ""),
-              time.monotonic() - started)
+    if not isinstance(answer, (messages.Finished, messages.RequestFailed, messages.EngineInfo)):
+        raise Finding(f"answered {answer!r} to {frames!r}"[:2000])
+    if isinstance(answer, messages.RequestFailed):
+        if answer.kind not in ("request", "auth"):
+            raise Finding(f"a {answer.kind} failure: {answer.message} for {frames!r}"[:2000])
+        return f"RequestFailed ({answer.kind})"
+    return type(answer).__name__
 
 
-def config_once(value, tally: Tally) -> None:
+def _answer(sock, frames: list[bytes]):
+    """The scheduler's first answer that is not a stream's tokens."""
+    from hetspec.ipc import codec, messages
+
+    while True:
+        if not sock.poll(int(BOUND_S * 1000)):
+            raise Finding(f"no answer within {BOUND_S} s to {frames!r}"[:2000])
+        answer = codec.decode(sock.recv_multipart())
+        if not isinstance(answer, messages.TokensEvent):
+            return answer
+
+
+def config_once(value) -> str:
     from hetspec.config import load_config
     from hetspec.core.errors import ConfigError
 
-    started = time.monotonic()
     try:
-        if isinstance(value, str):
-            with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False, encoding="utf-8",
-                                             errors="surrogatepass") as f:
-                f.write(value)
-            try:
-                load_config(f.name)
-            finally:
-                os.unlink(f.name)
-        else:
+        if not isinstance(value, str):
             load_config(value)
-        outcome = "EngineConfig"
+            return "EngineConfig"
+        with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False, encoding="utf-8",
+                                         errors="surrogatepass") as f:
+            f.write(value)
+        try:
+            load_config(f.name)
+        finally:
+            os.unlink(f.name)
+        return "EngineConfig"
     except ConfigError:
-        outcome = "ConfigError"
+        return "ConfigError"
     except Exception as exc:
         raise Finding(f"{type(exc).__name__}: {exc} for {value!r}"[:2000]) from exc
-    tally.add(outcome, time.monotonic() - started)
 
 
 # ---- running a surface ------------------------------------------------------------------------------
@@ -282,27 +274,48 @@ def run_surface(surface: str, served: Served | None, examples: int, seed: int | 
     smallest form and raised."""
     tally = Tally(surface)
     strategy, once = {
-        "http": (inputs.http_requests(), lambda x: http_once(served, x, tally)),
-        "client": (inputs.client_calls(), lambda x: client_once(served, x, tally)),
-        "wire": (inputs.wire_frames(KEY), lambda x: wire_once(served, x, tally)),
-        "config": (inputs.config_dicts() | inputs.toml_texts(), lambda x: config_once(x, tally)),
+        "http": (inputs.http_requests(), lambda x: http_once(served, x)),
+        "client": (inputs.client_calls(), lambda x: client_once(served, x)),
+        "wire": (inputs.wire_frames(KEY), lambda x: wire_once(served, x)),
+        "config": (inputs.config_dicts() | inputs.toml_texts(), config_once),
     }[surface]
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=derandomize,
               suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink], print_blob=True)
     @given(strategy)
     def check(value):
+        started = time.monotonic()
         try:
-            once(value)
+            outcome = once(value)           # how the input was answered (None: it is not one to count)
         except Finding:
             raise
         except Exception as exc:
             raise Finding(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}") from exc
+        seconds = time.monotonic() - started
+        if seconds > BOUND_S:
+            raise Finding(f"answered after {seconds:.1f} s: {value!r}"[:2000])
+        if outcome is not None:
+            tally.add(outcome, seconds)
 
     if seed is not None and not derandomize:
         check = hypothesis_seed(seed)(check)
     check()
     return tally
+
+
+def fuzz_surface(served: Served, surface: str, examples: int, seed: int) -> dict:
+    """One surface's run and the engine's health after it: a finding is recorded, and the
+    next surface still runs."""
+    print(f"hetspec-fuzz: {surface}, {examples} examples", file=sys.stderr, flush=True)
+    finding = None
+    try:
+        tally = run_surface(surface, served, examples, seed)
+    except Exception as exc:  # noqa: BLE001 - Hypothesis raises a Finding, or a group of them
+        finding, tally = "".join(traceback.format_exception_only(exc)), Tally(surface)
+        traceback.print_exception(exc)
+    summary = {**tally.summary(), "finding": finding, "after": served.health()}
+    print(json.dumps(summary, indent=1, default=str), file=sys.stderr, flush=True)
+    return summary
 
 
 def main(argv=None) -> int:
@@ -314,8 +327,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="fuzz-out")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
-    share = {"http": 0.35, "client": 0.25, "wire": 0.25, "config": 0.15}
-    total = sum(share[s] for s in args.surfaces)
+    total = sum(SURFACES[s] for s in args.surfaces)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {"seed": seed, "command": " ".join(["hetspec-fuzz", *(argv or sys.argv[1:])]), "surfaces": {},
@@ -325,17 +337,8 @@ def main(argv=None) -> int:
         served = Served(workdir)
         try:
             for surface in args.surfaces:
-                n = max(1, round(args.examples * share[surface] / total))
-                print(f"hetspec-fuzz: {surface}, {n} examples", file=sys.stderr, flush=True)
-                finding = None
-                try:
-                    tally = run_surface(surface, served, n, seed)
-                except Exception as exc:  # noqa: BLE001 - Hypothesis raises a Finding, or a group of them
-                    finding, tally = "".join(traceback.format_exception_only(exc)), Tally(surface)
-                    traceback.print_exception(exc)
-                health = served.health()
-                results["surfaces"][surface] = {**tally.summary(), "finding": finding, "after": health}
-                print(json.dumps(results["surfaces"][surface], indent=1, default=str), file=sys.stderr, flush=True)
+                examples = max(1, round(args.examples * SURFACES[surface] / total))
+                results["surfaces"][surface] = fuzz_surface(served, surface, examples, seed)
         finally:
             served.close()
     results["seconds"] = time.monotonic() - started
@@ -348,28 +351,26 @@ def main(argv=None) -> int:
 
 
 def report(results: dict) -> str:
+    surfaces = results["surfaces"].values()
     rows = ["| surface | inputs | answered as | median | slowest | finding | after: alive, restarts, exact |",
             "|---|---|---|---|---|---|---|"]
     for surface, r in results["surfaces"].items():
         answered = ", ".join(f"{k} {v}" for k, v in r["outcomes"].items())
         after = r["after"]
-        restarts = sum(after["restarts"].values())
         rows.append(f"| {surface} | {r['inputs']} | {answered} | {r['median_s'] * 1000:.0f} ms | {r['max_s']:.2f} s | "
-                    f"{r['finding'] or 'none'} | {after['alive']}, {restarts}, {after['exact']} |")
-    inputs_tried = sum(r["inputs"] for r in results["surfaces"].values())
-    hangs = sum(1 for r in results["surfaces"].values() if r["finding"] and "no answer" in r["finding"])
-    deaths = sum(sum(r["after"]["restarts"].values()) for r in results["surfaces"].values())
+                    f"{r['finding'] or 'none'} | {after['alive']}, {sum(after['restarts'].values())}, {after['exact']} |")
+    findings = [r["finding"] for r in surfaces if r["finding"]]
     return "\n".join([
         "# hetspec-fuzz", "",
         (f"`{results['command']}`, Hypothesis seed {results['seed']}, {results['seconds']:.0f} s; "
          f"{results['machine']['cpu']}, git {results['machine']['git_commit']}."), "",
-        f"- inputs tried: {inputs_tried}",
-        f"- engine deaths (scheduler or worker restarts): {deaths}",
-        f"- hangs (no answer within {BOUND_S:g} s): {hangs}",
-        f"- answers in the wrong shape, or other findings: {sum(1 for r in results['surfaces'].values() if r['finding'])}",
-        (f"- a greedy request after each surface gave the tokens it gave before: "
-         f"{all(r['after']['exact'] for r in results['surfaces'].values())}"), "",
-        *rows, "",
+        f"- inputs tried: {sum(r['inputs'] for r in surfaces)}",
+        f"- engine deaths (scheduler or worker restarts): {sum(sum(r['after']['restarts'].values()) for r in surfaces)}",
+        f"- hangs (no answer within {BOUND_S:g} s): {sum('no answer' in f for f in findings)}",
+        f"- answers in the wrong shape, or other findings: {len(findings)}",
+        ("- a greedy request after each surface gave the tokens it gave before: "
+         f"{all(r['after']['exact'] for r in surfaces)}"),
+        "", *rows, "",
         ("Each input is answered by a completion or an error in the documented shape (HTTP: OpenAI's error "
          "object with status 400, 401, 404, 405 or 413; Python: a RequestError; zmq: a RequestFailed of kind "
          "request or auth; configs: a ConfigError). The config surface starts no engine; the others share one "

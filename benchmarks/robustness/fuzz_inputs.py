@@ -74,10 +74,14 @@ def some_fields(draw, valid: dict, hostile: bool = True) -> dict:
 
 # ---- requests as the engine sees them ---------------------------------------------------------
 
+def good_prompts() -> st.SearchStrategy:
+    return st.one_of(plain_text(1), st.lists(st.integers(0, 400), min_size=1, max_size=30))
+
+
 def prompts() -> st.SearchStrategy:
     """Mostly a prompt the engine takes; else text that is not valid, ids outside the
     vocabulary, or anything."""
-    good = st.one_of(plain_text(1), st.lists(st.integers(0, 400), min_size=1, max_size=30))
+    good = good_prompts()
     return st.one_of(good, good, good, text(), st.lists(numbers(), max_size=5), st.just([]), json_values(4))
 
 
@@ -108,25 +112,22 @@ def sampling_fields(hostile: bool = True) -> st.SearchStrategy[dict]:
 
 # ---- the HTTP server ----------------------------------------------------------------------------
 
-def good_prompts() -> st.SearchStrategy:
-    return st.one_of(plain_text(1), st.lists(st.integers(0, 400), min_size=1, max_size=30))
+# an OpenAI request's fields the server takes (a good request leaves out what is refused) ...
+HTTP_FIELDS = {"max_tokens": st.integers(1, 40), "model": st.just("fuzz"),
+               "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}), "stream": st.booleans(),
+               **{name: SAMPLING[name] for name in ("temperature", "top_p", "top_k", "stop", "seed", "mode",
+                                                    "timeout_s", "speculation")}}
+# ... and, to push at, other values, hetspec's extras and the options it refuses
+HTTP_HOSTILE_FIELDS = {**HTTP_FIELDS, "model": st.sampled_from(["fuzz", "gpt-4"]),
+                       "stop": st.one_of(plain_text(1), SAMPLING["stop"]), "max_completion_tokens": st.integers(1, 40),
+                       "n": st.sampled_from([1, 2]), "presence_penalty": st.sampled_from([0, 0.5]),
+                       "logprobs": st.booleans(), "echo": st.booleans(), "gamma": SAMPLING["gamma"],
+                       "sequences": SAMPLING["sequences"]}
 
 
 def http_bodies(hostile: bool = True) -> st.SearchStrategy[dict]:
-    """An OpenAI request's fields (hetspec's extras and refused options too), sensible or not."""
-    return some_fields(hostile=hostile, valid={
-        "model": st.sampled_from(["fuzz", "gpt-4"]), "max_tokens": st.integers(1, 40),
-        "max_completion_tokens": st.integers(1, 40), "temperature": SAMPLING["temperature"],
-        "top_p": SAMPLING["top_p"], "stop": st.one_of(plain_text(1), SAMPLING["stop"]), "seed": SAMPLING["seed"],
-        "stream": st.booleans(), "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
-        "n": st.sampled_from([1, 2]), "presence_penalty": st.sampled_from([0, 0.5]), "logprobs": st.booleans(),
-        "echo": st.booleans(), "mode": SAMPLING["mode"], "gamma": SAMPLING["gamma"], "sequences": SAMPLING["sequences"],
-        "top_k": SAMPLING["top_k"], "timeout_s": SAMPLING["timeout_s"], "speculation": SAMPLING["speculation"],
-    } if hostile else {   # a good request leaves out what is refused
-        "max_tokens": st.integers(1, 40), "temperature": SAMPLING["temperature"], "top_p": SAMPLING["top_p"],
-        "stop": SAMPLING["stop"], "seed": SAMPLING["seed"], "stream": st.booleans(), "mode": SAMPLING["mode"],
-        "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}), "top_k": SAMPLING["top_k"],
-        "timeout_s": SAMPLING["timeout_s"], "speculation": SAMPLING["speculation"], "model": st.just("fuzz")})
+    """An OpenAI request's fields, sensible or not."""
+    return some_fields(HTTP_HOSTILE_FIELDS if hostile else HTTP_FIELDS, hostile)
 
 
 @st.composite
@@ -184,8 +185,7 @@ def client_calls(draw) -> dict:
     call = {"stream": draw(st.booleans())}
     if draw(st.booleans()):                   # a good one: it reaches the engine, and decodes
         if draw(st.booleans()):
-            call["prompt"], call["messages"] = draw(st.one_of(plain_text(1), st.lists(st.integers(0, 400), min_size=1,
-                                                                                       max_size=30))), None
+            call["prompt"], call["messages"] = draw(good_prompts()), None
         else:
             call["prompt"], call["messages"] = None, [{"role": "user", "content": draw(plain_text())}]
         call["params"], call["overrides"] = draw(st.one_of(st.none(), sampling_fields(False))), \
