@@ -121,7 +121,7 @@ class Decoder:
                 self.sequential_round()
             yield
 
-    # ---- the three kinds of round ------------------------------------------------
+    # ---- the three kinds of round ----------------------------------------------------
 
     def duodec_round(self, pending: Window) -> Window:
         """One pipelined round: the target verifies the pending window W while the draft
@@ -218,7 +218,79 @@ class Decoder:
             self.stats.probes += 1
             self.draft_ready = False
 
-    # ---- getting started ---------------------------------------------------------
+    # ---- a round's steps -------------------------------------------------------------
+
+    def draft_now(self, gamma: int) -> tuple[Window, Draft]:
+        """gamma tokens drafted after the committed context while the target waits (one
+        plain sequence, its first token a draft guess too); nothing if gamma is 0."""
+        if gamma <= 0:
+            return EMPTY, NO_DRAFT
+        self.draft.start_window(self.id, self.out.context, gamma, self.request.sampling)
+        drafted = self.draft.finish_window()
+        return drafted.window(0), drafted
+
+    def start_verify(self, window: Window, borrow: bool = False, ahead: int = 0) -> None:
+        """The target's cache holds all but the last committed token: feed it, then the window."""
+        context = self.out.context
+        self.target.start_verify(self.id, self.cache, np.concatenate([context[-1:], window.tokens]),
+                                 len(context) - 1, len(window) + 1, self.request.sampling, borrow, ahead)
+
+    def accept_and_commit(self, window: Window, verdict: Verification) -> tuple[int, int, int]:
+        """(draft tokens accepted, the target's own next token, tokens actually
+        committed: fewer if EOS, a stop string or the limit came first)."""
+        if self.request.rule is Rule.UNKEYED:
+            n_accepted, token = accept_sampled(window.tokens, window.probs, verdict.probs, self.rng)
+        else:                                  # the target's own argmax or keyed draws
+            n_accepted, token = accept_greedy(window.tokens, verdict.choice)
+        before = self.out.length
+        self.out.commit([*window.tokens[:n_accepted], token])
+        return n_accepted, token, self.out.length - before
+
+    def choose(self, verdict: Verification) -> int:
+        """The target's own next token after a pass with no window."""
+        if self.request.rule is Rule.UNKEYED:
+            return sample(verdict.probs[0], self.rng)
+        return int(verdict.choice[0])
+
+    def emit_round(self) -> None:
+        self.emit(*self.out.take_round())
+
+    def record(self, started: float, window: Window, verdict: Verification, drafted: Draft, n_accepted: int,
+               kept: int, parallel: bool, restart: Draft = NO_DRAFT) -> None:
+        if self.costs is not None:
+            if restart.branches:
+                self.costs.observe(len(restart.branches[0]), restart.seconds, 0, 0.0)
+            self.costs.observe(sum(len(b) for b in drafted.branches), drafted.seconds, len(window) + 1,
+                               verdict.seconds)
+        wall = time.perf_counter() - started
+        self.stats.spec_round(wall, drafted.seconds, verdict.seconds,
+                              len(window), min(n_accepted, kept), kept, parallel, restart.seconds)
+        self.gate.judge(wall, kept)
+
+    # ---- what the windows depend on --------------------------------------------------
+
+    def room(self, pending: int) -> int:
+        """Tokens a window drafted after `pending` ones could still commit (the target's
+        own next token comes first)."""
+        return self.out.remaining - pending - 1
+
+    def pace(self) -> float | None:
+        """This request's seconds per committed token in speculative rounds, once there
+        are enough of them to go by."""
+        if self.stats.spec_rounds < PACE_ROUNDS:
+            return None
+        return self.stats.round_s / max(self.stats.committed_in_spec_rounds, 1)
+
+    def extend_to(self, pending: int) -> int:
+        """How far the draft may grow the next window while the target verifies: the
+        budget is what the draft must deliver, the rest uses time it would sit idle
+        (free beside a GPU target; on a CPU one it competes for the memory bus, so
+        off there by default); never past what could still be committed."""
+        if not self.caps.keep_drafting:
+            return 0
+        return min(self.caps.max_gamma, self.room(pending))
+
+    # ---- getting started: the prompt, then the draft catching up ---------------------
 
     def prefill(self) -> None:
         """The prompt through the target; its first token is the time to first token.
@@ -294,75 +366,3 @@ class Decoder:
     def gain(self) -> float:
         """CostModel.gain at this request's acceptance estimate; infinite without a cost model."""
         return math.inf if self.costs is None else self.costs.gain(self.caps.max_gamma, self.stats.acceptance)
-
-    # ---- named steps -------------------------------------------------------------
-
-    def draft_now(self, gamma: int) -> tuple[Window, Draft]:
-        """gamma tokens drafted after the committed context while the target waits (one
-        plain sequence, its first token a draft guess too); nothing if gamma is 0."""
-        if gamma <= 0:
-            return EMPTY, NO_DRAFT
-        self.draft.start_window(self.id, self.out.context, gamma, self.request.sampling)
-        drafted = self.draft.finish_window()
-        return drafted.window(0), drafted
-
-    def start_verify(self, window: Window, borrow: bool = False, ahead: int = 0) -> None:
-        """The target's cache holds all but the last committed token: feed it, then the window."""
-        context = self.out.context
-        self.target.start_verify(self.id, self.cache, np.concatenate([context[-1:], window.tokens]),
-                                 len(context) - 1, len(window) + 1, self.request.sampling, borrow, ahead)
-
-    def accept_and_commit(self, window: Window, verdict: Verification) -> tuple[int, int, int]:
-        """(draft tokens accepted, the target's own next token, tokens actually
-        committed: fewer if EOS, a stop string or the limit came first)."""
-        if self.request.rule is Rule.UNKEYED:
-            n_accepted, token = accept_sampled(window.tokens, window.probs, verdict.probs, self.rng)
-        else:                                  # the target's own argmax or keyed draws
-            n_accepted, token = accept_greedy(window.tokens, verdict.choice)
-        before = self.out.length
-        self.out.commit([*window.tokens[:n_accepted], token])
-        return n_accepted, token, self.out.length - before
-
-    def choose(self, verdict: Verification) -> int:
-        """The target's own next token after a pass with no window."""
-        if self.request.rule is Rule.UNKEYED:
-            return sample(verdict.probs[0], self.rng)
-        return int(verdict.choice[0])
-
-    def emit_round(self) -> None:
-        self.emit(*self.out.take_round())
-
-    def record(self, started: float, window: Window, verdict: Verification, drafted: Draft, n_accepted: int,
-               kept: int, parallel: bool, restart: Draft = NO_DRAFT) -> None:
-        if self.costs is not None:
-            if restart.branches:
-                self.costs.observe(len(restart.branches[0]), restart.seconds, 0, 0.0)
-            self.costs.observe(sum(len(b) for b in drafted.branches), drafted.seconds, len(window) + 1,
-                               verdict.seconds)
-        wall = time.perf_counter() - started
-        self.stats.spec_round(wall, drafted.seconds, verdict.seconds,
-                              len(window), min(n_accepted, kept), kept, parallel, restart.seconds)
-        self.gate.judge(wall, kept)
-
-    # ---- what the windows depend on ---------------------------------------------------
-
-    def room(self, pending: int) -> int:
-        """Tokens a window drafted after `pending` ones could still commit (the target's
-        own next token comes first)."""
-        return self.out.remaining - pending - 1
-
-    def pace(self) -> float | None:
-        """This request's seconds per committed token in speculative rounds, once there
-        are enough of them to go by."""
-        if self.stats.spec_rounds < PACE_ROUNDS:
-            return None
-        return self.stats.round_s / max(self.stats.committed_in_spec_rounds, 1)
-
-    def extend_to(self, pending: int) -> int:
-        """How far the draft may grow the next window while the target verifies: the
-        budget is what the draft must deliver, the rest uses time it would sit idle
-        (free beside a GPU target; on a CPU one it competes for the memory bus, so
-        off there by default); never past what could still be committed."""
-        if not self.caps.keep_drafting:
-            return 0
-        return min(self.caps.max_gamma, self.room(pending))
