@@ -1,14 +1,95 @@
 """A draft that never agrees must not make the engine slower than the target
-alone (scheduler/decoding/gate.py): the engine's own counters show it resting, and a
-forced request still speculates. Output stays exact either way."""
+alone (scheduler/decoding/gate.py): the gate's policy alone, with a fake clock; then
+the engine's own counters show it resting, and a forced request still speculates.
+Output stays exact either way."""
 import pytest
 
 import hetspec
+from hetspec.scheduler.decoding.gate import FIRST_REST, MAX_PROBE_REST, MIN_ROUNDS, PROBE_SHARE, Gate, Memory
 
 from helpers import WEAK_DRAFT, load_reference, random_engine_config, reference_greedy
 
 PROMPT = [5, 9, 17, 33]
 N_NEW = 160
+
+
+def _judged(gate, rounds, seconds, committed):
+    for _ in range(rounds):
+        gate.judge(seconds, committed)
+
+
+def test_gate_rests_while_speculation_does_not_pay_and_probes_again():
+    memory = Memory(target_s=0.010)
+    gate = Gate(memory, forced=False)
+    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)          # 12 ms a token against 10 alone: rest
+    assert not gate.speculate and gate.rest == FIRST_REST and memory.rest == FIRST_REST
+    for _ in range(FIRST_REST):
+        gate.rested(0.010, 1)
+    assert gate.speculate                            # the probe
+    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)
+    assert gate.rest == 2 * FIRST_REST               # a failed probe doubles the rest
+    nxt = Gate(memory, forced=False)
+    assert not nxt.speculate and nxt.rest == 2 * FIRST_REST   # the next request inherits it
+    for _ in range(nxt.rest):
+        nxt.rested(0.010, 1)
+    _judged(nxt, 1 + MIN_ROUNDS, 0.012, 3)           # 4 ms a token: pays
+    assert nxt.speculate and memory.rest_len == FIRST_REST
+
+
+def test_a_costly_failed_probe_buys_a_rest_it_is_a_small_share_of():
+    """A probe whose draft catches up for 100 ms (the target committing 5 tokens beside
+    it at 10 ms a token alone) and then runs 4 rounds of 12 ms a token loses about
+    0.06 s: the rest after it is 0.06 s / (PROBE_SHARE * 10 ms) tokens, not merely doubled."""
+    now = [0.0]
+    memory = Memory(target_s=0.010)
+    gate = Gate(memory, forced=False, clock=lambda: now[0])
+    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)          # the first verdict: no probe to pay back
+    assert gate.rest == FIRST_REST
+    for _ in range(FIRST_REST):
+        gate.rested(0.010, 1)
+    now[0] += 0.100                                  # the draft catches up...
+    gate.probing(5)                                  # ...the target alone committing 5 tokens meanwhile
+    for _ in range(1 + MIN_ROUNDS):
+        now[0] += 0.012
+        gate.judge(0.012, 1)
+    lost = 0.100 + 4 * 0.012 - 9 * 0.010
+    assert gate.rest == pytest.approx(lost / (PROBE_SHARE * 0.010), abs=1) and gate.rest > 2 * FIRST_REST
+    assert memory.rest == gate.rest                  # the next request inherits it
+    for _ in range(gate.rest):                       # a probe that loses an hour is capped
+        gate.rested(0.010, 1)
+    now[0] += 3600
+    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)
+    assert gate.rest == MAX_PROBE_REST
+
+
+def test_a_request_that_begins_by_speculating_pays_back_its_first_probe():
+    """Each request of an engine whose draft cannot pay begins with a probe (its rest
+    over): timed from the prompt on (Gate.start), a failed one buys the rest it cost,
+    not merely FIRST_REST, so the requests after it rest rather than probe again."""
+    now = [0.0]
+    memory = Memory(target_s=0.010)
+    gate = Gate(memory, forced=False, clock=lambda: now[0])
+    gate.start()
+    now[0] += 0.100
+    gate.probing(5)                                  # the target alone beside the draft's catching up
+    for _ in range(1 + MIN_ROUNDS):
+        now[0] += 0.012
+        gate.judge(0.012, 1)
+    assert gate.rest == pytest.approx((0.100 + 4 * 0.012 - 9 * 0.010) / (PROBE_SHARE * 0.010), abs=1)
+    assert gate.rest > 2 * FIRST_REST and memory.rest == gate.rest
+    forced = Gate(Memory(target_s=0.010), forced=True, clock=lambda: now[0])
+    forced.start()
+    assert forced.probe_began is None
+
+
+def test_gate_never_rests_a_forced_request_and_times_the_target_first():
+    forced = Gate(Memory(target_s=0.010), forced=True)
+    _judged(forced, 20, 1.0, 1)
+    assert forced.speculate
+    unknown = Gate(Memory(target_s=None), forced=False)
+    _judged(unknown, 1 + MIN_ROUNDS, 0.001, 5)
+    assert unknown.rest == MIN_ROUNDS                # nothing to compare with yet: time the target alone
+
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 loop, and drives both workers through their links (ipc messages and shared memory).
 
 The process shell is here: service.py (the serve loop and each request's fault
-boundary), startup.py, clients.py, requests.py, turns.py, supervisor.py and
+boundary), startup.py, clients.py, resolve.py, turns.py, supervisor.py and
 tokenizer.py. The decoding round and its policy are in decoding/.
 
 python -m hetspec.scheduler RUN_FILE   (started by hetspec.launcher)

@@ -25,7 +25,7 @@ from hetspec.scheduler.decoding.bridge import BridgedDraft
 from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.gate import memories
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerLost
-from hetspec.scheduler.requests import Resolver
+from hetspec.scheduler.resolve import Resolver
 from hetspec.scheduler.supervisor import Crew, State
 from hetspec.scheduler.tokenizer import Tokenizer
 from hetspec.scheduler.turns import Running, Turns

@@ -28,7 +28,8 @@ import numpy as np
 from hetspec.core.errors import EngineStartError
 from hetspec.core.sampling import GREEDY, Sampling
 from hetspec.ipc.messages import BranchPlan
-from hetspec.scheduler.decoding.links import Draft, DraftLink
+from hetspec.scheduler.decoding.links import DraftLink
+from hetspec.scheduler.decoding.round import Draft
 from hetspec.scheduler.tokenizer import Tokenizer
 
 # Text every draft vocabulary must carry through unchanged, or it cannot propose the target's text.

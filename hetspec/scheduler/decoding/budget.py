@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 CONTENTION = 1.3    # a target step beside a draft prefill takes this much longer: they share the memory bus
-SHORT_PREFILL = 16  # draft prompt tokens: fewer cost too little to weigh (prefill_pays) or to time
+LONG_PROMPT = 16    # tokens: a shorter prompt prefills fast, so neither worker borrows the other's cores for it,
+                    # and a draft prefill as short costs too little to weigh (prefill_pays) or to time
 WORTH_GUESSING = 0.1  # without measured costs, a lookup token is guessed while it is kept at least this often
                       # (a CPU target's window costs about a tenth of a token more per token)
 
@@ -96,7 +97,7 @@ class CostModel:
             self.verify_scale += self.SMOOTHING * (ratio - self.verify_scale)
 
     def observe_prefill(self, n_tokens: int, seconds: float) -> None:
-        if n_tokens >= SHORT_PREFILL and seconds > 0:
+        if n_tokens >= LONG_PROMPT and seconds > 0:
             self.prefill_s += self.SMOOTHING * (seconds / n_tokens - self.prefill_s)
 
     def prefill_pays(self, n_tokens: int, remaining: int, gain: float) -> bool:
@@ -109,7 +110,7 @@ class CostModel:
         already); otherwise a short prefill always goes, and the gate judges."""
         if gain <= 1:
             return False
-        if n_tokens < SHORT_PREFILL:
+        if n_tokens < LONG_PROMPT:
             return True
         target_s = self.alone_s()
         lost = n_tokens * self.prefill_s * (1 - 1 / (gain * CONTENTION))
@@ -120,7 +121,7 @@ class CostModel:
         longer of gamma draft steps and a verify of gamma tokens, and commits
         1 + a + ... + a**(gamma - 1) tokens at per-token acceptance a."""
         round_s = max(gamma * self.draft_s, self._verify(gamma))
-        return round_s / sum(acceptance ** j for j in range(gamma))
+        return round_s / _committed(acceptance, gamma - 1)
 
     def best_sequential(self, max_gamma: int, acceptance: float) -> int:
         """SpS's gamma: the one with the least expected time per committed token.
@@ -134,7 +135,7 @@ class CostModel:
         (docs/performance.md, "SpS window")."""
         def per_token(gamma: int) -> float:
             round_s = gamma * self.draft_s + self._verify(gamma + 1)
-            return round_s / sum(acceptance ** j for j in range(gamma + 1))
+            return round_s / _committed(acceptance, gamma)
         return min(range(1, max_gamma + 1), key=per_token)
 
     def best_pipelined(self, max_gamma: int, acceptance: float) -> int:
@@ -151,7 +152,7 @@ class CostModel:
         """A target-only step's guess length: the one of least expected time per
         committed token (a pass of k + 1 tokens commits 1 + a + ... + a**k), 0..max_tokens."""
         return min(range(max_tokens + 1),
-                   key=lambda k: self._verify(k + 1) / sum(acceptance ** j for j in range(k + 1)))
+                   key=lambda k: self._verify(k + 1) / _committed(acceptance, k))
 
     def gain(self, max_gamma: int, acceptance: float) -> float:
         """Speculation's expected pace over the target alone's, at the best pipelined window.

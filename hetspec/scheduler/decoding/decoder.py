@@ -13,7 +13,8 @@ rests, running target-only rounds, while speculating does not pay (gate.py).
 In a speculative mode a target-only round also verifies a free prompt-lookup
 guess (lookup.py); in mode target it is the plain target, one token a pass.
 The draft is a DraftLink, or a BridgedDraft for another vocabulary (bridge.py):
-same methods. Every window length comes from budget.Windows.
+same methods. Every window length comes from budget.Windows. What a round passes
+around, and the words for it (window, branch, accepted, bonus token): round.py.
 
 Invariant: the target's KV cache holds every committed token but the last,
 so each verify pass feeds [last committed token] + pending window W and reads
@@ -23,6 +24,7 @@ loop never tracks it.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import NamedTuple
 
@@ -32,16 +34,17 @@ from hetspec.core.acceptance import accept_greedy, accept_sampled
 from hetspec.core.params import Mode, Speculation
 from hetspec.core.sampling import Rule, sample
 from hetspec.ipc.messages import BranchPlan
-from hetspec.scheduler.decoding.budget import CostModel, Windows
+from hetspec.scheduler.decoding.budget import LONG_PROMPT, CostModel, Windows
 from hetspec.scheduler.decoding.gate import Gate, Memory
-from hetspec.scheduler.decoding.links import EMPTY, NO_DRAFT, Draft, DraftLink, TargetLink, Verification, Window
+from hetspec.scheduler.decoding.links import DraftLink, TargetLink
 from hetspec.scheduler.decoding.lookup import PromptLookup
 from hetspec.scheduler.decoding.output import Output
 from hetspec.scheduler.decoding.request import Capabilities, Request
+from hetspec.scheduler.decoding.round import EMPTY, NO_DRAFT, Draft, Verification, Window
 from hetspec.scheduler.decoding.stats import Stats
 
-LONG_PROMPT = 16   # tokens; shorter prompts prefill fast anyway, so neither worker borrows the other's cores
 AHEAD = 256        # tokens the target may decode ahead of a target-only step (Decoder.ahead)
+PACE_ROUNDS = 4    # speculative rounds before a request's own pace is trusted over the cost model's (Decoder.pace)
 
 
 class PrefillPlan(NamedTuple):
@@ -63,10 +66,14 @@ class Decoder:
         self.lookup = PromptLookup() if caps.lookup and request.params.mode is not Mode.TARGET else None
         self.rng = np.random.default_rng([request.params.seed, 0])
         self.stats = Stats(prior=request.prior, fallback=without_draft)
-        self.mode = Mode.TARGET if without_draft else request.params.mode   # target-only while there is no draft
         self.gate = Gate(memory or Memory(None), forced=request.speculation is Speculation.ALWAYS)
         self.draft_ready = False               # the draft's cache holds this request's context
         self.emit = None
+
+    @property
+    def mode(self) -> Mode:
+        """The request's mode, or target while it goes on without the draft (stats.fallback says why)."""
+        return Mode.TARGET if self.stats.fallback is not None else self.params.mode
 
     def rounds(self, emit):
         """Decode until a stop condition, a round per step; emit(tokens, text) streams committed
@@ -82,7 +89,7 @@ class Decoder:
             if getattr(lost, "role", None) != "draft":
                 raise
             self.target.discard()
-            self.mode, self.stats.fallback = Mode.TARGET, str(lost)
+            self.stats.fallback = str(lost)
             yield from self.decode()
         self.emit_round()
         self.draft.settle()
@@ -114,7 +121,7 @@ class Decoder:
                 self.sequential_round()
             yield
 
-    # ---- the three kinds of round ------------------------------------------------
+    # ---- the three kinds of round ----------------------------------------------------
 
     def duodec_round(self, pending: Window) -> Window:
         """One pipelined round: the target verifies the pending window W while the draft
@@ -211,87 +218,7 @@ class Decoder:
             self.stats.probes += 1
             self.draft_ready = False
 
-    # ---- getting started ---------------------------------------------------------
-
-    def prefill(self) -> None:
-        """The prompt through the target; its first token is the time to first token.
-        A long prompt borrows the draft's cores (the draft prefills afterwards); a
-        short one leaves them, and the draft prefills at the same time."""
-        long_prompt = len(self.out.context) >= LONG_PROMPT
-        borrow = self.caps.borrow_cores and long_prompt
-        self.target.start_verify(self.id, self.cache, self.out.context, 0, 1, self.request.sampling, borrow)
-        if self.mode is not Mode.TARGET and not borrow and self.gate.speculate and self.may_pay():
-            self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
-                                     borrow_cores=False)
-        self.out.commit([self.choose(self.target.finish_verify(1))])
-        self.stats.ttft_s = time.perf_counter() - self.stats.start
-        self.gate.start()
-        self.emit_round()
-
-    def draft_catches_up(self) -> None:
-        """Speculation starts once the draft holds the context: plan its prefill (or
-        go on target-only where it would not pay), start it (unless one began beside
-        the target's prompt prefill), and wait for it."""
-        plan = None
-        if not self.draft.busy and not self.out.done:
-            plan = self.plan_draft_prefill()
-            if plan is None:
-                return
-            self.start_draft_prefill(plan)
-        self.wait_for_draft(plan)
-        self.draft_ready = True
-
-    def plan_draft_prefill(self) -> PrefillPlan | None:
-        """A long prompt's draft prefill takes the target's cache outright when the
-        draft is a quantized copy of the target (kv_handover), or borrows the target's
-        cores while the target waits: it is done twice as soon, which pays where
-        speculating more than doubles the pace. None: the prefill would not pay, and
-        the request goes on target-only."""
-        long_prompt = len(self.out.context) >= LONG_PROMPT
-        handover = len(self.out.context) - 1 if self.caps.kv_handover and long_prompt else 0
-        n_tokens = 0 if handover else self.draft.to_prefill(self.out.context, self.params.cache_prompt)
-        gain = self.expected_gain()
-        if not self.prefill_pays(n_tokens, gain):
-            self.mode, self.stats.fallback = Mode.TARGET, f"the draft's prefill ({n_tokens} tokens) would not pay"
-            return None
-        borrow = not handover and self.caps.draft_borrows_cores and long_prompt and (gain is None or gain > 2)
-        return PrefillPlan(handover, n_tokens, borrow)
-
-    def start_draft_prefill(self, plan: PrefillPlan) -> None:
-        if plan.handover:                      # the target's cache holds the prompt: a copy of a few ms
-            self.target.export_kv(self.id, self.cache, plan.handover)
-        self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
-                                 borrow_cores=plan.borrow, kv_length=plan.handover)
-        self.stats.draft_prompt_kv = "target" if plan.handover else "own"
-
-    def wait_for_draft(self, plan: PrefillPlan | None) -> None:
-        """The target decodes alone until the draft is ready, unless it waits for it (a
-        handed-over cache, borrowed cores); a timed prefill teaches the cost model."""
-        target_waits = plan is not None and (plan.borrow or plan.handover > 0)
-        while not target_waits and not self.out.done and not self.draft.poll():
-            self.gate.probing(self.target_step(alone=False)[1])
-        if self.draft.busy:
-            seconds = self.draft.finish_prefill()
-            if self.costs is not None and plan is not None and not target_waits:
-                self.costs.observe_prefill(plan.n_tokens, seconds)
-
-    def expected_gain(self) -> float | None:
-        """CostModel.gain at this request's acceptance estimate (None: no cost model)."""
-        return self.costs.gain(self.caps.max_gamma, self.stats.acceptance) if self.costs else None
-
-    def may_pay(self) -> bool:
-        """Whether speculating may beat the target alone at all: a short prompt's draft
-        prefill, begun beside the target's, must not start a probe that
-        plan_draft_prefill would refuse (a prefill of nothing, judged the same way)."""
-        return self.prefill_pays(0, self.expected_gain())
-
-    def prefill_pays(self, n_tokens: int, gain: float | None) -> bool:
-        """CostModel.prefill_pays, where speculation is not forced."""
-        if gain is None or self.request.speculation is Speculation.ALWAYS:
-            return True
-        return self.costs.prefill_pays(n_tokens, self.out.remaining, gain)
-
-    # ---- named steps -------------------------------------------------------------
+    # ---- a round's steps -------------------------------------------------------------
 
     def draft_now(self, gamma: int) -> tuple[Window, Draft]:
         """gamma tokens drafted after the committed context while the target waits (one
@@ -340,7 +267,7 @@ class Decoder:
                               len(window), min(n_accepted, kept), kept, parallel, restart.seconds)
         self.gate.judge(wall, kept)
 
-    # ---- what the windows depend on ---------------------------------------------------
+    # ---- what the windows depend on --------------------------------------------------
 
     def room(self, pending: int) -> int:
         """Tokens a window drafted after `pending` ones could still commit (the target's
@@ -350,7 +277,7 @@ class Decoder:
     def pace(self) -> float | None:
         """This request's seconds per committed token in speculative rounds, once there
         are enough of them to go by."""
-        if self.stats.spec_rounds < 4:
+        if self.stats.spec_rounds < PACE_ROUNDS:
             return None
         return self.stats.round_s / max(self.stats.committed_in_spec_rounds, 1)
 
@@ -362,3 +289,80 @@ class Decoder:
         if not self.caps.keep_drafting:
             return 0
         return min(self.caps.max_gamma, self.room(pending))
+
+    # ---- getting started: the prompt, then the draft catching up ---------------------
+
+    def prefill(self) -> None:
+        """The prompt through the target; its first token is the time to first token.
+        A long prompt borrows the draft's cores (the draft prefills afterwards); a
+        short one leaves them, and the draft prefills at the same time."""
+        long_prompt = len(self.out.context) >= LONG_PROMPT
+        borrow = self.caps.borrow_cores and long_prompt
+        self.target.start_verify(self.id, self.cache, self.out.context, 0, 1, self.request.sampling, borrow)
+        if self.mode is not Mode.TARGET and not borrow and self.gate.speculate and self.drafting_pays():
+            self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
+                                     borrow_cores=False)
+        self.out.commit([self.choose(self.target.finish_verify(1))])
+        self.stats.ttft_s = time.perf_counter() - self.stats.start
+        self.gate.start()
+        self.emit_round()
+
+    def draft_catches_up(self) -> None:
+        """Speculation starts once the draft holds the context: plan its prefill (or
+        go on target-only where it would not pay), start it (unless one began beside
+        the target's prompt prefill), and wait for it."""
+        plan = None
+        if not self.draft.busy and not self.out.done:
+            plan = self.plan_draft_prefill()
+            if plan is None:
+                return
+            self.start_draft_prefill(plan)
+        self.wait_for_draft(plan)
+        self.draft_ready = True
+
+    def plan_draft_prefill(self) -> PrefillPlan | None:
+        """A long prompt's draft prefill takes the target's cache outright when the
+        draft is a quantized copy of the target (kv_handover), or borrows the target's
+        cores while the target waits: it is done twice as soon, which pays where
+        speculating more than doubles the pace. None: the prefill would not pay, and
+        the request goes on target-only."""
+        long_prompt = len(self.out.context) >= LONG_PROMPT
+        handover = len(self.out.context) - 1 if self.caps.kv_handover and long_prompt else 0
+        n_tokens = 0 if handover else self.draft.to_prefill(self.out.context, self.params.cache_prompt)
+        if not self.drafting_pays(n_tokens):
+            self.stats.fallback = f"the draft's prefill ({n_tokens} tokens) would not pay"
+            return None
+        borrow = not handover and self.caps.draft_borrows_cores and long_prompt and self.gain() > 2
+        return PrefillPlan(handover, n_tokens, borrow)
+
+    def start_draft_prefill(self, plan: PrefillPlan) -> None:
+        if plan.handover:                      # the target's cache holds the prompt: a copy of a few ms
+            self.target.export_kv(self.id, self.cache, plan.handover)
+        self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
+                                 borrow_cores=plan.borrow, kv_length=plan.handover)
+        self.stats.draft_prompt_kv = "target" if plan.handover else "own"
+
+    def wait_for_draft(self, plan: PrefillPlan | None) -> None:
+        """The target decodes alone until the draft is ready, unless it waits for it (a
+        handed-over cache, borrowed cores); a timed prefill teaches the cost model."""
+        target_waits = plan is not None and (plan.borrow or plan.handover > 0)
+        while not target_waits and not self.out.done and not self.draft.poll():
+            self.gate.probing(self.target_step(alone=False)[1])
+        if self.draft.busy:
+            seconds = self.draft.finish_prefill()
+            if self.costs is not None and plan is not None and not target_waits:
+                self.costs.observe_prefill(plan.n_tokens, seconds)
+
+    def drafting_pays(self, n_prefill: int = 0) -> bool:
+        """Whether speculating may beat the target alone after the draft first reads
+        n_prefill prompt tokens beside it (CostModel.prefill_pays, at this request's
+        acceptance estimate). A short prompt's draft prefill, begun beside the
+        target's, asks with nothing to read. Always where speculation is forced,
+        and without a cost model (a configured gamma)."""
+        if self.costs is None or self.request.speculation is Speculation.ALWAYS:
+            return True
+        return self.costs.prefill_pays(n_prefill, self.out.remaining, self.gain())
+
+    def gain(self) -> float:
+        """CostModel.gain at this request's acceptance estimate; infinite without a cost model."""
+        return math.inf if self.costs is None else self.costs.gain(self.caps.max_gamma, self.stats.acceptance)

@@ -49,9 +49,13 @@ def memories(target_s: float | None) -> dict[str, Memory]:
 
 
 class Gate:
+    """One request's gate. Its rest and rest_len start from the engine's Memory and are
+    written back to it as they change; they are this request's own, not views of the
+    Memory, because requests of one mode taking turns (turns.py) share that Memory."""
+
     def __init__(self, memory: Memory, forced: bool, clock=time.perf_counter):
         self.memory, self.forced, self.clock = memory, forced, clock
-        self.rest = 0 if forced else memory.rest
+        self.rest = 0 if forced else memory.rest    # target-only tokens still to go (0: speculate)
         self.rest_len = memory.rest_len
         self.recent: deque = deque(maxlen=RECENT)   # (seconds, committed) of this stint's rounds
         self.fresh = True                           # the stint's first round is yet to come
@@ -72,10 +76,10 @@ class Gate:
     def rested(self, seconds: float, committed: int) -> None:
         """A target-only step by the gate's choice (several tokens where a lookup guess
         held); probe again when the rest is over."""
-        self.rest -= committed
+        self.rest = max(self.rest - committed, 0)
         self.fresh = self.rest <= 0
         self.observe_target(seconds / committed)
-        self.memory.rest = max(self.rest, 0)
+        self.memory.rest = self.rest
         if self.fresh:
             self.probe_began, self.probe_tokens = self.clock(), 0
 

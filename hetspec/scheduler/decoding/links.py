@@ -7,13 +7,11 @@ the supervisor (supervisor.py) starts it again.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import psutil
 import zmq
 
-from hetspec.core.branches import from_slot, pick_branch
+from hetspec.core.branches import from_slot
 from hetspec.core.errors import EngineDeadError, HetspecError
 from hetspec.core.sampling import Rule, Sampling
 from hetspec.ipc.channel import Channel
@@ -37,6 +35,7 @@ from hetspec.ipc.messages import (
     WorkerHello,
 )
 from hetspec.ipc.shm import SharedArray, segment_name
+from hetspec.scheduler.decoding.round import Draft, Verification
 
 POLL_S = 0.2
 AHEAD_TIMEOUT_S = 60.0   # a token decoded ahead that has not come by then is not coming (its pass failed)
@@ -56,46 +55,6 @@ class WorkerLost(EngineDeadError):
     def __init__(self, role: str, message: str):
         super().__init__(message)
         self.role = role
-
-
-@dataclass
-class Window:
-    """Draft tokens waiting for the target's verdict, and the draft's distribution
-    at each when the acceptance rule needs it (accept_sampled)."""
-    tokens: np.ndarray
-    probs: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-
-EMPTY = Window(np.zeros(0, dtype=np.int32))
-
-
-@dataclass
-class Verification:
-    choice: np.ndarray            # the target's token at each requested position: argmax or keyed draw
-    probs: np.ndarray | None      # its distribution there, sampling unkeyed (a shared-memory view)
-    seconds: float
-
-
-@dataclass
-class Draft:
-    """What the draft returned: branches in slot order (the likeliest last)."""
-    branches: list[np.ndarray]
-    probs: list[np.ndarray] | None   # per branch: (len, vocab) shared-memory views, sampling unkeyed
-    seconds: float
-
-    def window(self, i: int, skip: int = 0) -> Window:
-        return Window(self.branches[i][skip:], None if self.probs is None else self.probs[i][skip:])
-
-    def branch_after(self, token: int) -> Window | None:
-        """The rest of the branch that starts with the target's token; None if none does."""
-        i = pick_branch(self.branches, token)
-        return None if i is None else self.window(i, skip=1)
-
-
-NO_DRAFT = Draft([], None, 0.0)
 
 
 class WorkerLink:

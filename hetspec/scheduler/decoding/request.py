@@ -1,5 +1,5 @@
 """What the decoder is given: a request, resolved against the engine once
-(scheduler/requests.py), and the engine's capabilities, fixed at start-up."""
+(scheduler/resolve.py), and the engine's capabilities, fixed at start-up."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -37,7 +37,8 @@ class Stats:
     accepted_per_pos: list = field(default_factory=list)  # [i]: windows whose token i was accepted
     draft_prompt_kv: str = "own"  # how the draft got the prompt's cache: its own prefill, or the "target"'s
     prior: float = GENERIC
-    fallback: str | None = None  # why the target ran (some rounds) without the draft: it died, is restarting, or its prefill would not pay
+    fallback: str | None = None  # why the target goes on without the draft: it died, is restarting, or its prefill
+                                 # would not pay (None: it has not; Decoder.mode follows)
 
     @property
     def acceptance(self) -> float:

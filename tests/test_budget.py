@@ -1,20 +1,11 @@
-"""The budget, the branch count and the branch choice: small pure functions."""
+"""The cost model and the windows it sets: each round's gamma, restarts, lookup guesses,
+whether a draft prefill (or drafting at all) pays, and the acceptance estimate they weigh."""
 import dataclasses
 
-import numpy as np
 import pytest
 
-from hetspec.core.branches import (
-    allocate_budget,
-    count_sequences,
-    first_tokens,
-    from_slot,
-    pick_branch,
-    split_budget,
-    to_slot,
-)
-from hetspec.core.params import SamplingParams
-from hetspec.core.sampling import Rule, Sampling, probabilities
+from hetspec.core.params import SamplingParams, Speculation
+from hetspec.core.sampling import Rule, Sampling
 from hetspec.scheduler.decoding.acceptance_prior import AcceptancePrior
 from hetspec.scheduler.decoding.budget import (
     CostModel,
@@ -23,8 +14,9 @@ from hetspec.scheduler.decoding.budget import (
     interpolate,
     monotone,
 )
-from hetspec.scheduler.decoding.gate import FIRST_REST, MAX_PROBE_REST, MIN_ROUNDS, PROBE_SHARE, Gate, Memory
-from hetspec.scheduler.decoding.request import Request
+from hetspec.scheduler.decoding.decoder import Decoder
+from hetspec.scheduler.decoding.output import Output
+from hetspec.scheduler.decoding.request import Capabilities, Request
 from hetspec.scheduler.decoding.stats import Stats
 
 
@@ -55,109 +47,6 @@ def test_interpolate_between_and_beyond():
     assert interpolate(points, 2) == pytest.approx(2.0)
     assert interpolate(points, 5) == pytest.approx(5.0)
     assert interpolate({4: 2.0}, 9) == 2.0
-
-
-def test_dynamic_sequences_follow_threshold():
-    first = np.array([0.5, 0.3, 0.15, 0.05])
-    # theta = 0.5 * 0.9 = 0.45: nobody else qualifies
-    assert count_sequences(first, 0.9, 4) == 1
-    # theta = 0.5 * 0.4 = 0.2: candidate 2 (0.3) qualifies, 0.15 does not
-    assert count_sequences(first, 0.4, 4) == 2
-    # theta = 0.05: 0.3 and 0.15 qualify; the cap limits it
-    assert count_sequences(first, 0.1, 4) == 3
-    assert count_sequences(first, 0.1, 2) == 2
-
-
-def test_budget_split_keeps_total():
-    assert split_budget(10, 1) == [10]
-    assert split_budget(10, 3) == [4, 3, 3]
-    assert sum(split_budget(11, 4)) == 11
-    assert split_budget(3, 4) == [3]          # branches need two tokens each
-
-
-def test_dynamic_budget_goes_where_tokens_are_likely_accepted():
-    # A sure draft: the alternative is never worth a pass, whatever its first-token probability.
-    assert allocate_budget(8, [0.6, 0.4], 0.99) == [8]
-    # An unsure draft: 0.5 * 0.6**n falls below 0.4 after one pass, then they alternate
-    # over the 6 passes left once the rewind's is paid; worth 1.06 tokens against 0.73 alone.
-    assert allocate_budget(8, [0.5, 0.4], 0.6) == [4, 4]
-    # Passes (tokens minus branches) add up to n_tokens - 2: one goes to the rewind.
-    lengths = allocate_budget(10, [0.4, 0.3, 0.2], 0.7)
-    assert len(lengths) > 1 and sum(n - 1 for n in lengths) == 8 and lengths == sorted(lengths, reverse=True)
-    # A branch that gets no pass is dropped: it would be a bare guess.
-    assert allocate_budget(5, [0.7, 0.2, 0.1], 0.8) == [5]
-    assert allocate_budget(3, [0.45, 0.45], 0.5) == [3]      # too short to pay for a rewind
-    assert allocate_budget(1, [0.7, 0.3], 0.8) == [1]
-
-
-def test_alternatives_must_pay_for_the_rewind():
-    # a = 0.9, nearly even candidates: alone, the 5 passes are worth 0.45 * 4.10 = 1.84 tokens;
-    # two branches of 3 share 4 passes, worth 0.89 * 1.9 = 1.69: one branch.
-    assert allocate_budget(6, [0.45, 0.44], 0.9) == [6]
-    # a = 0.7: alone 0.45 * 2.77 = 1.25, two branches 0.89 * 1.7 = 1.51: two.
-    assert allocate_budget(6, [0.45, 0.44], 0.7) == [3, 3]
-
-
-def test_first_tokens_most_likely_first():
-    assert first_tokens(np.array([0.1, 0.6, 0.05, 0.25]), 3) == [1, 3, 0]
-    # Logits, negative ones included.
-    assert first_tokens(np.array([-3.0, 2.0, -1.0, 0.0, 2.5]), 2) == [4, 1]
-
-
-def test_first_tokens_of_a_top_p_distribution():
-    """Mostly zeros, as top-p leaves a distribution: fewer nonzero tokens than
-    asked for are padded with zero-probability ones, lowest id first."""
-    probs = np.zeros(49152, dtype=np.float32)
-    probs[[40000, 12, 777]] = [0.2, 0.5, 0.3]
-    assert first_tokens(probs, 2) == [12, 777]
-    assert first_tokens(probs, 5) == [12, 777, 40000, 0, 1]
-    assert count_sequences(probs, 0.9, 4) == 1      # theta 0.45: nothing else qualifies
-    assert count_sequences(probs, 0.5, 4) == 2      # theta 0.25: 0.3 qualifies, 0.2 does not
-    assert count_sequences(probs, 0.3, 4) == 3      # theta 0.15: both do; zeros never do
-
-
-def test_branch_choice_by_target_token():
-    branches = from_slot(np.array([5, 6, 7, 9, 1, 2]), [3, 3])
-    assert [b.tolist() for b in branches] == [[5, 6, 7], [9, 1, 2]]
-    assert [b.tolist() for b in from_slot(np.array([5, 6, 7, 9, 1, 2, 4]), [3, 3], grown_to=7)] == \
-        [[5, 6, 7], [9, 1, 2, 4]]                        # the last (likeliest) branch grew after the reply
-    assert to_slot([[1], [2], [3]]) == [[3], [2], [1]]   # the drafter's likeliest-first order, reversed
-    assert pick_branch(branches, 9) == 1
-    assert pick_branch(branches, 5) == 0
-    assert pick_branch(branches, 4) is None
-
-
-def test_probabilities_top_k_and_top_p():
-    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], dtype=np.float32))
-    full = probabilities(logits, 1.0)
-    assert np.allclose(full, [[0.5, 0.3, 0.15, 0.05]], atol=1e-6)
-    top2 = probabilities(logits, 1.0, top_k=2)
-    assert np.allclose(top2, [[0.625, 0.375, 0, 0]], atol=1e-6)
-    nucleus = probabilities(logits, 1.0, top_p=0.8)      # 0.5 + 0.3 reaches 0.8
-    assert np.allclose(nucleus, [[0.625, 0.375, 0, 0]], atol=1e-6)
-    nucleus = probabilities(logits, 1.0, top_p=0.81)     # needs the third token too
-    assert np.count_nonzero(nucleus) == 3
-    cold = probabilities(logits, 0.1)
-    assert cold[0, 0] > 0.99
-
-
-def test_nucleus_is_the_most_likely_tokens_whatever_the_shape(rng):
-    """The shortcut (sort only the tokens above a floor) keeps exactly what sorting
-    the whole vocabulary keeps, for peaked, flat and tiny distributions."""
-    def by_full_sort(row, top_p):
-        order = np.argsort(-row, kind="stable")
-        n_keep = int(np.searchsorted(np.cumsum(row[order], dtype=np.float64), top_p, side="left")) + 1
-        return set(order[:n_keep].tolist())
-
-    for scale in (0.01, 0.3, 3.0, 10.0):
-        for vocab in (8, 5000, 49152):
-            logits = (rng.standard_normal((2, vocab)) * scale).astype(np.float32)
-            full = probabilities(logits, 0.7)
-            for top_p in (0.5, 0.9, 0.999999):
-                kept = probabilities(logits, 0.7, top_p=top_p)
-                for row_full, row_kept in zip(full, kept):
-                    assert set(np.flatnonzero(row_kept).tolist()) == by_full_sort(row_full, top_p)
-                    assert np.isclose(row_kept.sum(), 1.0)
 
 
 def test_round_draft_length_follows_the_verify_it_overlaps():
@@ -279,84 +168,6 @@ def test_a_draft_prefill_pays_only_if_it_leaves_time_to_speculate():
     assert costs.prefill_pays(600, 48, modest)
 
 
-def _judged(gate, rounds, seconds, committed):
-    for _ in range(rounds):
-        gate.judge(seconds, committed)
-
-
-def test_gate_rests_while_speculation_does_not_pay_and_probes_again():
-    memory = Memory(target_s=0.010)
-    gate = Gate(memory, forced=False)
-    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)          # 12 ms a token against 10 alone: rest
-    assert not gate.speculate and gate.rest == FIRST_REST and memory.rest == FIRST_REST
-    for _ in range(FIRST_REST):
-        gate.rested(0.010, 1)
-    assert gate.speculate                            # the probe
-    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)
-    assert gate.rest == 2 * FIRST_REST               # a failed probe doubles the rest
-    nxt = Gate(memory, forced=False)
-    assert not nxt.speculate and nxt.rest == 2 * FIRST_REST   # the next request inherits it
-    for _ in range(nxt.rest):
-        nxt.rested(0.010, 1)
-    _judged(nxt, 1 + MIN_ROUNDS, 0.012, 3)           # 4 ms a token: pays
-    assert nxt.speculate and memory.rest_len == FIRST_REST
-
-
-def test_a_costly_failed_probe_buys_a_rest_it_is_a_small_share_of():
-    """A probe whose draft catches up for 100 ms (the target committing 5 tokens beside
-    it at 10 ms a token alone) and then runs 4 rounds of 12 ms a token loses about
-    0.06 s: the rest after it is 0.06 s / (PROBE_SHARE * 10 ms) tokens, not merely doubled."""
-    now = [0.0]
-    memory = Memory(target_s=0.010)
-    gate = Gate(memory, forced=False, clock=lambda: now[0])
-    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)          # the first verdict: no probe to pay back
-    assert gate.rest == FIRST_REST
-    for _ in range(FIRST_REST):
-        gate.rested(0.010, 1)
-    now[0] += 0.100                                  # the draft catches up...
-    gate.probing(5)                                  # ...the target alone committing 5 tokens meanwhile
-    for _ in range(1 + MIN_ROUNDS):
-        now[0] += 0.012
-        gate.judge(0.012, 1)
-    lost = 0.100 + 4 * 0.012 - 9 * 0.010
-    assert gate.rest == pytest.approx(lost / (PROBE_SHARE * 0.010), abs=1) and gate.rest > 2 * FIRST_REST
-    assert memory.rest == gate.rest                  # the next request inherits it
-    for _ in range(gate.rest):                       # a probe that loses an hour is capped
-        gate.rested(0.010, 1)
-    now[0] += 3600
-    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)
-    assert gate.rest == MAX_PROBE_REST
-
-
-def test_a_request_that_begins_by_speculating_pays_back_its_first_probe():
-    """Each request of an engine whose draft cannot pay begins with a probe (its rest
-    over): timed from the prompt on (Gate.start), a failed one buys the rest it cost,
-    not merely FIRST_REST, so the requests after it rest rather than probe again."""
-    now = [0.0]
-    memory = Memory(target_s=0.010)
-    gate = Gate(memory, forced=False, clock=lambda: now[0])
-    gate.start()
-    now[0] += 0.100
-    gate.probing(5)                                  # the target alone beside the draft's catching up
-    for _ in range(1 + MIN_ROUNDS):
-        now[0] += 0.012
-        gate.judge(0.012, 1)
-    assert gate.rest == pytest.approx((0.100 + 4 * 0.012 - 9 * 0.010) / (PROBE_SHARE * 0.010), abs=1)
-    assert gate.rest > 2 * FIRST_REST and memory.rest == gate.rest
-    forced = Gate(Memory(target_s=0.010), forced=True, clock=lambda: now[0])
-    forced.start()
-    assert forced.probe_began is None
-
-
-def test_gate_never_rests_a_forced_request_and_times_the_target_first():
-    forced = Gate(Memory(target_s=0.010), forced=True)
-    _judged(forced, 20, 1.0, 1)
-    assert forced.speculate
-    unknown = Gate(Memory(target_s=None), forced=False)
-    _judged(unknown, 1 + MIN_ROUNDS, 0.001, 5)
-    assert unknown.rest == MIN_ROUNDS                # nothing to compare with yet: time the target alone
-
-
 def test_a_draft_that_cannot_beat_the_target_on_every_core_is_not_prefilled():
     """Qwen2.5-Coder-1.5B on one core (153 ms a token, windows of 4 and 8 cost 285 and 572
     ms) and its 0.5B draft (58 ms a token): at 80% acceptance a pipelined round beats the
@@ -389,14 +200,9 @@ def test_a_rejection_costs_the_pipeline_a_restart():
 
 def test_a_short_prompt_starts_no_probe_that_cannot_pay():
     """A prompt under LONG_PROMPT tokens has its draft prefilled beside the target's
-    prompt: only where speculating may beat the target alone (Decoder.may_pay), the
+    prompt: only where speculating may beat the target alone (Decoder.drafting_pays), the
     decision plan_draft_prefill makes for longer prompts. The costs: Qwen2.5-Coder as in
     test_a_rejection_costs_the_pipeline_a_restart, and a draft four times cheaper."""
-    from hetspec.core.params import Speculation
-    from hetspec.scheduler.decoding.decoder import Decoder
-    from hetspec.scheduler.decoding.output import Output
-    from hetspec.scheduler.decoding.request import Capabilities
-
     verify = {1: 0.145, 2: 0.178, 4: 0.224, 6: 0.409, 8: 0.504}
     caps = Capabilities(32, 4, False, True, False, False, False)
     request = Request(0, SamplingParams(mode="duodec", seed=1), Sampling(Rule.GREEDY), 4, 1, rebalance=True)
@@ -404,7 +210,7 @@ def test_a_short_prompt_starts_no_probe_that_cannot_pay():
     def may_pay(draft_s: float, speculation=Speculation.AUTO) -> bool:
         costs = CostModel(draft_s, verify, alone_pace=0.086 / 0.145)
         asked = dataclasses.replace(request, speculation=speculation)
-        return Decoder(asked, caps, None, None, Output([1, 2, 3], 8, set(), None, None), costs).may_pay()
+        return Decoder(asked, caps, None, None, Output([1, 2, 3], 8, set(), None, None), costs).drafting_pays()
 
     assert not may_pay(0.062)
     assert may_pay(0.062, Speculation.ALWAYS)
@@ -419,4 +225,5 @@ def test_a_restart_is_never_longer_than_the_pipelined_window():
     assert choose_gamma(0.0446, verify, 32) == 32
     windows = Windows(32, rebalance=True, max_gamma=32, costs=costs)
     assert windows.restart(0.8, 0.3, room=100) == costs.best_pipelined(32, 0.8) - 1 < 8
-    assert Windows(32, rebalance=False, max_gamma=32, costs=costs).restart(0.8, 0.3, room=100) == 8   # only the pace limits it
+    fixed = Windows(32, rebalance=False, max_gamma=32, costs=costs)
+    assert fixed.restart(0.8, 0.3, room=100) == 8   # only the pace limits it

@@ -1,0 +1,62 @@
+"""What one round passes between the draft, the target and the acceptance rule
+(the round itself: decoder.py).
+
+  window        draft tokens waiting for the target's verdict (Window); EMPTY: none
+  draft         what the draft returned (Draft); NO_DRAFT: nothing was drafted
+  branch        one drafted sequence: a pipelined draft proposes several, each starting
+                with another candidate for the target's next token, which picks one
+  verification  the target's choice at each window position and after it (Verification)
+  accepted      the window's first tokens, as many as the acceptance rule keeps
+  bonus token   the target's own token after the accepted ones: its correction at the
+                first rejected position, or one more after a window kept whole
+
+A round commits the accepted tokens and the bonus token, fewer only where a stop
+condition comes first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetspec.core.branches import pick_branch
+
+
+@dataclass
+class Window:
+    """Draft tokens waiting for the target's verdict, and the draft's distribution
+    at each when the acceptance rule needs it (accept_sampled)."""
+    tokens: np.ndarray
+    probs: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+EMPTY = Window(np.zeros(0, dtype=np.int32))
+
+
+@dataclass
+class Verification:
+    choice: np.ndarray            # the target's token at each requested position: argmax or keyed draw
+    probs: np.ndarray | None      # its distribution there, sampling unkeyed (a shared-memory view)
+    seconds: float
+
+
+@dataclass
+class Draft:
+    """What the draft returned: branches in slot order (the likeliest last)."""
+    branches: list[np.ndarray]
+    probs: list[np.ndarray] | None   # per branch: (len, vocab) shared-memory views, sampling unkeyed
+    seconds: float
+
+    def window(self, i: int, skip: int = 0) -> Window:
+        return Window(self.branches[i][skip:], None if self.probs is None else self.probs[i][skip:])
+
+    def branch_after(self, token: int) -> Window | None:
+        """The rest of the branch that starts with the target's token; None if none does."""
+        i = pick_branch(self.branches, token)
+        return None if i is None else self.window(i, skip=1)
+
+
+NO_DRAFT = Draft([], None, 0.0)
