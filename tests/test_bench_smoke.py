@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hetspec.benchmarks.checks import check_results
-from hetspec.benchmarks.llama_bin import kept_tree
-from hetspec.benchmarks.methods import FORCED, METHODS
+from hetspec.benchmarks.bench.checks import check_results
+from hetspec.benchmarks.bench.llama_bin import kept_tree
+from hetspec.benchmarks.bench.methods import FORCED, METHODS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -29,7 +29,7 @@ def smoke(tmp_path_factory):
     # The default pair with its float32 target, which hands the draft its prompt cache: with
     # the native target (the default on a CPU) the draft prefills the prompt itself while the
     # target decodes alone, and 8 tokens end before a forced method's first window.
-    command = [sys.executable, "-m", "hetspec.benchmarks.cli", "--config", str(TRANSFORMERS_PAIR), "--limit", "1",
+    command = [sys.executable, "-m", "hetspec.benchmarks.bench.cli", "--config", str(TRANSFORMERS_PAIR), "--limit", "1",
                "--categories", "qa", "--methods", "all", "--max-new-tokens", str(NEW_TOKENS), "--out", str(out),
                "--quiet"]
     # From outside the checkout, as an installed console script runs: only hetspec.* may resolve.
@@ -94,7 +94,7 @@ def test_results_json_schema(smoke):
 # ---- the checks themselves, on a synthetic document (no models, instant) -----------
 
 def _synthetic_doc() -> dict:
-    from hetspec.benchmarks.metrics import aggregate
+    from hetspec.benchmarks.bench.metrics import aggregate
 
     def run(method, decoding, seconds, **extra):
         return {"method": method, "category": "qa", "question_id": 1, "decoding": decoding, "prompt_tokens": 10,
@@ -113,8 +113,8 @@ def _synthetic_doc() -> dict:
 
 
 def test_engine_stat_disagreement_is_a_warning():
-    from hetspec.benchmarks.checks import engine_stat_warnings
-    from hetspec.benchmarks.metrics import aggregate
+    from hetspec.benchmarks.bench.checks import engine_stat_warnings
+    from hetspec.benchmarks.bench.metrics import aggregate
 
     doc = _synthetic_doc()      # the engine counted a token past the end (EOS or the length limit)
     doc["runs"][2].update(accepted=3, engine_committed_in_spec_rounds=4)
@@ -142,7 +142,7 @@ def test_checks_pass_a_consistent_document():
     (lambda r: r.update(error="RequestError: boom"), "failed: RequestError: boom"),
 ])
 def test_checks_catch_inconsistencies(damage, message):
-    from hetspec.benchmarks.metrics import aggregate
+    from hetspec.benchmarks.bench.metrics import aggregate
 
     doc = _synthetic_doc()
     damage(doc["runs"][2])
@@ -211,7 +211,7 @@ LLAMA_OUTPUTS = Path(__file__).parent / "data" / "llama_cpp"
 
 
 def test_llama_cpp_commands():
-    from hetspec.benchmarks import llama_bin
+    from hetspec.benchmarks.bench import llama_bin
 
     bench = llama_bin.bench_command(Path("/b"), "m.gguf", 2, 150, 96, [0, 1])
     assert bench[bench.index("/b/llama-bench"):] == ["/b/llama-bench", "-m", "m.gguf", "-t", "2", "-p", "0", "-n",
@@ -230,7 +230,7 @@ def test_llama_cpp_commands():
 
 def test_llama_cpp_parsers_on_captured_output():
     """The outputs of the vendored llama.cpp's binaries, captured on the development machine."""
-    from hetspec.benchmarks import llama_bin
+    from hetspec.benchmarks.bench import llama_bin
 
     bench = llama_bin.parse_bench_json((LLAMA_OUTPUTS / "llama-bench.json").read_text())
     assert [(t["n_depth"], t["n_gen"], t["n_prompt"], t["threads"]) for t in bench] == [(150, 96, 0, 2)]
@@ -248,7 +248,7 @@ def test_llama_cpp_parsers_on_captured_output():
 
 def test_llama_cpp_binaries_when_built():
     """Against the real binaries where scripts/build_llama_cpp.sh built them (seconds), skipped otherwise."""
-    from hetspec.benchmarks import llama_bin
+    from hetspec.benchmarks.bench import llama_bin
     from hetspec.models import resolve_model
 
     bin_dir = llama_bin.find_binaries()

@@ -12,8 +12,8 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from hetspec.benchmarks.data import ALL_CATEGORIES, CATEGORIES
-from hetspec.benchmarks.methods import select_methods
+from hetspec.benchmarks.bench.data import ALL_CATEGORIES, CATEGORIES
+from hetspec.benchmarks.bench.methods import select_methods
 from hetspec.config import SHIPPED_CONFIGS, load_config
 
 # The paper's two settings: greedy, and nucleus sampling.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from hetspec.benchmarks.methods import Method
+from hetspec.benchmarks.bench.methods import Method
 
 MAX_RESTARTS = 3
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
-from hetspec.benchmarks.methods import CPP_PEER
+from hetspec.benchmarks.bench.methods import CPP_PEER
 from hetspec.models import cache_home
 
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hetspec.benchmarks.data import TITLES
+from hetspec.benchmarks.bench.data import TITLES
 
 
 def write_plots(doc: dict, out_dir: str | Path) -> list[str]:

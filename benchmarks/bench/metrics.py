@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from statistics import mean
 
-from hetspec.benchmarks.methods import PEER
+from hetspec.benchmarks.bench.methods import PEER
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 
 

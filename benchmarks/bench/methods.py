@@ -2,8 +2,8 @@
 
 Baselines run in the benchmark process with transformers, and the peers with
 llama.cpp on the target's own GGUF file: its own C++ binaries (kind "cpp",
-benchmarks/llama_bin.py, built by scripts/build_llama_cpp.sh), and llama-cpp-python
-in a Python loop (kind "peer", benchmarks/llama_peer.py); everything else is
+benchmarks/bench/llama_bin.py, built by scripts/build_llama_cpp.sh), and llama-cpp-python
+in a Python loop (kind "peer", llama_peer.py); everything else is
 a request to one running engine, differing only in mode, sequences and gamma,
 but for the "poor draft" methods: a second engine whose draft never agrees
 with the target (a tiny random model), to show what a bad draft costs.

@@ -20,7 +20,7 @@ import time
 import llama_cpp
 import numpy as np
 
-from hetspec.benchmarks.baselines import BaselineRun
+from hetspec.benchmarks.bench.baselines import BaselineRun
 from hetspec.workers.common.llama_handles import decode, default_model_params, repacked_weights_run
 
 PLD_MAX, PLD_NGRAM = 10, 3          # llama.cpp's lookup example drafts about as many

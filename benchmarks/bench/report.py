@@ -3,7 +3,7 @@
 Everything here reads results.json only, so a report can be rebuilt (or
 restyled) without re-running anything:
 
-    python -m hetspec.benchmarks.report bench-out/quick/results.json
+    python -m hetspec.benchmarks.bench.report bench-out/quick/results.json
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import json
 import sys
 from pathlib import Path
 
-from hetspec.benchmarks.checks import check_results
-from hetspec.benchmarks.data import TITLES
-from hetspec.benchmarks.llama_bin import REFERENCE, summarize, versus
-from hetspec.benchmarks.methods import PEER, SWEEP
-from hetspec.benchmarks.metrics import aggregate
+from hetspec.benchmarks.bench.checks import check_results
+from hetspec.benchmarks.bench.data import TITLES
+from hetspec.benchmarks.bench.llama_bin import REFERENCE, summarize, versus
+from hetspec.benchmarks.bench.methods import PEER, SWEEP
+from hetspec.benchmarks.bench.metrics import aggregate
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 
 

@@ -15,13 +15,13 @@ import json
 import sys
 from pathlib import Path
 
-from hetspec.benchmarks.checks import check_results, engine_stat_warnings
-from hetspec.benchmarks.data import ALL_CATEGORIES
-from hetspec.benchmarks.methods import GROUPS, METHODS
-from hetspec.benchmarks.plots import write_plots
-from hetspec.benchmarks.report import write_report
-from hetspec.benchmarks.runner import run_suite
-from hetspec.benchmarks.settings import DECODINGS, BenchSettings, split_config
+from hetspec.benchmarks.bench.checks import check_results, engine_stat_warnings
+from hetspec.benchmarks.bench.data import ALL_CATEGORIES
+from hetspec.benchmarks.bench.methods import GROUPS, METHODS
+from hetspec.benchmarks.bench.plots import write_plots
+from hetspec.benchmarks.bench.report import write_report
+from hetspec.benchmarks.bench.runner import run_suite
+from hetspec.benchmarks.bench.settings import DECODINGS, BenchSettings, split_config
 from hetspec.core.errors import HetspecError
 
 

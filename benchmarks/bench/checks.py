@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from hetspec.benchmarks.metrics import aggregate
+from hetspec.benchmarks.bench.metrics import aggregate
 
 RESULT_KEYS = ("tokens_per_s", "speedup", "ttft_rel", "acceptance_rate", "mean_accepted_per_round")
 

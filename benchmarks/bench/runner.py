@@ -16,14 +16,14 @@ import zlib
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hetspec.benchmarks.baselines import Baselines
-from hetspec.benchmarks.ceiling import measure_ceiling
-from hetspec.benchmarks.data import load_prompts
-from hetspec.benchmarks.engine_runs import EngineHolder, poor_draft_config, run_engine
-from hetspec.benchmarks.machine import describe_machine
-from hetspec.benchmarks.methods import CPP_PEER, PEER, Method, select_methods
-from hetspec.benchmarks.metrics import aggregate
-from hetspec.benchmarks.settings import DECODINGS, BenchSettings, engine_config, split_config
+from hetspec.benchmarks.bench.baselines import Baselines
+from hetspec.benchmarks.bench.ceiling import measure_ceiling
+from hetspec.benchmarks.bench.data import load_prompts
+from hetspec.benchmarks.bench.engine_runs import EngineHolder, poor_draft_config, run_engine
+from hetspec.benchmarks.bench.machine import describe_machine
+from hetspec.benchmarks.bench.methods import CPP_PEER, PEER, Method, select_methods
+from hetspec.benchmarks.bench.metrics import aggregate
+from hetspec.benchmarks.bench.settings import DECODINGS, BenchSettings, engine_config, split_config
 from hetspec.config import load_config
 from hetspec.core.errors import EngineDeadError
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
@@ -177,7 +177,7 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
     doc["results"] = aggregate(doc)
     _add_ceiling_fraction(doc)
     if llama_cpp:
-        from hetspec.benchmarks.llama_bin import summarize, versus
+        from hetspec.benchmarks.bench.llama_bin import summarize, versus
 
         doc["llama_cpp"] = llama_cpp
         llama_cpp["results"] = summarize(llama_cpp["runs"], settings.categories)
@@ -209,7 +209,7 @@ def _pld_gamma(method: Method, params: dict) -> int | None:
         return None
     if method.kind == "baseline":
         return 10
-    from hetspec.benchmarks.llama_peer import PLD_MAX
+    from hetspec.benchmarks.bench.llama_peer import PLD_MAX
 
     return PLD_MAX
 
@@ -234,7 +234,7 @@ def _peer(config, tokenizer):
     """llama.cpp on the target's own GGUF file (a target that is no GGUF file has no peer).
     Imported here: a run without peers (a GPU's) needs no llama.cpp."""
     require_llama_cpp("the benchmark's llama.cpp peer")
-    from hetspec.benchmarks.llama_peer import LlamaPeer
+    from hetspec.benchmarks.bench.llama_peer import LlamaPeer
 
     model = resolve_model(config.target.model, "target")
     if not model.gguf_file:
@@ -246,7 +246,7 @@ def _peer(config, tokenizer):
 def _cpp_peer(settings, config, tokenizer, rows: list[Method], info: dict):
     """llama.cpp's own binaries on the target's GGUF file (benchmarks/llama_bin.py), and the
     results.json section they fill; (None, {"missing": why}) when they are not built."""
-    from hetspec.benchmarks.llama_bin import LlamaBinaries, find_binaries, missing_line
+    from hetspec.benchmarks.bench.llama_bin import LlamaBinaries, find_binaries, missing_line
 
     target = resolve_model(config.target.model, "target")
     if not target.gguf_file:
