@@ -48,30 +48,48 @@ def test_outputs_are_written(smoke):
         assert (out / f"{plot}.png").stat().st_size > 1000
 
 
-def test_every_method_ran_and_numbers_are_consistent(smoke):
+def test_every_method_ran_and_the_checks_pass(smoke):
     _, doc = smoke
     assert check_results(doc) == [] and doc["checks"] == []
     assert set(doc["methods"]) == set(PER_RUN)           # llama.cpp's binaries: doc["llama_cpp"]
     assert len(doc["runs"]) == len(PER_RUN) * 2
+
+
+def _qa_cells(doc):
+    """(decoding, method, its qa cell, its runs) for every method with a record per run."""
     for decoding in ("greedy", "sampling"):
         for method in PER_RUN:
-            cell = doc["results"][decoding][method]["qa"]
             runs = [r for r in doc["runs"] if r["method"] == method and r["decoding"] == decoding]
-            assert all(r["new_tokens"] == len(r["token_ids"]) > 0 for r in runs)
-            assert cell["new_tokens"] == sum(r["new_tokens"] for r in runs)
-            assert cell["tokens_per_s"] == pytest.approx(cell["new_tokens"] / cell["total_s"])
-            assert cell["tokens_per_s"] > 0 and cell["speedup"] > 0 and cell["ttft_rel"] > 0
-            assert doc["results"][decoding][method]["average"]["speedup"] == pytest.approx(cell["speedup"])
-            if METHODS[method].kind == "engine" and METHODS[method].mode != "target":
-                forced = METHODS[method].speculation == FORCED
-                assert doc["methods"][method]["speculation"] == (FORCED if forced else "auto")
-                if forced:                       # an ablation measures its configuration: it never rests
-                    assert all(r["rested"] == 0 for r in runs) and cell["spec_rounds"] > 0
-                elif cell["spec_rounds"] == 0:   # the gate judges by the clock: it may rest a whole run
-                    assert all(r["rested"] > 0 for r in runs)
-                    continue
-                assert 0 <= cell["acceptance_rate"] <= 1
-                assert 1 <= cell["mean_accepted_per_round"] <= NEW_TOKENS
+            yield decoding, method, doc["results"][decoding][method]["qa"], runs
+
+
+def test_each_cell_adds_up_its_runs(smoke):
+    _, doc = smoke
+    for decoding, method, cell, runs in _qa_cells(doc):
+        assert all(r["new_tokens"] == len(r["token_ids"]) > 0 for r in runs)
+        assert cell["new_tokens"] == sum(r["new_tokens"] for r in runs)
+        assert cell["tokens_per_s"] == pytest.approx(cell["new_tokens"] / cell["total_s"])
+        assert cell["tokens_per_s"] > 0 and cell["speedup"] > 0 and cell["ttft_rel"] > 0
+        assert doc["results"][decoding][method]["average"]["speedup"] == pytest.approx(cell["speedup"])
+
+
+def test_engine_methods_speculate_as_asked(smoke):
+    _, doc = smoke
+    for _, method, cell, runs in _qa_cells(doc):
+        if METHODS[method].kind == "engine" and METHODS[method].mode != "target":
+            _assert_speculation(doc, method, cell, runs)
+
+
+def _assert_speculation(doc, method, cell, runs):
+    forced = METHODS[method].speculation == FORCED
+    assert doc["methods"][method]["speculation"] == (FORCED if forced else "auto")
+    if forced:                       # an ablation measures its configuration: it never rests
+        assert all(r["rested"] == 0 for r in runs) and cell["spec_rounds"] > 0
+    elif cell["spec_rounds"] == 0:   # the gate judges by the clock: it may rest a whole run
+        assert all(r["rested"] > 0 for r in runs)
+        return
+    assert 0 <= cell["acceptance_rate"] <= 1
+    assert 1 <= cell["mean_accepted_per_round"] <= NEW_TOKENS
 
 
 def test_greedy_token_counts_match_vanilla(smoke):

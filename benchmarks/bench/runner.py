@@ -14,7 +14,6 @@ import sys
 import time
 import zlib
 from datetime import UTC, datetime
-from pathlib import Path
 
 from hetspec.benchmarks.bench.baselines import Baselines
 from hetspec.benchmarks.bench.ceiling import measure_ceiling
@@ -22,7 +21,7 @@ from hetspec.benchmarks.bench.data import load_prompts
 from hetspec.benchmarks.bench.engine_runs import EngineHolder, poor_draft_config, run_engine
 from hetspec.benchmarks.bench.machine import describe_machine
 from hetspec.benchmarks.bench.methods import CPP_PEER, PEER, Method, select_methods
-from hetspec.benchmarks.bench.metrics import aggregate
+from hetspec.benchmarks.bench.metrics import complete
 from hetspec.benchmarks.bench.settings import DECODINGS, BenchSettings, engine_config, split_config
 from hetspec.config import load_config
 from hetspec.core.errors import EngineDeadError
@@ -37,278 +36,240 @@ WARMUP_TOKENS = 8
 
 def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
     """Run everything `settings` asks for and return the results document (results.json)."""
-    settings.validate()
-    config_dict, _ = split_config(settings.config)
-    config_dict = engine_config(config_dict, settings.dtype)
-    config = load_config(config_dict)
-    methods = select_methods(settings.methods)
-    requested = {m.name for m in methods}
-    cpp_rows = [m for m in methods if m.kind == "cpp"]      # llama.cpp's binaries: results.json "llama_cpp"
-    methods = [m for m in methods if m.kind != "cpp"]
-    prompts = load_prompts(settings.categories, settings.limit, settings.max_new_tokens)
-    tokenizer = Tokenizer(resolve_model(config.target.model, "target"))
-    use_chat = _use_chat(settings.prompt_format, tokenizer)
-    prompt_ids = {p.key: _encode(tokenizer, p.text, use_chat) for p in prompts}
-    started = time.perf_counter()
-    load_at_start = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    phases: dict[str, float] = {}
-    clock = _Phases(phases)
-    runs: list[dict] = []
-    _quiet_transformers()
-
-    cpp_note = f" (+ {len(cpp_rows)} of llama.cpp's binaries, once a prompt)" if cpp_rows else ""
-    _log(settings, f"hetspec-bench: {len(prompts)} prompts x {len(methods)} methods{cpp_note} x "
-                   f"{len(settings.decodings)} decodings; starting the engine ({config.target.model}, "
-                   f"{config.target.backend if config.target.backend != 'transformers' else config.target.dtype})")
-    clock.start("engine_start")            # load both models, measure the budget
-    holder = EngineHolder(config_dict)
-    poor = cpp = None
+    suite = _Suite(settings.validate())
     try:
-        clock.stop("engine_start")
-        info = holder.info
-        if any(m.kind == "poor" for m in methods):
-            with clock("poor_engine_start"):
-                poor = EngineHolder(poor_draft_config(config_dict, int(info["n_vocab"])))
-        chosen, max_gamma = int(info["gamma"]), config.decoding.max_gamma
-        measured = (info.get("budget") or {}).get("source") == "measured"
-        baselines = None
-        if any(m.kind == "baseline" for m in methods):
-            with clock("baselines_load"):
-                baselines = Baselines(config.target.model, config.target.dtype, info["target"]["device"],
-                                      extra_eos=tokenizer.eos_token_ids, threads=settings.baseline_threads or None)
-                if not settings.baseline_threads:
-                    first, longest = prompt_ids[prompts[0].key], max(prompt_ids.values(), key=len)
-                    baselines.choose_threads([first] if longest is first else [first, longest])
-        llama_cpp: dict = {}
-        if cpp_rows:
-            with clock("llama_cpp_load"):
-                cpp, llama_cpp = _cpp_peer(settings, config, tokenizer, cpp_rows, info)
-            if cpp is None:
-                cpp_rows = []
-                names = [m.name for m in methods]
-                if CPP_PEER in requested and PEER not in names:
-                    methods = select_methods([*names, PEER])     # the llama-cpp-python row in its place
-        peer = None
-        if any(m.kind == "peer" for m in methods):
-            with clock("peer_load"):
-                peer = _peer(config, tokenizer)
-        resources = _resources(methods, info, baselines, peer, config.target.dtype)
-        if settings.warmup:
-            with clock("warmup"):
-                _warm_up(holder.engine, (baselines, peer), [m for m in methods if m.kind != "poor"], chosen,
-                         max_gamma, prompt_ids[prompts[0].key])
-                if poor is not None:
-                    _warm_up(poor.engine, (None, None), [m for m in methods if m.kind == "poor"], chosen, max_gamma,
-                             prompt_ids[prompts[0].key])
-        clock.start("runs")
-        bar = _progress(settings, len(prompts) * (len(methods) * len(settings.decodings) + len(cpp_rows)))
-        for decoding in settings.decodings:
-            params = DECODINGS[decoding]
-            for prompt in prompts:
-                ids, seed = prompt_ids[prompt.key], zlib.crc32(prompt.key.encode())
-                # llama.cpp's binaries decode each prompt once (greedy, or no sampling at all: llama-bench)
-                for method in [*methods, *(cpp_rows if decoding == settings.decodings[0] else [])]:
-                    bar.set_postfix_str(f"{decoding} {prompt.category} {method.name}", refresh=False)
-                    if method.kind == "cpp":
-                        llama_cpp["runs"].append(_run_cpp(cpp, method, prompt, ids, settings))
-                        bar.update(1)
-                        continue
-                    record = {"method": method.name, "category": prompt.category, "question_id": prompt.question_id,
-                              "decoding": decoding, "prompt_tokens": len(ids), "max_new_tokens": prompt.max_new_tokens,
-                              "seed": seed if decoding != "greedy" else None}
-                    engine = poor.engine if method.kind == "poor" else holder.engine
-                    try:
-                        record.update(_run_one(engine, (baselines, peer), method, chosen, max_gamma, ids,
-                                               prompt.max_new_tokens, params, seed))
-                    except Exception as exc:  # noqa: BLE001 - one failed run must not sink the suite
-                        record["error"] = f"{type(exc).__name__}: {exc}"
-                        _log(settings, f"\n{method.name} on {prompt.key} ({decoding}) failed: {record['error']}")
-                        which = poor if method.kind == "poor" else holder
-                        if isinstance(exc, EngineDeadError) and which.restart(record["error"]):
-                            _log(settings, "restarted the engine")
-                            if settings.warmup:
-                                _warm_up(which.engine, (None, None), [m for m in methods if m.kind == method.kind], chosen,
-                                         max_gamma, prompt_ids[prompts[0].key])
-                    runs.append(record)
-                    bar.update(1)
-        bar.close()
-        clock.stop("runs")
+        suite.start()
+        suite.run_all()
     finally:
-        holder.close()
-        if poor is not None:
-            poor.close()
-        if peer is not None:
-            peer.close()
-        if cpp is not None:
-            cpp.close()
-    with clock("ceiling"):
-        ceiling = _ceiling(settings, config, prompts, prompt_ids, info)
-    doc = {
-        "schema": SCHEMA,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join(argv) if argv is not None else " ".join(sys.argv),
-        "duration_s": round(time.perf_counter() - started, 1),
-        "phases_s": {k: round(v, 1) for k, v in phases.items()},
-        "machine": {**describe_machine(), "load_average_start": load_at_start},
-        "settings": {
-            "config": settings.config or "smollm2 (embedded default)",
-            "engine_config": info.get("config", config.to_dict()),
-            "draft_model": config.draft.model, "target_model": config.target.model,
-            "target_backend": info["target"]["backend"],   # "auto" resolved by the target worker
-            "dtype": config.target.dtype, "limit": settings.limit, "categories": settings.categories,
-            "methods": [m.name for m in methods], "decodings": {d: DECODINGS[d] for d in settings.decodings},
-            "top_k": 0, "prompt_format": "chat" if use_chat else "plain",
-            "max_new_tokens": {c: next(p.max_new_tokens for p in prompts if p.category == c)
-                               for c in settings.categories},
-        },
-        "chosen_gamma": chosen,
-        "engine": {"gamma": chosen, "budget": info.get("budget"), "draft": info.get("draft"),
-                   "target": info.get("target"), "prompt_kv": info.get("prompt_kv"),
-                   "vocabulary": info.get("vocabulary"),
-                   "poor_draft": poor.config["draft"]["model"] if poor else None},
-        "methods": {m.name: {"label": m.label, "kind": m.kind, "mode": m.mode, "sequences": m.sequences,
-                             "gamma": m.gamma(chosen, max_gamma), "rebalanced": m.rebalanced(measured),
-                             "speculation": m.speculation or "auto",
-                             **resources[m.name]} for m in methods},
-        "draft_ceiling": ceiling,
-        "engine_restarts": holder.restarts + (poor.restarts if poor else []),
-        "runs": runs,
-    }
-    doc["results"] = aggregate(doc)
-    _add_ceiling_fraction(doc)
-    if llama_cpp:
-        from hetspec.benchmarks.bench.llama_bin import summarize, versus
-
-        doc["llama_cpp"] = llama_cpp
-        llama_cpp["results"] = summarize(llama_cpp["runs"], settings.categories)
-        llama_cpp["vs"] = versus(doc)
-    return doc
+        suite.close()
+    with suite.clock("ceiling"):
+        ceiling = _ceiling(settings, suite.config, suite.prompts, suite.prompt_ids, suite.info)
+    return complete(suite.document(argv, ceiling))
 
 
-def _run_one(engine, in_process, method: Method, chosen: int, max_gamma: int, ids, max_new: int, params: dict,
-             seed: int) -> dict:
-    """in_process: (the transformers baselines, the llama.cpp peer), either None when not run."""
-    baselines, peer = in_process
-    if method.kind in ("baseline", "peer"):
+class _Suite:
+    """One run: the engines and in-process peers it measures, and the records it keeps."""
+
+    def __init__(self, settings: BenchSettings):
+        self.settings = settings
+        self.config_dict = engine_config(split_config(settings.config)[0], settings.dtype)
+        self.config = load_config(self.config_dict)
+        methods = select_methods(settings.methods)
+        self.requested = {m.name for m in methods}
+        self.methods = [m for m in methods if m.kind != "cpp"]
+        self.cpp_rows = [m for m in methods if m.kind == "cpp"]      # llama.cpp's binaries: results.json "llama_cpp"
+        self.prompts = load_prompts(settings.categories, settings.limit, settings.max_new_tokens)
+        self.tokenizer = Tokenizer(resolve_model(self.config.target.model, "target"))
+        self.use_chat = _use_chat(settings.prompt_format, self.tokenizer)
+        self.prompt_ids = {p.key: _encode(self.tokenizer, p.text, self.use_chat) for p in self.prompts}
+        self.started = time.perf_counter()
+        self.load_at_start = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+        self.phases: dict[str, float] = {}
+        self.runs: list[dict] = []
+        self.llama_cpp: dict = {}
+        self.holder = self.poor = self.baselines = self.peer = self.cpp = None
+        _quiet_transformers()
+
+    @contextlib.contextmanager
+    def clock(self, phase: str):
+        """Wall time of a phase of the suite (engine start, warm-up, runs, ...), for the report."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[phase] = time.perf_counter() - start
+
+    def start(self) -> None:
+        s, target = self.settings, self.config.target
+        cpp_note = f" (+ {len(self.cpp_rows)} of llama.cpp's binaries, once a prompt)" if self.cpp_rows else ""
+        _log(s, f"hetspec-bench: {len(self.prompts)} prompts x {len(self.methods)} methods{cpp_note} x "
+                f"{len(s.decodings)} decodings; starting the engine ({target.model}, "
+                f"{target.backend if target.backend != 'transformers' else target.dtype})")
+        with self.clock("engine_start"):            # load both models, measure the budget
+            self.holder = EngineHolder(self.config_dict)
+        self.info = self.holder.info
+        self.chosen, self.max_gamma = int(self.info["gamma"]), self.config.decoding.max_gamma
+        if self._wants("poor"):
+            with self.clock("poor_engine_start"):
+                self.poor = EngineHolder(poor_draft_config(self.config_dict, int(self.info["n_vocab"])))
+        if self._wants("baseline"):
+            with self.clock("baselines_load"):
+                self.baselines = self._load_baselines()
+        if self.cpp_rows:
+            with self.clock("llama_cpp_load"):
+                self._open_binaries()
+        if self._wants("peer"):
+            with self.clock("peer_load"):
+                self.peer = self._load_peer()
+        self.resources = _resources(self.methods, self.info, self.baselines, self.peer, target.dtype)
+        if s.warmup:
+            with self.clock("warmup"):
+                self._warm_up(self.holder, [m for m in self.methods if m.kind != "poor"])
+                if self.poor is not None:
+                    self._warm_up(self.poor, [m for m in self.methods if m.kind == "poor"])
+
+    def _wants(self, kind: str) -> bool:
+        return any(m.kind == kind for m in self.methods)
+
+    def _load_baselines(self) -> Baselines:
+        threads = self.settings.baseline_threads
+        baselines = Baselines(self.config.target.model, self.config.target.dtype, self.info["target"]["device"],
+                              extra_eos=self.tokenizer.eos_token_ids, threads=threads or None)
+        if not threads:
+            first, longest = self.prompt_ids[self.prompts[0].key], max(self.prompt_ids.values(), key=len)
+            baselines.choose_threads([first] if longest is first else [first, longest])
+        return baselines
+
+    def _load_peer(self):
+        """llama.cpp on the target's own GGUF file. Imported here: a run without peers (a
+        GPU's) needs no llama.cpp."""
+        require_llama_cpp("the benchmark's llama.cpp peer")
+        from hetspec.benchmarks.bench.llama_peer import LlamaPeer
+
+        model = _gguf_target(self.config, "the llama.cpp peer needs")
+        return LlamaPeer(model.file, self.config.server.max_context + 512, self.tokenizer.eos_token_ids)
+
+    def _open_binaries(self) -> None:
+        """llama.cpp's own binaries (llama_bin.py); where they are not built, the llama-cpp-python
+        row stands in for llama-bench's."""
+        from hetspec.benchmarks.bench.llama_bin import open_binaries
+
+        target = _gguf_target(self.config, "llama.cpp's rows need")
+        draft = resolve_model(self.config.draft.model, "draft")
+        shared = (self.info.get("vocabulary") or {}).get("shared", True)
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            list(range(os.cpu_count() or 1))
+        self.cpp, self.llama_cpp = open_binaries(self.cpp_rows, target.file, draft.file if draft.gguf_file else None,
+                                                 self.tokenizer, shared, cores)
+        if self.cpp is None:
+            _log(self.settings, self.llama_cpp["missing"], always=True)
+            self.cpp_rows = []
+            names = [m.name for m in self.methods]
+            if CPP_PEER in self.requested and PEER not in names:
+                self.methods = select_methods([*names, PEER])
+
+    def _warm_up(self, holder: EngineHolder, methods: list[Method]) -> None:
+        """First calls pay for allocations and lazy imports; keep that out of the timings."""
+        ids = self.prompt_ids[self.prompts[0].key][:64]
+        first_of_a_kind: dict[tuple, Method] = {}
+        for m in methods:
+            first_of_a_kind.setdefault((m.kind, m.mode, m.threads), m)
+        for method in first_of_a_kind.values():
+            for params in DECODINGS.values():
+                try:
+                    self._generate(holder, method, ids, WARMUP_TOKENS, params, 0)
+                except Exception:  # noqa: BLE001, S110 - the timed run of this method will fail and say why
+                    pass
+
+    def run_all(self) -> None:
+        s = self.settings
+        with self.clock("runs"):
+            bar = _progress(s, len(self.prompts) * (len(self.methods) * len(s.decodings) + len(self.cpp_rows)))
+            for decoding in s.decodings:
+                # llama.cpp's binaries decode each prompt once (greedy, or no sampling at all: llama-bench)
+                cpp = self.cpp_rows if decoding == s.decodings[0] else []
+                for prompt in self.prompts:
+                    for method in [*self.methods, *cpp]:
+                        bar.set_postfix_str(f"{decoding} {prompt.category} {method.name}", refresh=False)
+                        if method.kind == "cpp":
+                            self.llama_cpp["runs"].append(self._run_cpp(method, prompt))
+                        else:
+                            self.runs.append(self._run(method, prompt, decoding))
+                        bar.update(1)
+            bar.close()
+
+    def _run(self, method: Method, prompt, decoding: str) -> dict:
+        ids, seed = self.prompt_ids[prompt.key], zlib.crc32(prompt.key.encode())
+        record = {"method": method.name, "category": prompt.category, "question_id": prompt.question_id,
+                  "decoding": decoding, "prompt_tokens": len(ids), "max_new_tokens": prompt.max_new_tokens,
+                  "seed": seed if decoding != "greedy" else None}
+        holder = self.poor if method.kind == "poor" else self.holder
+        try:
+            record.update(self._generate(holder, method, ids, prompt.max_new_tokens, DECODINGS[decoding], seed))
+        except Exception as exc:  # noqa: BLE001 - one failed run must not sink the suite
+            record["error"] = f"{type(exc).__name__}: {exc}"
+            _log(self.settings, f"\n{method.name} on {prompt.key} ({decoding}) failed: {record['error']}")
+            if isinstance(exc, EngineDeadError) and holder.restart(record["error"]):
+                _log(self.settings, "restarted the engine")
+                if self.settings.warmup:
+                    self._warm_up(holder, [m for m in self.methods if m.kind == method.kind])
+        return record
+
+    def _generate(self, holder: EngineHolder, method: Method, ids: list[int], max_new: int, params: dict,
+                  seed: int) -> dict:
+        temperature, top_p = params["temperature"], params["top_p"]
+        if method.kind == "baseline":
+            return self.baselines.run(method.mode, ids, max_new, temperature, top_p, seed).record()
         if method.kind == "peer":
-            run = peer.run(method.mode, method.threads, ids, max_new, params["temperature"], params["top_p"], seed)
-        else:
-            run = baselines.run(method.mode, ids, max_new, params["temperature"], params["top_p"], seed)
-        return {"token_ids": run.token_ids, "new_tokens": len(run.token_ids), "finish_reason": run.finish_reason,
-                "total_s": run.total_s, "ttft_s": run.ttft_s, "rounds": run.rounds, "spec_rounds": run.spec_rounds,
-                "drafted": run.drafted, "accepted": run.accepted,
-                "committed_in_spec_rounds": run.committed_in_spec_rounds,
-                "gamma": _pld_gamma(method, params)}
-    return run_engine(engine, method, method.gamma(chosen, max_gamma), ids, max_new, params["temperature"],
-                      params["top_p"], seed)
+            return self.peer.run(method.mode, method.threads, ids, max_new, temperature, top_p, seed).record()
+        return run_engine(holder.engine, method, method.gamma(self.chosen, self.max_gamma), ids, max_new,
+                          temperature, top_p, seed)
+
+    def _run_cpp(self, method: Method, prompt) -> dict:
+        ids = self.prompt_ids[prompt.key]
+        record = {"method": method.name, "category": prompt.category, "question_id": prompt.question_id,
+                  "prompt_tokens": len(ids), "max_new_tokens": prompt.max_new_tokens}
+        try:
+            record.update(self.cpp.run(method.mode, method.threads, ids, prompt.max_new_tokens))
+        except Exception as exc:  # noqa: BLE001 - one failed run must not sink the suite
+            record["error"] = f"{type(exc).__name__}: {exc}"
+            _log(self.settings, f"\n{method.name} on {prompt.key} failed: {record['error']}")
+        return record
+
+    def close(self) -> None:
+        for part in (self.holder, self.poor, self.peer, self.cpp):
+            if part is not None:
+                part.close()
+
+    def document(self, argv: list[str] | None, ceiling: dict) -> dict:
+        """The results document (results.json) before its figures (metrics.complete)."""
+        info, chosen = self.info, self.chosen
+        measured = (info.get("budget") or {}).get("source") == "measured"
+        doc = {
+            "schema": SCHEMA,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "command": " ".join(argv) if argv is not None else " ".join(sys.argv),
+            "duration_s": round(time.perf_counter() - self.started, 1),
+            "phases_s": {k: round(v, 1) for k, v in self.phases.items()},
+            "machine": {**describe_machine(), "load_average_start": self.load_at_start},
+            "settings": self._settings_record(),
+            "chosen_gamma": chosen,
+            "engine": {"gamma": chosen, "budget": info.get("budget"), "draft": info.get("draft"),
+                       "target": info.get("target"), "prompt_kv": info.get("prompt_kv"),
+                       "vocabulary": info.get("vocabulary"),
+                       "poor_draft": self.poor.config["draft"]["model"] if self.poor else None},
+            "methods": {m.name: {"label": m.label, "kind": m.kind, "mode": m.mode, "sequences": m.sequences,
+                                 "gamma": m.gamma(chosen, self.max_gamma), "rebalanced": m.rebalanced(measured),
+                                 "speculation": m.speculation or "auto", **self.resources[m.name]}
+                        for m in self.methods},
+            "draft_ceiling": ceiling,
+            "engine_restarts": self.holder.restarts + (self.poor.restarts if self.poor else []),
+            "runs": self.runs,
+            "results": {},
+        }
+        if self.llama_cpp:
+            doc["llama_cpp"] = self.llama_cpp
+        return doc
+
+    def _settings_record(self) -> dict:
+        s, config = self.settings, self.config
+        return {"config": s.config or "smollm2 (embedded default)",
+                "engine_config": self.info.get("config", config.to_dict()),
+                "draft_model": config.draft.model, "target_model": config.target.model,
+                "target_backend": self.info["target"]["backend"],   # "auto" resolved by the target worker
+                "dtype": config.target.dtype, "limit": s.limit, "categories": s.categories,
+                "methods": [m.name for m in self.methods], "decodings": {d: DECODINGS[d] for d in s.decodings},
+                "top_k": 0, "prompt_format": "chat" if self.use_chat else "plain",
+                "max_new_tokens": {c: next(p.max_new_tokens for p in self.prompts if p.category == c)
+                                   for c in s.categories}}
 
 
-def _pld_gamma(method: Method, params: dict) -> int | None:
-    """Prompt lookup's draft length (llama.cpp's looks up greedy runs only)."""
-    if method.mode != "pld" or method.kind == "peer" and params["temperature"] > 0:
-        return None
-    if method.kind == "baseline":
-        return 10
-    from hetspec.benchmarks.bench.llama_peer import PLD_MAX
-
-    return PLD_MAX
-
-
-def _warm_up(engine, in_process, methods, chosen, max_gamma, ids) -> None:
-    """First calls pay for allocations and lazy imports; keep that out of the timings."""
-    ids = ids[:64]
-    done = set()
-    for method in methods:
-        key = (method.kind, method.mode, method.threads)
-        if key in done:
-            continue
-        done.add(key)
-        for params in DECODINGS.values():
-            try:
-                _run_one(engine, in_process, method, chosen, max_gamma, ids, WARMUP_TOKENS, params, 0)
-            except Exception:  # noqa: BLE001, S110 - the timed run of this method will fail and say why
-                pass
-
-
-def _peer(config, tokenizer):
-    """llama.cpp on the target's own GGUF file (a target that is no GGUF file has no peer).
-    Imported here: a run without peers (a GPU's) needs no llama.cpp."""
-    require_llama_cpp("the benchmark's llama.cpp peer")
-    from hetspec.benchmarks.bench.llama_peer import LlamaPeer
-
-    model = resolve_model(config.target.model, "target")
-    if not model.gguf_file:
-        raise ValueError(f"the llama.cpp peer needs a GGUF target, got {config.target.model!r}: leave out the peers "
-                         "(--methods) for this config")
-    return LlamaPeer(model.file, config.server.max_context + 512, tokenizer.eos_token_ids)
-
-
-def _cpp_peer(settings, config, tokenizer, rows: list[Method], info: dict):
-    """llama.cpp's own binaries on the target's GGUF file (benchmarks/llama_bin.py), and the
-    results.json section they fill; (None, {"missing": why}) when they are not built."""
-    from hetspec.benchmarks.bench.llama_bin import LlamaBinaries, find_binaries, missing_line
-
+def _gguf_target(config, who: str):
     target = resolve_model(config.target.model, "target")
     if not target.gguf_file:
-        raise ValueError(f"llama.cpp's rows need a GGUF target, got {config.target.model!r}: leave out the peers "
-                         "(--methods) for this config")
-    bin_dir = find_binaries()
-    if bin_dir is None:
-        _log(settings, missing_line(), always=True)
-        return None, {"missing": missing_line(), "methods": {}, "runs": []}
-    draft = resolve_model(config.draft.model, "draft")
-    shared = (info.get("vocabulary") or {}).get("shared", True)
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    cpp = LlamaBinaries(bin_dir, target.file, draft.file if draft.gguf_file else None, cores,
-                        _detokenizer(tokenizer), repack=_repacks(target.file))
-    section = {"binaries": str(bin_dir), "build_info": cpp.build_info, "cores": cores, "methods": {}, "skipped": {},
-               "runs": [], "load_ms": {}}
-    for m in rows:
-        why = cpp.skip_reason(m.mode, shared)
-        if why:
-            section["skipped"][m.name] = why
-        else:
-            section["methods"][m.name] = {"label": m.label, "kind": m.kind, "mode": m.mode,
-                                          **cpp.resources(m.mode, m.threads)}
-    for file in dict.fromkeys([target.file, *([cpp.draft] if "llama-spec" in section["methods"] else [])]):
-        try:
-            section["load_ms"][Path(file).name] = cpp.load_time(file)
-        except (RuntimeError, ValueError, OSError) as exc:
-            section["load_ms"][Path(file).name] = {"error": str(exc)}
-    rows[:] = [m for m in rows if m.name in section["methods"]]
-    return cpp, section
-
-
-def _repacks(path: str) -> bool:
-    """Whether llama.cpp's repacked weights run here (llama_handles probes a CPU with AMX)."""
-    try:
-        from hetspec.workers.common.llama_handles import repacked_weights_run
-    except ImportError:            # no llama-cpp-python: no probe (and no AMX build of it to probe)
-        return True
-    return repacked_weights_run(path)
-
-
-def _run_cpp(cpp, method: Method, prompt, ids: list[int], settings) -> dict:
-    record = {"method": method.name, "category": prompt.category, "question_id": prompt.question_id,
-              "prompt_tokens": len(ids), "max_new_tokens": prompt.max_new_tokens}
-    try:
-        record.update(cpp.run(method.mode, method.threads, ids, prompt.max_new_tokens))
-    except Exception as exc:  # noqa: BLE001 - one failed run must not sink the suite
-        record["error"] = f"{type(exc).__name__}: {exc}"
-        _log(settings, f"\n{method.name} on {prompt.key} failed: {record['error']}")
-    return record
-
-
-def _detokenizer(tokenizer: Tokenizer):
-    """Prompt ids -> the text llama.cpp tokenizes back to them (special tokens spelt out;
-    without the start tokens, which llama.cpp adds itself)."""
-    start = tokenizer.encode_start()
-
-    def text(ids: list[int]) -> str:
-        ids = ids[len(start):] if start and ids[:len(start)] == start else ids
-        return tokenizer.decode(ids, skip_special_tokens=False)
-
-    return text
+        raise ValueError(f"{who} a GGUF target, got {config.target.model!r}: leave out the peers (--methods) "
+                         "for this config")
+    return target
 
 
 def _resources(methods, info: dict, baselines, peer, dtype: str) -> dict:
@@ -355,42 +316,6 @@ def _draft_encoder(config, info: dict):
         return lambda text, ids: ids
     draft = Tokenizer(resolve_model(config.draft.model, "draft"))
     return lambda text, ids: draft.encode_prompt(text)
-
-
-def _add_ceiling_fraction(doc: dict) -> None:
-    """DuoDecoding's decoding speed (after the first token) as a fraction of the draft alone."""
-    ceiling = doc["draft_ceiling"]
-    if not ceiling.get("tokens_per_s"):
-        return
-    fractions = {}
-    for decoding, by_method in doc["results"].items():
-        avg = by_method.get("duodec", {}).get("average", {})
-        if avg.get("decode_tokens_per_s"):
-            fractions[decoding] = avg["decode_tokens_per_s"] / ceiling["tokens_per_s"]
-    ceiling["duodec_fraction"] = fractions
-
-
-class _Phases:
-    """Wall time of the suite's phases (engine start, warm-up, runs, ...), for the report."""
-
-    def __init__(self, into: dict):
-        self.into = into
-        self.started: dict[str, float] = {}
-
-    def start(self, name: str) -> None:
-        self.started[name] = time.perf_counter()
-
-    def stop(self, name: str) -> None:
-        if name in self.started:
-            self.into[name] = time.perf_counter() - self.started.pop(name)
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        self.start(name)
-        try:
-            yield
-        finally:
-            self.stop(name)
 
 
 def _quiet_transformers() -> None:
