@@ -12,6 +12,7 @@ beside the engine on one machine (benchmarks/README.md).
     runner      the whole suite
     metrics     per-run records -> per-category and average figures
     checks      consistency of a results document
-    report      report.md;  plots: the PNG figures;  machine: where it ran
+    report      report.md, its results tables in tables.py;  plots: the PNG figures
+    machine     where it ran
     cli         the hetspec-bench command
 """
