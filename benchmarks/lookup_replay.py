@@ -22,7 +22,7 @@ from collections import defaultdict
 import numpy as np
 
 import hetspec
-from hetspec.benchmarks.data import ALL_CATEGORIES, load_prompts
+from hetspec.benchmarks.bench.data import ALL_CATEGORIES, load_prompts
 from hetspec.config import load_config
 from hetspec.core.pinning import pin
 from hetspec.models import resolve_model

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build llama.cpp's own C++ binaries for hetspec-bench's llama.cpp peer rows
-# (benchmarks/llama_bin.py): llama-bench, llama-completion (non-interactive
+# (benchmarks/bench/llama_bin.py): llama-bench, llama-completion (non-interactive
 # generation; this llama.cpp's llama-cli is the interactive chat) and
 # llama-speculative-simple, from the llama.cpp sources that the INSTALLED
 # llama-cpp-python vendors, so the C++ rows run the same llama.cpp as the Python

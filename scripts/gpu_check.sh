@@ -60,7 +60,7 @@ for s in "$@"; do
         tests) step tests "$py" -m pytest tests/test_gpu.py -v -p no:cacheprovider ;;
         profile) step profile "$py" -m hetspec.benchmarks.gpu_profile --out "$out/profile.json" ;;
         bench)
-            step bench "$py" -m hetspec.benchmarks.cli --config benchmarks/configs/smollm2-cuda.toml \
+            step bench "$py" -m hetspec.benchmarks.bench.cli --config benchmarks/configs/smollm2-cuda.toml \
                 --out "$out/bench" --quiet ;;
         cores) step cores cores ;;
         *) echo "unknown step $s (steps: tests profile bench cores)" >&2; exit 2 ;;

@@ -1,26 +1,16 @@
 """llama.cpp's own C++ binaries as the benchmark's llama.cpp peer.
 
-The llama-cpp-python peer (llama_peer.py) drives llama.cpp from a Python loop,
-which costs llama.cpp part of its speed; users compare against llama.cpp's own
-programs. `scripts/build_llama_cpp.sh` builds them from the llama.cpp that the
-installed llama-cpp-python vendors, into the cache folder (hetspec.models.cache_home()); each
-row below runs one of them on the target's GGUF file, per prompt, on the
-benchmark process's cores (`taskset`), while the engine's processes sit idle:
-
-- `llama-bench -p 0 -n N -d DEPTH -o json`: decoding N tokens after a DEPTH-token
-  context (DEPTH = the prompt's tokens, N = its new tokens: the positions the
-  engine decodes after its first token), llama.cpp's defaults, the mean of
-  BENCH_REPS repetitions. On 1 thread and on every core.
-- `llama-speculative-simple` with the draft's GGUF file (a draft of the target's
-  vocabulary), greedy, `--spec-draft-n-max` 3, 8 and 16; the row is the draft
-  length fastest on average over the run, the others are kept.
-- `llama-speculative-simple --spec-type ngram-simple` and `ngram-mod`: llama.cpp's
-  n-gram (prompt lookup) speculation, no draft model, greedy.
-
-Their statistic is decode tok/s (llama-bench's tg rate; speculative-simple's
-"decoded N tokens in S seconds", which starts at the prompt's last token), and
-the engine's is its decode tok/s after the first token (metrics.py), so the
-report's "vs llama.cpp" divides the one by the other.
+The llama-cpp-python peer (llama_peer.py) drives llama.cpp from a Python loop, which
+costs llama.cpp part of its speed; users compare against llama.cpp's own programs.
+`scripts/build_llama_cpp.sh` builds them from the llama.cpp the installed
+llama-cpp-python vendors, into hetspec.models.cache_home(). Each row runs one of them
+on the target's GGUF file, per prompt, on the benchmark process's cores (`taskset`),
+while the engine's processes sit idle: `llama-bench` decoding the prompt's new tokens
+after a context of its length (the positions the engine decodes after its first
+token), and `llama-speculative-simple` with the draft's GGUF file (the draft length
+fastest on average is the row's) or by n-grams. Their statistic is decode tok/s, the
+engine's its decode tok/s after the first token: the report's "vs llama.cpp" divides
+the one by the other (metrics.py).
 """
 from __future__ import annotations
 
@@ -30,18 +20,14 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from statistics import mean
 
-from hetspec.benchmarks.methods import CPP_PEER
 from hetspec.models import cache_home
 
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
 BUILD = "scripts/build_llama_cpp.sh"
 BENCH_REPS = 3                       # llama-bench repetitions per prompt (their mean)
 DRAFT_LENGTHS = (3, 8, 16)           # --spec-draft-n-max tried for the draft-model row
-REFERENCE = CPP_PEER                 # the row the report's "vs llama.cpp" divides by (every core)
 TIMEOUT_S = 600
 
 
@@ -79,6 +65,12 @@ def missing_line() -> str:
     cost = "a minute, in llama-cpp-python's kept build tree" if kept_tree() else "16 CPU-minutes"
     return (f"llama.cpp's own binaries are not built ({BUILD} builds them: {cost}); the llama.cpp rows "
             "are llama-cpp-python's Python loop only")
+
+
+def repack_note(repack: bool) -> str:
+    """How llama.cpp ran, for the methods table (llama_handles.repacked_weights_run says why)."""
+    return "llama.cpp defaults" if repack else \
+        "llama.cpp defaults but its repacked (AMX) weights, which die of an illegal instruction here"
 
 
 # ---- commands ---------------------------------------------------------------------
@@ -124,10 +116,7 @@ def parse_bench_json(text: str) -> list[dict]:
     for test in json.loads(text):
         out.append({"n_depth": int(test["n_depth"]), "n_gen": int(test["n_gen"]), "n_prompt": int(test["n_prompt"]),
                     "threads": int(test["n_threads"]), "tokens_per_s": float(test["avg_ts"]),
-                    "stddev": float(test["stddev_ts"]), "samples_ts": [float(x) for x in test["samples_ts"]],
-                    "build": f"{test.get('build_commit', '?')} ({test.get('build_number', '?')})",
-                    "backends": test.get("backends", ""), "flash_attn": test.get("flash_attn"),
-                    "model_type": test.get("model_type", "")})
+                    "stddev": float(test["stddev_ts"]), "samples_ts": [float(x) for x in test["samples_ts"]]})
     if not out:
         raise ValueError("llama-bench printed no test")
     return out
@@ -181,15 +170,6 @@ def parse_timings(text: str) -> dict:
 
 # ---- the peer ---------------------------------------------------------------------
 
-@dataclass
-class CppRow:
-    """What one C++ row runs (methods.py names them; kind "cpp")."""
-    tool: str                   # "llama-bench" or "llama-speculative-simple"
-    threads: int
-    draft: str | None = None    # the draft's GGUF file (speculative rows)
-    spec_type: str | None = None
-
-
 class LlamaBinaries:
     """Runs the rows for the runner: one prompt at a time, a record each."""
 
@@ -202,60 +182,46 @@ class LlamaBinaries:
         info = self.bin_dir / "BUILD_INFO"
         self.build_info = info.read_text().strip() if info.exists() else ""
 
-    def row(self, mode: str, threads: int | None) -> CppRow:
-        threads = threads or len(self.cores)
-        if mode == "bench":
-            return CppRow("llama-bench", threads)
-        if mode == "spec":
-            return CppRow("llama-speculative-simple", threads, draft=self.draft)
-        return CppRow("llama-speculative-simple", threads, spec_type=mode)     # ngram-simple, ngram-mod
-
     def resources(self, mode: str, threads: int | None) -> dict:
-        row = self.row(mode, threads)
-        out = {"device": "cpu", "cores": self.cores, "threads": row.threads, "dtype": "gguf", "tool": row.tool,
-               "binaries": str(self.bin_dir), "settings": "llama.cpp defaults" if self.repack else
-               "llama.cpp defaults but its repacked (AMX) weights, which die of an illegal instruction here"}
+        out = {"device": "cpu", "cores": self.cores, "threads": threads or len(self.cores), "dtype": "gguf",
+               "tool": "llama-bench" if mode == "bench" else "llama-speculative-simple",
+               "binaries": str(self.bin_dir), "settings": repack_note(self.repack)}
         if mode == "spec":
             out.update(draft=self.draft, draft_lengths=list(DRAFT_LENGTHS))
         return out
 
-    def skip_reason(self, mode: str, shared_vocabulary: bool) -> str | None:
-        if mode == "spec" and (not self.draft or not shared_vocabulary):
-            return "the draft is no GGUF file of the target's vocabulary"
-        return None
-
     def run(self, mode: str, threads: int | None, ids: list[int], max_new_tokens: int) -> dict:
-        row = self.row(mode, threads)
-        if row.tool == "llama-bench":
-            return self._bench(row, len(ids), max_new_tokens)
+        """One prompt: mode "bench", "spec" (every draft length) or an n-gram spec type."""
+        threads = threads or len(self.cores)
+        if mode == "bench":
+            return self._bench(threads, len(ids), max_new_tokens)
         prompt = Path(self.tmp.name) / "prompt.txt"
         prompt.write_text(self.detokenize(ids) + "\n")      # llama.cpp's -f drops one final newline
         context = len(ids) + max_new_tokens + 64
+
+        def spec(**how) -> dict:
+            command = spec_command(self.bin_dir, self.target, threads, str(prompt), max_new_tokens, context,
+                                   self.cores, repack=self.repack, **how)
+            done = parse_spec_output(_run(command, stderr=True))
+            return {"depth": done["prompt_tokens"], **done, "command": " ".join(command)}
+
         if mode != "spec":
-            return self._spec(spec_command(self.bin_dir, self.target, row.threads, str(prompt), max_new_tokens,
-                                           context, self.cores, spec_type=mode, repack=self.repack))
-        tries = {n: self._spec(spec_command(self.bin_dir, self.target, row.threads, str(prompt), max_new_tokens,
-                                            context, self.cores, draft=self.draft, n_max=n, repack=self.repack))
-                 for n in DRAFT_LENGTHS}
+            return spec(spec_type=mode)
+        tries = {n: spec(draft=self.draft, n_max=n) for n in DRAFT_LENGTHS}
         return {**tries[DRAFT_LENGTHS[0]], "by_draft_length": tries}
 
-    def _bench(self, row: CppRow, depth: int, tokens: int) -> dict:
-        command = bench_command(self.bin_dir, self.target, row.threads, depth, tokens, self.cores,
-                                repack=self.repack)
+    def _bench(self, threads: int, depth: int, tokens: int) -> dict:
+        command = bench_command(self.bin_dir, self.target, threads, depth, tokens, self.cores, repack=self.repack)
         test = parse_bench_json(_run(command))[0]
         rate = test["tokens_per_s"]
         return {"depth": depth, "new_tokens": tokens, "decode_s": tokens / rate, "decode_tokens_per_s": rate,
-                "stddev": test["stddev"], "samples_ts": test["samples_ts"], "command": _show(command)}
-
-    def _spec(self, command: list[str]) -> dict:
-        done = parse_spec_output(_run(command, stderr=True))
-        return {"depth": done["prompt_tokens"], **done, "command": _show(command)}
+                "stddev": test["stddev"], "samples_ts": test["samples_ts"], "command": " ".join(command)}
 
     def load_time(self, file: str) -> dict:
         """llama.cpp's own `load time` of a GGUF file (llama-completion, every core):
         from the start of the load to the end of the first evaluation, its warm-up."""
         command = completion_command(self.bin_dir, file, len(self.cores), self.cores, self.repack)
-        return {"file": file, **parse_timings(_run(command, stderr=True)), "command": _show(command)}
+        return {"file": file, **parse_timings(_run(command, stderr=True)), "command": " ".join(command)}
 
     def close(self) -> None:
         self.tmp.cleanup()
@@ -270,69 +236,47 @@ def _run(command: list[str], stderr: bool = False) -> str:
     return done.stdout + "\n" + done.stderr if stderr else done.stdout
 
 
-def _show(command: list[str]) -> str:
-    return " ".join(command)
-
-
-# ---- figures from the records (results.json "llama_cpp") ----------------------------
-
-def summarize(runs: list[dict], categories: list[str]) -> dict:
-    """Per C++ row: decode tok/s per category, pooled over its prompts (tokens / seconds),
-    and their mean ("average"); the speculative row is the draft length fastest on average."""
-    out: dict = {}
-    for method in dict.fromkeys(r["method"] for r in runs if "error" not in r):
-        mine = [r for r in runs if r["method"] == method and "error" not in r]
-        if "by_draft_length" in mine[0]:
-            by_length = {n: _pooled([{**r["by_draft_length"][n], "category": r["category"]} for r in mine],
-                                    categories)
-                         for n in mine[0]["by_draft_length"]}
-            best = max(by_length, key=lambda n: by_length[n]["average"]["decode_tokens_per_s"] or 0)
-            out[method] = {**by_length[best], "draft_length": int(best),
-                           "by_draft_length": {str(n): v["average"] for n, v in by_length.items()}}
+def open_binaries(rows: list, target: str, draft: str | None, tokenizer, shared_vocabulary: bool, cores: list[int]):
+    """(the binaries, the results.json section they fill) for the C++ `rows` (methods.Method),
+    or (None, {"missing": why, ...}) where they are not built. A row that cannot run here is
+    listed under "skipped" and dropped from `rows`."""
+    bin_dir = find_binaries()
+    if bin_dir is None:
+        return None, {"missing": missing_line(), "methods": {}, "runs": []}
+    cpp = LlamaBinaries(bin_dir, target, draft, cores, _detokenizer(tokenizer), repack=_repacks(target))
+    section = {"binaries": str(bin_dir), "build_info": cpp.build_info, "cores": cores, "methods": {}, "skipped": {},
+               "runs": [], "load_ms": {}}
+    for m in rows:
+        if m.mode == "spec" and (not draft or not shared_vocabulary):
+            section["skipped"][m.name] = "the draft is no GGUF file of the target's vocabulary"
         else:
-            out[method] = _pooled(mine, categories)
-    return out
+            section["methods"][m.name] = {"label": m.label, "kind": m.kind, "mode": m.mode,
+                                          **cpp.resources(m.mode, m.threads)}
+    for file in dict.fromkeys([target, *([draft] if "llama-spec" in section["methods"] else [])]):
+        try:
+            section["load_ms"][Path(file).name] = cpp.load_time(file)
+        except (RuntimeError, ValueError, OSError) as exc:
+            section["load_ms"][Path(file).name] = {"error": str(exc)}
+    rows[:] = [m for m in rows if m.name in section["methods"]]
+    return cpp, section
 
 
-def _pooled(runs: list[dict], categories: list[str]) -> dict:
-    cells = {}
-    for category in categories:
-        chosen = [r for r in runs if r["category"] == category]
-        if chosen:
-            tokens, seconds = sum(r["new_tokens"] for r in chosen), sum(r["decode_s"] for r in chosen)
-            drafted = sum(r.get("drafted", 0) for r in chosen)
-            cells[category] = {"prompts": len(chosen), "new_tokens": tokens, "decode_s": seconds,
-                               "decode_tokens_per_s": tokens / seconds if seconds > 0 else None,
-                               "drafted": drafted if "drafted" in chosen[0] else None,
-                               "acceptance_rate": sum(r["accepted"] for r in chosen) / drafted if drafted else None}
-    rates = [c["decode_tokens_per_s"] for c in cells.values() if c["decode_tokens_per_s"]]
-    accepted = [c["acceptance_rate"] for c in cells.values() if c["acceptance_rate"] is not None]
-    drafted = [c["drafted"] for c in cells.values() if c["drafted"] is not None]
-    cells["average"] = {"decode_tokens_per_s": mean(rates) if rates else None,
-                        "acceptance_rate": mean(accepted) if accepted else None,
-                        "drafted": sum(drafted) if drafted else None,
-                        "prompts": sum(c["prompts"] for c in cells.values())}
-    return cells
+def _repacks(path: str) -> bool:
+    """Whether llama.cpp's repacked weights run here (llama_handles probes a CPU with AMX)."""
+    try:
+        from hetspec.workers.common.llama_handles import repacked_weights_run
+    except ImportError:            # no llama-cpp-python: no probe (and no AMX build of it to probe)
+        return True
+    return repacked_weights_run(path)
 
 
-def versus(doc: dict, reference: str = REFERENCE) -> dict | None:
-    """{decoding: {method: {category: ratio, "average": mean}}}: each method's decode tok/s
-    after its first token over the C++ `reference` row's decode tok/s at the same prompts;
-    None when that row did not run (the report then divides by the llama-cpp-python row)."""
-    section = doc.get("llama_cpp") or {}
-    ref = summarize(section.get("runs", []), doc["settings"]["categories"]).get(reference)
-    if not ref:
-        return None
-    out: dict = {}
-    for decoding, by_method in doc["results"].items():
-        out[decoding] = {}
-        for method, cells in by_method.items():
-            ratios = {}
-            for category, cell in cells.items():
-                base = ref.get(category, {}).get("decode_tokens_per_s")
-                if category != "average" and base and cell.get("decode_tokens_per_s"):
-                    ratios[category] = cell["decode_tokens_per_s"] / base
-            if ratios:
-                ratios["average"] = mean(ratios.values())
-            out[decoding][method] = ratios
-    return out
+def _detokenizer(tokenizer):
+    """Prompt ids -> the text llama.cpp tokenizes back to them (special tokens spelt out;
+    without the start tokens, which llama.cpp adds itself)."""
+    start = tokenizer.encode_start()
+
+    def text(ids: list[int]) -> str:
+        ids = ids[len(start):] if start and ids[:len(start)] == start else ids
+        return tokenizer.decode(ids, skip_special_tokens=False)
+
+    return text

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from hetspec.benchmarks.methods import Method
+from hetspec.benchmarks.bench.methods import Method
 
 MAX_RESTARTS = 3
 
@@ -97,31 +97,23 @@ def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int],
         except StopIteration as done:
             result = done.value
             break
-        if first_piece is None:
-            first_piece = time.perf_counter()
-    wall = time.perf_counter() - start
+        first_piece = first_piece or time.perf_counter()
+    return _record(result, time.perf_counter() - start, first_piece and first_piece - start)
+
+
+def _record(result, wall: float, first_piece_s: float | None) -> dict:
     s = result.stats
-    spec_rounds = int(s.get("spec_rounds", 0))
+    spec_rounds, target_only = int(s.get("spec_rounds", 0)), int(s.get("target_only_rounds", 0))
     new_tokens = int(s.get("new_tokens", len(result.token_ids)))
-    target_only = int(s.get("target_only_rounds", 0))
     # Without any text (all of it held back), the engine's own figure plus the request's time
     # outside the decoder. Not the first choice: that time also holds a client lagging behind the
     # stream (on 2 busy cores, by tens of ms), which is not the first token's.
     outside = max(0.0, wall - s.get("total_s", wall))
-    ttft = first_piece - start if first_piece is not None else s.get("ttft_s", 0.0) + outside
+    ttft = first_piece_s if first_piece_s is not None else s.get("ttft_s", 0.0) + outside
     return {
-        "token_ids": list(result.token_ids),
-        "new_tokens": new_tokens,
-        "finish_reason": result.finish_reason,
-        "total_s": wall,
-        "ttft_s": ttft,
-        "engine_total_s": s.get("total_s"),
-        "gamma": s.get("gamma"),
-        "rounds": int(s.get("rounds", 0)),
-        "spec_rounds": spec_rounds,
-        "target_only_rounds": target_only,
-        "drafted": int(s.get("drafted", 0)),
-        "accepted": int(s.get("accepted", 0)),
+        "token_ids": list(result.token_ids), "new_tokens": new_tokens, "finish_reason": result.finish_reason,
+        "total_s": wall, "ttft_s": ttft, "engine_total_s": s.get("total_s"), "gamma": s.get("gamma"),
+        **{k: int(s.get(k, 0)) for k in ("rounds", "spec_rounds", "target_only_rounds", "drafted", "accepted")},
         # Every token but the prefill's and the target-only rounds' (one each, plus the lookup
         # guesses they kept) was committed by a speculative round: an exact count, kept beside
         # the engine's own (checks.py compares the two).
@@ -130,12 +122,7 @@ def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int],
         "engine_committed_in_spec_rounds": round(s.get("mean_accepted_per_round", 0.0) * spec_rounds),
         "branch_hits": int(s.get("branch_hits", 0)),
         "sequences_hist": {str(k): int(v) for k, v in (s.get("sequences_hist") or {}).items()},
-        "draft_s": s.get("draft_s", 0.0),
-        "verify_s": s.get("verify_s", 0.0),
-        "round_s": s.get("round_s", 0.0),
-        "overhead_s": s.get("overhead_s", 0.0),
-        "rested": int(s.get("rested", 0)),
-        "lookup_guessed": int(s.get("lookup_guessed", 0)),
-        "lookup_accepted": int(s.get("lookup_accepted", 0)),
+        **{k: s.get(k, 0.0) for k in ("draft_s", "verify_s", "round_s", "overhead_s")},
+        **{k: int(s.get(k, 0)) for k in ("rested", "lookup_guessed", "lookup_accepted")},
         "fallback": s.get("fallback"),       # why the target ran without the draft, where it did
     }

@@ -12,14 +12,15 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from hetspec.benchmarks.data import ALL_CATEGORIES, CATEGORIES
-from hetspec.benchmarks.methods import select_methods
+from hetspec.benchmarks.bench.data import ALL_CATEGORIES, CATEGORIES
+from hetspec.benchmarks.bench.methods import select_methods
 from hetspec.config import SHIPPED_CONFIGS, load_config
 
 # The paper's two settings: greedy, and nucleus sampling.
 DECODINGS = {"greedy": {"temperature": 0.0, "top_p": 1.0},
              "sampling": {"temperature": 0.7, "top_p": 0.9}}
 PROMPT_FORMATS = ("auto", "chat", "plain")
+DTYPES = ("float32", "bfloat16", "float16")
 QUICK_LIMIT = 1            # prompts per category in the default (quick, ~10 minutes on 2 cores) run
 
 
@@ -44,20 +45,18 @@ class BenchSettings:
             if isinstance(getattr(self, name), str):
                 setattr(self, name, [getattr(self, name)])
         select_methods(self.methods)                              # raises on an unknown name
-        bad = [c for c in self.categories if c not in ALL_CATEGORIES]
-        if bad:
-            raise ValueError(f"unknown categories {bad}; known: {', '.join(ALL_CATEGORIES)}")
-        bad = [d for d in self.decodings if d not in DECODINGS]
-        if bad:
-            raise ValueError(f"unknown decodings {bad}; known: {', '.join(DECODINGS)}")
-        if self.prompt_format not in PROMPT_FORMATS:
-            raise ValueError(f"prompt_format must be one of {', '.join(PROMPT_FORMATS)}")
-        if self.baseline_threads < 0:
-            raise ValueError("baseline_threads must be >= 0 (0: choose)")
-        if self.limit < 0 or (self.max_new_tokens is not None and self.max_new_tokens < 1):
-            raise ValueError("limit must be >= 0 and max_new_tokens >= 1")
-        if self.dtype not in (None, "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        for name, known in (("categories", ALL_CATEGORIES), ("decodings", DECODINGS)):
+            bad = [v for v in getattr(self, name) if v not in known]
+            if bad:
+                raise ValueError(f"unknown {name} {bad}; known: {', '.join(known)}")
+        rules = ((self.prompt_format not in PROMPT_FORMATS, f"prompt_format must be one of {', '.join(PROMPT_FORMATS)}"),
+                 (self.baseline_threads < 0, "baseline_threads must be >= 0 (0: choose)"),
+                 (self.limit < 0 or (self.max_new_tokens is not None and self.max_new_tokens < 1),
+                  "limit must be >= 0 and max_new_tokens >= 1"),
+                 (self.dtype not in (None, *DTYPES), f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}"))
+        for broken, message in rules:
+            if broken:
+                raise ValueError(message)
         return self
 
 

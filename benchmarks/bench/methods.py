@@ -2,11 +2,10 @@
 
 Baselines run in the benchmark process with transformers, and the peers with
 llama.cpp on the target's own GGUF file: its own C++ binaries (kind "cpp",
-benchmarks/llama_bin.py, built by scripts/build_llama_cpp.sh), and llama-cpp-python
-in a Python loop (kind "peer", benchmarks/llama_peer.py); everything else is
-a request to one running engine, differing only in mode, sequences and gamma,
-but for the "poor draft" methods: a second engine whose draft never agrees
-with the target (a tiny random model), to show what a bad draft costs.
+llama_bin.py) and llama-cpp-python in a Python loop (kind "peer", llama_peer.py).
+Everything else is a request to one running engine, differing only in mode,
+sequences and gamma, but for the "poor draft" methods: a second engine whose draft
+never agrees with the target (a tiny random model), to show what a bad draft costs.
 The gamma sweep is relative to the budget the engine chose at start-up, so the
 same method list means the same experiment on any machine or model pair.
 
@@ -44,11 +43,6 @@ class Method:
         """DuoDecoding and SpS on the engine's own measured budget redraw each
         round's length from the rounds' timings: their windows may pass gamma."""
         return self.mode in ("duodec", "sequential") and self.gamma_offset is None and measured_budget
-
-    @property
-    def speculative(self) -> bool:
-        return self.mode in ("duodec", "sequential", "pld")
-
 
 FORCED = "always"          # a request's speculation: every round speculates
 PEER = "llama.cpp"         # llama.cpp on every core through llama-cpp-python: results' vs_llama divides by it

@@ -5,8 +5,7 @@ own defaults (weight repacking, flash attention "auto", a 512-token prompt batch
 on 1 thread or on every core of the process, while the engine's processes sit idle.
 Greedy decoding reads the argmax of each step's logits with numpy in a tight loop,
 so Python's sampler objects cost it nothing; sampled decoding uses llama.cpp's own
-sampler chain (temperature, then top-p, then a seeded draw: the engine's law; llama-cli
-applies temperature last). Prompt
+sampler chain (temperature, then top-p, then a seeded draw: the engine's law). Prompt
 lookup (`pld`) drafts up to PLD_MAX tokens that followed the last n-gram earlier in
 the context and verifies them in one batch, greedy only: llama.cpp's batch logits
 are not its one-token logits, so its output may differ from its plain output.
@@ -20,8 +19,9 @@ import time
 import llama_cpp
 import numpy as np
 
-from hetspec.benchmarks.baselines import BaselineRun
-from hetspec.workers.common.llama_handles import decode, default_model_params, repacked_weights_run
+from hetspec.benchmarks.bench.baselines import BaselineRun
+from hetspec.benchmarks.bench.llama_bin import repack_note
+from hetspec.workers.common.llama_handles import decode, default_model_params, free, repacked_weights_run
 
 PLD_MAX, PLD_NGRAM = 10, 3          # llama.cpp's lookup example drafts about as many
 _SILENT = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
@@ -31,7 +31,6 @@ class LlamaPeer:
     def __init__(self, path: str, n_ctx: int, eos: list[int]):
         llama_cpp.llama_log_set(_SILENT, ctypes.c_void_p(0))
         self.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
-        start = time.perf_counter()
         self.repacked = repacked_weights_run(path)
         self.model = llama_cpp.llama_model_load_from_file(os.fsencode(path), default_model_params(path))
         if not self.model:
@@ -40,17 +39,14 @@ class LlamaPeer:
         params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, 512, 512
         params.n_threads = params.n_threads_batch = len(self.cores)
         self.ctx = llama_cpp.llama_init_from_model(self.model, params)
-        self.load_s = time.perf_counter() - start
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
         self.batch = llama_cpp.llama_batch_init(512, 0, 1)
         self.eos = set(eos)
-        self.threads = len(self.cores)
 
     def resources(self, threads: int | None) -> dict:
         return {"device": "cpu", "cores": self.cores, "threads": threads or len(self.cores), "dtype": "gguf",
-                "settings": "llama.cpp defaults" if self.repacked else
-                "llama.cpp defaults but its repacked (AMX) weights, which die of an illegal instruction here"}
+                "settings": repack_note(self.repacked)}
 
     def run(self, mode: str, threads: int | None, prompt_ids: list[int], max_new_tokens: int,
             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> BaselineRun:
@@ -83,7 +79,7 @@ class LlamaPeer:
 
     def _pld(self, prompt_ids, max_new_tokens, start) -> BaselineRun:
         context, tokens, first_at = list(prompt_ids), [], None
-        run = BaselineRun([], 0.0, 0.0, "")
+        rounds = spec_rounds = drafted = accepted_total = 0
         token = self._argmax(-1)
         while True:
             tokens.append(token)
@@ -92,30 +88,28 @@ class LlamaPeer:
             if token in self.eos or len(tokens) == max_new_tokens:
                 break
             draft = _lookup(context, min(PLD_MAX, max_new_tokens - len(tokens)))
-            window = [token, *draft]
-            self._decode(window, len(context) - 1, last_only=False)
-            run.rounds += 1
-            accepted = 0
-            for i, proposed in enumerate(draft):
-                if self._argmax(i) != proposed or proposed in self.eos:
-                    break
-                accepted += 1
-            if draft:
-                run.spec_rounds, run.drafted, run.accepted = run.spec_rounds + 1, run.drafted + len(draft), \
-                    run.accepted + accepted
-                run.committed_in_spec_rounds += accepted + 1
-            for proposed in draft[:accepted]:
-                tokens.append(proposed)
-                context.append(proposed)
+            self._decode([token, *draft], len(context) - 1, last_only=False)
+            accepted = self._accepted(draft)
+            rounds, spec_rounds = rounds + 1, spec_rounds + bool(draft)
+            drafted, accepted_total = drafted + len(draft), accepted_total + accepted
+            tokens += draft[:accepted]
+            context += draft[:accepted]
             llama_cpp.llama_memory_seq_rm(self.mem, 0, len(context), -1)   # the rejected tail
             if len(tokens) >= max_new_tokens:
                 tokens = tokens[:max_new_tokens]
                 break
             token = self._argmax(accepted)
-        done = self._finish(tokens, start, first_at, rounds=run.rounds)
-        done.spec_rounds, done.drafted, done.accepted = run.spec_rounds, run.drafted, run.accepted
-        done.committed_in_spec_rounds = run.committed_in_spec_rounds
-        return done
+        run = self._finish(tokens, start, first_at, rounds=rounds)
+        run.spec_rounds, run.drafted, run.accepted, run.gamma = spec_rounds, drafted, accepted_total, PLD_MAX
+        run.committed_in_spec_rounds = accepted_total + spec_rounds
+        return run
+
+    def _accepted(self, draft: list[int]) -> int:
+        """How many draft tokens the batch's logits agree with, in order (an EOS ends them)."""
+        for i, proposed in enumerate(draft):
+            if self._argmax(i) != proposed or proposed in self.eos:
+                return i
+        return len(draft)
 
     def _finish(self, tokens, start, first_at, rounds) -> BaselineRun:
         total = time.perf_counter() - start
@@ -138,9 +132,7 @@ class LlamaPeer:
         return chain
 
     def close(self) -> None:
-        llama_cpp.llama_batch_free(self.batch)
-        llama_cpp.llama_free(self.ctx)
-        llama_cpp.llama_model_free(self.model)
+        free(self.batch, self.ctx, self.model)
 
 
 def _lookup(context: list[int], limit: int) -> list[int]:

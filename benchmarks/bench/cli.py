@@ -15,13 +15,13 @@ import json
 import sys
 from pathlib import Path
 
-from hetspec.benchmarks.checks import check_results, engine_stat_warnings
-from hetspec.benchmarks.data import ALL_CATEGORIES
-from hetspec.benchmarks.methods import GROUPS, METHODS
-from hetspec.benchmarks.plots import write_plots
-from hetspec.benchmarks.report import write_report
-from hetspec.benchmarks.runner import run_suite
-from hetspec.benchmarks.settings import DECODINGS, BenchSettings, split_config
+from hetspec.benchmarks.bench.checks import check_results, engine_stat_warnings
+from hetspec.benchmarks.bench.data import ALL_CATEGORIES
+from hetspec.benchmarks.bench.methods import GROUPS, METHODS
+from hetspec.benchmarks.bench.plots import write_plots
+from hetspec.benchmarks.bench.report import write_report
+from hetspec.benchmarks.bench.runner import run_suite
+from hetspec.benchmarks.bench.settings import DECODINGS, DTYPES, PROMPT_FORMATS, BenchSettings, split_config
 from hetspec.core.errors import HetspecError
 
 
@@ -36,10 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--categories", nargs="+", choices=ALL_CATEGORIES,
                    help="default: the six Spec-Bench ones; code and continuation are hetspec's own")
     p.add_argument("--decodings", nargs="+", choices=list(DECODINGS), help="default: greedy and sampling")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", choices=DTYPES,
                    help="target dtype for the engine and the baselines (default: the config's, float32)")
     p.add_argument("--max-new-tokens", type=int, help="override the per-category budget (128; 32 for QA, RAG)")
-    p.add_argument("--prompt-format", choices=["auto", "chat", "plain"],
+    p.add_argument("--prompt-format", choices=PROMPT_FORMATS,
                    help="auto (default): the chat template when the tokenizer has one")
     p.add_argument("--baseline-threads", type=int,
                    help="torch threads of vanilla and PLD (default 0: the faster of all cores and one, measured)")

@@ -2,11 +2,10 @@
 
 Vanilla is plain autoregressive `generate` (the denominator of every speedup);
 PLD is transformers' prompt lookup decoding (`prompt_lookup_num_tokens`). Both
-load the target exactly as the engine's target worker does
-(hetspec.workers.target.hf_loading.load_causal_lm on the resolved model spec), in the same
-dtype, so the comparison is between decoding methods, not between loaders.
-They may use every core (docs/performance.md, "How to measure"): they run while the engine's
-processes sit idle waiting on their sockets.
+load the target exactly as the engine's target worker does (hf_loading.load_causal_lm
+on the resolved model spec), in the same dtype, so the comparison is between
+decoding methods, not between loaders. They may use every core: they run while
+the engine's processes sit idle waiting on their sockets.
 
 Time to first token comes from a streamer that notes when generate pushes its
 first new token, so it is measured inside the timed run rather than by an
@@ -19,7 +18,7 @@ import contextlib
 import io
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -31,16 +30,24 @@ PLD_NUM_TOKENS = 10    # transformers' documented default for prompt lookup
 
 @dataclass
 class BaselineRun:
+    """One in-process generation (the baselines', the llama.cpp peer's)."""
     token_ids: list[int]
     total_s: float
     ttft_s: float
     finish_reason: str
     drafted: int = 0
     accepted: int = 0
-    spec_rounds: int = 0            # PLD rounds that verified at least one candidate token
+    spec_rounds: int = 0            # prompt lookup's rounds that verified at least one guessed token
     committed_in_spec_rounds: int = 0
     rounds: int = 0
-    extra: dict = field(default_factory=dict)
+    gamma: int | None = None        # prompt lookup's most guessed tokens a round (None: no lookup)
+
+    def record(self) -> dict:
+        """The run's fields of a results.json record."""
+        return {"token_ids": self.token_ids, "new_tokens": len(self.token_ids), "finish_reason": self.finish_reason,
+                "total_s": self.total_s, "ttft_s": self.ttft_s, "rounds": self.rounds, "spec_rounds": self.spec_rounds,
+                "drafted": self.drafted, "accepted": self.accepted,
+                "committed_in_spec_rounds": self.committed_in_spec_rounds, "gamma": self.gamma}
 
 
 class _FirstTokenClock:
@@ -107,10 +114,8 @@ class Baselines:
         if device == "cpu":
             torch.set_num_threads(threads or max(1, len(self.cores) or os.cpu_count() or 1))
         self.threads = torch.get_num_threads()
-        start = time.perf_counter()
         with contextlib.redirect_stderr(io.StringIO()):   # the GGUF loader's own progress bar
             self.model = load_causal_lm(resolve_model(model_spec, "target"), dtype, device)
-        self.load_s = time.perf_counter() - start
         self.eos = sorted(set(eos_token_ids(self.model)) | set(extra_eos))
 
     def resources(self) -> dict:
@@ -167,7 +172,7 @@ class Baselines:
         finish = "eos" if new and new[-1] in self.eos else "length"
         run = BaselineRun(new, total, ttft, finish, rounds=counter.rounds if mode == "pld" else len(new))
         if mode == "pld":
-            run.drafted, run.accepted = counter.drafted, counter.accepted
+            run.drafted, run.accepted, run.gamma = counter.drafted, counter.accepted, PLD_NUM_TOKENS
             run.spec_rounds, run.committed_in_spec_rounds = counter.spec_rounds, counter.committed
         return run
 

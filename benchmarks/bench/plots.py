@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hetspec.benchmarks.data import TITLES
+from hetspec.benchmarks.bench.data import TITLES
+from hetspec.benchmarks.bench.tables import profile_rows, sequence_rows
 
 
 def write_plots(doc: dict, out_dir: str | Path) -> list[str]:
@@ -70,44 +71,34 @@ def _ttft(plt, doc: dict):
 
 
 def _profile(plt, doc: dict):
-    bars = []
-    for decoding in doc["settings"]["decodings"]:
-        for method, cells in doc["results"][decoding].items():
-            p = cells.get("average", {}).get("profile_ms")
-            if p:
-                bars.append((f"{method}\n{decoding}", p))
+    bars = [(f"{method}\n{decoding}", p) for decoding, method, p in profile_rows(doc)]
     if not bars:
         return None
-    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(bars)), 4))
+    _, ax = plt.subplots(figsize=(max(6, 0.8 * len(bars)), 4))
     xs = range(len(bars))
     for offset, key, color in ((-0.3, "draft", "tab:orange"), (-0.1, "verify", "tab:blue"),
                                (0.1, "overhead", "tab:red"), (0.3, "round", "tab:gray")):
         ax.bar([x + offset for x in xs], [p[key] for _, p in bars], 0.2, label=key, color=color)
-    ax.set_xticks(list(xs), [label for label, _ in bars], rotation=45, ha="right", fontsize=7)
-    ax.set_ylabel("ms per speculative round")
-    ax.set_title("Per-round time profile")
-    ax.legend()
-    return fig
+    return _finish(ax, [label for label, _ in bars], "ms per speculative round", "Per-round time profile")
 
 
 def _sequences(plt, doc: dict):
-    rows = []
-    for decoding in doc["settings"]["decodings"]:
-        for method, cells in doc["results"][decoding].items():
-            hist = cells.get("average", {}).get("sequences_hist")
-            if hist and doc["methods"][method]["mode"] == "duodec":
-                rows.append((f"{method}\n{decoding}", hist))
+    rows = [(f"{method}\n{decoding}", hist) for decoding, method, hist in sequence_rows(doc)]
     if not rows:
         return None
     ks = sorted({k for _, h in rows for k in h}, key=int)
-    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(rows)), 4))
+    _, ax = plt.subplots(figsize=(max(6, 0.8 * len(rows)), 4))
     bottom = [0.0] * len(rows)
     for k in ks:
         shares = [h.get(k, 0) / sum(h.values()) for _, h in rows]
         ax.bar(range(len(rows)), shares, 0.6, bottom=bottom, label=f"k={k}")
         bottom = [b + s for b, s in zip(bottom, shares)]
-    ax.set_xticks(range(len(rows)), [label for label, _ in rows], rotation=45, ha="right", fontsize=7)
-    ax.set_ylabel("share of speculative rounds")
-    ax.set_title("Number of draft sequences per round")
+    return _finish(ax, [label for label, _ in rows], "share of speculative rounds", "Number of draft sequences per round")
+
+
+def _finish(ax, labels: list[str], ylabel: str, title: str):
+    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend()
-    return fig
+    return ax.figure

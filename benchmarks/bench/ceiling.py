@@ -7,7 +7,7 @@ the ceiling of the default pair and the report states DuoDecoding's speed as a
 fraction of it. It runs in a child process pinned like the draft worker (same
 cores, same threads), after the engine has stopped, so nothing competes.
 
-python -m hetspec.benchmarks.ceiling --model FILE.gguf --cores 0 --threads 1 --n-ctx N [--weights q8_0]
+python -m hetspec.benchmarks.bench.ceiling --model FILE.gguf --cores 0 --threads 1 --n-ctx N [--weights q8_0]
     [--backend native] < prompts.json
 (prompts.json: [{"ids": [...], "max_new_tokens": n}, ...]; prints one JSON object)
 """
@@ -27,7 +27,7 @@ def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: li
     backend, weights: the draft's [draft] settings, so the draft runs as in the engine."""
     n_ctx = max(len(p["ids"]) + p["max_new_tokens"] for p in prompts) + 8
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    command = [sys.executable, "-m", "hetspec.benchmarks.ceiling", "--model", model_file, "--threads", str(threads),
+    command = [sys.executable, "-m", "hetspec.benchmarks.bench.ceiling", "--model", model_file, "--threads", str(threads),
                "--n-ctx", str(n_ctx), "--cores", ",".join(map(str, cores)), "--weights", weights,
                "--backend", backend]
     try:

@@ -47,7 +47,7 @@ def _version(name: str) -> str | None:
 
 
 def _git_commit() -> str | None:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, timeout=5, check=False).stdout.strip()

@@ -1,0 +1,237 @@
+"""From per-run records to the figures the paper reports, per category and on average.
+
+Per category, rates are pooled (total tokens / total seconds), as Spec-Bench
+does, so a long prompt weighs by its tokens, not by its count. The "average"
+column is the mean of the per-category figures (each category counts once,
+like the paper's "Avg."); its histograms and time profiles are pooled over
+every round instead. Speedup and relative TTFT divide by vanilla's figure for
+the same category and decoding; vs_target by the engine's own target-only
+figure, which separates the speculative gain from the target's kernels; vs_llama
+by llama.cpp's on every core (the peer a CPU user would run instead). Greedy
+output is compared with vanilla's, or, for a llama.cpp target (which computes the
+GGUF file's own blocks, not transformers' float32), with the engine's target-only
+output. Figures that do not apply (acceptance of a method that never drafts) are
+None, never 0. llama.cpp's C++ rows get the same pooling on their decode tok/s.
+"""
+from __future__ import annotations
+
+from statistics import mean
+
+from hetspec.benchmarks.bench.methods import CPP_PEER, PEER
+from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
+
+# figure -> (the method it divides by, the figure of that method)
+RATIOS = {"speedup": ("vanilla", "tokens_per_s"), "vs_target": ("target", "tokens_per_s"),
+          "vs_llama": (PEER, "tokens_per_s"), "ttft_rel": ("vanilla", "ttft_s")}
+AVERAGED = ("tokens_per_s", "decode_tokens_per_s", "ttft_s", *RATIOS, "acceptance_rate", "lookup_acceptance",
+            "from_lookup", "mean_accepted_per_round", "exact_match")
+SUMMED = ("prompts", "new_tokens", "total_s", "spec_rounds", "rested")
+PROFILE = ("draft", "verify", "round", "overhead")
+
+
+def complete(doc: dict) -> dict:
+    """Every figure of a results document, from its runs: the engine's and the baselines'
+    ("results"), the draft ceiling's fraction, and the C++ rows' ("llama_cpp")."""
+    doc["results"] = aggregate(doc)
+    _add_ceiling_fraction(doc)
+    section = doc.get("llama_cpp")
+    if section:
+        section["results"] = summarize(section.get("runs", []), doc["settings"]["categories"])
+        section["vs"] = versus(doc)
+    return doc
+
+
+def greedy_reference(settings: dict) -> str:
+    """Whose greedy tokens the others must equal: a GGUF target's own, else vanilla's."""
+    return "target" if settings.get("target_backend") in GGUF_TARGET_BACKENDS else "vanilla"
+
+
+def aggregate(doc: dict) -> dict:
+    runs = [r for r in doc["runs"] if "error" not in r]
+    settings = doc["settings"]
+    reference = greedy_reference(settings)
+    reference_ids = {_key(r): r["token_ids"] for r in runs if r["method"] == reference}
+    results: dict = {}
+    for decoding in settings["decodings"]:
+        mine = [r for r in runs if r["decoding"] == decoding]
+        exact = reference_ids if decoding == "greedy" else None
+        by_method = {m: _by_category([r for r in mine if r["method"] == m], settings["categories"],
+                                     lambda chosen, exact=exact: _cell(chosen, exact))
+                     for m in settings["methods"]}
+        for cells in by_method.values():
+            _add_ratios(cells, by_method)
+        results[decoding] = by_method
+    return results
+
+
+def _by_category(runs: list[dict], categories, cell) -> dict:
+    cells = {}
+    for category in categories:
+        chosen = [r for r in runs if r["category"] == category]
+        if chosen:
+            cells[category] = cell(chosen)
+    return cells
+
+
+def _add_ratios(cells: dict, by_method: dict) -> None:
+    for category, cell in cells.items():
+        for name, (base_method, figure) in RATIOS.items():
+            base = by_method.get(base_method, {}).get(category)
+            cell[name] = _ratio(cell[figure], base and base[figure])
+    if cells:
+        cells["average"] = _average(list(cells.values()))
+
+
+def _key(run: dict) -> tuple:
+    return run["decoding"], run["category"], run["question_id"]
+
+
+def _total(runs: list[dict], key: str, zero=0):
+    return sum(r.get(key, zero) for r in runs)
+
+
+def _cell(runs: list[dict], reference_ids: dict | None) -> dict:
+    tokens, seconds = _total(runs, "new_tokens"), _total(runs, "total_s")
+    decode_tokens = sum(max(0, r["new_tokens"] - 1) for r in runs)
+    decode_s = sum(max(0.0, r["total_s"] - r["ttft_s"]) for r in runs)
+    drafted, spec_rounds = _total(runs, "drafted"), _total(runs, "spec_rounds")
+    speculative = any(r.get("spec_rounds") or r.get("gamma") for r in runs)
+    cell = {"prompts": len(runs), "new_tokens": tokens, "total_s": seconds,
+            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+            "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else None,
+            "ttft_s": mean(r["ttft_s"] for r in runs),
+            "acceptance_rate": _total(runs, "accepted") / drafted if drafted else (0.0 if speculative else None),
+            "mean_accepted_per_round": _ratio(_total(runs, "committed_in_spec_rounds"), spec_rounds),
+            "spec_rounds": spec_rounds, "rested": _total(runs, "rested"), "gamma": runs[0].get("gamma")}
+    _add_lookup(cell, runs)
+    _add_pooled(cell, [r.get("sequences_hist") or {} for r in runs])
+    _add_profile(cell, runs)
+    if reference_ids is not None:
+        cell["exact_match"] = _exact_match(runs, reference_ids)
+    return cell
+
+
+def _exact_match(runs: list[dict], reference_ids: dict) -> float | None:
+    """The share of runs whose greedy tokens equal the reference method's on the same prompt."""
+    pairs = [(r["token_ids"], reference_ids.get(_key(r))) for r in runs]
+    pairs = [(a, b) for a, b in pairs if b is not None]
+    return (sum(a == b for a, b in pairs) / len(pairs)) if pairs else None
+
+
+def _add_profile(cell: dict, runs: list[dict]) -> None:
+    """Mean ms per speculative round: each side's compute, the round's wall time, and
+    what is left of it once the busy side is subtracted (orchestration)."""
+    rounds = cell["spec_rounds"]
+    if rounds and any("round_s" in r for r in runs):
+        cell["profile_ms"] = {k: 1000 * _total(runs, f"{k}_s", 0.0) / rounds for k in PROFILE}
+        cell["profile_ms"]["rounds"] = rounds
+
+
+def _add_lookup(cell: dict, runs: list[dict]) -> None:
+    """Target-only rounds' prompt-lookup guesses (scheduler/decoding/lookup.py), where there were any."""
+    guessed = _total(runs, "lookup_guessed")
+    if guessed:
+        accepted = _total(runs, "lookup_accepted")
+        cell["lookup_acceptance"], cell["from_lookup"] = accepted / guessed, _ratio(accepted, cell["new_tokens"])
+
+
+def _add_pooled(into: dict, hists: list[dict]) -> None:
+    """The histograms of draft sequences per round, added up (none: no key)."""
+    pooled: dict[str, int] = {}
+    for hist in hists:
+        for k, v in hist.items():
+            pooled[k] = pooled.get(k, 0) + v
+    if pooled:
+        into["sequences_hist"] = dict(sorted(pooled.items(), key=lambda kv: int(kv[0])))
+
+
+def _average(cells: list[dict]) -> dict:
+    avg: dict = {key: sum(c.get(key, 0) for c in cells) for key in SUMMED}
+    avg["gamma"] = cells[0].get("gamma")
+    for key in AVERAGED:
+        values = [c[key] for c in cells if c.get(key) is not None]
+        avg[key] = mean(values) if values else None
+    _add_pooled(avg, [c.get("sequences_hist", {}) for c in cells])
+    profiles = [c["profile_ms"] for c in cells if "profile_ms" in c]
+    if profiles:
+        rounds = sum(p["rounds"] for p in profiles)
+        avg["profile_ms"] = {k: sum(p[k] * p["rounds"] for p in profiles) / rounds for k in PROFILE}
+        avg["profile_ms"]["rounds"] = rounds
+    return avg
+
+
+def _ratio(value, base):
+    if value is None or not base:
+        return None
+    return value / base
+
+
+def _add_ceiling_fraction(doc: dict) -> None:
+    """DuoDecoding's decoding speed (after the first token) as a fraction of the draft alone."""
+    ceiling = doc.get("draft_ceiling") or {}
+    if ceiling.get("tokens_per_s"):
+        averages = {d: by_method.get("duodec", {}).get("average", {}) for d, by_method in doc["results"].items()}
+        ceiling["duodec_fraction"] = {d: avg["decode_tokens_per_s"] / ceiling["tokens_per_s"]
+                                      for d, avg in averages.items() if avg.get("decode_tokens_per_s")}
+
+
+# ---- llama.cpp's C++ rows (results.json "llama_cpp") ---------------------------------
+
+def summarize(runs: list[dict], categories: list[str]) -> dict:
+    """Per C++ row: decode tok/s per category, pooled over its prompts (tokens / seconds),
+    and their mean ("average"); the speculative row is the draft length fastest on average."""
+    out: dict = {}
+    for method in dict.fromkeys(r["method"] for r in runs if "error" not in r):
+        mine = [r for r in runs if r["method"] == method and "error" not in r]
+        if "by_draft_length" not in mine[0]:
+            out[method] = _pooled(mine, categories)
+            continue
+        by_length = {n: _pooled([{**r["by_draft_length"][n], "category": r["category"]} for r in mine], categories)
+                     for n in mine[0]["by_draft_length"]}
+        best = max(by_length, key=lambda n: by_length[n]["average"]["decode_tokens_per_s"] or 0)
+        out[method] = {**by_length[best], "draft_length": int(best),
+                       "by_draft_length": {str(n): v["average"] for n, v in by_length.items()}}
+    return out
+
+
+def _pooled(runs: list[dict], categories: list[str]) -> dict:
+    cells = _by_category(runs, categories, _cpp_cell)
+    rates = [c["decode_tokens_per_s"] for c in cells.values() if c["decode_tokens_per_s"]]
+    accepted = [c["acceptance_rate"] for c in cells.values() if c["acceptance_rate"] is not None]
+    drafted = [c["drafted"] for c in cells.values() if c["drafted"] is not None]
+    cells["average"] = {"decode_tokens_per_s": mean(rates) if rates else None,
+                        "acceptance_rate": mean(accepted) if accepted else None,
+                        "drafted": sum(drafted) if drafted else None,
+                        "prompts": sum(c["prompts"] for c in cells.values())}
+    return cells
+
+
+def _cpp_cell(runs: list[dict]) -> dict:
+    tokens, seconds, drafted = _total(runs, "new_tokens"), _total(runs, "decode_s"), _total(runs, "drafted")
+    return {"prompts": len(runs), "new_tokens": tokens, "decode_s": seconds,
+            "decode_tokens_per_s": tokens / seconds if seconds > 0 else None,
+            "drafted": drafted if "drafted" in runs[0] else None,
+            "acceptance_rate": _total(runs, "accepted") / drafted if drafted else None}
+
+
+def versus(doc: dict, reference: str = CPP_PEER) -> dict | None:
+    """{decoding: {method: {category: ratio, "average": mean}}}: each method's decode tok/s
+    after its first token over the C++ `reference` row's decode tok/s at the same prompts;
+    None when that row did not run (the report then divides by the llama-cpp-python row)."""
+    section = doc.get("llama_cpp") or {}
+    ref = summarize(section.get("runs", []), doc["settings"]["categories"]).get(reference)
+    if not ref:
+        return None
+    return {decoding: {method: _ratios(cells, ref) for method, cells in by_method.items()}
+            for decoding, by_method in doc["results"].items()}
+
+
+def _ratios(cells: dict, ref: dict) -> dict:
+    ratios = {}
+    for category, cell in cells.items():
+        base = ref.get(category, {}).get("decode_tokens_per_s")
+        if category != "average" and base and cell.get("decode_tokens_per_s"):
+            ratios[category] = cell["decode_tokens_per_s"] / base
+    if ratios:
+        ratios["average"] = mean(ratios.values())
+    return ratios

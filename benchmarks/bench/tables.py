@@ -1,0 +1,257 @@
+"""The report's results tables (report.py puts them in order): speedups, tokens per second,
+time to first token, acceptance, the gamma sweep, draft sequences, the poor draft, the
+per-round profile and llama.cpp's own binaries, each read from a results document."""
+from __future__ import annotations
+
+from hetspec.benchmarks.bench.data import TITLES
+from hetspec.benchmarks.bench.methods import CPP_PEER, PEER, SWEEP
+
+
+def sequence_rows(doc: dict) -> list[tuple]:
+    """(decoding, method, histogram of draft sequences per round) of the DuoDecoding methods."""
+    return [(d, name, cells["average"]["sequences_hist"]) for d in doc["settings"]["decodings"]
+            for name, cells in doc["results"][d].items()
+            if cells.get("average", {}).get("sequences_hist") and doc["methods"][name]["mode"] == "duodec"]
+
+
+def profile_rows(doc: dict) -> list[tuple]:
+    """(decoding, method, per-round time profile) of the methods that ran speculative rounds."""
+    return [(d, name, cells["average"]["profile_ms"]) for d in doc["settings"]["decodings"]
+            for name, cells in doc["results"][d].items() if cells.get("average", {}).get("profile_ms")]
+
+
+def table1(doc: dict, decoding: str) -> list[str]:
+    vs_llama, about = _vs_llama(doc)
+    cats = doc["settings"]["categories"]
+    rows = []
+    for name in doc["methods"]:
+        cells = doc["results"][decoding].get(name, {})
+        avg = cells.get("average", {})
+        rows.append([f"`{name}`", *[times(cells.get(c, {}).get("speedup")) for c in cats],
+                     times(avg.get("speedup"), bold=True), times(avg.get("vs_target"), bold=True),
+                     times(vs_llama(decoding, name), bold=True), num(avg.get("tokens_per_s"))])
+    title = f"## Table 1 ({decoding}): speedup over vanilla, over the engine's target-only mode, and over llama.cpp"
+    note = ("Per category: over vanilla. The target-only column divides by the engine running the target alone "
+            "(`target`), which has the engine's kernels but no draft: it is the speculative gain alone. The "
+            f"llama.cpp column: {about}.")
+    return [title, "", note, "", *table(["method", *[TITLES[c] for c in cats], "Avg. vs vanilla",
+                                          "Avg. vs target-only", "Avg. vs llama.cpp", "tok/s (avg)"], rows), ""]
+
+
+def tokens_table(doc: dict) -> list[str]:
+    cats = doc["settings"]["categories"]
+    out = ["## Tokens per second", ""]
+    for decoding in doc["settings"]["decodings"]:
+        rows = [[f"`{n}`", *_per_category(doc["results"][decoding].get(n, {}), cats, "tokens_per_s")]
+                for n in doc["methods"]]
+        out += [f"{decoding}:", "", *table(["method", *[TITLES[c] for c in cats], "Avg."], rows), ""]
+    return out
+
+
+def _per_category(cells: dict, cats: list[str], key: str, bold: bool = False) -> list[str]:
+    """A figure per category, then its average."""
+    return [*[num(cells.get(c, {}).get(key)) for c in cats], num(cells.get("average", {}).get(key), bold=bold)]
+
+
+def _vs_llama(doc: dict):
+    """(figure(decoding, method), what it divides by): the report's "vs llama.cpp" divides the
+    decode tok/s after the first token by llama-bench's at the same prompts where that row
+    ran; else results.json's vs_llama (tok/s over the llama-cpp-python row's)."""
+    section = doc.get("llama_cpp") or {}
+    cpp = section.get("vs")
+    if cpp:
+        return (lambda d, name: cpp.get(d, {}).get(name, {}).get("average"),
+                (f"decode tok/s after the first token over `{CPP_PEER}`'s, llama.cpp's own C++ benchmark decoding "
+                 "the same GGUF file at each prompt's depth on every core (per category, then averaged; see "
+                 "\"llama.cpp's own binaries\")"))
+    why = section.get("missing")
+    return (lambda d, name: average(doc, d, name).get("vs_llama"),
+            (f"tok/s over `{PEER}`'s: llama.cpp via llama-cpp-python (a Python loop) decoding the target's GGUF file "
+             "on every core" + (f". {why[0].upper()}{why[1:]}" if why else "")))
+
+
+def llama_cpp_table(doc: dict) -> list[str]:
+    """llama.cpp's own C++ programs beside the engine: decode tok/s per category."""
+    section = doc.get("llama_cpp") or {}
+    if not section:
+        return []
+    lines = ["## llama.cpp's own binaries (C++)", ""]
+    if section.get("missing"):
+        return lines + [f"{section['missing']}.", ""]
+    cats = doc["settings"]["categories"]
+    lines += [("Decode tok/s on the target's GGUF file, per category pooled over its prompts, beside the engine's "
+               "and llama-cpp-python's decode tok/s after their first token. `llama-bench`: "
+               "`llama-bench -p 0 -n NEW -d PROMPT -r 3 -o json` per prompt (NEW one-token decodes after a "
+               "PROMPT-token context: the positions the engine decodes), the mean of the repetitions. "
+               "`llama-speculative-simple` (greedy, the prompt's text): its \"decoded N tokens in S seconds\", "
+               "from the prompt's last token; the draft-model row keeps the draft length fastest on average. "
+               "Same cores as the benchmark process; every C++ row runs once per prompt, interleaved with the "
+               "other methods."), "",
+              *table(["row", "what", *[TITLES[c] for c in cats], "Avg. decode tok/s", "acceptance"],
+                      _cpp_rows(doc, section, cats)), ""]
+    return lines + _cpp_notes(section) + [""]
+
+
+def _cpp_rows(doc: dict, section: dict, cats: list[str]) -> list[list[str]]:
+    """The C++ rows, then the engine's and llama-cpp-python's decode tok/s beside them."""
+    rows = []
+    for name, m in section["methods"].items():
+        cells = section.get("results", {}).get(name, {})
+        what = f"{m['tool']}{'' if m['mode'] in ('bench', 'spec') else ' ' + m['mode']}, {m['threads']} thread(s)"
+        if "draft_length" in cells:
+            what += f", `--spec-draft-n-max` {cells['draft_length']} (" + ", ".join(
+                f"{n}: {num(v['decode_tokens_per_s'])}" for n, v in cells["by_draft_length"].items()) + " tok/s)"
+        avg = cells.get("average", {})
+        rows.append([f"`{name}`", what, *_per_category(cells, cats, "decode_tokens_per_s", bold=True),
+                     "none drafted" if avg.get("drafted") == 0 else pct(avg.get("acceptance_rate"))])
+    first = next(iter(doc["settings"]["decodings"]))
+    for name in (PEER, "target", "sps", "duodec"):
+        cells = doc["results"].get(first, {}).get(name)
+        if cells:
+            rows.append([f"`{name}`", f"{first}, after the first token",
+                         *_per_category(cells, cats, "decode_tokens_per_s", bold=True),
+                         pct(cells.get("average", {}).get("acceptance_rate"))])
+    return rows
+
+
+def _cpp_notes(section: dict) -> list[str]:
+    lines = [f"- `{name}` not run: {why}." for name, why in section.get("skipped", {}).items()]
+    for file, load in section.get("load_ms", {}).items():
+        lines.append(f"- llama.cpp's own load time of `{file}`: " + (
+            f"{load['load_ms']:.0f} ms (llama-completion's `load time`: the model and a context, up to its "
+            "first evaluation)" if "load_ms" in load else f"not measured ({load.get('error')})"))
+    errors = [r for r in section.get("runs", []) if "error" in r]
+    if errors:
+        lines.append(f"- {len(errors)} C++ run(s) failed, the first: {errors[0]['method']}: {errors[0]['error']}")
+    build = section.get("build_info")
+    lines.append(f"- Binaries: `{section.get('binaries')}`"
+                 + (" (" + "; ".join(build.splitlines()[:3]) + ")" if build else ""))
+    return lines
+
+
+def _per_decoding(doc: dict, columns: list[tuple]) -> list[str]:
+    """A row per method, and for each decoding the columns (title, figure(average cell, decoding))."""
+    decodings = doc["settings"]["decodings"]
+    header = ["method", *[f"{d} {title}" for d in decodings for title, _ in columns]]
+    rows = [[f"`{name}`", *[figure(average(doc, d, name), d) for d in decodings for _, figure in columns]]
+            for name in doc["methods"]]
+    return table(header, rows)
+
+
+def table2(doc: dict) -> list[str]:
+    def vs_sps(avg: dict, decoding: str):
+        sps = average(doc, decoding, "sps")
+        return pct(avg["ttft_s"] / sps["ttft_s"] if avg.get("ttft_s") and sps.get("ttft_s") else None)
+
+    columns = [("TTFT ms", lambda avg, d: num(avg.get("ttft_s") and 1000 * avg["ttft_s"], 0)),
+               ("vs vanilla", lambda avg, d: pct(avg.get("ttft_rel"))), ("vs SpS", vs_sps)]
+    return ["## Table 2: time to first token", "",
+            "Mean over prompts, averaged over categories; relative figures are per category, then averaged.", "",
+            *_per_decoding(doc, columns), ""]
+
+
+def acceptance_table(doc: dict) -> list[str]:
+    columns = [("acceptance", lambda avg, d: pct(avg.get("acceptance_rate"))),
+               ("tokens/round", lambda avg, d: num(avg.get("mean_accepted_per_round"), 2)),
+               ("lookup acceptance", lambda avg, d: pct(avg.get("lookup_acceptance"))),
+               ("from lookup", lambda avg, d: pct(avg.get("from_lookup")))]
+    return ["## Acceptance rate and tokens committed per round", "",
+            ("Acceptance: accepted / drafted tokens. Tokens per round: tokens committed per speculative round "
+             "(accepted draft tokens plus the target's own token). Lookup: the prompt-lookup guesses that "
+             "target-only rounds of `sps` and `duodec` verify (accepted / guessed tokens), and the share of "
+             "all new tokens they committed."), "", *_per_decoding(doc, columns), ""]
+
+
+def table3(doc: dict) -> list[str]:
+    present = [n for n in SWEEP if n in doc["methods"]]
+    if len(present) < 2:
+        return []
+    vs_llama, _ = _vs_llama(doc)
+    header = [""]
+    for n in present:
+        m = doc["methods"][n]
+        header.append(f"{n} (gamma {m['gamma']})" if n != "duodec" else
+                      f"**chosen (gamma {m['gamma']}{', rebalanced' if m.get('rebalanced') else ''})**")
+    figures = (("tok/s", lambda d, n: num(average(doc, d, n).get("tokens_per_s"))),
+               ("speedup", lambda d, n: times(average(doc, d, n).get("speedup"))),
+               ("vs target-only", lambda d, n: times(average(doc, d, n).get("vs_target"))),
+               ("vs llama.cpp", lambda d, n: times(vs_llama(d, n))),
+               ("tokens/round", lambda d, n: num(average(doc, d, n).get("mean_accepted_per_round"), 2)))
+    rows = [[f"{d} {title}", *[figure(d, n) for n in present]]
+            for d in doc["settings"]["decodings"] for title, figure in figures]
+    return ["## Table 3: gamma sweep around the chosen budget (dynamic sequences)", "", *table(header, rows), ""]
+
+
+def sequences_table(doc: dict) -> list[str]:
+    rows = sequence_rows(doc)
+    if not rows:
+        return []
+    ks = sorted({k for _, _, hist in rows for k in hist}, key=int)
+    body = [[d, f"`{name}`", *[pct(hist.get(k, 0) / sum(hist.values())) for k in ks], str(sum(hist.values()))]
+             for d, name, hist in rows]
+    return ["## Number of draft sequences per round", "",
+            *table(["decoding", "method", *[f"k={k}" for k in ks], "rounds"], body), ""]
+
+
+def poor_draft_table(doc: dict) -> list[str]:
+    """A second engine, the same but for a draft that never agrees: what the gate saves."""
+    names = [n for n in ("target", "poor", "poor-forced", "duodec") if n in doc["methods"]]
+    if "poor" not in names:
+        return []
+    vs_llama, _ = _vs_llama(doc)
+    rows = []
+    for d in doc["settings"]["decodings"]:
+        for name in names:
+            avg = average(doc, d, name)
+            tokens = avg.get("new_tokens")
+            rows.append([d, f"`{name}`", num(avg.get("tokens_per_s")), times(avg.get("vs_target")),
+                         times(vs_llama(d, name)), pct(avg.get("acceptance_rate")),
+                         pct(avg.get("rested", 0) / tokens if tokens else None)])
+    draft = doc["engine"].get("poor_draft")
+    return ["## A poor draft", "",
+            (f"`poor` and `poor-forced` run on a second engine, the same but for its draft (`{draft}`, random "
+             "weights: it never agrees). `poor` lets the engine rest from speculating while it does not pay "
+             "(target-only rounds, probing again now and then); `poor-forced` asks for speculation on every "
+             "round. Rested: the share of tokens decoded target-only by that choice."), "",
+            *table(["decoding", "method", "tok/s", "vs target-only", "vs llama.cpp", "acceptance", "rested"],
+                    rows), ""]
+
+
+def profile_table(doc: dict) -> list[str]:
+    rows = [[d, f"`{name}`", *[num(p[k], 1) for k in ("draft", "verify", "round", "overhead")],
+             pct(p["overhead"] / p["round"] if p["round"] else None), str(p["rounds"])]
+            for d, name, p in profile_rows(doc)]
+    if not rows:
+        return []
+    return ["## Per-round time profile (ms per speculative round)", "",
+            ("Draft and verify are each worker's compute; DuoDecoding runs them at once, SpS one after the other. "
+             "Overhead is the round's wall time minus the busy part (the longer side, or both for SpS): IPC, "
+             "Python and numpy in the scheduler."), "",
+            *table(["decoding", "method", "draft", "verify", "round", "overhead", "overhead share", "rounds"], rows),
+            ""]
+
+
+# ---- formatting -----------------------------------------------------------------
+
+def average(doc: dict, decoding: str, name: str) -> dict:
+    return doc["results"][decoding].get(name, {}).get("average", {})
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def num(value, digits: int = 1, bold: bool = False) -> str:
+    text = "-" if value is None else f"{value:.{digits}f}"
+    return f"**{text}**" if bold and value is not None else text
+
+
+def times(value, bold: bool = False) -> str:
+    if value is None:
+        return "-"
+    text = f"{value:.2f}x"
+    return f"**{text}**" if bold else text
+
+
+def pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
