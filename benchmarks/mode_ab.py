@@ -22,7 +22,7 @@ import sys
 import time
 from collections import Counter
 
-from hetspec.benchmarks.data import ALL_CATEGORIES, load_prompts
+from hetspec.benchmarks.bench.data import ALL_CATEGORIES, load_prompts
 
 
 def main(argv=None) -> int:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hetspec.benchmarks import llama_bin
-from hetspec.benchmarks.machine import describe_machine
+from hetspec.benchmarks.bench import llama_bin
+from hetspec.benchmarks.bench.machine import describe_machine
 from hetspec.core.pinning import pin
 from hetspec.models import resolve_model
 from hetspec.workers.common.pinning import pin_threads

@@ -76,7 +76,7 @@ def test_a_worker_process_loads_no_engine_code(tmp_path):
 def test_a_transformers_target_needs_no_llama_cpp(tmp_path):
     """A GPU machine need not have llama.cpp: the target worker and the benchmark's runner
     bring it in only for a GGUF target or a llama.cpp peer."""
-    code = ("import sys, hetspec.workers.target.worker, hetspec.benchmarks.runner; "
+    code = ("import sys, hetspec.workers.target.worker, hetspec.benchmarks.bench.runner; "
             "print('llama_cpp' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path)
     assert done.stdout.split() == ["False"]

@@ -4,7 +4,7 @@ Vanilla is plain autoregressive `generate` (the denominator of every speedup);
 PLD is transformers' prompt lookup decoding (`prompt_lookup_num_tokens`). Both
 load the target exactly as the engine's target worker does (hf_loading.load_causal_lm
 on the resolved model spec), in the same dtype, so the comparison is between
-decoding methods, not between loaders. They may use every core: they run while
+decoding methods, not between loaders. They may use every core (docs/performance.md, "How to measure"): they run while
 the engine's processes sit idle waiting on their sockets.
 
 Time to first token comes from a streamer that notes when generate pushes its

@@ -7,8 +7,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from hetspec.benchmarks.data import load_prompts
-from hetspec.benchmarks.settings import engine_config, split_config
+from hetspec.benchmarks.bench.data import load_prompts
+from hetspec.benchmarks.bench.settings import engine_config, split_config
 from hetspec.config import load_config
 from hetspec.launcher import Launcher
 from hetspec.models import resolve_model

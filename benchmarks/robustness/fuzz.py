@@ -33,7 +33,7 @@ import zmq
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from hetspec.benchmarks.machine import describe_machine
+from hetspec.benchmarks.bench.machine import describe_machine
 from hetspec.benchmarks.robustness import fuzz_inputs as inputs
 
 BOUND_S = 30.0             # an answer later than this is a hang
