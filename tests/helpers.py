@@ -7,7 +7,7 @@ import torch
 
 from hetspec.core.sampling import probabilities
 from hetspec.models import resolve_model
-from hetspec.workers.target.hf_loading import load_causal_lm
+from hetspec.workers.common.hf_loading import load_causal_lm
 
 TARGET = "random:seed=0"
 WEAK_DRAFT = "random:seed=1"          # a different random model: disagrees often
