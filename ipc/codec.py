@@ -136,16 +136,22 @@ def _checker(hint):
         return lambda v: any(fits(v) for fits in options)
     if origin is typing.Literal:
         return lambda v: v in args
-    if hint in _SCALARS:
-        return _SCALARS[hint]
-    if isinstance(hint, type) and issubclass(hint, Choice):
-        allowed = hint.values()
-        return lambda v: isinstance(v, str) and v in allowed
     if hint is list or origin is list:
         each = _checker(args[0]) if args else None
         return lambda v: isinstance(v, list) and (each is None or all(map(each, v)))
     if hint is dict or origin is dict:
         return lambda v: isinstance(v, dict)
+    return _class_checker(hint)
+
+
+def _class_checker(hint):
+    """_checker for a plain class: a JSON scalar, a Choice (one of its values), a nested
+    dataclass (an object), or anything else (not checked)."""
+    if hint in _SCALARS:
+        return _SCALARS[hint]
+    if isinstance(hint, type) and issubclass(hint, Choice):
+        allowed = hint.values()
+        return lambda v: isinstance(v, str) and v in allowed
     if dataclasses.is_dataclass(hint):
         return lambda v: isinstance(v, (dict, hint))
     return lambda v: True

@@ -20,7 +20,7 @@ def test_a_random_model_drawn_on_its_device_is_the_same_model_there():
     import torch
 
     from hetspec.models import resolve_model
-    from hetspec.workers.target.hf_loading import load_causal_lm
+    from hetspec.workers.common.hf_loading import load_causal_lm
 
     spec = resolve_model("random:init=device,seed=4")
     assert spec.random["init"] == "device" and resolve_model("random:seed=4").random["init"] == "cpu"

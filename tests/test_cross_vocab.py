@@ -165,7 +165,7 @@ def test_a_draft_vocabulary_that_cannot_express_the_text_is_refused(tmp_path):
 @pytest.mark.integration
 @FULL
 def test_gemma_target_with_smollm2_draft_equals_gemma_generate():
-    from hetspec.workers.target.hf_loading import load_causal_lm
+    from hetspec.workers.common.hf_loading import load_causal_lm
 
     spec = resolve_model("builtin:gemma3-270m")
     model, tokenizer = load_causal_lm(spec, "float32", "cpu"), Tokenizer(spec)

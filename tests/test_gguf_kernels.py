@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from hetspec.models import resolve_model
+from hetspec.workers.common.hf_loading import load_causal_lm
+from hetspec.workers.common.kv_model import cache_keyword
 from hetspec.workers.kernels.formats import (
     BLOCK,
     EXPANDED_FORMAT,
@@ -23,8 +25,6 @@ from hetspec.workers.kernels.formats import (
 from hetspec.workers.kernels.gguf_kernels import FORMATS, KernelUnavailable, load
 from hetspec.workers.kernels.gguf_tensors import read_tensors
 from hetspec.workers.target.gguf_linear import MAX_ROWS, GGUFLinear, attach_gguf_blocks
-from hetspec.workers.target.hf_loading import load_causal_lm
-from hetspec.workers.target.kv_model import cache_keyword
 
 HEADER = Path(__file__).resolve().parent.parent / "workers" / "kernels" / "formats.h"
 

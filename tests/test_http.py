@@ -258,30 +258,54 @@ def test_zmq_token_guards_a_launched_engine():
         assert hetspec.connect(engine.endpoint, token="secret").generate([1, 2, 3], max_new_tokens=3).token_ids
 
 
-def test_busy_is_a_503_a_killed_scheduler_is_started_again_and_a_public_address_without_key_warns(tmp_path):
+def _queueless_server(tmp_path) -> Server:
+    """Random models, nothing allowed to wait behind a running request, on a public address
+    without an API key."""
     toml = tmp_path / "random.toml"
     toml.write_text('[draft]\nbackend = "torch"\nmodel = "random:seed=1"\n\n[target]\nmodel = "random:seed=0"\n\n'
-                    '[server]\nmax_queue = 0\n')                   # nothing may wait behind a running request
-    server = Server(str(toml), api_key=None, host="0.0.0.0")
-    try:
-        import psutil
+                    '[server]\nmax_queue = 0\n')
+    return Server(str(toml), api_key=None, host="0.0.0.0")
 
-        body = {"prompt": "abc", "max_tokens": 3000, "temperature": 0, "stream": True}
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=DEADLINE_S) as running:
+
+def _stopped(server: Server) -> str:
+    """Stop the server without asserting (the test does, after its own checks); its stderr."""
+    server.engine.close()
+    server.process.send_signal(signal.SIGINT)
+    return server.process.communicate(timeout=DEADLINE_S)[1]
+
+
+def _engine_process(server: Server, module: str):
+    import psutil
+
+    [process] = [p for p in psutil.Process(server.process.pid).children(recursive=True)
+                 if module in " ".join(p.cmdline())]
+    return process
+
+
+LONG = {"prompt": "abc", "max_tokens": 3000, "temperature": 0, "stream": True}
+SHORT = {"prompt": "hi", "max_tokens": 3, "temperature": 0}
+
+
+def test_busy_is_a_503_and_a_public_address_without_key_warns(tmp_path):
+    server = _queueless_server(tmp_path)
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=LONG, timeout=DEADLINE_S) as running:
             lines = running.iter_lines()      # kept open: closing it would disconnect (and cancel)
             assert next(lines).startswith("data: ")
             busy = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 3},
                               timeout=DEADLINE_S)
         assert busy.status_code == 503 and busy.json()["error"]["code"] == "engine_busy", busy.text
+    finally:
+        stderr = _stopped(server)
+    assert server.process.returncode == 0, stderr
+    assert "without --api-key" in stderr
 
-        def engine_process(module: str) -> psutil.Process:
-            [process] = [p for p in psutil.Process(server.process.pid).children(recursive=True)
-                         if module in " ".join(p.cmdline())]
-            return process
 
-        engine_process("hetspec.workers.target").kill()           # restarted: the next request waits for it
-        short = {"prompt": "hi", "max_tokens": 3, "temperature": 0}
-        response = httpx.post(f"{server.url}/v1/completions", json=short, timeout=DEADLINE_S)
+def test_a_killed_worker_or_scheduler_is_started_again(tmp_path):
+    server = _queueless_server(tmp_path)
+    try:
+        _engine_process(server, "hetspec.workers.target").kill()   # restarted: the next request waits for it
+        response = httpx.post(f"{server.url}/v1/completions", json=SHORT, timeout=DEADLINE_S)
         assert response.status_code == 200, response.text
         assert httpx.get(f"{server.url}/health", timeout=DEADLINE_S).json() == {"status": "ok"}
         assert 'hetspec:worker_restarts{model_name="random",worker="target"} 1.0' in \
@@ -289,23 +313,20 @@ def test_busy_is_a_503_a_killed_scheduler_is_started_again_and_a_public_address_
 
         # The scheduler killed under a streaming request: that request ends with an error event,
         # the launcher (the server's process) starts a new scheduler, and the next request is served.
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=DEADLINE_S) as running:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=LONG, timeout=DEADLINE_S) as running:
             lines = running.iter_lines()
             assert next(lines).startswith("data: ")
-            engine_process("hetspec.scheduler").kill()
+            _engine_process(server, "hetspec.scheduler").kill()
             events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
         assert events[-1]["error"]["code"] == "request_aborted", events[-1]
-        again = httpx.post(f"{server.url}/v1/completions", json=short, timeout=DEADLINE_S)
+        again = httpx.post(f"{server.url}/v1/completions", json=SHORT, timeout=DEADLINE_S)
         assert again.status_code == 200 and again.json()["choices"][0]["text"] == response.json()["choices"][0]["text"]
         assert httpx.get(f"{server.url}/health", timeout=DEADLINE_S).json() == {"status": "ok"}
         assert 'hetspec:scheduler_restarts{model_name="random"} 1.0' in \
             httpx.get(f"{server.url}/metrics", timeout=DEADLINE_S).text
     finally:
-        server.engine.close()
-        server.process.send_signal(signal.SIGINT)
-        _, stderr = server.process.communicate(timeout=DEADLINE_S)
+        stderr = _stopped(server)
     assert server.process.returncode == 0, stderr
-    assert "without --api-key" in stderr
     assert "the scheduler was killed by SIGKILL; it is starting again" in stderr, stderr
 
 

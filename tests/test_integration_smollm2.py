@@ -13,7 +13,7 @@ import torch
 import hetspec
 from hetspec.models import resolve_model
 from hetspec.scheduler.tokenizer import Tokenizer
-from hetspec.workers.target.hf_loading import load_causal_lm
+from hetspec.workers.common.hf_loading import load_causal_lm
 
 from helpers import FULL, explain_mismatch, full_only
 

@@ -7,10 +7,10 @@ import torch
 from hetspec.core.sampling import GREEDY
 from hetspec.ipc.messages import BranchPlan
 from hetspec.ipc.specs import ModelSpec
+from hetspec.workers.common import kv_cache
+from hetspec.workers.common.kv_model import KVModel
 from hetspec.workers.draft.drafter import Drafter
 from hetspec.workers.draft.torch_model import TorchDraftModel
-from hetspec.workers.target import kv_cache
-from hetspec.workers.target.kv_model import KVModel
 
 from helpers import load_reference
 

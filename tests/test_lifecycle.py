@@ -5,21 +5,18 @@ once, connect(), streaming, and the hetspec-launch CLI (one-shot --json, serve m
 stopped by SIGINT / SIGTERM, and killed by SIGKILL mid-request).
 
 Every wait is bounded (a thread joined with a timeout, a process waited with a timeout),
-so a hang fails the test instead of stalling the run.
+so a hang fails the test instead of stalling the run (the helpers: tests/helpers.py).
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import queue
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
 
 import psutil
 import pytest
@@ -29,111 +26,24 @@ import hetspec.client
 from hetspec import EngineDeadError, EngineStartError, HetspecError
 from hetspec.launcher import Launcher
 
-from helpers import FULL
+from helpers import (
+    CLI_TIMEOUT_S,
+    DEADLINE_S,
+    FULL,
+    TARGET,
+    WEAK_DRAFT,
+    Footprint,
+    assert_exit,
+    assert_nothing_left,
+    call_within,
+    children,
+    cli_leftovers,
+    start_long_request,
+    start_serving,
+    write_toml,
+)
 
-DRAFT = "random:seed=1"
-TARGET = "random:seed=0"
-CONFIG = {"draft": {"backend": "torch", "model": DRAFT}, "target": {"model": TARGET}, "decoding": {"gamma": 4}}
-DEADLINE_S = 60          # generous bound for anything that must not hang (the machine may be busy)
-CLI_TIMEOUT_S = 180
-
-
-# ---- what an engine leaves behind ---------------------------------------------------------
-
-@dataclass
-class Footprint:
-    """Everything one engine created, recorded while it runs."""
-    run_id: str
-    runtime_dir: str
-    processes: list[psutil.Process]      # scheduler, workers, and their own children
-
-    @classmethod
-    def of(cls, launcher: Launcher) -> Footprint:
-        processes = []
-        for popen in launcher.processes.values():
-            try:
-                process = psutil.Process(popen.pid)
-                processes += [process, *process.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                pass
-        return cls(launcher.run_id, launcher.runtime_dir, processes)
-
-    def segments(self) -> list[str]:
-        return glob.glob(f"/dev/shm/hetspec-{self.run_id}-*")
-
-
-def assert_nothing_left(footprint: Footprint, children_before: set[psutil.Process]) -> None:
-    # No child of this test process remains (beyond those that existed before this engine).
-    leftover = set(psutil.Process().children(recursive=True)) - children_before
-    assert not leftover, f"child processes left: {leftover}"
-    # Every process the engine started, grandchildren included (they would be re-parented,
-    # not children any more), is gone or goes within the bound.
-    assert_exit(footprint.processes)
-    assert not _processes_mentioning(footprint.runtime_dir)
-    assert footprint.segments() == []
-    assert not os.path.exists(footprint.runtime_dir)
-
-
-def assert_exit(processes: list[psutil.Process]) -> None:
-    """All of processes are gone, or go within the bound (a zombie counts as gone)."""
-    _, alive = psutil.wait_procs(processes, timeout=DEADLINE_S)
-    assert not [p for p in alive if _running(p)], f"processes left: {alive}"
-
-
-def _running(process: psutil.Process) -> bool:
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _processes_mentioning(text: str) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline", "status"]):
-        if process.info["status"] != psutil.STATUS_ZOMBIE and text in " ".join(process.info["cmdline"] or []):
-            found.append(process)
-    return found
-
-
-def children() -> set[psutil.Process]:
-    return set(psutil.Process().children(recursive=True))
-
-
-def start_long_request(engine):
-    """A 2000-token request streaming in another thread; (thread, box) where the box
-    receives its "result" or its "error". Returns once tokens are flowing."""
-    streaming = threading.Event()
-    box = {}
-
-    def long_request():
-        try:
-            for _ in engine.stream("Hello", max_new_tokens=2000):
-                streaming.set()
-            box["result"] = engine.last_result
-        except BaseException as exc:  # noqa: BLE001
-            box["error"] = exc
-
-    thread = threading.Thread(target=long_request, daemon=True)
-    thread.start()
-    assert streaming.wait(DEADLINE_S), "the request never streamed"
-    return thread, box
-
-
-def call_within(timeout_s: float, fn, *args, **kwargs):
-    """Run fn in a thread; fail if it has not returned within timeout_s. Returns (value, exception)."""
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    assert not thread.is_alive(), f"{getattr(fn, '__name__', fn)} did not return within {timeout_s} s"
-    return box.get("value"), box.get("error")
+CONFIG = {"draft": {"backend": "torch", "model": WEAK_DRAFT}, "target": {"model": TARGET}, "decoding": {"gamma": 4}}
 
 
 # ---- leaving nothing behind -----------------------------------------------------------------
@@ -361,22 +271,6 @@ def test_a_request_cancelled_before_it_runs_never_runs(engine, references):
 
 # ---- the CLI ----------------------------------------------------------------------------------
 
-def write_toml(directory) -> str:
-    path = os.path.join(directory, "random.toml")
-    with open(path, "w") as f:
-        f.write(f'[draft]\nbackend = "torch"\nmodel = "{DRAFT}"\n\n[target]\nmodel = "{TARGET}"\n\n'
-                f'[decoding]\ngamma = 4\n')
-    return path
-
-
-def cli_leftovers(pid: int) -> tuple[list[str], list[str], list[psutil.Process]]:
-    """Segments, runtime directories and processes of any engine the CLI process `pid` started
-    (its run ids begin with its pid)."""
-    runtime_prefix = os.path.join(tempfile.gettempdir(), f"hetspec-{pid}-")
-    return (glob.glob(f"/dev/shm/hetspec-{pid}-*"), glob.glob(f"{runtime_prefix}*"),
-            _processes_mentioning(runtime_prefix))
-
-
 def test_cli_one_shot_json(tmp_path, engine):
     toml = write_toml(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "hetspec.cli", toml, "--prompt", "Hello CLI", "--json",
@@ -391,28 +285,6 @@ def test_cli_one_shot_json(tmp_path, engine):
     # same models, same greedy decoding: the same tokens as the engine in this process
     assert out["token_ids"] == engine.generate("Hello CLI", max_new_tokens=17).token_ids
     assert cli_leftovers(proc.pid) == ([], [], [])
-
-
-def start_serving(toml: str, stderr=subprocess.PIPE) -> tuple[subprocess.Popen, str, list[psutil.Process]]:
-    """hetspec-launch serving `toml`, once it has printed its endpoint: (its process, the
-    endpoint, the engine's processes). Killed again if it does not get that far."""
-    proc = subprocess.Popen([sys.executable, "-m", "hetspec.cli", toml], stdout=subprocess.PIPE,
-                            stderr=stderr, text=True)
-    try:
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
-        try:
-            endpoint = lines.get(timeout=CLI_TIMEOUT_S).strip()
-        except queue.Empty:
-            pytest.fail("hetspec-launch printed no endpoint")
-        assert endpoint.startswith("ipc://"), endpoint
-        engine_processes = psutil.Process(proc.pid).children(recursive=True)
-        assert len(engine_processes) >= 3
-    except BaseException:
-        proc.kill()
-        proc.communicate()
-        raise
-    return proc, endpoint, engine_processes
 
 
 @pytest.mark.parametrize("sig", [pytest.param(signal.SIGINT, marks=FULL), signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -44,6 +44,27 @@ def write_random_llama(path: str, tokenizer_from: str, seed: int = 0, arch: str 
     n_vocab, width, ff, kv_heads = len(fields["tokenizer.ggml.tokens"][0]), 256, 512, 2
     heads, head_dim = (8, 64) if arch == "qwen3" else (4, 64)
     writer = gguf.GGUFWriter(path, "llama" if arch == "llama3" else arch)
+    _write_header(writer, fields, width, ff, heads, kv_heads, head_dim)
+    rng = np.random.default_rng(seed)
+
+    def weight(*shape, scale=0.08):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    writer.add_tensor("token_embd.weight", weight(n_vocab, width))
+    writer.add_tensor("output_norm.weight", np.ones(width, np.float32))
+    if output:
+        writer.add_tensor("output.weight", weight(n_vocab, width))
+    if arch == "llama3":                  # divisors of the rope's angles, from 1 to 8 (as Llama 3's)
+        writer.add_tensor("rope_freqs.weight", np.geomspace(1.0, 8.0, head_dim // 2).astype(np.float32))
+    for i in range(2):
+        _write_layer(writer, i, weight, arch, width, ff, heads * head_dim, kv_heads * head_dim, head_dim)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _write_header(writer, fields: dict, width: int, ff: int, heads: int, kv_heads: int, head_dim: int) -> None:
     writer.add_context_length(2048)
     writer.add_embedding_length(width)
     writer.add_feed_forward_length(ff)
@@ -58,35 +79,22 @@ def write_random_llama(path: str, tokenizer_from: str, seed: int = 0, arch: str 
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     for key, (contents, kind, sub) in fields.items():
         writer.add_key_value(key, contents, kind, sub_type=sub)
-    rng = np.random.default_rng(seed)
 
-    def weight(*shape, scale=0.08):
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    writer.add_tensor("token_embd.weight", weight(n_vocab, width))
-    writer.add_tensor("output_norm.weight", np.ones(width, np.float32))
-    if output:
-        writer.add_tensor("output.weight", weight(n_vocab, width))
-    if arch == "llama3":                  # divisors of the rope's angles, from 1 to 8 (as Llama 3's)
-        writer.add_tensor("rope_freqs.weight", np.geomspace(1.0, 8.0, head_dim // 2).astype(np.float32))
-    q, kv = heads * head_dim, kv_heads * head_dim
-    for i in range(2):
-        for name, shape in (("attn_q", (q, width)), ("attn_k", (kv, width)), ("attn_v", (kv, width)),
-                            ("attn_output", (width, q)), ("ffn_gate", (ff, width)), ("ffn_up", (ff, width)),
-                            ("ffn_down", (width, ff))):
-            writer.add_tensor(f"blk.{i}.{name}.weight", weight(*shape))
-        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(width, np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(width, np.float32))
-        if arch == "qwen2":
-            for name, n in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
-                writer.add_tensor(f"blk.{i}.{name}.bias", weight(n, scale=0.5))
-        if arch == "qwen3":
-            for name in ("attn_q_norm", "attn_k_norm"):
-                writer.add_tensor(f"blk.{i}.{name}.weight", 1.0 + weight(head_dim, scale=0.2))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+def _write_layer(writer, i: int, weight, arch: str, width: int, ff: int, q: int, kv: int, head_dim: int) -> None:
+    """Layer i's tensors, drawn from `weight` in a fixed order (the file is the same for a seed)."""
+    for name, shape in (("attn_q", (q, width)), ("attn_k", (kv, width)), ("attn_v", (kv, width)),
+                        ("attn_output", (width, q)), ("ffn_gate", (ff, width)), ("ffn_up", (ff, width)),
+                        ("ffn_down", (width, ff))):
+        writer.add_tensor(f"blk.{i}.{name}.weight", weight(*shape))
+    writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(width, np.float32))
+    writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(width, np.float32))
+    if arch == "qwen2":
+        for name, n in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+            writer.add_tensor(f"blk.{i}.{name}.bias", weight(n, scale=0.5))
+    if arch == "qwen3":
+        for name in ("attn_q_norm", "attn_k_norm"):
+            writer.add_tensor(f"blk.{i}.{name}.weight", 1.0 + weight(head_dim, scale=0.2))
 
 
 def quantize(source: str, target: str, ftype: str) -> str:

@@ -1,5 +1,5 @@
 """The transformers form of a GGUF file, kept after the first load (hetspec/models.py,
-workers/target/hf_loading.py, hetspec/scheduler/tokenizer.py): the kept copy is the same model and
+workers/common/hf_loading.py, hetspec/scheduler/tokenizer.py): the kept copy is the same model and
 tokenizer, a damaged one is rebuilt, and HETSPEC_CACHE=off keeps nothing."""
 import os
 import shutil
@@ -10,7 +10,7 @@ import torch
 from hetspec.models import resolve_model
 from hetspec.scheduler import startup
 from hetspec.scheduler.tokenizer import Tokenizer
-from hetspec.workers.target.hf_loading import eos_token_ids, load_causal_lm
+from hetspec.workers.common.hf_loading import eos_token_ids, load_causal_lm
 
 from helpers import FULL
 

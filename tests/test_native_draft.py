@@ -12,12 +12,12 @@ import hetspec
 from hetspec.ipc.specs import DraftSpec
 from hetspec.models import resolve_model
 from hetspec.scheduler.tokenizer import Tokenizer
+from hetspec.workers.common.hf_loading import load_causal_lm
+from hetspec.workers.common.kv_model import KVModel
 from hetspec.workers.draft.block_layouts import as_q8_0
 from hetspec.workers.draft.native import WINDOW_FILL, NativeDraftModel, Unsupported
 from hetspec.workers.draft.worker import DraftState
 from hetspec.workers.kernels.gguf_tensors import GGUFTensor
-from hetspec.workers.target.hf_loading import load_causal_lm
-from hetspec.workers.target.kv_model import KVModel
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hetspec.models import resolve_model
-from hetspec.workers.target.hf_loading import load_causal_lm
+from hetspec.workers.common.hf_loading import load_causal_lm
 from hetspec.workers.target.packed_linear import PackedLinear, onednn_available, pack_linears
 
 from helpers import TARGET

@@ -2,10 +2,11 @@
 
 Vanilla is plain autoregressive `generate` (the denominator of every speedup);
 PLD is transformers' prompt lookup decoding (`prompt_lookup_num_tokens`). Both
-load the target exactly as the engine's target worker does (hf_loading.load_causal_lm
-on the resolved model spec), in the same dtype, so the comparison is between
-decoding methods, not between loaders. They may use every core (docs/performance.md, "How to measure"): they run while
-the engine's processes sit idle waiting on their sockets.
+load the target exactly as the engine's target worker does
+(hetspec.workers.common.hf_loading.load_causal_lm on the resolved model spec), in the same
+dtype, so the comparison is between decoding methods, not between loaders.
+They may use every core (docs/performance.md, "How to measure"): they run while the
+engine's processes sit idle waiting on their sockets.
 
 Time to first token comes from a streamer that notes when generate pushes its
 first new token, so it is measured inside the timed run rather than by an
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from hetspec.models import resolve_model
-from hetspec.workers.target.hf_loading import eos_token_ids, load_causal_lm
+from hetspec.workers.common.hf_loading import eos_token_ids, load_causal_lm
 
 PLD_NUM_TOKENS = 10    # transformers' documented default for prompt lookup
 

@@ -68,39 +68,10 @@ class SamplingParams:
     speculation: Speculation | None = None   # None: the config's ([decoding] speculation)
 
     def __post_init__(self):
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop
-        _check(isinstance(stop, (list, tuple)) and all(isinstance(s, str) and s for s in stop),
-               "stop must be a non-empty string or a list of non-empty strings")
-        for i, s in enumerate(stop):
-            check_text(f"stop string {i}", s)
-        object.__setattr__(self, "stop", tuple(stop))
-        _check_int("max_new_tokens", self.max_new_tokens, 1, MAX_INT32)
-        _check_real("temperature", self.temperature, 0, MAX_TEMPERATURE)
-        _check(_is_real(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {show(self.top_p)}")
-        _check_int("top_k", self.top_k, 0, MAX_INT32, " (0 disables it)")
-        if self.seed is not None:
-            _check_int("seed", self.seed, 0, MAX_SEED, " or None")
-        _check(_one_of(self.mode, Mode), f"unknown mode {show(self.mode)}; modes: {', '.join(Mode.values())}")
-        object.__setattr__(self, "mode", Mode(self.mode))
-        _check(self.speculation is None or _one_of(self.speculation, Speculation),
-               f"speculation must be one of {', '.join(Speculation.values())} or None, got {show(self.speculation)}")
-        if self.speculation is not None:
-            object.__setattr__(self, "speculation", Speculation(self.speculation))
-        if self.gamma is not None:
-            _check_int("gamma", self.gamma, 1, MAX_WINDOW, " or None")
-        if self.sequences != DYNAMIC and self.sequences is not None:
-            _check_int("sequences", self.sequences, 1, MAX_WINDOW, ", 'dynamic' or None")
-        _check(isinstance(self.cache_prompt, bool), f"cache_prompt must be true or false, got {show(self.cache_prompt)}")
-        if self.timeout_s is not None:
-            _check(_is_real(self.timeout_s) and 0 < self.timeout_s <= MAX_TIMEOUT_S,
-                   f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}] or None, got {show(self.timeout_s)}")
-            object.__setattr__(self, "timeout_s", float(self.timeout_s))
-        for name in ("temperature", "top_p"):
-            object.__setattr__(self, name, float(getattr(self, name)))
-        for name in ("max_new_tokens", "top_k", "seed", "gamma", "sequences"):   # plain ints (numpy's, too)
-            value = getattr(self, name)
-            if _is_int(value):
-                object.__setattr__(self, name, int(value))
+        """Each field checked by its rule (RULES, in the order the errors are raised) and kept
+        as the rule returns it: plain ints and floats (numpy's too), Choices, a tuple of stops."""
+        for name, rule in RULES:
+            object.__setattr__(self, name, rule(name, getattr(self, name)))
 
     @property
     def greedy(self) -> bool:
@@ -120,6 +91,81 @@ class SamplingParams:
 
 
 FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def _integer(low: int, high: int, alternatives: str = "", optional: bool = False):
+    """A rule: an integer in low..high (or None, if optional), kept as a plain int."""
+    def rule(name: str, value):
+        if optional and value is None:
+            return None
+        _check_int(name, value, low, high, alternatives)
+        return int(value)
+    return rule
+
+
+def _temperature(name: str, value) -> float:
+    _check_real(name, value, 0, MAX_TEMPERATURE)
+    return float(value)
+
+
+def _top_p(name: str, value) -> float:
+    _check(_is_real(value) and 0 < value <= 1, f"top_p must be in (0, 1], got {show(value)}")
+    return float(value)
+
+
+def _stop(name: str, value) -> tuple[str, ...]:
+    stop = [value] if isinstance(value, str) else value
+    _check(isinstance(stop, (list, tuple)) and all(isinstance(s, str) and s for s in stop),
+           "stop must be a non-empty string or a list of non-empty strings")
+    for i, s in enumerate(stop):
+        check_text(f"stop string {i}", s)
+    return tuple(stop)
+
+
+def _mode(name: str, value) -> Mode:
+    _check(_one_of(value, Mode), f"unknown mode {show(value)}; modes: {', '.join(Mode.values())}")
+    return Mode(value)
+
+
+def _speculation(name: str, value) -> Speculation | None:
+    _check(value is None or _one_of(value, Speculation),
+           f"speculation must be one of {', '.join(Speculation.values())} or None, got {show(value)}")
+    return None if value is None else Speculation(value)
+
+
+def _sequences(name: str, value):
+    if value == DYNAMIC or value is None:
+        return value
+    return _integer(1, MAX_WINDOW, ", 'dynamic' or None")(name, value)
+
+
+def _flag(name: str, value) -> bool:
+    _check(isinstance(value, bool), f"{name} must be true or false, got {show(value)}")
+    return value
+
+
+def _timeout(name: str, value) -> float | None:
+    if value is None:
+        return None
+    _check(_is_real(value) and 0 < value <= MAX_TIMEOUT_S,
+           f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}] or None, got {show(value)}")
+    return float(value)
+
+
+RULES = (
+    ("stop", _stop),
+    ("max_new_tokens", _integer(1, MAX_INT32)),
+    ("temperature", _temperature),
+    ("top_p", _top_p),
+    ("top_k", _integer(0, MAX_INT32, " (0 disables it)")),
+    ("seed", _integer(0, MAX_SEED, " or None", optional=True)),
+    ("mode", _mode),
+    ("speculation", _speculation),
+    ("gamma", _integer(1, MAX_WINDOW, " or None", optional=True)),
+    ("sequences", _sequences),
+    ("cache_prompt", _flag),
+    ("timeout_s", _timeout),
+)
 
 
 def check_prompt(prompt, messages) -> str | list[int] | None:

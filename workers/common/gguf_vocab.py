@@ -57,28 +57,36 @@ def end_of_generation_tokens(path: str) -> list[int]:
     ids: dict[str, int] = {}
     for i, text in enumerate(tokens):
         ids.setdefault(text, i)
+    eog = {ids[text] for text in EOG_TEXTS if text in ids} | _named_tokens(meta, ids, len(tokens))
+    return sorted(_less_exceptions(eog, tokens))
 
+
+def _named_tokens(meta: dict, ids: dict[str, int], n_tokens: int) -> set[int]:
+    """The fill-in-the-middle tokens and the eos, eot and eom tokens the metadata names (or
+    llama.cpp's defaults for them), those in the vocabulary."""
     def named(key: str, default: int | None) -> int | None:
         """The id the metadata names under key if in the vocabulary, else the default if it is."""
         value = meta.get(key)
-        if isinstance(value, int) and 0 <= value < len(tokens):
+        if isinstance(value, int) and 0 <= value < n_tokens:
             return value
-        return default if default is not None and default < len(tokens) else None
+        return default if default is not None and default < n_tokens else None
 
-    eog = {ids[text] for text in EOG_TEXTS if text in ids}
-    for key, texts in FIM_TEXTS.items():
-        # llama.cpp takes the first such text its hash map yields; here the lowest id
-        found = named(key, min((ids[t] for t in texts if t in ids), default=None))
-        eog.update(() if found is None else (found,))
-    eos = named(Keys.Tokenizer.EOS_ID, DEFAULT_EOS.get(meta.get(Keys.Tokenizer.MODEL), 2))
-    for found in (eos, named(Keys.Tokenizer.EOT_ID, None), named(Keys.Tokenizer.EOM_ID, None)):
-        eog.update(() if found is None else (found,))
+    # llama.cpp takes the first FIM text its hash map yields; here the lowest id
+    found = [named(key, min((ids[t] for t in texts if t in ids), default=None)) for key, texts in FIM_TEXTS.items()]
+    found += [named(Keys.Tokenizer.EOS_ID, DEFAULT_EOS.get(meta.get(Keys.Tokenizer.MODEL), 2)),
+              named(Keys.Tokenizer.EOT_ID, None), named(Keys.Tokenizer.EOM_ID, None)]
+    return {i for i in found if i is not None}
+
+
+def _less_exceptions(eog: set[int], tokens: list[str]) -> set[int]:
+    """Without <|end|> where <|call|> and <|return|> (or their kin) end generation too, and
+    without </s> where <|tool_response> does."""
     texts = {tokens[i] for i in eog}
     if "<|end|>" in texts and texts & {"<|call|>", "<|calls|>"} and texts & {"<|return|>", "<|flush|>"}:
-        eog -= {i for i in eog if tokens[i] == "<|end|>"}
+        eog = {i for i in eog if tokens[i] != "<|end|>"}
     if "<|tool_response>" in texts and "</s>" in texts:
-        eog -= {i for i in eog if tokens[i] == "</s>"}
-    return sorted(eog)
+        eog = {i for i in eog if tokens[i] != "</s>"}
+    return eog
 
 
 def read_vocab_metadata(path: str) -> dict:

@@ -1,7 +1,9 @@
-"""What code driving llama.cpp's C API shares: its default model parameters where they run,
-one batch decoded, and freeing what it allocated."""
+"""What code driving llama.cpp's C API shares: opening a model and its context (llama.cpp's
+log silenced), its default model parameters where they run, one batch decoded, and freeing
+what it allocated."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import signal
@@ -9,6 +11,10 @@ import subprocess
 import sys
 
 import llama_cpp
+
+# llama.cpp logs every load step to stderr. The C side keeps this pointer: it lives as long
+# as the module, so the callback is never garbage-collected under it.
+_SILENT_LOG = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
 
 # A child decodes 8 tokens of the file with llama.cpp's defaults, its exit status the verdict.
 _PROBE = """import os, sys, llama_cpp
@@ -21,6 +27,25 @@ ctx = llama_cpp.llama_init_from_model(model, params)
 tokens = (llama_cpp.llama_token * 8)(*range(1, 9))
 sys.exit(llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tokens, 8)))
 """
+
+
+def open_model(path: str, context_params, model_params=None, shape: str = ""):
+    """(model, context) of the GGUF file `path`; model_params default to default_model_params.
+    A failure is an exception naming the file (and `shape`, the context asked for), with
+    nothing left allocated."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"GGUF model file not found: {path}")
+    llama_cpp.llama_log_set(_SILENT_LOG, ctypes.c_void_p(0))
+    if model_params is None:
+        model_params = default_model_params(path)
+    model = llama_cpp.llama_model_load_from_file(os.fsencode(path), model_params)
+    if not model:
+        raise RuntimeError(f"llama.cpp failed to load model from {path}")
+    ctx = llama_cpp.llama_init_from_model(model, context_params)
+    if not ctx:
+        llama_cpp.llama_model_free(model)
+        raise RuntimeError(f"llama.cpp failed to create a context for {path} ({shape})")
+    return model, ctx
 
 
 def default_model_params(path: str):

@@ -61,39 +61,44 @@ class Drafter:
         Each token is the argmax, the keyed draw at its position (the same draw the
         target makes, core/sampling.draw_keyed) or the generator's next, by the rule;
         only the last needs the distributions returned (accept_sampled)."""
-        greedy, keep_rows = sampling.rule is Rule.GREEDY, sampling.rule is Rule.UNKEYED
+        keep_rows = sampling.rule is Rule.UNKEYED
         dist, choose = self._distribution_fn(sampling), self._choose_fn(sampling)
         first = dist(self.sync(context))
-        start = len(context)
-
         if plan is None:
             self._likeliest = ([], [], None, None, False)
             branch, rows = self._extend([choose(first)], [first], gamma, dist, choose)
             return DraftOutput([branch], [rows] if keep_rows else [])
 
-        k = 1 if plan.sequences == "dynamic" else plan.sequences
         candidates = first_tokens(first, min(plan.max_sequences, len(first)))
         if sampling.rule is Rule.KEYED:        # the target's likeliest draw first
             drawn = choose(first)
             candidates = [drawn] + [c for c in candidates if c != drawn][:len(candidates) - 1]
-        second = None
-        lengths = split_budget(gamma, k)
-        if plan.sequences == "dynamic" and gamma >= 4 and plan.max_sequences > 1:
-            second = dist(self._feed([candidates[0]], start))
-            as_probs = softmax if greedy else (lambda d: d)
-            first_p = as_probs(first)
-            k = count_sequences(first_p, float(as_probs(second).max()), plan.max_sequences)
-            lengths = allocate_budget(gamma, [float(first_p[c]) for c in candidates[:k]], plan.acceptance)
+        lengths, second = self._budgets(first, candidates, gamma, plan, sampling.rule is Rule.GREEDY, dist)
         branches, rows = [None] * len(lengths), [None] * len(lengths)
         # Alternatives first, the most likely branch last: its KV entries then stay
         # in the cache, ready for the next window when the target picks it.
         for i in range(len(lengths) - 1, -1, -1):
             reuse = second if (i == 0 and len(lengths) == 1) else None
             if reuse is None:
-                self.n_cached = start          # rewind: the next forward drops the rest
+                self.n_cached = len(context)   # rewind: the next forward drops the rest
             branches[i], rows[i] = self._extend([candidates[i]], [first], lengths[i], dist, choose, reuse)
         self._likeliest = (branches[0], rows[0], dist, choose, keep_rows)
         return DraftOutput(branches, rows if keep_rows else [])
+
+    def _budgets(self, first, candidates: list[int], gamma: int, plan: BranchPlan, greedy: bool, dist):
+        """(each branch's length, the distribution after the likeliest first token or None).
+        A fixed number of branches splits gamma evenly; a dynamic one drafts one token past
+        the likeliest first to see how sure the draft is (count_sequences), then gives each
+        branch a budget by how likely its first token is."""
+        if plan.sequences != "dynamic":
+            return split_budget(gamma, plan.sequences), None
+        if gamma < 4 or plan.max_sequences <= 1:
+            return split_budget(gamma, 1), None
+        second = dist(self._feed([candidates[0]], self.n_cached))
+        as_probs = softmax if greedy else (lambda d: d)
+        first_p = as_probs(first)
+        k = count_sequences(first_p, float(as_probs(second).max()), plan.max_sequences)
+        return allocate_budget(gamma, [float(first_p[c]) for c in candidates[:k]], plan.acceptance), second
 
     def extend(self, limit: int):
         """Keep growing the likeliest branch of the last speculative draft, one

@@ -8,19 +8,14 @@ the last token, so we drive llama_decode directly and read one row.
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Sequence
 
 import llama_cpp
 import numpy as np
 
-from hetspec.workers.common.llama_handles import default_model_params, free
+from hetspec.workers.common.llama_handles import free, open_model
 
 llama_cpp.llama_backend_init()
-
-# llama.cpp logs every load step to stderr. Keep a module-level reference so the
-# C side never calls a garbage-collected callback.
-_SILENT_LOG = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
 SINGLE_PASSES_UP_TO = 3   # tokens; see forward()
 
 
@@ -32,16 +27,8 @@ class LlamaCppModel:
 
         llama.cpp may round n_ctx up (to a multiple of 256); `self.n_ctx` is the real size.
         """
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"GGUF model file not found: {path}")
-        llama_cpp.llama_log_set(_SILENT_LOG, ctypes.c_void_p(0))
         self._model = self._ctx = self._batch = None
         self._state_layout = None
-
-        self._model = llama_cpp.llama_model_load_from_file(os.fsencode(path), default_model_params(path))
-        if not self._model:
-            raise RuntimeError(f"llama.cpp failed to load model from {path}")
-
         self._n_batch = min(n_ctx, 512)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -51,10 +38,7 @@ class LlamaCppModel:
         # Keep the whole sliding-window (SWA) cache, e.g. for Gemma 3: a reduced
         # SWA cache drops old positions, and rolling back then cannot restore them.
         params.swa_full = True
-        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
-        if not self._ctx:
-            self.close()
-            raise RuntimeError(f"llama.cpp failed to create a context for {path} (n_ctx={n_ctx})")
+        self._model, self._ctx = open_model(path, params, shape=f"n_ctx={n_ctx}")
 
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self._mem = llama_cpp.llama_get_memory(self._ctx)

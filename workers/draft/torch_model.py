@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from hetspec.ipc.specs import ModelSpec
-from hetspec.workers.target.hf_loading import load_causal_lm
-from hetspec.workers.target.kv_model import KVModel
+from hetspec.workers.common.hf_loading import load_causal_lm
+from hetspec.workers.common.kv_model import KVModel
 
 
 class TorchDraftModel:

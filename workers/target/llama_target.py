@@ -25,13 +25,12 @@ llama.cpp's arithmetic, reading each weight row once for the whole window.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Sequence
 
 import numpy as np
 
-from hetspec.workers.common.llama_handles import free
+from hetspec.workers.common.llama_handles import free, open_model
 from hetspec.workers.kernels import output_head
 from hetspec.workers.target.windows import checked_window
 
@@ -40,7 +39,6 @@ os.environ["GGML_CPU_TILED_MM"] = "0"     # ggml reads it once, at the process's
 import llama_cpp
 
 llama_cpp.llama_backend_init()
-_SILENT_LOG = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
 MAX_PASS = 32           # tokens a llama_decode call: under flash attention's tiled path (64)
 FLASH_ATTENTION_ON = 1  # llama_flash_attn_type: -1 auto, 0 off, 1 on
 
@@ -64,20 +62,14 @@ class LlamaTarget:
 
     def __init__(self, path: str, n_ctx: int, caches: int, threads: int, cache_root: str = "",
                  own_output_layer: bool = True):
-        if not os.path.isfile(path):
+        if not os.path.isfile(path):    # read here before llama.cpp opens it (its float products, its output layer)
             raise FileNotFoundError(f"GGUF model file not found: {path}")
         if LLAMAFILE and (floats := float_products(path)):
             raise ValueError(f"{path} multiplies by float weights ({floats[0]}, and {len(floats) - 1} more), which "
                              "this llama.cpp build (with llamafile's sgemm) does not compute batch-invariantly: use a "
                              "quantized file, [target] backend = \"transformers\", or llama-cpp-python built with "
                              "CMAKE_ARGS=-DGGML_LLAMAFILE=OFF")
-        llama_cpp.llama_log_set(_SILENT_LOG, ctypes.c_void_p(0))
         self._model = self._ctx = self._batch = None
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.use_extra_bufts = False
-        self._model = llama_cpp.llama_model_load_from_file(os.fsencode(path), mparams)
-        if not self._model:
-            raise RuntimeError(f"llama.cpp failed to load model from {path}")
         params = llama_cpp.llama_context_default_params()
         params.n_ctx, params.n_seq_max, params.kv_unified = n_ctx * caches, caches, False
         params.n_batch = params.n_ubatch = MAX_PASS
@@ -88,10 +80,9 @@ class LlamaTarget:
         if self.head is not None:
             params.cb_eval, params.cb_eval_user_data = self.head.callback, self.head.user_data
         self.threads = threads
-        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
-        if not self._ctx:
-            self.close()
-            raise RuntimeError(f"llama.cpp failed to create a context for {path} (n_ctx={n_ctx}, caches={caches})")
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.use_extra_bufts = False
+        self._model, self._ctx = open_model(path, params, mparams, f"n_ctx={n_ctx}, caches={caches}")
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)

@@ -45,7 +45,7 @@ class KVModel:
 
     @staticmethod
     def _new_cache():
-        from hetspec.workers.target.kv_cache import growing_cache
+        from hetspec.workers.common.kv_cache import growing_cache
 
         return growing_cache()
 
