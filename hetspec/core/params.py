@@ -5,7 +5,7 @@ the wire into both workers, so every parameter is defined here and nowhere else.
 Every number is bounded here, whoever sent it: NaN, infinities and integers
 past a bound are refused with a RequestError naming the field. The engine then
 applies its own limits (its context, max_gamma, max_sequences, its per-request
-maximum of new tokens) in scheduler/requests.py.
+maximum of new tokens) in scheduler/resolve.py.
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from hetspec.core.params import Choice
 
 class Rule(Choice):
     """How the target's tokens are chosen, and so which draft tokens it keeps
-    (core/acceptance.py). Decided once per request (scheduler/requests.py)."""
+    (core/acceptance.py). Decided once per request (scheduler/resolve.py)."""
     GREEDY = "greedy"      # the target's argmax
     KEYED = "keyed"        # the target's keyed draw at each position (draw_keyed): seeded sampling, or any
                            # sampling with a draft of another vocabulary
