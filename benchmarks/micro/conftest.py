@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 
 import pytest
 
@@ -40,13 +39,13 @@ def context_ids(resolved) -> list[int]:
     return ids[:CONTEXT_TOKENS]
 
 
-@contextmanager
-def running_scheduler(config: dict, **decoding):
+@pytest.fixture(scope="module")
+def scheduler(bench_config, request):
     """The engine's workers started as the launcher starts them, the scheduler in this process with its
-    links at hand; `decoding` overrides [decoding]. This process's cores are given back after (the
+    links at hand; a suite's DECODING overrides [decoding]. This process's cores are given back after (the
     scheduler pins it), or the next suite's config would name cores it no longer has."""
-    config = {section: dict(values) for section, values in config.items()}
-    config.setdefault("decoding", {}).update(decoding)
+    config = {section: dict(values) for section, values in bench_config.items()}
+    config.setdefault("decoding", {}).update(getattr(request.module, "DECODING", {}))
     affinity = os.sched_getaffinity(0)
     launcher, scheduler = Launcher(load_config(config)), None
     try:

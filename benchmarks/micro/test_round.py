@@ -6,17 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetspec.benchmarks.micro.conftest import GAMMA, running_scheduler
+from hetspec.benchmarks.micro.conftest import GAMMA
 from hetspec.core.acceptance import accept_greedy
 from hetspec.core.branches import pick_branch
 from hetspec.core.sampling import GREEDY
 from hetspec.ipc.messages import BranchPlan
 
-
-@pytest.fixture(scope="module")
-def scheduler(bench_config):
-    with running_scheduler(bench_config, gamma=GAMMA, sequences="dynamic") as scheduler:
-        yield scheduler
+DECODING = {"gamma": GAMMA, "sequences": "dynamic"}      # the scheduler fixture's [decoding]
 
 
 @pytest.fixture(scope="module")

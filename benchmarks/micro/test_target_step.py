@@ -3,18 +3,10 @@ ahead (mode target); extra_info keeps what the step costs beside the model."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from hetspec.benchmarks.micro.conftest import running_scheduler
 from hetspec.core.sampling import GREEDY
 
 ROUNDS = 200       # steps decoded ahead, timed one by one
-
-
-@pytest.fixture(scope="module")
-def scheduler(bench_config):
-    with running_scheduler(bench_config) as scheduler:
-        yield scheduler
 
 
 def test_target_alone_round(benchmark, scheduler, context_ids):
