@@ -80,8 +80,11 @@ class ClientProcesses:
                                  "--seed", str(self.seed * 1000 + index), "--stop-file", self.stop_file,
                                  "--cancel-p", str(self.cancel_p)], stdout=subprocess.PIPE, text=True)
         self.procs[index] = proc
-        threading.Thread(target=lambda: [self.events.put((index, json.loads(line))) for line in proc.stdout],
-                         daemon=True).start()
+        threading.Thread(target=self._read, args=(index, proc), daemon=True).start()
+
+    def _read(self, index: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.events.put((index, json.loads(line)))
 
     def hung(self) -> bool:
         return any(time.monotonic() - t > HANG_S for t in self.open.values())
