@@ -1,15 +1,11 @@
-"""A target on a GPU, measured: the verify cost curve the engine calibrates (1 to 32
-tokens a pass), the draft budget it picks from it, the same model's plain `generate`
-on the GPU (the peer there), and where the rounds' time goes with a CPU draft, each
-mode in turn, speculation forced.
+"""A target on a GPU, measured: the verify costs the engine calibrates and the budget it picks,
+the same model's plain `generate` there, and where each mode's rounds' time goes with a CPU draft.
 
     python -m hetspec.benchmarks.gpu_profile [--target SPEC] [--draft SPEC] [--dtype bfloat16]
         [--tokens 64] [--prompts 3] [--out FILE.json]
 
-The default target is a randomly initialised model shaped as Llama 2 7B (hidden 4096,
-32 layers of 32 heads, MLP 11008, 32,000 tokens) and the default draft a random one
-shaped as the 68M-parameter Llama drafts of the paper: both random, so acceptance is
-meaningless and the point is the costs. Needs CUDA; prints one JSON object.
+The defaults are random models shaped as Llama 2 7B and the paper's 68M Llama draft: acceptance
+means nothing, the costs are the point. Needs CUDA; prints one JSON object.
 """
 from __future__ import annotations
 
@@ -18,6 +14,7 @@ import json
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 LLAMA2_7B = "random:vocab=32000,hidden=4096,layers=32,heads=32,intermediate=11008,seed=0,init=device"
 LLAMA_68M = "random:vocab=32000,hidden=768,layers=2,heads=12,intermediate=3072,seed=1"
@@ -39,9 +36,8 @@ def prompts(n: int, vocab: int) -> list[list[int]]:
 
 
 def profile_modes(engine, ids: list[list[int]], tokens: int, gamma: int) -> dict:
-    """Per mode: tokens/s over the requests, and a speculative round's draft, verify,
-    wall and overhead time (ms), from the engine's own statistics. The speculative
-    modes draft `gamma` tokens a round however few are accepted (a random draft's none)."""
+    """Per mode: tokens/s, and a speculative round's draft, verify, wall and overhead ms from the engine's
+    statistics; the speculative modes draft `gamma` tokens a round however few are accepted."""
     out = {}
     for mode, speculation in MODES:
         fixed = {} if mode == "target" else {"gamma": gamma}
@@ -63,9 +59,8 @@ def profile_modes(engine, ids: list[list[int]], tokens: int, gamma: int) -> dict
 
 
 def in_process(target: str, dtype: str, ids: list[list[int]], tokens: int) -> dict:
-    """The target in this process, no engine: its pass through the engine's own KV cache
-    (workers/common/kv_model.py) one token at a time and as windows after a crop, and the
-    same model's greedy `generate` on the GPU, the user's alternative there."""
+    """The target in this process: its passes through the engine's KV cache, and its greedy `generate`
+    (the user's alternative on a GPU)."""
     import torch
 
     from hetspec.models import resolve_model
@@ -90,14 +85,15 @@ def _kv_model_passes(kv, prompt: list[int], tokens: int) -> dict:
         start = time.perf_counter()
         kv.forward([7], len(prompt) + i, all_logits=False)[-1, 0].item()
         steps.append(time.perf_counter() - start)
-    out = {"step": [round(1e3 * float(np.median(steps)), 2), round(1e3 * min(steps), 2)]}
+    ms = lambda times: [round(1e3 * float(np.median(times)), 2), round(1e3 * min(times), 2)]
+    out = {"step": ms(steps)}
     for n in (2, 4, 8, 16, 32):
         times = []
         for _ in range(8):
             start = time.perf_counter()
             kv.forward(list(range(1, n + 1)), len(prompt), all_logits=True)[-1, 0].item()
             times.append(time.perf_counter() - start)
-        out[f"window {n}"] = [round(1e3 * float(np.median(times)), 2), round(1e3 * min(times), 2)]
+        out[f"window {n}"] = ms(times)
     return out
 
 
@@ -151,8 +147,7 @@ def main(argv=None) -> int:
     text = json.dumps(doc, indent=1)
     print(text)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        Path(args.out).write_text(text)
     return 0
 
 

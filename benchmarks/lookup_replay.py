@@ -2,15 +2,10 @@
 
     python -m hetspec.benchmarks.lookup_replay [--config gemma3-smollm2] [--limit 4] [--max-new-tokens 128]
 
-The engine decodes each prompt greedily in mode `target`, which never guesses. Its
-tokens are then replayed through the decoder's own rule for a rest's guesses
-(PromptLookup, sized by Windows.lookup from each match length's hit rate), each pass
-costed at the measured time of its window on the native target (NativeTarget.forward
-after a 256-token context, fastest of 5, --threads threads, as a rest runs it) plus
---overhead-ms for the scheduler's share of a pass. The guess lengths follow the same
-measured times (a CostModel made of them). Per category: the target alone's time for
-the same tokens over lookup's, what a rest gains without the draft's probes; and how
-often guesses held, by match length. It needs a config whose target is a GGUF file.
+Mode `target` never guesses; its tokens are replayed through a rest's own guessing rule
+(PromptLookup sized by Windows.lookup), each pass costed at its window's measured time on
+the native target plus --overhead-ms. Per category: the target alone's time over lookup's,
+and how often guesses held, by match length. The config's target must be a GGUF file.
 """
 from __future__ import annotations
 
@@ -102,8 +97,7 @@ def main(argv=None) -> int:
     if not model.gguf_file:
         raise SystemExit(f"{args.config}: its target is not a GGUF file; the replay times the native target")
     texts = greedy_texts(args.config, args.categories, args.limit, args.max_new_tokens)
-    largest = config.decoding.lookup + 1
-    measured = window_seconds(model.file, args.threads, largest)
+    measured = window_seconds(model.file, args.threads, config.decoding.lookup + 1)
     windows = Windows(1, False, config.decoding.max_gamma, CostModel(1.0, measured), config.decoding.lookup)
     pass_s = lambda n: measured[n] + args.overhead_ms / 1e3
     print(f"{args.config}, {args.threads} thread(s): a pass of n tokens, ms: "
@@ -115,9 +109,8 @@ def main(argv=None) -> int:
         cell = by_category[category]
         cell[0] += seconds
         cell[1] += (len(out) - 1) * pass_s(1)
-        for n, (guessed, kept) in held.items():
-            cell[2][n][0] += guessed
-            cell[2][n][1] += kept
+        for n, counts in held.items():
+            cell[2][n] = [a + b for a, b in zip(cell[2][n], counts)]
     for category, (seconds, alone, held) in by_category.items():
         if not seconds:
             print(f"  {category}: no token after the first to replay")

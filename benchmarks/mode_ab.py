@@ -1,16 +1,12 @@
-"""Modes taking turns on one engine: each prompt runs in every mode before the next
-prompt, so a machine that drifts within the hour drifts for all of them alike.
-Prints each request's decode tok/s after its first token and what the engine did
-(speculative rounds, rests, lookup, the fallback's reason), then each mode's pooled
-decode tok/s, its ratio to the first mode's, its speculative rounds and the drafted
-tokens that held. Exits 1 if greedy outputs disagree.
+"""Modes taking turns on one engine, each prompt in every mode before the next, so that a
+machine's drift falls on all alike. Prints each request's decode tok/s and what the engine
+did, then each mode's pooled tok/s against the first mode's. Exits 1 if greedy outputs disagree.
 
     python -m hetspec.benchmarks.mode_ab --config qwen2.5-coder --modes target duodec sequential \\
         --categories stubs --limit 4 --max-new-tokens 96
 
-`--speculation always` forces every round of the speculative modes to draft: what the
-overlap gains over drafting before verifying where the gate would rest. With
-`--repeats 2` the second pass takes the modes in reverse order, so drift falls on all alike:
+`--speculation always` makes every round of the speculative modes draft; with `--repeats 2`
+the second pass takes the modes in reverse order:
 
     python -m hetspec.benchmarks.mode_ab --config gemma3-smollm2 --modes target duodec sequential \\
         --speculation always --categories code continuation --max-new-tokens 64 --repeats 2

@@ -1,10 +1,6 @@
-"""A GGUF file shaped like a real one, with random weights: for timing on a machine that
-the real file cannot reach (a lent GPU machine takes 64 MiB from here, and fetches nothing).
-
-The shaped file keeps the real file's header whole (its metadata, its tokenizer, every
-tensor's name, shape, type and offset); only the weights are random. Their blocks' scales
-are small and finite, so activations stay finite; a pass's time does not depend on the
-weights' values. Outputs are meaningless: use it for speed alone.
+"""A GGUF file shaped like a real one, with random weights, for timing on a machine the real
+file cannot reach: the header whole, the weights random with small scales (activations stay
+finite, and a pass's time does not depend on the values). Outputs are meaningless.
 
     python -m hetspec.benchmarks.shaped_gguf header REAL.gguf OUT.header    # the header's bytes
     python -m hetspec.benchmarks.shaped_gguf expand OUT.header SHAPED.gguf  # header + random weights

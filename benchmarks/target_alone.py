@@ -1,15 +1,10 @@
-"""The native target alone against llama.cpp's own loop (llama-bench), on the same GGUF
-file and the same cores: decoding after a 150-token context, prefill, and what a verify
-window of 4 and 8 tokens costs, on 1 thread, 2 and every core. The one timing loop for
-a target (scripts/gpu_check.sh runs it on a GPU machine's cores).
+"""The native target alone against llama-bench on the same GGUF file and cores: decode after
+a 150-token context, prefill, and verify windows of 4 and 8 tokens (scripts/gpu_check.sh runs it).
 
     python -m hetspec.benchmarks.target_alone [--model builtin:smollm2 ...] [--threads 1 2] [--out DIR]
 
-Each model is loaded once, its kernels already built (its load time is reported beside
-llama.cpp's). Per thread count hetspec and llama-bench take turns, REPS times, and each
-number is the median of its turns, so that both see the same drift of the machine.
-llama-bench comes from scripts/build_llama_cpp.sh (llama_bin.find_binaries finds it).
-The window costs are the native target's verify passes against llama-bench's pp4 and pp8.
+Per thread count the two take turns REPS times and each number is the median of its turns,
+so that both see the same drift of the machine. llama-bench: scripts/build_llama_cpp.sh.
 """
 from __future__ import annotations
 
@@ -35,9 +30,8 @@ MODELS = ("builtin:smollm2", "builtin:gemma3-270m")
 
 
 def hetspec_turn(model, threads: int, cores: list[int]) -> dict:
-    """One turn of the native target: prefill, decode after DEPTH, window costs (ms). Its
-    threads are pinned a core each, as the target worker pins them: left to float, two
-    threads share one core at times."""
+    """One turn of the native target: prefill, decode after DEPTH, window costs (ms); its threads
+    pinned a core each, as the worker pins them."""
     model.set_threads(threads)
     pin_threads(cores, threads, model.thread_ids)
     prompt = [int(t) for t in np.random.default_rng(0).integers(100, 5000, PREFILL)]
@@ -78,8 +72,8 @@ def _output(command: list[str]) -> str:
 
 def llama_load_s(bin_dir: Path, path: str, cores: list[int]) -> float | None:
     """llama.cpp's own load time of the file (llama-completion's "load time", one token)."""
-    done = subprocess.run(llama_bin.completion_command(bin_dir, path, len(cores), cores), capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run(llama_bin.completion_command(bin_dir, path, len(cores), cores), capture_output=True,
+                          text=True, check=False)
     try:
         return llama_bin.parse_timings(done.stderr + done.stdout)["load_ms"] / 1000
     except ValueError:
@@ -97,7 +91,7 @@ def measure(spec: str, thread_counts: list[int], bin_dir: Path) -> dict:
     found = resolve_model(spec)
     path, cache_root = found.file, os.path.dirname(found.cache_dir) if found.cache_dir else ""
     cores = sorted(os.sched_getaffinity(0))
-    load_library(cache_root)        # built once, as on every start but a machine's first
+    load_library(cache_root)        # the kernels built before the load is timed
     start = time.perf_counter()
     model = NativeTarget(path, n_ctx=512, caches=1, threads=1, cache_root=cache_root)
     result = {"model": spec, "file": os.path.basename(path), "bytes": os.path.getsize(path),

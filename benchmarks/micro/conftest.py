@@ -1,9 +1,7 @@
-"""Shared fixtures: the engine config, a realistic context, and the engine's scheduler
-built in this process, so that pytest-benchmark can time what it does."""
+"""The suites' fixtures: the engine config, a real context, and the scheduler built in this process."""
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 
 import pytest
 
@@ -33,7 +31,7 @@ def resolved(bench_config):
 
 @pytest.fixture(scope="session")
 def context_ids(resolved) -> list[int]:
-    """CONTEXT_TOKENS real tokens: the first summarization prompt, which is long enough."""
+    """CONTEXT_TOKENS real tokens, from the first summarization prompt."""
     tokenizer = Tokenizer(resolve_model(resolved.target.model, "target"))
     text = load_prompts(["summarization"], limit=1)[0].text
     ids = tokenizer.encode_prompt(text)
@@ -41,15 +39,13 @@ def context_ids(resolved) -> list[int]:
     return ids[:CONTEXT_TOKENS]
 
 
-@contextmanager
-def running_scheduler(config: dict, **decoding):
-    """The engine's two workers, started as the engine starts them (the launcher's run spec:
-    same specs, pinning, threads, shared memory), with the scheduler in this process: its
-    DraftLink and TargetLink at hand. `decoding` overrides the config's [decoding]. The
-    scheduler pins this process to its cores: they are given back after, or the next suite's
-    config would name cores this process no longer has."""
-    config = {section: dict(values) for section, values in config.items()}
-    config.setdefault("decoding", {}).update(decoding)
+@pytest.fixture(scope="module")
+def scheduler(bench_config, request):
+    """The engine's workers started as the launcher starts them, the scheduler in this process with its
+    links at hand; a suite's DECODING overrides [decoding]. This process's cores are given back after (the
+    scheduler pins it), or the next suite's config would name cores it no longer has."""
+    config = {section: dict(values) for section, values in bench_config.items()}
+    config.setdefault("decoding", {}).update(getattr(request.module, "DECODING", {}))
     affinity = os.sched_getaffinity(0)
     launcher, scheduler = Launcher(load_config(config)), None
     try:

@@ -1,11 +1,7 @@
-"""A stand-in target worker that does no compute, for timing IPC alone.
+"""A target worker that computes nothing, for timing IPC alone: the real worker loop, answering a
+VerifyCommand through shared memory as the target worker does (choices, and rows when sampling).
 
-It runs the real worker loop (hetspec.workers.common.process.serve) and answers a
-VerifyCommand the way the target worker does, reading the window from
-shared memory and writing choices (and, when sampling, probability rows)
-back, so a round trip through it costs exactly the engine's messaging.
-
-python -m hetspec.benchmarks.micro.echo_worker --endpoint ENDPOINT --spec '{"vocab": N, "rows": R}'
+    python -m hetspec.benchmarks.micro.echo_worker --endpoint ENDPOINT --spec '{"vocab": N, "rows": R}'
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""One draft step: the draft worker's own model (the native draft or llama.cpp,
-as the config makes it) evaluates one token after a 256-token context and the
-next token is taken greedily (what the draft worker does gamma times a round).
-Each step re-evaluates the same position, so the cache never grows."""
+"""One draft step (gamma of them make a round): the draft worker's model takes one token after the
+context and the next is taken greedily; each step re-evaluates the same position."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,11 +1,5 @@
-"""One IPC round trip between the scheduler side and a worker process.
-
-The scheduler side is hetspec's own TargetLink (what the engine uses); the
-worker is hetspec.benchmarks.micro.echo_worker, which computes nothing. Two payloads:
-a window of gamma + 1 token ids (greedy: only ids travel), and gamma + 1
-vocabulary-sized float32 probability rows (sampling), which the worker writes
-into shared memory and the scheduler reads back in full.
-"""
+"""One IPC round trip from the engine's TargetLink to echo_worker (no compute): a greedy window of
+gamma + 1 ids, and gamma + 1 vocabulary-sized probability rows that the scheduler reads in full."""
 from __future__ import annotations
 
 import json

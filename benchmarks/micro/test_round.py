@@ -1,29 +1,18 @@
-"""One whole DuoDecoding round through the real worker processes.
-
-The round as the decoder runs it: the target verifies [last committed token] +
-a pending window of gamma draft tokens while the draft drafts the next window
-(as branches, dynamic sequences) after it; then the scheduler applies the
-acceptance rule and picks the branch. Every repetition restarts from the same
-committed context, so the workers roll back exactly as after a rejection.
-Compare with test_draft_step x gamma and test_verify_pass[gamma+1]: the round
-should cost about the larger of the two plus a little orchestration.
-"""
+"""One whole DuoDecoding round through the real workers: verify a pending window while the draft
+drafts the next, then accept and pick a branch; each repeat rolls back as a rejection does. It should
+cost about the larger of test_draft_step x gamma and test_verify_pass[gamma+1], plus a little."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hetspec.benchmarks.micro.conftest import GAMMA, running_scheduler
+from hetspec.benchmarks.micro.conftest import GAMMA
 from hetspec.core.acceptance import accept_greedy
 from hetspec.core.branches import pick_branch
 from hetspec.core.sampling import GREEDY
 from hetspec.ipc.messages import BranchPlan
 
-
-@pytest.fixture(scope="module")
-def scheduler(bench_config):
-    with running_scheduler(bench_config, gamma=GAMMA, sequences="dynamic") as scheduler:
-        yield scheduler
+DECODING = {"gamma": GAMMA, "sequences": "dynamic"}      # the scheduler fixture's [decoding]
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,5 @@
-"""One row's draw after the target's logits: probabilities (temperature, top-p),
-then either the unkeyed draw (inverse CDF with a generator) or the keyed draw
-(core/sampling.draw_keyed), over SmolLM2's and Gemma 3's vocabularies, with and
-without a top-p nucleus. Random logits of a language model's spread stand in
-for real ones: the cost depends on the vocabulary and the support, not the values."""
+"""One row's draw after the target's logits, unkeyed or keyed, with and without a top-p nucleus; random
+logits stand in, as the cost depends on the vocabulary and the support, not the values."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,24 +1,12 @@
-"""One target-only step through the real target worker: asked for, as a rest runs it
-(the scheduler's link sends one token, the worker runs it, on the draft's cores too where
-the engine lends them, and answers with its choice), and decoded ahead, as mode `target`
-runs it. extra_info keeps the worker's
-own seconds for the pass, so `round - worker` is what a round costs beside the model:
-messages, wake-ups, the worker's Python around its kernels."""
+"""One target-only step through the real target worker, asked for (as a rest runs it) and decoded
+ahead (mode target); extra_info keeps what the step costs beside the model."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from hetspec.benchmarks.micro.conftest import running_scheduler
 from hetspec.core.sampling import GREEDY
 
 ROUNDS = 200       # steps decoded ahead, timed one by one
-
-
-@pytest.fixture(scope="module")
-def scheduler(bench_config):
-    with running_scheduler(bench_config) as scheduler:
-        yield scheduler
 
 
 def test_target_alone_round(benchmark, scheduler, context_ids):
@@ -39,9 +27,7 @@ def test_target_alone_round(benchmark, scheduler, context_ids):
 
 
 def test_target_alone_step_decoded_ahead(benchmark, scheduler, context_ids):
-    """The same step where the target decodes ahead (Decoder.ahead, mode target): the
-    scheduler takes a token it did not ask for. Against test_target_alone_round, the
-    difference is the round trip that running ahead hides."""
+    """The scheduler takes a token it did not ask for: against the round, what running ahead hides."""
     context = list(context_ids)
     borrow = scheduler.caps.alone_borrows_cores
     scheduler.target.start_verify(1, 0, np.asarray(context, np.int32), 0, 1, GREEDY, borrow, ahead=ROUNDS + 1)
@@ -59,8 +45,7 @@ def test_target_alone_step_decoded_ahead(benchmark, scheduler, context_ids):
 
 
 def _beside_the_model(benchmark, worker_s: list[float], context: int, borrow: bool) -> None:
-    """The worker's own median seconds for the pass, and the rest of the measured median
-    (none under --benchmark-disable, which measures nothing)."""
+    """The worker's median seconds for the pass, and the rest of the measured median (none when disabled)."""
     worker = float(np.median(worker_s))
     if benchmark.stats is None:
         return

@@ -1,8 +1,5 @@
-"""One verify pass of the target: 1 token (plain decoding) and gamma + 1 tokens (a
-DuoDecoding window plus the last committed token) after a 256-token context, on
-one thread as the target worker runs on a 2-core machine, with the worker's own
-kernels (cpu_kernels). Each pass first crops the cache back to the context, as a
-rejected window does."""
+"""One verify pass of 1 and gamma + 1 tokens after the context, on one thread with the worker's own
+kernels; each pass first crops the cache back, as a rejected window does."""
 from __future__ import annotations
 
 import pytest

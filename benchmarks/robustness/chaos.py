@@ -1,14 +1,11 @@
-"""hetspec-chaos: clients stream requests while their processes, the draft and the
-target are killed with SIGKILL at random; then count what survived.
+"""hetspec-chaos: clients stream requests while the draft, the target and clients are
+killed with SIGKILL at random; then count what survived (benchmarks/README.md).
 
     hetspec-chaos                              30 kills, 8 clients, the embedded default
-    hetspec-chaos --kills 4 --clients 4        a short form (the test suite runs one)
-    hetspec-chaos --kills 0 --requests 1000    a soak: each process's memory after the
-                                               first 100 requests against the end
+    hetspec-chaos --kills 0 --requests 1000    a soak: memory after --settle requests against the end
 
-Prints a table and writes OUT/chaos.json and OUT/chaos.md. Exits 1 if a request
-hung, a request was lost to a draft kill, a greedy completion differed from the
-target's own output, memory grew (soak), or anything was left behind.
+Exits 1 if a request hung or was lost to a draft kill, a greedy completion differed from
+the target's own output, memory grew (soak), or anything was left behind.
 """
 from __future__ import annotations
 
@@ -35,14 +32,15 @@ JOBS = [("The capital of France is", 16, 0.0), ("Write a haiku about the sea.", 
         ("def fibonacci(n):", 32, 0.7)]
 HANG_S = 120           # a request open this long has hung
 RUNTIME_FILES = {"run.json", "ready", "scheduler.log", "draft.log", "target.log", "client.sock", "draft.sock", "target.sock"}
+COUNTS = ("requests", "exact", "sampled", "cancelled", "client killed", "inexact", "aborted (target killed)",
+          "other errors", "lost to a draft kill", "hung", "finished target-only")
 
 
 def client_main(endpoint: str, seed: int, stop_file: str, cancel_p: float) -> None:
     """One client process: stream random jobs until the stop file appears; one JSON line per event."""
     import hetspec
 
-    rng = random.Random(seed)
-    engine = hetspec.connect(endpoint)
+    rng, engine = random.Random(seed), hetspec.connect(endpoint)
     while not os.path.exists(stop_file):
         job = rng.randrange(len(JOBS))
         prompt, max_new, temperature = JOBS[job]
@@ -73,12 +71,11 @@ class ClientProcesses:
         self.events: queue.Queue = queue.Queue()
         self.procs: dict[int, subprocess.Popen] = {}
         self.open: dict[int, float] = {}     # client index -> when its request started
-        self.spawned = 0
         for _ in range(n):
             self.spawn()
 
     def spawn(self) -> None:
-        index, self.spawned = self.spawned, self.spawned + 1
+        index = len(self.procs)
         proc = subprocess.Popen([sys.executable, "-m", "hetspec.benchmarks.robustness.chaos", "--client", self.endpoint,
                                  "--seed", str(self.seed * 1000 + index), "--stop-file", self.stop_file,
                                  "--cancel-p", str(self.cancel_p)], stdout=subprocess.PIPE, text=True)
@@ -111,12 +108,8 @@ class ClientProcesses:
                 proc.wait()
 
 
-COUNTS = ("requests", "exact", "sampled", "cancelled", "client killed", "inexact", "aborted (target killed)",
-          "other errors", "lost to a draft kill", "hung", "finished target-only")
-
-
 class Watch:
-    """The clients' events as they come, counted; for a soak, the engine's memory when the
+    """The clients' events counted as they come; for a soak, the engine's memory when the
     count of requests reaches each of `soak_at`."""
 
     def __init__(self, engine, clients: ClientProcesses, references: dict, soak_at: tuple[int, ...]):
@@ -158,26 +151,21 @@ class Watch:
             return kind
         if kind == "done":
             self.counts["finished target-only"] += bool(event["fallback"])
-            return self._exactness(event)
+            reference, ids = self.references.get(event["job"]), event["ids"]
+            if reference is None:
+                return "sampled"
+            whole = len(ids) == len(reference) or event["finish"] in ("eos", "stop")   # or its start, where it ended early
+            return "exact" if ids == reference[:len(ids)] and whole else "inexact"
         if event["type"] == "RequestAbortedError" and "target worker" in event["message"]:
             return "aborted (target killed)"
         self.errors.append(event)
         return "lost to a draft kill" if "draft" in event["message"] else "other errors"
 
-    def _exactness(self, event: dict) -> str:
-        """A greedy completion is the target's own output, or its start where it ended early."""
-        reference, ids = self.references.get(event["job"]), event["ids"]
-        if reference is None:
-            return "sampled"
-        whole = len(ids) == len(reference) or event["finish"] in ("eos", "stop")
-        return "exact" if ids == reference[:len(ids)] and whole else "inexact"
-
 
 def run(args) -> dict:
     import hetspec
 
-    rng = random.Random(args.seed)
-    workdir = tempfile.mkdtemp(prefix="hetspec-chaos-")
+    rng, workdir = random.Random(args.seed), tempfile.mkdtemp(prefix="hetspec-chaos-")
     engine = hetspec.launch(args.config)
     runtime_dir, run_id = engine._launcher.runtime_dir, engine._launcher.run_id
     references = {j: engine.generate(p, max_new_tokens=n, mode="target").token_ids
@@ -219,13 +207,9 @@ def _kill_at_random(args, rng: random.Random, engine, clients: ClientProcesses, 
     return kills
 
 
-def _segments(run_id: str) -> list[str]:
-    return glob.glob(f"/dev/shm/hetspec-{run_id}-*")
-
-
 def _kill_when_ready(engine, role: str) -> None:
-    """SIGKILL the worker once it is up (one still loading is not a fair target: killing it
-    there again and again is a crash loop, which the engine rightly gives up on)."""
+    """SIGKILL the worker once it is up: killing one still loading, again and again, is a
+    crash loop, which the engine rightly gives up on."""
     deadline = time.monotonic() + HANG_S
     while (worker := engine.get_info()["workers"][role])["state"] != "ready" and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -235,10 +219,13 @@ def _kill_when_ready(engine, role: str) -> None:
         pass
 
 
+def _segments(run_id: str) -> list[str]:
+    return glob.glob(f"/dev/shm/hetspec-{run_id}-*")
+
+
 def _rss(engine) -> dict:
     info = engine.get_info()
-    pids = {"scheduler": info["pid"], "draft": info["workers"]["draft"]["pid"],
-            "target": info["workers"]["target"]["pid"]}
+    pids = {"scheduler": info["pid"], **{role: info["workers"][role]["pid"] for role in ("draft", "target")}}
     return {role: psutil.Process(pid).memory_info().rss for role, pid in pids.items()}
 
 
@@ -250,18 +237,15 @@ def _mentioning(text: str) -> list[int]:
 
 def verdict(report: dict, max_growth: float) -> list[str]:
     """What failed, if anything."""
-    c, problems = report["counts"], []
-    for key in ("hung", "lost to a draft kill", "inexact"):
-        if c[key]:
-            problems.append(f"{c[key]} request(s) {key}")
+    c = report["counts"]
+    problems = [f"{c[key]} request(s) {key}" for key in ("hung", "lost to a draft kill", "inexact") if c[key]]
     if any(report["leaks"][k] for k in ("processes", "segments", "runtime_dir")):
         problems.append(f"left behind: {report['leaks']}")
     if extra := set(report["while_running"]["runtime_dir"]) - RUNTIME_FILES:
         problems.append(f"the runtime directory held more than the live engine's files: {sorted(extra)}")
     first, last = _soak_ends(report)
-    problems += [f"{role} memory grew {last[role] / first[role] - 1:.1%}" for role in first
-                 if last[role] > first[role] * (1 + max_growth)]
-    return problems
+    return problems + [f"{role} memory grew {last[role] / first[role] - 1:.1%}" for role in first
+                       if last[role] > first[role] * (1 + max_growth)]
 
 
 def _soak_ends(report: dict) -> tuple[dict, dict]:
@@ -275,8 +259,7 @@ def _soak_ends(report: dict) -> tuple[dict, dict]:
 def table(report: dict) -> str:
     rows = [("kills (draft / target / client)", " / ".join(map(str, report["kills"].values()))),
             ("restarts (draft / target)", f"{report['restarts']['draft']} / {report['restarts']['target']}"),
-            *((k, v) for k, v in report["counts"].items()),
-            ("leaked processes", len(report["leaks"]["processes"])),
+            *report["counts"].items(), ("leaked processes", len(report["leaks"]["processes"])),
             ("leaked segments", len(report["leaks"]["segments"])), ("seconds", report["seconds"])]
     first, last = _soak_ends(report)
     rows += [(f"{role} RSS after {min(report['memory'])} / {max(report['memory'])} requests",
@@ -284,15 +267,15 @@ def table(report: dict) -> str:
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hetspec-chaos", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="engine config (default: the embedded SmolLM2 pair)")
     p.add_argument("--kills", type=int, default=30)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--requests", type=int, default=1000, help="with --kills 0: run this many requests")
-    p.add_argument("--settle", type=int, default=100, help="with --kills 0: memory is compared with where "
-                                                           "it stood after this many requests")
+    p.add_argument("--settle", type=int, default=100,
+                   help="with --kills 0: memory is compared with where it stood after this many requests")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-gap", type=float, default=0.5, help="seconds between kills, at least")
     p.add_argument("--max-gap", type=float, default=4.0)
@@ -301,13 +284,16 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="directory for chaos.json and chaos.md")
     p.add_argument("--client", help=argparse.SUPPRESS)
     p.add_argument("--stop-file", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     if args.client:
         client_main(args.client, args.seed, args.stop_file, args.cancel_p)
         return 0
     report = run(args)
-    problems = verdict(report, args.max_growth)
-    report["problems"] = problems
+    report["problems"] = problems = verdict(report, args.max_growth)
     text = table(report) + "\n\n" + ("\n".join(f"FAIL: {x}" for x in problems) or "PASS") + "\n"
     print(text)
     if args.out:

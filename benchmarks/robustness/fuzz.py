@@ -1,16 +1,10 @@
-"""hetspec-fuzz: property-based fuzzing (Hypothesis) of every input surface of a running
-engine, and of configs (benchmarks/README.md, "hetspec-fuzz", says what each surface is sent).
+"""hetspec-fuzz: Hypothesis sends hostile input to every surface of a running engine, and
+to configs (benchmarks/README.md, "hetspec-fuzz", says what each surface is sent).
 
     hetspec-fuzz --examples 10000 --out DIR      the long form (its report: benchmarks/reports/fuzz/)
-    tests/test_fuzz.py                           the short form CI runs (a few hundred examples)
 
-One engine (tiny random models with SmolLM2's tokenizer, [server] max_new_tokens 32) is
-served by `hetspec-launch --http` with an API key. Its surfaces: http (every endpoint), client
-(Engine.generate and stream), wire (zmq frames to the scheduler), config (load_config: no engine).
-The property, for every input: an answer within BOUND_S, either a completion or an error in the
-documented shape (OpenAI's error object; a RequestError; a RequestFailed; a ConfigError); anything
-else is a finding. After each surface the engine must be alive with no scheduler or worker
-restart, and a greedy request must give the tokens it gave before.
+Every input must be answered within BOUND_S by a completion or an error in the documented
+shape; after each surface the engine must be alive, unrestarted, and greedy-exact.
 """
 from __future__ import annotations
 
@@ -121,8 +115,6 @@ class Served:
         self.process.wait(60)
         self.log.close()
 
-
-# ---- one input, each surface --------------------------------------------------------------------
 
 def http_once(served: Served, request: dict) -> str:
     headers = {k: v.encode("latin-1") for k, v in request["headers"].items()}
@@ -251,14 +243,11 @@ def config_once(value) -> str:
     try:
         if not isinstance(value, str):
             load_config(value)
-            return "EngineConfig"
-        with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False, encoding="utf-8",
-                                         errors="surrogatepass") as f:
-            f.write(value)
-        try:
-            load_config(f.name)
-        finally:
-            os.unlink(f.name)
+        else:
+            with tempfile.TemporaryDirectory() as folder:
+                path = Path(folder, "fuzz.toml")
+                path.write_text(value, encoding="utf-8", errors="surrogatepass")
+                load_config(str(path))
         return "EngineConfig"
     except ConfigError:
         return "ConfigError"
@@ -266,12 +255,9 @@ def config_once(value) -> str:
         raise Finding(f"{type(exc).__name__}: {exc} for {value!r}"[:2000]) from exc
 
 
-# ---- running a surface ------------------------------------------------------------------------------
-
 def run_surface(surface: str, served: Served | None, examples: int, seed: int | None = None,
                 derandomize: bool = False) -> Tally:
-    """Hypothesis draws `examples` inputs for the surface; a Finding is shrunk to its
-    smallest form and raised."""
+    """Hypothesis draws `examples` inputs for the surface; a Finding is shrunk and raised."""
     tally = Tally(surface)
     strategy, once = {
         "http": (inputs.http_requests(), lambda x: http_once(served, x)),
@@ -304,8 +290,7 @@ def run_surface(surface: str, served: Served | None, examples: int, seed: int | 
 
 
 def fuzz_surface(served: Served, surface: str, examples: int, seed: int) -> dict:
-    """One surface's run and the engine's health after it: a finding is recorded, and the
-    next surface still runs."""
+    """One surface's run and the engine's health after it; a finding is recorded, the next surface still runs."""
     print(f"hetspec-fuzz: {surface}, {examples} examples", file=sys.stderr, flush=True)
     finding = None
     try:

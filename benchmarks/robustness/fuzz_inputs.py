@@ -1,10 +1,5 @@
-"""Hypothesis strategies for hostile input, one per surface of an engine (fuzz.py).
-
-Each mixes three kinds of input: near-valid requests with one or more fields
-pushed at or past a bound (they reach the deepest checks), arbitrary JSON
-structures, and raw bytes. Text includes lone surrogates and NUL; numbers
-include NaN, the infinities, and integers far past 64 bits.
-"""
+"""Hypothesis strategies for hostile input, one per surface of an engine (fuzz.py): near-valid
+requests with a field pushed past a bound (they reach the deepest checks), arbitrary JSON, raw bytes."""
 from __future__ import annotations
 
 import json
@@ -14,8 +9,6 @@ from hypothesis import strategies as st
 
 from hetspec.core.params import FIELDS, Mode
 from hetspec.ipc import codec, messages
-
-# ---- leaves ---------------------------------------------------------------------------------
 
 HOSTILE_TEXT = ["\ud800 x", "\udfff", "a\x00b", "\x00", "", " ", "\n" * 50, "é漢字🙂", "\u202eevil", "a" * 3000,
                 "<|im_start|>", "{{ raise }}", "\\ud800", "%s%n", "null"]
@@ -33,10 +26,6 @@ def text() -> st.SearchStrategy[str]:
 def numbers() -> st.SearchStrategy:
     return st.one_of(st.sampled_from(EDGE_NUMBERS), st.integers(), st.integers(-(2**70), 2**70),
                      st.floats(allow_nan=True, allow_infinity=True))
-
-
-def small_tokens() -> st.SearchStrategy[int]:
-    return st.integers(0, 40)
 
 
 def json_values(max_leaves: int = 12) -> st.SearchStrategy:
@@ -59,9 +48,8 @@ def plain_text(min_size: int = 0) -> st.SearchStrategy[str]:
 
 @st.composite
 def some_fields(draw, valid: dict, hostile: bool = True) -> dict:
-    """Some of these fields with sensible values; hostile: then one or two of them replaced
-    by anything at all, or a field nobody knows added (so that an input is wrong in one
-    place only, and reaches the check of that place)."""
+    """Some of these fields with sensible values; hostile: then one or two replaced by anything, or an
+    unknown field added (wrong in one place only, an input reaches the check of that place)."""
     names = draw(st.lists(st.sampled_from(sorted(valid)), unique=True))
     fields = {name: draw(valid[name]) for name in names}
     if hostile and draw(st.booleans()):
@@ -72,15 +60,12 @@ def some_fields(draw, valid: dict, hostile: bool = True) -> dict:
     return fields
 
 
-# ---- requests as the engine sees them ---------------------------------------------------------
-
 def good_prompts() -> st.SearchStrategy:
     return st.one_of(plain_text(1), st.lists(st.integers(0, 400), min_size=1, max_size=30))
 
 
 def prompts() -> st.SearchStrategy:
-    """Mostly a prompt the engine takes; else text that is not valid, ids outside the
-    vocabulary, or anything."""
+    """Mostly a prompt the engine takes; else invalid text, ids outside the vocabulary, or anything."""
     good = good_prompts()
     return st.one_of(good, good, good, text(), st.lists(numbers(), max_size=5), st.just([]), json_values(4))
 
@@ -106,12 +91,6 @@ SAMPLING = {   # each SamplingParams field, with values the engine takes
 assert set(SAMPLING) == FIELDS, "every SamplingParams field is fuzzed"
 
 
-def sampling_fields(hostile: bool = True) -> st.SearchStrategy[dict]:
-    return some_fields(SAMPLING, hostile)
-
-
-# ---- the HTTP server ----------------------------------------------------------------------------
-
 # an OpenAI request's fields the server takes (a good request leaves out what is refused) ...
 HTTP_FIELDS = {"max_tokens": st.integers(1, 40), "model": st.just("fuzz"),
                "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}), "stream": st.booleans(),
@@ -125,15 +104,10 @@ HTTP_HOSTILE_FIELDS = {**HTTP_FIELDS, "model": st.sampled_from(["fuzz", "gpt-4"]
                        "sequences": SAMPLING["sequences"]}
 
 
-def http_bodies(hostile: bool = True) -> st.SearchStrategy[dict]:
-    """An OpenAI request's fields, sensible or not."""
-    return some_fields(HTTP_HOSTILE_FIELDS if hostile else HTTP_FIELDS, hostile)
-
-
 @st.composite
 def http_requests(draw) -> dict:
-    """(method, path, headers, body bytes): a completion or chat request most of the time,
-    else another endpoint, an unknown route or method, a body that is not JSON."""
+    """A completion or chat request most of the time, else another endpoint, an unknown route or method,
+    a body that is not JSON."""
     kind = draw(st.sampled_from(["completion", "completion", "chat", "chat", "json", "raw", "get", "route"]))
     header_text = st.text(alphabet=st.one_of(st.characters(min_codepoint=33, max_codepoint=126),
                                              st.characters(min_codepoint=0xA1, max_codepoint=0xFF)), min_size=1,
@@ -146,7 +120,7 @@ def http_requests(draw) -> dict:
     method, path, body = "POST", "/v1/completions", b""
     if kind in ("completion", "chat"):
         hostile = draw(st.booleans())
-        fields = draw(http_bodies(hostile))
+        fields = draw(some_fields(HTTP_HOSTILE_FIELDS if hostile else HTTP_FIELDS, hostile))
         if kind == "chat":
             path = "/v1/chat/completions"
             if hostile:
@@ -175,41 +149,32 @@ def _json_bytes(value) -> bytes:
     return json.dumps(value).encode()
 
 
-# ---- the Python client ---------------------------------------------------------------------------
-
 @st.composite
 def client_calls(draw) -> dict:
-    """Engine.generate / stream arguments: a request the engine takes, or one wrong somewhere:
-    prompt or messages (or both, or neither), params as a SamplingParams dict or anything,
-    keyword overrides."""
+    """Engine.generate / stream arguments: a request the engine takes, or one wrong somewhere."""
     call = {"stream": draw(st.booleans())}
     if draw(st.booleans()):                   # a good one: it reaches the engine, and decodes
         if draw(st.booleans()):
             call["prompt"], call["messages"] = draw(good_prompts()), None
         else:
             call["prompt"], call["messages"] = None, [{"role": "user", "content": draw(plain_text())}]
-        call["params"], call["overrides"] = draw(st.one_of(st.none(), sampling_fields(False))), \
-            draw(sampling_fields(False))
+        call["params"] = draw(st.one_of(st.none(), some_fields(SAMPLING, False)))
+        call["overrides"] = draw(some_fields(SAMPLING, False))
         return call
     choice = draw(st.sampled_from(["prompt", "messages", "both", "neither"]))
     call["prompt"] = draw(prompts()) if choice in ("prompt", "both") else None
     call["messages"] = draw(chat_messages()) if choice in ("messages", "both") else None
-    call["params"] = draw(st.one_of(st.none(), sampling_fields(), json_values(3)))
-    overrides = draw(sampling_fields())
+    call["params"] = draw(st.one_of(st.none(), some_fields(SAMPLING), json_values(3)))
+    overrides = draw(some_fields(SAMPLING))
     call["overrides"] = {k: v for k, v in overrides.items() if k not in ("prompt", "messages", "params")}
     return call
 
 
-# ---- the zmq wire ----------------------------------------------------------------------------------
-
 TAGS = codec.TAG_OF
-
-
 @st.composite
 def wire_frames(draw, key: str) -> list[bytes]:
-    """Frames any process could send to the scheduler's client socket: a GenerateRequest
-    (or another client message) with hostile fields, any message type with any JSON,
-    or bytes at random. `key` is the engine's API key, so that some reach past the check."""
+    """Frames any process could send the scheduler: a client message with hostile fields, any message
+    type with any JSON, or bytes; `key` is the engine's API key, so that some reach past the check."""
     kind = draw(st.sampled_from(["generate", "generate", "generate", "client", "any", "raw"]))
     if kind == "raw":
         return draw(st.lists(st.binary(max_size=40), min_size=1, max_size=4))
@@ -222,11 +187,11 @@ def wire_frames(draw, key: str) -> list[bytes]:
         fields = {"token": token} if cls is messages.InfoRequest else {"request_id": draw(numbers()), "token": token}
         return [TAGS[cls], _json_bytes(fields)]
     if draw(st.booleans()):                   # a good one: it reaches the engine, and decodes
-        fields = {"request_id": draw(st.integers(0, 2**62)), "token": key, "params": draw(sampling_fields(False)),
+        fields = {"request_id": draw(st.integers(0, 2**62)), "token": key, "params": draw(some_fields(SAMPLING, False)),
                   "prompt": draw(good_prompts()), "messages": None}
         return [TAGS[messages.GenerateRequest], _json_bytes(fields)]
     fields = {"request_id": draw(st.one_of(st.integers(0, 2**62), numbers())), "token": token,
-              "params": draw(st.one_of(sampling_fields(), json_values(3)))}
+              "params": draw(st.one_of(some_fields(SAMPLING), json_values(3)))}
     choice = draw(st.sampled_from(["prompt", "prompt", "messages", "neither"]))
     fields["prompt"] = draw(prompts()) if choice == "prompt" else None
     fields["messages"] = draw(chat_messages()) if choice == "messages" else None
@@ -236,8 +201,6 @@ def wire_frames(draw, key: str) -> list[bytes]:
         fields[draw(text())] = draw(json_values(2))
     return [TAGS[messages.GenerateRequest], _json_bytes(fields)]
 
-
-# ---- configs -------------------------------------------------------------------------------------
 
 def config_values() -> st.SearchStrategy:
     models = st.sampled_from(["builtin:smollm2", "random:seed=1", "random:vocab=big", "random:vocab=99999999999999",
