@@ -85,7 +85,7 @@ def median_of(turns) -> dict:
 
 
 def measure(spec: str, thread_counts: list[int], bin_dir: Path) -> dict:
-    from hetspec.workers.draft.native import load_library
+    from hetspec.workers.common.native_model import load_library
     from hetspec.workers.target.native_target import NativeTarget
 
     found = resolve_model(spec)

@@ -39,7 +39,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class DraftConfig:
-    backend: str = "native"             # "native" (a Llama or Gemma 3 GGUF file's blocks, workers/kernels/native_draft.c;
+    backend: str = "native"             # "native" (a Llama or Gemma 3 GGUF file's blocks, workers/kernels/native_model.c;
                                         # where it cannot run, llama.cpp does), "llama.cpp" (a GGUF file) or "torch"
     model: str = "builtin:smollm2"
     cores: tuple[int, ...] | Auto = AUTO

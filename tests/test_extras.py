@@ -127,7 +127,7 @@ def _python(code: str, env: dict, cwd) -> subprocess.CompletedProcess:
 def test_the_native_path_imports_no_llama_cpp(tmp_path):
     code = ("import sys\n"
             "import hetspec.workers.target.worker, hetspec.workers.target.gguf_target\n"
-            "import hetspec.workers.draft.worker, hetspec.workers.draft.native\n"
+            "import hetspec.workers.draft.worker, hetspec.workers.common.native_model\n"
             "from hetspec.models import resolve_model\n"
             "resolve_model('builtin:smollm2')\n"
             "print('llama_cpp' in sys.modules)")

@@ -1,4 +1,4 @@
-"""The K-quants taken apart for the kernel (as_i8 in workers/draft/native.py):
+"""The K-quants taken apart for the kernel (as_i8 in workers/common/block_layouts.py):
 int8 quants, a float32 scale per 16 weights and, for Q4_K/Q5_K, an offset per
 32 must give back gguf's own dequantized weights bit for bit, so that a kernel
 reading them computes with the file's exact values. Checked on random blocks of
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from hetspec.models import resolve_model
-from hetspec.workers.draft.block_layouts import Unsupported, as_i8, as_k
-from hetspec.workers.draft.native import load_library
+from hetspec.workers.common.block_layouts import Unsupported, as_i8, as_k
+from hetspec.workers.common.native_model import load_library
 from hetspec.workers.kernels.formats import BY_NAME
 from hetspec.workers.kernels.gguf_tensors import GGUFTensor, read_gguf
 

@@ -15,9 +15,10 @@ from hetspec.models import resolve_model
 from hetspec.scheduler.tokenizer import Tokenizer
 from hetspec.workers.common.hf_loading import load_causal_lm
 from hetspec.workers.common.kv_model import KVModel
+from hetspec.workers.common.rope_order import ROPE_NEOX, ROPE_NORM, to_llama_order
 from hetspec.workers.draft.gguf_conversion import convert_gguf
 from hetspec.workers.draft.llama_cpp import LlamaCppModel
-from hetspec.workers.draft.llama_kv_state import ROPE_NEOX, ROPE_NORM, build_state, read_layout, to_llama_order
+from hetspec.workers.draft.llama_kv_state import build_state, read_layout
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The native kernels on every architecture they run (native.py, ARCHITECTURES): random
+"""The native kernels on every architecture they run (native_weights.py, ARCHITECTURES): random
 files of each, quantized by llama.cpp to the weight types real files use, are batch-
 invariant bit for bit in the native target, and follow llama.cpp's logits on the same file."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hetspec.models import resolve_model
-from hetspec.workers.draft import native
+from hetspec.workers.common import native_model, native_weights
 from hetspec.workers.target import llama_target
 from hetspec.workers.target.llama_target import LlamaTarget
 from hetspec.workers.target.native_target import NativeTarget
@@ -78,7 +78,7 @@ def test_every_architecture_follows_llama_cpps_logits(random_files, tmp_path, mo
 
 def test_token_embeddings_read_from_the_files_blocks_change_no_bit(tmp_path, monkeypatch):
     """With an output layer of its own, the embedding table is read a row at a time from
-    the file (native.FileEmbedding) instead of held converted: the same logits, bit for
+    the file (native_weights.FileEmbedding) instead of held converted: the same logits, bit for
     bit, in the target's windows and steps and in a draft holding K-quants exactly, and
     still batch-invariant. (A draft rounding K-quants to Q8_0 now reads its embeddings
     unrounded.)"""
@@ -89,7 +89,7 @@ def test_token_embeddings_read_from_the_files_blocks_change_no_bit(tmp_path, mon
 
     def run():
         target = NativeTarget(path, n_ctx=64, caches=1, threads=1)
-        draft = native.NativeDraftModel(path, n_ctx=64, exact_kquants=True)   # (else K-quants round to Q8_0)
+        draft = native_model.NativeModel(path, n_ctx=64, exact_kquants=True)   # (else K-quants round to Q8_0)
         try:
             return (target.description, target.forward(0, tokens, 0, 8).copy(), target.forward(0, tokens[:3], 0, 1).copy(),
                     draft.description, draft.forward(tokens, 0).copy())
@@ -99,7 +99,7 @@ def test_token_embeddings_read_from_the_files_blocks_change_no_bit(tmp_path, mon
 
     read = run()
     assert "token embeddings read from the file's blocks" in read[0] and "from the file's blocks" in read[3]
-    monkeypatch.setattr(native.FileEmbedding, "of", classmethod(lambda cls, tensors, rows: None))
+    monkeypatch.setattr(native_weights.FileEmbedding, "of", classmethod(lambda cls, tensors, rows: None))
     held = run()
     assert "from the file's blocks" not in held[0]
     for a, b in zip(read[1:], held[1:]):

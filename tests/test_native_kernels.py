@@ -1,4 +1,4 @@
-"""The native kernels' products (workers/kernels/native_draft.c) against float64.
+"""The native kernels' products (workers/kernels/native_model.c) against float64.
 
 hs_matvec, the draft's: for every block format it reads, with block counts that are
 odd (a last 4-bit block without a partner for the two-block steps) and row counts
@@ -16,8 +16,9 @@ import gguf
 import numpy as np
 import pytest
 
-from hetspec.workers.draft.block_layouts import as_q5, as_q8_0, window_int8
-from hetspec.workers.draft.native import FORMATS, SOURCE, _Mat
+from hetspec.workers.common.block_layouts import as_q5, as_q8_0, window_int8
+from hetspec.workers.common.native_model import SOURCES
+from hetspec.workers.common.native_weights import FORMATS, HsMat
 from hetspec.workers.kernels.build import KernelUnavailable, _build_key, built
 from hetspec.workers.kernels.formats import EXPANDED_FORMAT, Q5_FORMAT, WINDOW_INT8
 from hetspec.workers.kernels.gguf_tensors import GGUFTensor
@@ -26,13 +27,13 @@ from hetspec.workers.kernels.gguf_tensors import GGUFTensor
 @pytest.fixture(scope="module")
 def library(tmp_path_factory):
     try:
-        with built(SOURCE, "native draft kernels", str(tmp_path_factory.mktemp("cache"))) as path:
+        with built(SOURCES, "native model kernels", str(tmp_path_factory.mktemp("cache"))) as path:
             lib = ctypes.CDLL(path)
     except KernelUnavailable as exc:
         pytest.skip(str(exc))
     lib.hs_matvec_work_floats.restype = ctypes.c_long
     lib.hs_matvec_work_floats.argtypes = [ctypes.c_int]
-    lib.hs_matvec.argtypes = [ctypes.POINTER(_Mat), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.hs_matvec.argtypes = [ctypes.POINTER(HsMat), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     return lib
 
 
@@ -60,7 +61,7 @@ def random_matrix(fmt: str, rows: int, cols: int, rng):
 def test_matvec_is_the_product_up_to_rounding_the_activations(library, fmt, rows, cols):
     rng = np.random.default_rng(cols + rows)
     (qs, d, m), weights = random_matrix(fmt, rows, cols, rng)
-    mat = _Mat(qs.ctypes.data, d.ctypes.data, m.ctypes.data if m is not None else None, FORMATS[fmt], rows, cols)
+    mat = HsMat(qs.ctypes.data, d.ctypes.data, m.ctypes.data if m is not None else None, FORMATS[fmt], rows, cols)
     x = (rng.standard_normal(cols) * np.exp(rng.standard_normal(cols))).astype(np.float32)   # uneven blocks
     y = np.zeros(rows, np.float32)
     work = np.zeros(library.hs_matvec_work_floats(cols), np.float32)
@@ -78,13 +79,13 @@ def test_matvec_is_the_product_up_to_rounding_the_activations(library, fmt, rows
 def test_a_changed_header_builds_afresh(tmp_path):
     """The cached library's name covers the headers the C file includes (formats.h)."""
     folder = tmp_path / "kernels"
-    shutil.copytree(os.path.dirname(SOURCE), folder, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    source = str(folder / "native_draft.c")
-    before = _build_key(source, "cc")
-    assert _build_key(source, "cc") == before
+    shutil.copytree(os.path.dirname(SOURCES[0]), folder, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    sources = [str(folder / os.path.basename(source)) for source in SOURCES]
+    before = _build_key(sources, "cc")
+    assert _build_key(sources, "cc") == before
     with open(folder / "formats.h", "a") as f:
         f.write("/* changed */\n")
-    assert _build_key(source, "cc") != before
+    assert _build_key(sources, "cc") != before
 
 
 def llama_cpp_activations(x: np.ndarray, kind: str):
@@ -122,7 +123,7 @@ def window_matmat(library, pair_layout: bool = False) -> None:
     library.hs_window_act_floats.restype = ctypes.c_long
     library.hs_window_act_floats.argtypes = [ctypes.c_int]
     library.hs_window_matmat.restype = ctypes.c_int
-    library.hs_window_matmat.argtypes = [ctypes.POINTER(_Mat), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+    library.hs_window_matmat.argtypes = [ctypes.POINTER(HsMat), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                          ctypes.c_void_p]
 
 
@@ -137,13 +138,13 @@ def test_the_targets_window_rounds_activations_as_llama_cpp_does(library, fmt):
     rows, cols, T = 9, 512, 5
     if fmt == "I8":
         q, scales, offsets = random_expanded(rows, cols, rng)
-        mat = _Mat(q.ctypes.data, None, None, EXPANDED_FORMAT, rows, cols, scales.ctypes.data, offsets.ctypes.data)
+        mat = HsMat(q.ctypes.data, None, None, EXPANDED_FORMAT, rows, cols, scales.ctypes.data, offsets.ctypes.data)
         per32 = q.astype(np.float64).reshape(rows, -1, 32) * np.repeat(scales, 16, axis=1).reshape(rows, -1, 32)
         offset = offsets.astype(np.float64)
         kind = "q8_K"
     else:
         (qs, d, m), weights = random_matrix(fmt, rows, cols, rng)
-        mat = _Mat(qs.ctypes.data, d.ctypes.data, m.ctypes.data if m is not None else None, FORMATS[fmt], rows, cols)
+        mat = HsMat(qs.ctypes.data, d.ctypes.data, m.ctypes.data if m is not None else None, FORMATS[fmt], rows, cols)
         nb = cols // 32
         values = weights.reshape(rows, nb, 32)
         offset = {"Q4_1": m, "Q4_0": -8 * d}.get(fmt)
@@ -183,13 +184,13 @@ def test_q8_0_laid_out_for_the_window_gives_the_same_bits(library, rows, cols):
     window_matmat(library, pair_layout=True)
     rng = np.random.default_rng(3)
     (qs, d, _), _ = random_matrix("Q8_0", rows, cols, rng)
-    plain = _Mat(qs.ctypes.data, d.ctypes.data, None, FORMATS["Q8_0"], rows, cols)
+    plain = HsMat(qs.ctypes.data, d.ctypes.data, None, FORMATS["Q8_0"], rows, cols)
     laid, scales = window_int8(qs.reshape(rows, cols // 32, 32), d.view(np.uint16))
-    window = _Mat(laid.ctypes.data, None, None, WINDOW_INT8, rows, cols, scales.ctypes.data, None)
+    window = HsMat(laid.ctypes.data, None, None, WINDOW_INT8, rows, cols, scales.ctypes.data, None)
     assert_same_window_bits(library, plain, window, 11, rng)
 
 
-def assert_same_window_bits(library, a: _Mat, b: _Mat, widest: int, rng) -> np.ndarray:
+def assert_same_window_bits(library, a: HsMat, b: HsMat, widest: int, rng) -> np.ndarray:
     """Matrices a and b give the same bits through hs_window_matmat for windows of 1..widest
     random tokens; the last window's tokens."""
     rows, cols = a.rows, a.cols
@@ -216,8 +217,8 @@ def test_q5_0_at_its_own_size_gives_the_bits_of_its_q8_0(library, rows, cols):
     tensor = GGUFTensor("w", "Q5_0", 6, (cols, rows), gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q5_0))
     qs, d = as_q5(tensor, rows, cols)
     q8, d8 = as_q8_0(tensor, rows, cols)
-    own = _Mat(qs.ctypes.data, d.ctypes.data, None, Q5_FORMAT, rows, cols)
-    as_q8 = _Mat(q8.ctypes.data, d8.ctypes.data, None, FORMATS["Q8_0"], rows, cols)
+    own = HsMat(qs.ctypes.data, d.ctypes.data, None, Q5_FORMAT, rows, cols)
+    as_q8 = HsMat(q8.ctypes.data, d8.ctypes.data, None, FORMATS["Q8_0"], rows, cols)
     x = assert_same_window_bits(library, own, as_q8, 9, rng)
     work = np.zeros(library.hs_matvec_work_floats(cols), np.float32)
     y = [np.zeros(rows, np.float32) for _ in range(2)]

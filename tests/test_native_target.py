@@ -11,8 +11,8 @@ import pytest
 
 from hetspec.core.pinning import pin
 from hetspec.models import resolve_model
+from hetspec.workers.common.native_model import Unsupported
 from hetspec.workers.common.pinning import CoreLoan
-from hetspec.workers.draft.native import Unsupported
 from hetspec.workers.target.native_target import NativeTarget
 from tests.test_llama_target import (
     _engine_config,

@@ -132,8 +132,9 @@ class LlamaCppModel:
     def import_kv(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Replace the cache by positions 0..T-1 given as (layers, kv_heads, T, head_dim)
         float16 keys (post-RoPE, transformers' order) and values, layers in the
-        order kv_geometry gives; see llama_kv_state."""
-        from hetspec.workers.draft.llama_kv_state import build_state, to_llama_order
+        order kv_geometry gives; see llama_kv_state and rope_order."""
+        from hetspec.workers.common.rope_order import to_llama_order
+        from hetspec.workers.draft.llama_kv_state import build_state
 
         keys = to_llama_order(keys, llama_cpp.llama_model_rope_type(self._model))
         state = build_state(self._layout(), keys, values)

@@ -1,7 +1,7 @@
 """The draft-model interface and the one factory that builds a draft from its spec.
 
 Backends: "native" (hetspec's own C step over a Llama or Gemma 3 GGUF file's blocks,
-workers/kernels/native_draft.c), "llama.cpp" (any GGUF file, optionally
+workers/kernels/native_model.c), "llama.cpp" (any GGUF file, optionally
 converted to another weight type, with a second copy for prompt prefill) and
 "torch" (any transformers checkpoint). Where the native step cannot run this
 file or CPU, llama.cpp drafts instead, and the description says why. llama.cpp is
@@ -47,11 +47,11 @@ def load_draft_model(spec: DraftSpec) -> tuple[DraftModel, str, str]:
         return TorchDraftModel(spec.model), "torch", "torch"
     why_not = ""
     if spec.backend == "native":
-        from hetspec.workers.draft.native import KernelUnavailable, NativeDraftModel, Unsupported
+        from hetspec.workers.common.native_model import KernelUnavailable, NativeModel, Unsupported
 
         cache = spec.model.cache_dir
         try:
-            native = NativeDraftModel(spec.model.file, spec.n_ctx, os.path.dirname(cache) if cache else "")
+            native = NativeModel(spec.model.file, spec.n_ctx, os.path.dirname(cache) if cache else "")
             return native, "native", native.description
         except (KernelUnavailable, Unsupported) as exc:
             why_not = f" (no native draft: {exc})"

@@ -1,9 +1,9 @@
-"""Build one of this package's C files for this machine's CPU, once.
+"""Build this package's C files for this machine's CPU, once.
 
-A C file is compiled on first use with the machine's C compiler (`CC`, else
-`cc`) and `-march=native`, and the library is kept in the cache directory
-under a name made from the source and the headers beside it (formats.h), the
-compiler and the CPU, so a change of any of them builds afresh. Without a
+A library (one C file, or several: the native model's) is compiled on first use
+with the machine's C compiler (`CC`, else `cc`) and `-march=native`, and kept in
+the cache directory under a name made from its sources and the headers beside
+them (formats.h), the compiler and the CPU, so a change of any of them builds afresh. Without a
 compiler, or on a CPU the code is not written for, `built` says why and the
 caller keeps its other kernels.
 """
@@ -15,6 +15,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from contextlib import contextmanager
 
 FLAGS = ["-O3", "-march=native", "-std=c11", "-shared", "-fPIC", "-pthread"]
@@ -31,35 +32,37 @@ class KernelUnavailable(RuntimeError):
 
 
 @contextmanager
-def built(source: str, what: str, cache_root: str = ""):
-    """The path of `source` built into cache_root/kernels (or a temporary
-    directory, removed on leaving, when there is no cache); `what` names the
-    kernels in errors. KernelUnavailable says why they cannot be had here."""
+def built(source: str | Sequence[str], what: str, cache_root: str = ""):
+    """The path of `source` (a C file, or several built into one library, named
+    for the first) built into cache_root/kernels (or a temporary directory,
+    removed on leaving, when there is no cache); `what` names the kernels in
+    errors. KernelUnavailable says why they cannot be had here."""
+    sources = [source] if isinstance(source, str) else list(source)
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise KernelUnavailable(f"no {what} for {platform.machine()} CPUs")
     compiler = os.environ.get("CC") or "cc"
     if shutil.which(compiler) is None:
         raise KernelUnavailable(f"no C compiler ({compiler!r}) to build the {what}")
-    stem = os.path.splitext(os.path.basename(source))[0]
+    stem = os.path.splitext(os.path.basename(sources[0]))[0]
     if cache_root:
         folder = os.path.join(cache_root, "kernels")
         os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"{stem}-{_build_key(source, compiler)}.so")
+        path = os.path.join(folder, f"{stem}-{_build_key(sources, compiler)}.so")
         if not os.path.isfile(path):
-            _compile(source, what, compiler, folder, path)
+            _compile(sources, what, compiler, folder, path)
         yield path
         return
     with tempfile.TemporaryDirectory(prefix="hetspec-kernels-") as folder:
         path = os.path.join(folder, f"{stem}.so")
-        _compile(source, what, compiler, folder, path)
+        _compile(sources, what, compiler, folder, path)
         yield path
 
 
-def _compile(source: str, what: str, compiler: str, folder: str, path: str) -> None:
+def _compile(sources: list[str], what: str, compiler: str, folder: str, path: str) -> None:
     """Into a private name, then renamed: a reader never loads half a library."""
     partial = os.path.join(folder, f".partial-{os.getpid()}.so")
     try:
-        done = subprocess.run([compiler, *FLAGS, source, "-o", partial, "-lm"], check=False,
+        done = subprocess.run([compiler, *FLAGS, *sources, "-o", partial, "-lm"], check=False,
                               capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise KernelUnavailable(f"building the {what} failed: {done.stderr.strip()[-300:]}")
@@ -71,13 +74,13 @@ def _compile(source: str, what: str, compiler: str, folder: str, path: str) -> N
             os.remove(partial)
 
 
-def _build_key(source: str, compiler: str) -> str:
-    """The C file, every header of its folder (it includes them by a relative
+def _build_key(sources: list[str], compiler: str) -> str:
+    """The C files, every header of their folder (they include them by a relative
     path), the compiler, its flags and the CPU."""
     digest = hashlib.sha256()
-    folder = os.path.dirname(os.path.abspath(source))
+    folder = os.path.dirname(os.path.abspath(sources[0]))
     headers = sorted(name for name in os.listdir(folder) if name.endswith(".h"))
-    for path in [source, *(os.path.join(folder, name) for name in headers)]:
+    for path in [*sources, *(os.path.join(folder, name) for name in headers)]:
         with open(path, "rb") as f:
             digest.update(f.read())
     digest.update(" ".join([compiler, *FLAGS]).encode())

@@ -1,18 +1,18 @@
 /* The GGUF block formats the C kernels read, shared by gguf_kernels.c and
-   native_draft.c. workers/kernels/formats.py (KERNEL_FORMATS, BLOCK) holds
+   native_model.c. workers/kernels/formats.py (KERNEL_FORMATS, BLOCK) holds
    the same values for the Python side; the kernel tests check they agree. */
 #ifndef HS_FORMATS_H
 #define HS_FORMATS_H
 
 enum { FMT_Q8_0 = 0, FMT_Q4_0 = 1, FMT_Q4_1 = 2 };         /* a matrix's `fmt` */
 /* Not a GGUF type: K-quant blocks laid out again with their exact values, int8
-   quants with a float32 scale per 16 and offset per 32 (native_draft.c only). */
+   quants with a float32 scale per 16 and offset per 32 (native_model.c only). */
 enum { FMT_I8 = 3 };
-/* Nor this: Q8_0 values laid out for the target's window products (window8.h), each
+/* Nor this: Q8_0 values laid out for the target's window products (window_avx512.c), each
    pair of blocks' dwords interleaved, quants + 128 (unsigned), scales in float32. */
 enum { FMT_W8 = 4 };
 /* Nor these: Q4_K and Q6_K blocks at their own size, laid out for the 16-bit kernels
-   (native_draft.c, row_k4 and row_k6): per 32 weights 16 bytes of nibbles as Q4_0
+   (native_model.c, row_q4 and row_k6): per 32 weights 16 bytes of nibbles as Q4_0
    lays them out (FMT_K6: then 8 bytes of the values' top two bits), the sub-blocks'
    integer scales (and Q4_K's mins) in `sub`, the superblocks' float scales in `scales`. */
 enum { FMT_K4 = 5, FMT_K6 = 6 };

@@ -3,7 +3,7 @@ kernels read, defined once for the Python side.
 
 A GGUF tensor names its type by GGML's code; a type packs its weights in
 blocks of a fixed count and size. The C kernels (workers/kernels/gguf_kernels.c
-and native_draft.c) take a format as a small code of their own, declared in
+and native_model.c) take a format as a small code of their own, declared in
 workers/kernels/formats.h: KERNEL_FORMATS must match that header (the kernel
 tests check it).
 """

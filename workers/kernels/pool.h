@@ -1,5 +1,5 @@
 /* Threads that share a matrix's rows with the caller: the native target's products
-   when it runs alone on borrowed cores (hs_set_threads). Included by native_draft.c.
+   when it runs alone on borrowed cores (hs_set_threads). Included by native_model.c.
 
    Why its own pool: a token is a few hundred products of tens of microseconds each,
    too short to start a thread for or to wake a sleeping one. A thread spins a

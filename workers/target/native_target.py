@@ -1,11 +1,12 @@
-"""A GGUF target run by hetspec's own kernels, a window at a time (workers/kernels/native_draft.c).
+"""A GGUF target run by hetspec's own kernels, a window at a time (the native model,
+workers/common/native_model.py and workers/kernels/native_model.c).
 
 llama.cpp, set to be batch-invariant (llama_target.py), multiplies a verify window by
 each weight matrix a token at a time, so a window of w tokens costs nearly w passes.
 hs_forward_window unpacks each block of weights once for several tokens of the window
-(window8.h with AVX-512 VNNI, window8_avx2.h elsewhere) and gives every token the same
+(window_avx512.c with AVX-512 VNNI, window_avx2.c elsewhere) and gives every token the same
 float steps whatever window or prompt chunk it came in, so its logits are the same bits.
-The weights are the file's values exactly (native.py, _mat): Q8_0, Q4_0 and Q4_1 blocks
+The weights are the file's values exactly (native_weights.py, EXACT_LAYOUTS): Q8_0, Q4_0 and Q4_1 blocks
 as stored, Q5_0 as int8 quants beside its scales, Q4_K and Q6_K at their own size where
 the AVX2 products read them, other K-quants and Q5_1 as int8 quants with float scales.
 Activations are rounded to int8 as llama.cpp rounds them for each weight type. The
@@ -22,24 +23,18 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetspec.workers.common import gguf_vocab
-from hetspec.workers.draft.native import NativeDraftModel
+from hetspec.workers.common.native_model import NativeModel
 from hetspec.workers.target.windows import checked_window
 
 
 class NativeTarget:
-    """A GGUF model with one KV cache per cache number, computed by native_draft.c."""
+    """A GGUF model with one KV cache per cache number, computed by native_model.c."""
 
     def __init__(self, path: str, n_ctx: int, caches: int, threads: int, cache_root: str = ""):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"GGUF model file not found: {path}")
-        self._net = NativeDraftModel(path, n_ctx, cache_root, fast_head=False, exact_kquants=True, window_layout=True)
+        self._net = NativeModel(path, n_ctx, cache_root, fast_head=False, exact_kquants=True, window_layout=True)
         lib, model = self._net._lib, self._net._model
-        lib.hs_window_logits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-        lib.hs_set_threads.restype = ctypes.c_int
-        lib.hs_set_threads.argtypes = [ctypes.c_int]
-        lib.hs_thread_ids.restype = ctypes.c_int
-        lib.hs_thread_ids.argtypes = [ctypes.c_void_p]
-        lib.hs_pool_rest.restype = None
         self._lib, self._model, self._ref = lib, model, ctypes.byref(model)
         self.max_window = self._net.max_window
         first = (self._net._kcache, self._net._vcache)

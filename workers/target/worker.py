@@ -76,7 +76,7 @@ def _auto_fallback(spec: TargetSpec, why: str):
 def load(spec: TargetSpec):
     backend = resolve_backend(spec)
     if backend in GGUF_TARGET_BACKENDS:
-        from hetspec.workers.draft.native import Unsupported
+        from hetspec.workers.common.native_model import Unsupported
         from hetspec.workers.kernels.build import KernelUnavailable
         from hetspec.workers.target.gguf_target import GGUFTarget, llama_backend
         if backend == "llama.cpp":

@@ -1,5 +1,5 @@
 """A GGUF file's blocks laid out again for the native kernels (formats.h's FMT_* layouts),
-at load: native.py's _mat chooses the layout, these functions make it. Each keeps the
+at load: native_weights.py chooses the layout, these functions make it. Each keeps the
 file's values exactly, but as_q8_0's rounding of K-quants for a draft."""
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from hetspec.workers.kernels.formats import BLOCK, BY_NAME
 
 
 class Unsupported(ValueError):
-    """The file is not one the native draft can run (another architecture or weight type)."""
+    """The file is not one the native model can run (another architecture or weight type)."""
 
 
 def window_int8(q: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q8_0 quants (rows, blocks, 32) and float16 scales (rows, blocks, as uint16) as the
-    window products read them (window8.h): per pair of blocks 64 bytes, block b's dwords
+    window products read them (window_avx512.c): per pair of blocks 64 bytes, block b's dwords
     in the even places and b + 1's in the odd, each quant + 128; the scales in float32.
     A last block without a partner is paired with zeros."""
     rows, nb, _ = q.shape

@@ -1,14 +1,16 @@
 /* A Llama-, Qwen2-, Qwen3- or Gemma-3-architecture model read straight from a GGUF
-   file's blocks: the native draft, one token per call (hs_forward), and the native
-   target, a window of tokens per call (hs_forward_window, at the end, whose
-   products take 8-bit activations: window8.h's where the CPU has AVX-512 VNNI,
-   window8_avx2.h's elsewhere; the draft fills its cache with it too, for a long feed).
+   file's blocks (workers/common/native_model.py binds it): the native draft and the
+   native target both run it. One layer body (layer) serves a pass over T positions;
+   a pass multiplies either one token through the one-token kernels below (hs_forward,
+   the draft's step: activations rounded to 16 bits), or a window of up to MAX_WINDOW
+   tokens through the window products of window.h (hs_forward_window, the target, and
+   the draft filling its cache from a long feed: activations rounded to 8 bits).
 
-   Why: drafting is one row at a time, so it is bound by reading the weights
-   and by per-token overheads. llama.cpp pays more of those overheads per
-   token, and rounds activations to 8 bits, which costs agreement with the
-   target; this file reads the same blocks with activations rounded to 16
-   bits, faster and closer to the target (measured: docs/kernels.md).
+   Why 16 bits for a step: drafting is one row at a time, so it is bound by reading
+   the weights and by per-token overheads. llama.cpp pays more of those overheads per
+   token, and rounds activations to 8 bits, which costs agreement with the target;
+   the step reads the same blocks with activations rounded to 16 bits, faster and
+   closer to the target (measured: docs/kernels.md).
 
    Activations are rounded to int16 per 32-value block. A weight row of format
      Q8_0: d * q        Q4_0: d * (q - 8)        Q4_1: d * q + m
@@ -16,18 +18,18 @@
    times a block of activations x ~ dx * xq is d * dx * sum(q * xq) (minus
    8 * d * dx * sum(xq) for Q4_0), plus m * sum(x) for Q4_1 (o * sum(x) for I8).
 
-   Conventions are llama.cpp's. One layer serves every architecture; what
-   differs is a field that is NULL or 0 where unused (native.py, ARCHITECTURES):
-   - "llama" (Llama 2/3, Mistral): rope turns adjacent pairs (GGUF conversion
-     permuted the query and key rows for it); Llama 3 divides the angles by its
-     rope_freqs, linear scaling multiplies them.
-   - "qwen2": rope over the heads' two halves, biases on query, key and value.
-   - "qwen3": rope over halves, query and key heads RMS-normalised.
-   - "gemma3": rope over halves, query and key heads normalised, the embedding
-     scaled by sqrt(width), a norm after attention and after the MLP, GELU
-     (tanh) gating, and sliding-window layers with their own rope base (its
-     norm weights are stored with the 1 already added).
-   Weights are GGUF rows of `cols` values. The KV cache is float16, a kv
+   Conventions are llama.cpp's. What differs between architectures is a field that
+   is NULL or 0 where unused (native_model.py, ARCHITECTURES, sets each):
+   - rope over adjacent pairs (Llama 2/3, Mistral: GGUF conversion permuted the query
+     and key rows for it) or over the heads' two halves (neox_rope: the others);
+     Llama 3 divides the angles by its rope_freqs, linear scaling multiplies them;
+   - biases on query, key and value (Qwen2: bq, bk, bv);
+   - query and key heads RMS-normalised before rope (Qwen3, Gemma 3: q_norm, k_norm);
+   - Gemma 3's: the embedding scaled by sqrt(width) (embd_scale), a norm after
+     attention and after the MLP (post_attn_norm, post_ffn_norm; its norm weights are
+     stored with the 1 already added), GELU (tanh) gating (gelu), and sliding-window
+     layers (sliding, window) with their own rope base (rope_base_local).
+   Weights are GGUF rows of `cols` values (matrix.h). The KV cache is float16, a kv
    head's keys in blocks of 8 positions, dimension-major, its values a row per
    position (see attend); the query heads sharing a kv head are served in one
    pass over it.
@@ -36,32 +38,10 @@
    PAIRED). Keys are blocked and fetched ahead so that long contexts stream
    the cache quickly (see attend). */
 #define _GNU_SOURCE     /* gettid through syscall, for pinning the target's threads (pool.h) */
-#include <immintrin.h>
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
 
-#include "formats.h"
+#include "window.h"
 
-#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error "the native draft needs AVX2, FMA and F16C"
-#endif
-
-/* A weight matrix, its blocks taken apart (_mat in workers/draft/native.py): per row,
-   the blocks' quants one after the other (16 bytes of nibbles or 32 int8 a
-   block), their scales d and, for Q4_1, their offsets m (float16). */
-typedef struct {
-    const uint8_t *qs;
-    const uint16_t *d, *m;
-    int fmt, rows, cols;
-    const float *scales, *offsets;   /* FMT_I8: per 16 weights, per 32 (NULL: none); FMT_W8: per 32;
-                                        FMT_K4: d and dmin per 256 weights; FMT_K6: d per 256 */
-    const uint8_t *sub;              /* FMT_K4: per 256 weights 8 scales then 8 mins (uint8);
-                                        FMT_K6: a scale per 16 weights (int8) */
-} hs_mat;
-
-/* FMT_W8: where row r's pair of blocks p starts, in pairs (a row holds (blocks + 1) / 2). */
-static inline size_t w8_pair(const hs_mat *w, int r, int p) { return (size_t)r * ((w->cols / BLOCK + 1) / 2) + p; }
 
 typedef struct {
     hs_mat wq, wk, wv, wo, gate, up, down;
@@ -87,12 +67,6 @@ typedef struct {
     float rope_scale;             /* linear rope scaling: angles times this (1: none) */
 } hs_model;
 
-static inline float hsum8(__m256 a) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 /* ---- activations rounded per block ------------------------------------------ */
 
 /* With AVX-512 (BW and VNNI), 4-bit rows are read two blocks per 512-bit
@@ -112,12 +86,6 @@ typedef struct {
     float *sum;      /* per block: the exact sum of x */
     int32_t *qsum;   /* per block: the sum of q */
 } quantized;
-
-static inline float hmax8(__m256 a) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
 
 /* Two vectors of int32 as 16 int16, in order. */
 static inline __m256i pack16(__m256i a, __m256i b) {
@@ -157,7 +125,7 @@ static void quantize(const float *x, int n, quantized *out) {
     }
 }
 
-/* ---- one weight row times rounded activations -------------------------------- */
+/* ---- one token: a weight row times 16-bit rounded activations -------------------- */
 
 /* Per row, first the blocks' scales times the activations' (into `scale`) and
    the Q4_1 offsets' share, m * sum(x), eight blocks at a time. */
@@ -271,38 +239,6 @@ static float row_scales_k(const hs_mat *w, int r, int nb, const quantized *x, fl
     return 0.0f;
 }
 
-/* A row of FMT_K6 blocks: per block 16 bytes of low nibbles (Q4_0's order) and 8
-   bytes of top bits, byte j holding weights j, j + 8, j + 16, j + 24 (two bits
-   each, lowest first); a weight is (nibble | top << 4) - 32, with a scale per 16. */
-/* An FMT_K6 block's 32 quants, unsigned (0-63): values 0-15 in *lo, 16-31 in *hi. */
-static inline __attribute__((always_inline)) void k6_quants(const uint8_t *qs, __m128i *lo, __m128i *hi) {
-    const __m128i mask = _mm_set1_epi8(15), two = _mm_set1_epi8(3);
-    const __m128i low = _mm_loadu_si128((const __m128i *)qs);
-    const __m128i top = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(qs + 16)),
-                                           _mm_loadl_epi64((const __m128i *)(qs + 16)));
-    const __m128i top_a = _mm_blend_epi16(_mm_and_si128(top, two), _mm_and_si128(_mm_srli_epi16(top, 2), two), 0xF0);
-    const __m128i top_b = _mm_blend_epi16(_mm_and_si128(_mm_srli_epi16(top, 4), two),
-                                          _mm_and_si128(_mm_srli_epi16(top, 6), two), 0xF0);
-    *lo = _mm_or_si128(_mm_and_si128(low, mask), _mm_slli_epi16(top_a, 4));
-    *hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(low, 4), mask), _mm_slli_epi16(top_b, 4));
-}
-
-/* An FMT_Q5 block's 32 values q - 16 as int8, in order: the nibbles as Q4_0's, then
-   each weight whose fifth bit is clear has 16 taken off (its byte's top four bits set). */
-static inline __attribute__((always_inline)) __m256i q5_quants(const uint8_t *qs) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(15);
-    uint32_t fifth;
-    memcpy(&fifth, qs + 16, 4);
-    /* byte j: byte j / 8 of the fifth bits, then whether its bit j % 8 is set */
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)fifth),
-                                               _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
-                                                                  0x0303030303030303LL));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
-    return _mm256_or_si256(q, _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
-}
-
 /* One row of FMT_Q5 blocks, as row_q8_0 once they are unpacked. */
 static float row_q5(const uint8_t *qs, int nb, const int16_t *xq, const float *scale) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -316,6 +252,9 @@ static float row_q5(const uint8_t *qs, int nb, const int16_t *xq, const float *s
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
+/* A row of FMT_K6 blocks: per block 16 bytes of low nibbles (Q4_0's order) and 8
+   bytes of top bits, byte j holding weights j, j + 8, j + 16, j + 24 (two bits
+   each, lowest first); a weight is (nibble | top << 4) - 32, with a scale per 16. */
 static float row_k6(const uint8_t *qs, int nb, const int16_t *xq, const float *scale) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     const __m256i bias = _mm256_set1_epi16(32);
@@ -330,14 +269,6 @@ static float row_k6(const uint8_t *qs, int nb, const int16_t *xq, const float *s
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-/* A row's quants and scales are fetched this many rows before they are
-   multiplied, past a matrix's end from the next one's first rows. Fetching
-   ahead made steps faster; 16 rows did better than 4, and 32 or 64 no better
-   (measured: docs/kernels.md). */
-#ifndef AHEAD
-#define AHEAD 16
-#endif
-
 /* Each row's scales and offsets, Q4_0's 8 * scale * sum(xq) per block folded in. */
 static inline __attribute__((always_inline)) float row_setup(const hs_mat *w, int r, int nb, const quantized *x, float *scale) {
     float offsets = row_scales(w->d + (size_t)r * nb, w->m ? w->m + (size_t)r * nb : NULL, nb, x, scale);
@@ -345,57 +276,10 @@ static inline __attribute__((always_inline)) float row_setup(const hs_mat *w, in
         for (int b = 0; b < nb; b++) offsets -= 8.0f * scale[b] * (float)x->qsum[b];
     return offsets;
 }
-
-/* Bytes of quants a block of 32 weights takes in a matrix of format fmt (not FMT_W8). */
-static inline int block_bytes(int fmt) {
-    return fmt == FMT_Q8_0 || fmt == FMT_I8 ? 32 : fmt == FMT_K6 ? 24 : fmt == FMT_Q5 ? 20 : 16;
-}
-
-static inline __attribute__((always_inline)) void prefetch_rows(const hs_mat *w, int r, int n) {
-    const int nb = w->cols / BLOCK, row_bytes = nb * block_bytes(w->fmt);
-    if (w->fmt == FMT_W8) {
-        const int pairs = (nb + 1) / 2;
-        const char *rows = (const char *)(w->qs + 64 * w8_pair(w, r, 0)), *scales = (const char *)(w->scales + 2 * w8_pair(w, r, 0));
-        for (int i = 0; i < n * pairs * 64; i += 64) _mm_prefetch(rows + i, _MM_HINT_T0);
-        for (int i = 0; i < n * pairs * 8; i += 64) _mm_prefetch(scales + i, _MM_HINT_T0);
-        return;
-    }
-    const char *rows = (const char *)(w->qs + (size_t)r * row_bytes);
-    for (int i = 0; i < n * row_bytes; i += 64) _mm_prefetch(rows + i, _MM_HINT_T0);
-    if (w->fmt == FMT_I8) {
-        for (int i = 0; i < n * nb * 8; i += 64) _mm_prefetch((const char *)(w->scales + (size_t)r * nb * 2) + i, _MM_HINT_T0);
-        return;
-    }
-    if (w->fmt == FMT_K4 || w->fmt == FMT_K6) {     /* 2 bytes of sub-block scales a block; the floats are few */
-        for (int i = 0; i < n * nb * 2; i += 64) _mm_prefetch((const char *)(w->sub + (size_t)r * nb * 2) + i, _MM_HINT_T0);
-        return;
-    }
-    for (int i = 0; i < n * nb * 2; i += 64) _mm_prefetch((const char *)(w->d + (size_t)r * nb) + i, _MM_HINT_T0);
-    if (w->m)
-        for (int i = 0; i < n * nb * 2; i += 64) _mm_prefetch((const char *)(w->m + (size_t)r * nb) + i, _MM_HINT_T0);
-}
-
-/* Rows r..r+n of w fetched early, or past its end the first rows of `next`,
-   the matrix multiplied after it: a forward's matrices are small (SmolLM2's
-   wk has 192 rows), and each one's first rows would come in cold. */
-static inline __attribute__((always_inline)) void prefetch_ahead(const hs_mat *w, const hs_mat *next, int r, int n) {
-    if (r + n <= w->rows) prefetch_rows(w, r, n);
-    else if (next && r >= w->rows && r - w->rows + n <= next->rows) prefetch_rows(next, r - w->rows, n);
-}
-
 #if PAIRED
 /* Rows are taken four at a time: short rows (SmolLM2's are 18 blocks) spent a
    large share of their time folding their sums; four fold together in a few adds. */
 enum { TILE = 4 };
-
-static inline __m128 fold4(const __m512 *acc) {
-    __m256 h[4];
-    for (int i = 0; i < 4; i++)
-        h[i] = _mm256_add_ps(_mm512_castps512_ps256(acc[i]),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i]), 1)));
-    const __m256 all = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
-    return _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps(all, 1));
-}
 
 /* n rows of 4-bit quants, two blocks a step (see PAIRED): int32 lanes 0-7 sum
    block b, lanes 8-15 block b + 1, so the scales go in as [s_b x8, s_b+1 x8].
@@ -491,17 +375,7 @@ static void matvec(const hs_mat *w, const quantized *x, float *y, const hs_mat *
     matmat(w, x, 1, y, 0, next);
 }
 
-/* The target's window products: 8-bit activations, a block unpacked once for many
-   tokens: window8.h where the CPU has AVX-512 VNNI (its own layout of Q8_0, FMT_W8),
-   window8_avx2.h elsewhere. */
-#include "window8.h"
-#if !WINDOW8
-#include "window8_avx2.h"
-#endif
-typedef act8 window_act;
-#define window_kind act_kind
-#define window_quantize(w, x, n, a) quantize8(x, n, act_kind(w), a)
-#define window_rows matmat8
+/* ---- a window of tokens (window.h's products) ------------------------------------ */
 
 /* The target alone takes more cores (pool.h): a product's rows are split among them. */
 #include "pool.h"
@@ -525,37 +399,9 @@ static void window_matmat(const hs_mat *w, const window_act *x, int T, float *y,
     pool_run(rows_part, &job);
 }
 
-/* Bits an activation is rounded to in the target's products. */
-int hs_window_bits(void) { return 8; }
-
-/* Whether the window products read Q8_0 in window8.h's pair layout (FMT_W8): AVX-512
+/* Whether the window products read Q8_0 in window_avx512.c's pair layout (FMT_W8): AVX-512
    VNNI. Elsewhere they read Q4_K and Q6_K in FMT_K4 and FMT_K6. */
-int hs_pair_layout(void) { return WINDOW8; }
-
-/* Token t's rounded activations (of up to `widest` values) placed in `work`, which
-   holds window_act_floats(widest) floats a token. */
-static long window_act_floats(int widest) {
-#if WINDOW8
-    return (widest / BLOCK + 1) / 2 * 48 + 2 * (widest / BLOCK) + 36;    /* 16 to align qc */
-#else
-    return widest / 4 + 3 * (widest / BLOCK) + 8;
-#endif
-}
-
-static void window_act_at(window_act *a, float *work, int widest) {
-#if WINDOW8
-    const size_t pairs = (size_t)(widest / BLOCK + 1) / 2;
-    a->qc = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
-    a->u = a->qc + 128 * pairs;
-    a->scale = (float *)(a->u + 64 * pairs);
-    a->sum = a->scale + 2 * pairs;
-#else
-    a->q = (int8_t *)work;
-    a->scale = work + widest / 4;
-    a->sum = a->scale + widest / BLOCK;
-    a->sum16 = (int16_t *)(a->sum + widest / BLOCK);
-#endif
-}
+int hs_pair_layout(void) { return WINDOW_AVX512; }
 
 /* A float matrix's (FMT_F16, FMT_F32) row r times n <= 4 tokens of x (stride floats
    apart), in float32: each activation rounded to float16 first for an F16 matrix, as
@@ -629,9 +475,10 @@ static void window_products(const hs_mat *w, const float *x, int stride, int T, 
         pool_run(float_part, &job);
         return;
     }
-    if (*held != window_kind(w)) {
-        for (int t = 0; t < T; t++) window_quantize(w, x + (size_t)t * stride, w->cols, xq + t);
-        *held = window_kind(w);
+    const int kind = window_act_kind(w);
+    if (*held != kind) {
+        for (int t = 0; t < T; t++) window_quantize(x + (size_t)t * stride, w->cols, kind, xq + t);
+        *held = kind;
     }
     window_matmat(w, xq, T, y, ystride, next);
 }
@@ -1072,191 +919,227 @@ int hs_refined_logits(void) { return REFINE; }
 /* Positions per block of the key cache, for the caller that allocates it. */
 int hs_key_block(void) { return KEY_BLOCK; }
 
-/* Floats of scratch memory a forward pass needs. */
-long hs_work_floats(const hs_model *m) {
-    const long w = widest(m), heads = (long)m->n_head * m->head_dim;
-    /* x, h, q, att, k, v, gate, up; quantized q and pairs (as floats, 2 int16 each), scale, sum, qsum; scores */
-    return 2L * m->n_embd + 2 * heads + 2L * m->n_kv * m->head_dim + 2L * m->n_ff + w + 3 * (w / BLOCK)
-           + (long)(m->n_head / m->n_kv) * (m->n_ctx + KEY_BLOCK) + 64;
-}
-
 /* y = W x as a forward pass computes it, x rounded per block first: for the
    kernel tests. work: hs_matvec_work_floats(W's cols) floats. */
 long hs_matvec_work_floats(int cols) {
     return cols + 3L * (cols / BLOCK) + 16;
 }
 
-void hs_matvec(const hs_mat *w, const float *x, float *y, float *work) {
+/* The 16-bit rounded activations of up to `cols` values, placed in `work`
+   (hs_matvec_work_floats(cols) floats). */
+static quantized quantized_at(float *work, int cols) {
     quantized xq;
     xq.q = (int16_t *)work;
-    xq.pairs = xq.q + w->cols;
-    xq.scale = work + w->cols;
-    xq.sum = xq.scale + w->cols / BLOCK;
-    xq.qsum = (int32_t *)(xq.sum + w->cols / BLOCK);
+    xq.pairs = xq.q + cols;
+    xq.scale = work + cols;
+    xq.sum = xq.scale + cols / BLOCK;
+    xq.qsum = (int32_t *)(xq.sum + cols / BLOCK);
+    return xq;
+}
+
+void hs_matvec(const hs_mat *w, const float *x, float *y, float *work) {
+    quantized xq = quantized_at(work, w->cols);
     quantize(x, w->cols, &xq);
     matvec(w, &xq, y, NULL);
 }
 
-/* Evaluate `token` at position `pos` (the cache holds 0..pos-1 and gets pos);
-   logits (n_vocab floats) when not NULL. 0 on success, -1 for bad input. */
-int hs_forward(const hs_model *m, int token, int pos, float *logits) {
-    if (token < 0 || token >= m->n_vocab || pos < 0 || pos >= m->n_ctx || m->head_dim > 256) return -1;
-    const int E = m->n_embd, hd = m->head_dim, kv_dim = m->n_kv * hd, heads = m->n_head * hd;
-    float *x = m->work, *h = x + E, *q = h + E, *att = q + heads, *k = att + heads, *v = k + kv_dim;
-    float *gate = v + kv_dim, *up = gate + m->n_ff;
-    quantized xq;
-    xq.q = (int16_t *)(up + m->n_ff);
-    xq.pairs = xq.q + widest(m);
-    xq.scale = up + m->n_ff + widest(m);
-    xq.sum = xq.scale + widest(m) / BLOCK;
-    xq.qsum = (int32_t *)(xq.sum + widest(m) / BLOCK);
-    float *scores = (float *)(xq.qsum + widest(m) / BLOCK);
+enum { MAX_WINDOW = 64, MAX_HALF = 128 };   /* tokens a window; rope angles per head, at most */
 
-    float cos_g[128], sin_g[128], cos_l[128], sin_l[128];    /* global and local (sliding) rope */
-    rope_angles(pos, m->rope_base, hd, m->rope_freqs, m->rope_scale, cos_g, sin_g);
-    if (m->window > 0) rope_angles(pos, m->rope_base_local, hd, NULL, 1.0f, cos_l, sin_l);
-    void (*turn)(float *, int, int, const float *, const float *) = m->neox_rope ? rope_halves : rope;
-    dequantize_row(&m->embd, token, x);
-    if (m->embd_scale != 1.0f)
-        for (int i = 0; i < E; i++) x[i] *= m->embd_scale;
-    for (int l = 0; l < m->n_layer; l++) {
-        const hs_layer *L = m->layers + l;
-        uint16_t *kc = m->kcache + (size_t)l * m->n_kv * key_stride(m), *vc = m->vcache + (size_t)l * m->n_ctx * kv_dim;
-        rms_norm(x, L->attn_norm, E, m->eps, h);
-        quantize(h, E, &xq);
-        matvec(&L->wq, &xq, q, &L->wk);
-        matvec(&L->wk, &xq, k, &L->wv);
-        matvec(&L->wv, &xq, v, &L->wo);
-        add_biases(L, q, k, v, heads, kv_dim);
-        if (L->q_norm)
-            for (int i = 0; i < m->n_head; i++) rms_norm(q + i * hd, L->q_norm, hd, m->eps, q + i * hd);
-        if (L->k_norm)
-            for (int i = 0; i < m->n_kv; i++) rms_norm(k + i * hd, L->k_norm, hd, m->eps, k + i * hd);
-        const float *cos_t = L->sliding ? cos_l : cos_g, *sin_t = L->sliding ? sin_l : sin_g;
-        turn(q, m->n_head, hd, cos_t, sin_t);
-        turn(k, m->n_kv, hd, cos_t, sin_t);
-        for (int g = 0; g < m->n_kv; g++) {
-            store_key(k + g * hd, hd, kc + (size_t)g * key_stride(m), pos);
-            to_half(v + g * hd, hd, vc + ((size_t)g * m->n_ctx + pos) * hd);
-        }
-        const int first = L->sliding && pos + 1 > m->window ? pos + 1 - m->window : 0;
-        attend(m, q, kc, vc, first, pos + 1, scores, att);
-        quantize(att, heads, &xq);
-        matvec(&L->wo, &xq, h, &L->gate);
-        if (L->post_attn_norm) rms_norm(h, L->post_attn_norm, E, m->eps, h);
-        for (int i = 0; i < E; i++) x[i] += h[i];
+int hs_max_window(void) { return MAX_WINDOW; }
 
-        rms_norm(x, L->ffn_norm, E, m->eps, h);
-        quantize(h, E, &xq);
-        matvec(&L->gate, &xq, gate, &L->up);
-        matvec(&L->up, &xq, up, &L->down);
-        gated(gate, up, m->n_ff, m->gelu);
-        quantize(gate, m->n_ff, &xq);
-        matvec(&L->down, &xq, h, l + 1 < m->n_layer ? &m->layers[l + 1].wq : m->out_fast.qs ? &m->out_fast : &m->out);
-        if (L->post_ffn_norm) rms_norm(h, L->post_ffn_norm, E, m->eps, h);
-        for (int i = 0; i < E; i++) x[i] += h[i];
+/* How a pass multiplies a matrix: one token through the 16-bit one-token kernels
+   (matvec: the draft's step), or a window of tokens through the 8-bit window
+   products (the target, and the draft filling its cache). */
+typedef struct {
+    int window;          /* 0: one token, 16-bit activations; 1: the window products */
+    quantized one;       /* the token's rounded activations (one token) */
+    window_act *acts;    /* each token's (a window) */
+    int held;            /* how the activations hold the current x (-1: not yet; the one-token
+                            rounding is the same for every matrix: 0) */
+} products;
+
+/* Y = W X for T rows of x (stride floats apart), token t's outputs at y + t * ystride.
+   x is rounded only where the activations do not hold it as w needs it already. */
+static void product(products *p, const hs_mat *w, const float *x, int stride, int T, float *y, int ystride,
+                    const hs_mat *next) {
+    if (p->window) {
+        window_products(w, x, stride, T, p->acts, &p->held, y, ystride, next);
+        return;
     }
+    if (p->held != 0) {
+        quantize(x, w->cols, &p->one);
+        p->held = 0;
+    }
+    matvec(w, &p->one, y, next);
+}
+
+/* A pass's scratch in the model's work memory: per token x, h, q, att, k, v, gate and up
+   (as a layer names them) and four rope tables (global cos and sin, then local); then the
+   rounded activations and the attention scores. */
+typedef struct {
+    float *x, *h, *q, *att, *k, *v, *gate, *up, *angles, *acts, *scores;
+} scratch;
+
+/* Floats the rounded activations of T tokens take: the window's, or a single token's 16-bit ones. */
+static long acts_floats(const hs_model *m, int T) {
+    const long window = T * window_act_floats(widest(m)), one = hs_matvec_work_floats(widest(m));
+    return window > one ? window : one;
+}
+
+static scratch scratch_at(const hs_model *m, int T) {
+    const size_t E = m->n_embd, heads = (size_t)m->n_head * m->head_dim, kv = (size_t)m->n_kv * m->head_dim;
+    scratch s;
+    s.x = m->work;
+    s.h = s.x + T * E;
+    s.q = s.h + T * E;
+    s.att = s.q + T * heads;
+    s.k = s.att + T * heads;
+    s.v = s.k + T * kv;
+    s.gate = s.v + T * kv;
+    s.up = s.gate + (size_t)T * m->n_ff;
+    s.angles = s.up + (size_t)T * m->n_ff;
+    s.acts = s.angles + (size_t)T * 4 * MAX_HALF;
+    s.scores = s.acts + acts_floats(m, T);
+    return s;
+}
+
+/* Floats of scratch memory a pass of up to `tokens` tokens needs (one: a step). */
+long hs_window_work_floats(const hs_model *m, int tokens) {
+    const long heads = (long)m->n_head * m->head_dim, kv = (long)m->n_kv * m->head_dim;
+    const long per_token = 2L * m->n_embd + 2 * heads + 2 * kv + 2L * m->n_ff + 4 * MAX_HALF;
+    return tokens * per_token + acts_floats(m, tokens) + (long)(m->n_head / m->n_kv) * (m->n_ctx + KEY_BLOCK) + 64;
+}
+
+/* Each token's embedding (scaled, for Gemma 3) into x, and its rope angles, global
+   then local (sliding layers), into its tables. */
+static void embed(const hs_model *m, const int *tokens, int T, int pos, const scratch *s) {
+    const int E = m->n_embd, hd = m->head_dim;
+    for (int t = 0; t < T; t++) {
+        float *a = s->angles + (size_t)t * 4 * MAX_HALF, *x = s->x + (size_t)t * E;
+        rope_angles(pos + t, m->rope_base, hd, m->rope_freqs, m->rope_scale, a, a + MAX_HALF);
+        if (m->window > 0) rope_angles(pos + t, m->rope_base_local, hd, NULL, 1.0f, a + 2 * MAX_HALF, a + 3 * MAX_HALF);
+        dequantize_row(&m->embd, tokens[t], x);
+        if (m->embd_scale != 1.0f)
+            for (int i = 0; i < E; i++) x[i] *= m->embd_scale;
+    }
+}
+
+/* Each token's query and key made ready (biases, head norms, rope), its key and value
+   stored at its position: every key and value of the window first, as later tokens
+   attend to them. */
+static void store_positions(const hs_model *m, const hs_layer *L, int l, int T, int pos, const scratch *s) {
+    const int hd = m->head_dim, heads = m->n_head * hd, kv_dim = m->n_kv * hd;
+    uint16_t *kc = m->kcache + (size_t)l * m->n_kv * key_stride(m), *vc = m->vcache + (size_t)l * m->n_ctx * kv_dim;
+    void (*turn)(float *, int, int, const float *, const float *) = m->neox_rope ? rope_halves : rope;
+    for (int t = 0; t < T; t++) {
+        float *qt = s->q + (size_t)t * heads, *kt = s->k + (size_t)t * kv_dim, *vt = s->v + (size_t)t * kv_dim;
+        add_biases(L, qt, kt, vt, heads, kv_dim);
+        const float *a = s->angles + (size_t)t * 4 * MAX_HALF + (L->sliding ? 2 * MAX_HALF : 0);
+        if (L->q_norm)
+            for (int i = 0; i < m->n_head; i++) rms_norm(qt + i * hd, L->q_norm, hd, m->eps, qt + i * hd);
+        if (L->k_norm)
+            for (int i = 0; i < m->n_kv; i++) rms_norm(kt + i * hd, L->k_norm, hd, m->eps, kt + i * hd);
+        turn(qt, m->n_head, hd, a, a + MAX_HALF);
+        turn(kt, m->n_kv, hd, a, a + MAX_HALF);
+        for (int g = 0; g < m->n_kv; g++) {
+            store_key(kt + g * hd, hd, kc + (size_t)g * key_stride(m), pos + t);
+            to_half(vt + g * hd, hd, vc + ((size_t)g * m->n_ctx + pos + t) * hd);
+        }
+    }
+}
+
+/* Each token's attention over the positions up to its own (the last `window` of them in
+   a sliding layer), into att. */
+static void attend_positions(const hs_model *m, const hs_layer *L, int l, int T, int pos, const scratch *s) {
+    const int heads = m->n_head * m->head_dim, kv_dim = m->n_kv * m->head_dim;
+    const uint16_t *kc = m->kcache + (size_t)l * m->n_kv * key_stride(m), *vc = m->vcache + (size_t)l * m->n_ctx * kv_dim;
+    for (int t = 0; t < T; t++) {
+        const int end = pos + t + 1, first = L->sliding && end > m->window ? end - m->window : 0;
+        attend(m, s->q + (size_t)t * heads, kc, vc, first, end, s->scores, s->att + (size_t)t * heads);
+    }
+}
+
+/* x += post_norm(h) for each token (no norm where post_norm is NULL); then, where
+   `norm` is given, h = norm(x), the next block's input. */
+static void add_residual(const hs_model *m, int T, const float *post_norm, const float *norm, const scratch *s) {
+    const int E = m->n_embd;
+    for (int t = 0; t < T; t++) {
+        float *ht = s->h + (size_t)t * E, *xt = s->x + (size_t)t * E;
+        if (post_norm) rms_norm(ht, post_norm, E, m->eps, ht);
+        for (int i = 0; i < E; i++) xt[i] += ht[i];
+        if (norm) rms_norm(xt, norm, E, m->eps, ht);
+    }
+}
+
+/* Layer l for T tokens at positions pos..: every architecture's difference is a field
+   that is NULL or 0 where unused. `next` is the matrix read after the layer's last. */
+static void layer(const hs_model *m, int l, int T, int pos, const scratch *s, products *p, const hs_mat *next) {
+    const hs_layer *L = m->layers + l;
+    const int E = m->n_embd, F = m->n_ff, heads = m->n_head * m->head_dim, kv_dim = m->n_kv * m->head_dim;
+    for (int t = 0; t < T; t++) rms_norm(s->x + (size_t)t * E, L->attn_norm, E, m->eps, s->h + (size_t)t * E);
+    p->held = -1;
+    product(p, &L->wq, s->h, E, T, s->q, heads, &L->wk);
+    product(p, &L->wk, s->h, E, T, s->k, kv_dim, &L->wv);
+    product(p, &L->wv, s->h, E, T, s->v, kv_dim, &L->wo);
+    store_positions(m, L, l, T, pos, s);
+    attend_positions(m, L, l, T, pos, s);
+    p->held = -1;
+    product(p, &L->wo, s->att, heads, T, s->h, E, &L->gate);
+    add_residual(m, T, L->post_attn_norm, L->ffn_norm, s);
+    p->held = -1;
+    product(p, &L->gate, s->h, E, T, s->gate, F, &L->up);
+    product(p, &L->up, s->h, E, T, s->up, F, &L->down);
+    for (int t = 0; t < T; t++) gated(s->gate + (size_t)t * F, s->up + (size_t)t * F, F, m->gelu);
+    p->held = -1;
+    product(p, &L->down, s->gate, F, T, s->h, E, next);
+    add_residual(m, T, L->post_ffn_norm, NULL, s);
+}
+
+/* Whether tokens[0..T) at positions pos.. can be run (the cache holds 0..pos-1). */
+static int fits(const hs_model *m, const int *tokens, int T, int pos) {
+    if (pos < 0 || pos + T > m->n_ctx || m->head_dim > 2 * MAX_HALF) return 0;
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->n_vocab) return 0;
+    return 1;
+}
+
+/* Every layer for T tokens at positions pos..; `last` is the matrix read after the last layer. */
+static void run_layers(const hs_model *m, const int *tokens, int T, int pos, const scratch *s, products *p,
+                       const hs_mat *last) {
+    embed(m, tokens, T, pos, s);
+    for (int l = 0; l < m->n_layer; l++) layer(m, l, T, pos, s, p, l + 1 < m->n_layer ? &m->layers[l + 1].wq : last);
+}
+
+/* Evaluate `token` at position `pos` through the one-token kernels (the cache holds
+   0..pos-1 and gets pos); logits (n_vocab floats) when not NULL. 0 on success, -1 for
+   bad input. */
+int hs_forward(const hs_model *m, int token, int pos, float *logits) {
+    if (!fits(m, &token, 1, pos)) return -1;
+    const scratch s = scratch_at(m, 1);
+    products p = {.window = 0, .one = quantized_at(s.acts, widest(m))};
+    run_layers(m, &token, 1, pos, &s, &p, m->out_fast.qs ? &m->out_fast : &m->out);
     if (logits) {
-        rms_norm(x, m->out_norm, E, m->eps, h);
-        quantize(h, E, &xq);
-        head(m, &xq, logits);
+        rms_norm(s.x, m->out_norm, m->n_embd, m->eps, s.h);
+        quantize(s.h, m->n_embd, &p.one);
+        head(m, &p.one, logits);
     }
     return 0;
 }
 
-/* ---- a window of tokens (the target) ---------------------------------------------- */
-
-enum { MAX_WINDOW = 64, MAX_HALF = 128 };   /* tokens a window; rope angles per head, at most */
-
-/* Per token of a window: x, h, q, att, k, v, gate, up, its quantized copy (as in
-   hs_work_floats) and four rope tables. */
-static long window_floats_per_token(const hs_model *m) {
-    const long w = widest(m), heads = (long)m->n_head * m->head_dim, kv = (long)m->n_kv * m->head_dim;
-    return 2L * m->n_embd + 2 * heads + 2 * kv + 2L * m->n_ff + window_act_floats(w) + 4 * MAX_HALF;
-}
-
-int hs_max_window(void) { return MAX_WINDOW; }
-
-/* Floats of scratch memory a window of up to `tokens` tokens needs. */
-long hs_window_work_floats(const hs_model *m, int tokens) {
-    return tokens * window_floats_per_token(m) + (long)(m->n_head / m->n_kv) * (m->n_ctx + KEY_BLOCK) + 64;
-}
-
-/* Evaluate tokens[0..T) at positions pos.. (the cache holds 0..pos-1 and gets the
-   window); each token's state after the final norm into norms (T x n_embd). Every
-   step but the products is taken token by token; the products (window_matmat) give
-   each token the same float steps in any window: a token's rows do not depend on the
-   window it came in. 0 on success, -1 for bad input. */
+/* Evaluate tokens[0..T) at positions pos.. through the window products (the cache
+   holds 0..pos-1 and gets the window); each token's state after the final norm into
+   norms (T x n_embd). Every step but the products is taken token by token, and the
+   products give each token the same float steps in any window: a token's rows do not
+   depend on the window it came in. 0 on success, -1 for bad input. */
 int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, float *norms) {
-    if (T < 1 || T > MAX_WINDOW || pos < 0 || pos + T > m->n_ctx || m->head_dim > 2 * MAX_HALF) return -1;
-    for (int t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= m->n_vocab) return -1;
-    const int E = m->n_embd, hd = m->head_dim, kv_dim = m->n_kv * hd, heads = m->n_head * hd, F = m->n_ff;
-    const int W = widest(m);
-    float *x = m->work, *h = x + (size_t)T * E, *q = h + (size_t)T * E, *att = q + (size_t)T * heads;
-    float *k = att + (size_t)T * heads, *v = k + (size_t)T * kv_dim, *gate = v + (size_t)T * kv_dim;
-    float *up = gate + (size_t)T * F, *angles = up + (size_t)T * F, *rest = angles + (size_t)T * 4 * MAX_HALF;
-    window_act xq[MAX_WINDOW];
-    for (int t = 0; t < T; t++, rest += window_act_floats(W)) window_act_at(xq + t, rest, W);
-    float *scores = rest;
-    void (*turn)(float *, int, int, const float *, const float *) = m->neox_rope ? rope_halves : rope;
-
-    for (int t = 0; t < T; t++) {      /* embeddings; rope angles, global then local, per token */
-        float *a = angles + (size_t)t * 4 * MAX_HALF;
-        rope_angles(pos + t, m->rope_base, hd, m->rope_freqs, m->rope_scale, a, a + MAX_HALF);
-        if (m->window > 0) rope_angles(pos + t, m->rope_base_local, hd, NULL, 1.0f, a + 2 * MAX_HALF, a + 3 * MAX_HALF);
-        dequantize_row(&m->embd, tokens[t], x + (size_t)t * E);
-        if (m->embd_scale != 1.0f)
-            for (int i = 0; i < E; i++) x[(size_t)t * E + i] *= m->embd_scale;
-    }
-    for (int l = 0; l < m->n_layer; l++) {
-        const hs_layer *L = m->layers + l;
-        uint16_t *kc = m->kcache + (size_t)l * m->n_kv * key_stride(m), *vc = m->vcache + (size_t)l * m->n_ctx * kv_dim;
-        int held = -1;
-        for (int t = 0; t < T; t++) rms_norm(x + (size_t)t * E, L->attn_norm, E, m->eps, h + (size_t)t * E);
-        window_products(&L->wq, h, E, T, xq, &held, q, heads, &L->wk);
-        window_products(&L->wk, h, E, T, xq, &held, k, kv_dim, &L->wv);
-        window_products(&L->wv, h, E, T, xq, &held, v, kv_dim, &L->wo);
-        for (int t = 0; t < T; t++) {   /* every key and value of the window first: later tokens attend to them */
-            float *qt = q + (size_t)t * heads, *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
-            add_biases(L, qt, kt, vt, heads, kv_dim);
-            const float *a = angles + (size_t)t * 4 * MAX_HALF + (L->sliding ? 2 * MAX_HALF : 0);
-            if (L->q_norm)
-                for (int i = 0; i < m->n_head; i++) rms_norm(qt + i * hd, L->q_norm, hd, m->eps, qt + i * hd);
-            if (L->k_norm)
-                for (int i = 0; i < m->n_kv; i++) rms_norm(kt + i * hd, L->k_norm, hd, m->eps, kt + i * hd);
-            turn(qt, m->n_head, hd, a, a + MAX_HALF);
-            turn(kt, m->n_kv, hd, a, a + MAX_HALF);
-            for (int g = 0; g < m->n_kv; g++) {
-                store_key(kt + g * hd, hd, kc + (size_t)g * key_stride(m), pos + t);
-                to_half(vt + g * hd, hd, vc + ((size_t)g * m->n_ctx + pos + t) * hd);
-            }
-        }
-        for (int t = 0; t < T; t++) {
-            const int end = pos + t + 1, first = L->sliding && end > m->window ? end - m->window : 0;
-            attend(m, q + (size_t)t * heads, kc, vc, first, end, scores, att + (size_t)t * heads);
-        }
-        held = -1;
-        window_products(&L->wo, att, heads, T, xq, &held, h, E, &L->gate);
-        for (int t = 0; t < T; t++) {
-            float *ht = h + (size_t)t * E, *xt = x + (size_t)t * E;
-            if (L->post_attn_norm) rms_norm(ht, L->post_attn_norm, E, m->eps, ht);
-            for (int i = 0; i < E; i++) xt[i] += ht[i];
-            rms_norm(xt, L->ffn_norm, E, m->eps, ht);
-        }
-        held = -1;
-        window_products(&L->gate, h, E, T, xq, &held, gate, F, &L->up);
-        window_products(&L->up, h, E, T, xq, &held, up, F, &L->down);
-        for (int t = 0; t < T; t++) gated(gate + (size_t)t * F, up + (size_t)t * F, F, m->gelu);
-        held = -1;
-        window_products(&L->down, gate, F, T, xq, &held, h, E, l + 1 < m->n_layer ? &m->layers[l + 1].wq : NULL);
-        for (int t = 0; t < T; t++) {
-            float *ht = h + (size_t)t * E, *xt = x + (size_t)t * E;
-            if (L->post_ffn_norm) rms_norm(ht, L->post_ffn_norm, E, m->eps, ht);
-            for (int i = 0; i < E; i++) xt[i] += ht[i];
-        }
-    }
-    for (int t = 0; t < T; t++) rms_norm(x + (size_t)t * E, m->out_norm, E, m->eps, norms + (size_t)t * E);
+    if (T < 1 || T > MAX_WINDOW || !fits(m, tokens, T, pos)) return -1;
+    const scratch s = scratch_at(m, T);
+    const int E = m->n_embd, W = widest(m);
+    window_act acts[MAX_WINDOW];
+    for (int t = 0; t < T; t++) window_act_at(acts + t, s.acts + t * window_act_floats(W), W);
+    products p = {.window = 1, .acts = acts};
+    run_layers(m, tokens, T, pos, &s, &p, NULL);
+    for (int t = 0; t < T; t++) rms_norm(s.x + (size_t)t * E, m->out_norm, E, m->eps, norms + (size_t)t * E);
     return 0;
 }
 

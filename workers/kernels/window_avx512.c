@@ -1,6 +1,5 @@
-/* A weight matrix times a window of tokens with activations rounded to int8 per
-   block of 32: the native target's products (hs_forward_window in native_draft.c),
-   on CPUs with AVX-512 BW and VNNI. Included by native_draft.c only.
+/* The window products (window.h) on CPUs with AVX-512 BW and VNNI: a weight matrix
+   times a window of tokens with activations rounded to int8 per block of 32.
 
    Why: a verify window and a prompt are many tokens against the same weights.
    The one-token kernels (16-bit activations) redo each block's unpacking and
@@ -18,39 +17,25 @@
    isum, accumulated over the row's pairs in the lanes, offsets (Q4_1's m,
    Q4_0's -8 d, K-quants') times the blocks' rounded sums in the same lanes, and
    the lanes folded by fold4. The activations are rounded as llama.cpp rounds
-   them for each weight type (quantize8).
+   them for each weight type (window_quantize).
 
    The target's Q8_0 matrices come laid out for this at load (FMT_W8): pairs
    already interleaved, scales in float32, and quants + 128, unsigned, so they
    meet xq as 4-bit quants do and the 128 * sum(xq) they add is taken off with a
-   per-token vector (act8.qc) instead of a per-row one: a token or two then
+   per-token vector (window_act.qc) instead of a per-row one: a token or two then
    multiplies a pair in a few instructions. The same integers and scales, so the
    same bits. A window's last 1-3 tokens take four rows at a time (tile8).
 
    Batch invariance: a token's float operations are the same sequence whatever
    the window, chunk or token next to it; only the integer sums and the unpacking
    are shared, and integers are exact. */
+#include <math.h>
 
-#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define WINDOW8 1
+#include "window.h"
 
-/* A token's activations in the pair layout. A last block without a partner is
-   paired with zeros (its weights are masked, its scale is 0). */
-typedef struct {
-    uint8_t *qc;     /* 128 bytes a pair, 64-aligned: xq (interleaved as above), then -128 times
-                        each lane's sum of xq (16 int32), which FMT_W8's quants + 128 add */
-    uint8_t *u;      /* 64 bytes a pair: xq + 128 */
-    float *scale;    /* per block (x ~ scale * xq), a pair's two side by side */
-    float *sum;      /* per block: what the weights' offsets multiply (see quantize8) */
-} act8;
+#if WINDOW_AVX512
 
-/* How llama.cpp rounds the activations a matrix meets (its vec_dot_type), so that the
-   logits stay close to the file's in llama.cpp: Q8_0 blocks for Q8_0, Q5_0 (held as
-   Q8_0) and Q4_0 weights; Q8_1 blocks, which add a float16 sum, for Q4_1; Q8_K
-   blocks, one float32 scale per 256 values, for K-quants (FMT_I8). */
-enum { ACT_Q8_0, ACT_Q8_1, ACT_Q8_K };
-
-static inline int act_kind(const hs_mat *w) {
+int window_act_kind(const hs_mat *w) {
     return w->fmt == FMT_I8 ? ACT_Q8_K : w->fmt == FMT_Q4_1 ? ACT_Q8_1 : ACT_Q8_0;
 }
 
@@ -63,7 +48,7 @@ static inline float round_half(float x) { return _cvtsh_ss(_cvtss_sh(x, _MM_FROU
    max taken per block (Q8_0, Q8_1) or per 256 values (Q8_K). The scale is
    max / 127 in float16 (Q8_0, Q8_1) or 1 / (127 / max) in float32 (Q8_K); sum is
    scale * sum(xq), except Q8_1's, float16(max / 127 * sum(xq)). */
-static void quantize8(const float *x, int n, int kind, act8 *out) {
+void window_quantize(const float *x, int n, int kind, window_act *out) {
     const int nb = n / BLOCK;
     const __m512 sign = _mm512_set1_ps(-0.0f);
     float top[nb];
@@ -116,7 +101,7 @@ static inline __m512 block_scales(const uint16_t *d, int both) {
 
 /* Row r's pair p as bytes in the pair layout (unsigned for 4-bit formats, signed
    for int8 ones), and its per-lane weight scales. fmt is w->fmt, a constant
-   where this is inlined (see matmat8), so no branch on it is left in the loops. */
+   where this is inlined (see window_rows), so no branch on it is left in the loops. */
 static inline __attribute__((always_inline)) __m512i pair_weights(const hs_mat *w, const int fmt, int r, int nb,
                                                                   int p, __m512 *scales) {
     const int b = 2 * p, whole = b + 1 < nb;
@@ -167,7 +152,7 @@ enum { CHUNK = 8 };     /* accumulators a tile keeps in registers: rows x tokens
    row alone is a single chain of dependent FMAs, and four fold at once. Each row and
    token gets the same float steps in any tile: the tiles only share loops. */
 static inline __attribute__((always_inline)) void tile8(const hs_mat *w, const int fmt, int r, const int R,
-                                                        const act8 *x, const int n, float *y, int ystride) {
+                                                        const window_act *x, const int n, float *y, int ystride) {
     const int nb = w->cols / BLOCK, pairs = (nb + 1) / 2;
     const int nibbles = fmt == FMT_Q4_0 || fmt == FMT_Q4_1, biased = fmt == FMT_W8;
     const int has_offsets = nibbles || (fmt == FMT_I8 && w->offsets);
@@ -216,7 +201,7 @@ enum { ROWS = 4 };      /* rows a tile for the last 1-3 tokens of a window */
 /* Rows r0..r1-1 of Y = W X for T tokens (token t's outputs at y + t * ystride), ROWS
    rows at a time: their tokens 8 or 4 at a time a row, the last 1-3 tokens all four rows
    at once (see tile8). */
-static inline __attribute__((always_inline)) void matmat8_fmt(const hs_mat *w, const int fmt, const act8 *x, int T,
+static inline __attribute__((always_inline)) void matmat8_fmt(const hs_mat *w, const int fmt, const window_act *x, int T,
                                                               float *y, int ystride, const hs_mat *next, int r0, int r1) {
     const int many = T & ~3, few = T - many;
     for (int r = r0; r < r1; r += ROWS) {
@@ -241,7 +226,7 @@ static inline __attribute__((always_inline)) void matmat8_fmt(const hs_mat *w, c
 }
 
 /* Rows r0..r1-1 of Y = W X for T tokens, the kernel specialised for W's format. */
-static void matmat8(const hs_mat *w, const act8 *x, int T, float *y, int ystride, const hs_mat *next, int r0, int r1) {
+void window_rows(const hs_mat *w, const window_act *x, int T, float *y, int ystride, const hs_mat *next, int r0, int r1) {
     switch (w->fmt) {
     case FMT_W8: matmat8_fmt(w, FMT_W8, x, T, y, ystride, next, r0, r1); break;
     case FMT_Q8_0: matmat8_fmt(w, FMT_Q8_0, x, T, y, ystride, next, r0, r1); break;
@@ -251,6 +236,17 @@ static void matmat8(const hs_mat *w, const act8 *x, int T, float *y, int ystride
     }
 }
 
-#else
-#define WINDOW8 0
+
+long window_act_floats(int widest) {
+    return (widest / BLOCK + 1) / 2 * 48 + 2 * (widest / BLOCK) + 36;    /* 16 to align qc */
+}
+
+void window_act_at(window_act *a, float *work, int widest) {
+    const size_t pairs = (size_t)(widest / BLOCK + 1) / 2;
+    a->qc = (uint8_t *)(((uintptr_t)work + 63) & ~(uintptr_t)63);
+    a->u = a->qc + 128 * pairs;
+    a->scale = (float *)(a->u + 64 * pairs);
+    a->sum = a->scale + 2 * pairs;
+}
+
 #endif

@@ -1,6 +1,6 @@
-/* The native target's window products (see window8.h) on CPUs without AVX-512 VNNI:
-   activations rounded to int8 per block of 32, as llama.cpp rounds them, multiplied
-   with AVX2's byte products. Included by native_draft.c only, where window8.h is not.
+/* The window products (window.h) on CPUs without AVX-512 VNNI: activations rounded
+   to int8 per block of 32, as llama.cpp rounds them, multiplied with AVX2's byte
+   products.
 
    Why: a 16-bit one-token kernel multiplies 16 pairs an instruction and unpacks every
    block again for each token of a window, so a window of w tokens cost nearly w
@@ -21,20 +21,13 @@
 
    Batch invariance: a token's float operations are the same sequence whatever the
    window, chunk or token next to it; only the unpacking is shared. */
+#include <math.h>
 
-typedef struct {
-    int8_t *q;       /* the n values rounded, in order */
-    float *scale;    /* per block (x ~ scale * q) */
-    float *sum;      /* per block: what the weights' offsets multiply (see quantize8) */
-    int16_t *sum16;  /* per 16 values: the sum of q (Q8_K only: FMT_K6 takes 32 off its quants with it) */
-} act8;
+#include "window.h"
 
-/* How llama.cpp rounds the activations a matrix meets (its vec_dot_type): Q8_0 blocks
-   for Q8_0, Q5_0 and Q4_0 weights; Q8_1 blocks, which add a float16
-   sum, for Q4_1; Q8_K blocks, one float32 scale per 256 values, for K-quants. */
-enum { ACT_Q8_0, ACT_Q8_1, ACT_Q8_K };
+#if !WINDOW_AVX512
 
-static inline int act_kind(const hs_mat *w) {
+int window_act_kind(const hs_mat *w) {
     return w->fmt == FMT_I8 || w->fmt == FMT_K4 || w->fmt == FMT_K6 ? ACT_Q8_K : w->fmt == FMT_Q4_1 ? ACT_Q8_1 : ACT_Q8_0;
 }
 
@@ -43,8 +36,8 @@ static inline float round_half(float x) { return _cvtsh_ss(_cvtss_sh(x, _MM_FROU
 /* x's n values rounded as `kind` says: xq = x * 127 / max|x| to nearest even, the max
    taken per block (Q8_0, Q8_1) or per 256 values (Q8_K). The scale is max / 127 in
    float16 (Q8_0, Q8_1) or 1 / (127 / max) in float32 (Q8_K); sum is scale * sum(xq),
-   except Q8_1's, float16(max / 127 * sum(xq)). The same rules as window8.h's. */
-static void quantize8(const float *x, int n, int kind, act8 *out) {
+   except Q8_1's, float16(max / 127 * sum(xq)). The same rules as window_avx512.c's. */
+void window_quantize(const float *x, int n, int kind, window_act *out) {
     const int nb = n / BLOCK;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     float top[nb];
@@ -87,7 +80,7 @@ static void quantize8(const float *x, int n, int kind, act8 *out) {
 
 /* Block b of row r as 32 bytes in order (unsigned for 4-bit formats and FMT_K6, whose
    32 tile_k takes off; signed for the others), and its weight scale in each lane (two scales for a scale per 16 values).
-   fmt is w->fmt, a constant where this is inlined (see matmat8), so no branch on it
+   fmt is w->fmt, a constant where this is inlined (see window_rows), so no branch on it
    is left in the loops. */
 static inline __attribute__((always_inline)) __m256i block_weights(const hs_mat *w, const int fmt, int r, int nb,
                                                                    int b, __m256 *scales) {
@@ -151,7 +144,7 @@ static inline __m256 block_sums(const float *sum, int nb, int b) {
 
 /* Each token's offsets share, offset * the activations' block sum, into its lanes: Q4_0's
    -8 d, Q4_1's m, Q4_K's -dmin * m, FMT_I8's offsets (none for Q8_0 and Q6_K). */
-static inline __attribute__((always_inline)) void add_offsets(const hs_mat *w, const int fmt, int r, const act8 *x,
+static inline __attribute__((always_inline)) void add_offsets(const hs_mat *w, const int fmt, int r, const window_act *x,
                                                               const int n, __m256 *acc) {
     if (fmt == FMT_Q8_0 || fmt == FMT_Q5 || fmt == FMT_K6 || (fmt == FMT_I8 && !w->offsets)) return;
     const int nb = w->cols / BLOCK;
@@ -166,7 +159,7 @@ enum { CHUNK = 4 };     /* tokens a tile keeps accumulators for: more spill them
 /* Row r of W for n tokens of x, n <= CHUNK (n and fmt constants at each call, so the
    loops unroll). A row and token get the same float steps in any tile: the tiles only
    share the loops and the unpacking. */
-static inline __attribute__((always_inline)) void tile8(const hs_mat *w, const int fmt, int r, const act8 *x,
+static inline __attribute__((always_inline)) void tile8(const hs_mat *w, const int fmt, int r, const window_act *x,
                                                         const int n, float *y, int ystride) {
     const int nb = w->cols / BLOCK;
     const int unsigned_q = fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_K4;
@@ -194,7 +187,7 @@ static inline __attribute__((always_inline)) void tile8(const hs_mat *w, const i
    quants meet the activations unsigned, and 32 * scale * sum(xq) per 16 values comes
    off the integer sum. Integer sums are exact, so a token's floats are the same
    sequence in any tile. */
-static inline __attribute__((always_inline)) void tile_k(const hs_mat *w, const int fmt, int r, const act8 *x,
+static inline __attribute__((always_inline)) void tile_k(const hs_mat *w, const int fmt, int r, const window_act *x,
                                                          const int n, float *y, int ystride) {
     const int nb = w->cols / BLOCK, supers = nb / 8;
     __m256 acc[CHUNK];
@@ -234,7 +227,7 @@ static inline __attribute__((always_inline)) void tile_k(const hs_mat *w, const 
     for (int t = 0; t < n; t++) y[(size_t)t * ystride + r] = hsum8(acc[t]);
 }
 
-static inline __attribute__((always_inline)) void tile(const hs_mat *w, const int fmt, int r, const act8 *x,
+static inline __attribute__((always_inline)) void tile(const hs_mat *w, const int fmt, int r, const window_act *x,
                                                        const int n, float *y, int ystride) {
     if (fmt == FMT_K4 || fmt == FMT_K6) tile_k(w, fmt, r, x, n, y, ystride);
     else tile8(w, fmt, r, x, n, y, ystride);
@@ -242,8 +235,8 @@ static inline __attribute__((always_inline)) void tile(const hs_mat *w, const in
 
 /* Rows r0..r1-1 of Y = W X for T tokens (token t's outputs at y + t * ystride), a row
    at a time, its tokens CHUNK at a time. Tiles of four rows for a token or two, as
-   window8.h takes, were slower here: four rows' streams at once. */
-static inline __attribute__((always_inline)) void matmat8_fmt(const hs_mat *w, const int fmt, const act8 *x, int T,
+   window_avx512.c takes, were slower here: four rows' streams at once. */
+static inline __attribute__((always_inline)) void matmat8_fmt(const hs_mat *w, const int fmt, const window_act *x, int T,
                                                               float *y, int ystride, const hs_mat *next, int r0, int r1) {
     for (int r = r0; r < r1; r++) {
         prefetch_ahead(w, next, r + AHEAD, 1);
@@ -260,7 +253,7 @@ static inline __attribute__((always_inline)) void matmat8_fmt(const hs_mat *w, c
 }
 
 /* Rows r0..r1-1 of Y = W X for T tokens, the kernel specialised for W's format. */
-static void matmat8(const hs_mat *w, const act8 *x, int T, float *y, int ystride, const hs_mat *next, int r0, int r1) {
+void window_rows(const hs_mat *w, const window_act *x, int T, float *y, int ystride, const hs_mat *next, int r0, int r1) {
     switch (w->fmt) {
     case FMT_Q8_0: matmat8_fmt(w, FMT_Q8_0, x, T, y, ystride, next, r0, r1); break;
     case FMT_Q5: matmat8_fmt(w, FMT_Q5, x, T, y, ystride, next, r0, r1); break;
@@ -271,3 +264,16 @@ static void matmat8(const hs_mat *w, const act8 *x, int T, float *y, int ystride
     default: matmat8_fmt(w, FMT_I8, x, T, y, ystride, next, r0, r1); break;
     }
 }
+
+long window_act_floats(int widest) {
+    return widest / 4 + 3 * (widest / BLOCK) + 8;
+}
+
+void window_act_at(window_act *a, float *work, int widest) {
+    a->q = (int8_t *)work;
+    a->scale = work + widest / 4;
+    a->sum = a->scale + widest / BLOCK;
+    a->sum16 = (int16_t *)(a->sum + widest / BLOCK);
+}
+
+#endif

@@ -1,0 +1,198 @@
+"""The native model: a Llama-, Qwen2-, Qwen3- or Gemma-3-architecture GGUF model run by
+workers/kernels/native_model.c, which both workers load: the native draft as it is
+(workers/draft/models.py), the native target with every weight exact
+(workers/target/native_target.py, exact_kquants and window_layout).
+
+A token takes the one-token step (hs_forward), activations rounded to 16 bits; the
+draft takes it, and its Q8_0 output layer is read mostly in a Q4_1 copy made at load
+(head() in the C file). A window of tokens (hs_forward_window) goes through the window
+products, which read each block of weights once for the window: the target's verify
+windows and prompt chunks, and a draft's long feed (a prompt, a catch-up after it
+rested), all but its last token, which fills the cache about 3x faster a token but,
+with 8-bit activations, further from the float model's (see WINDOW_FILL). How the
+file's tensors are held: native_weights.py. Behind the DraftModel protocol of
+workers/draft/models.py (forward, kv_geometry, import_kv), so the drafter and the KV
+handover work with any backend. Its cache is positional: a forward at `pos` simply
+overwrites from there, which is all a rollback needs.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetspec.workers.common.block_layouts import Unsupported
+from hetspec.workers.common.native_weights import FORMATS, FileEmbedding, HsMat, HsModel, Weights, describe
+from hetspec.workers.common.rope_order import ROPE_NEOX, ROPE_NORM, to_llama_order
+from hetspec.workers.kernels.build import KernelUnavailable, built, kernel_source
+from hetspec.workers.kernels.formats import BLOCK
+from hetspec.workers.kernels.gguf_tensors import read_gguf
+
+# The model, and its window products for each instruction set (window.h): one library.
+SOURCES = [kernel_source(name) for name in ("native_model.c", "window_avx512.c", "window_avx2.c")]
+# Feeds of this many tokens or more fill the cache through the window products. Shorter
+# ones (a round's correction and bonus token) keep the one-token step: a SmolLM2 draft
+# whose prompt went through windows agreed with its float32 model at 98.5% of
+# positions, against 100% stepped (docs/kernels.md, "Filling the cache").
+WINDOW_FILL = 8
+
+
+class NativeModel:
+    def __init__(self, path: str, n_ctx: int, cache_root: str = "", fast_head: bool = True,
+                 exact_kquants: bool = False, window_layout: bool = False):
+        """KernelUnavailable when the C files cannot be built here, Unsupported when the file
+        is not of an architecture (native_weights.ARCHITECTURES) and block types it reads.
+        fast_head: read a Q8_0 output layer mostly in a Q4_1 copy (see head() in
+        native_model.c); False reads all of it. exact_kquants: every weight at its exact
+        value (native_weights.EXACT_LAYOUTS) rather than rounded to Q8_0. window_layout: Q8_0
+        values laid out for the 8-bit window products (FMT_W8), where the CPU has them;
+        only hs_forward_window reads that layout."""
+        self._lib = load_library(cache_root)
+        meta, tensors = read_gguf(path)
+        self._arrays = []                            # what the C side reads: keep alive
+        formats: dict[str, int] = {}
+        window_layout = window_layout and self._lib.hs_pair_layout() == 1
+        weights = Weights(self._lib, tensors, self._arrays, formats, exact_kquants, window_layout)
+        self.max_window = self._lib.hs_max_window()
+        self._embedding = FileEmbedding.of(tensors, self.max_window)
+        model, self._layers = describe(meta, weights, n_ctx, self._embedding)
+        if self._embedding is not None:
+            self._embedding.drop_pages()
+        self._rope = ROPE_NEOX if model.neox_rope else ROPE_NORM
+        self._allocate(model, n_ctx)
+        self.n_vocab, self.n_ctx = model.n_vocab, n_ctx
+        self.n_cached = 0
+        self.description = "native, " + ", ".join(f"{n} {kind}" for kind, n in sorted(formats.items()))
+        if self._embedding is not None:
+            self.description += ", token embeddings read from the file's blocks"
+        if fast_head and model.out.fmt == FORMATS["Q8_0"]:
+            model.out_fast = self._q4_1_copy(model.out)
+            self.description += (f", output layer read in a Q4_1 copy, its {self._lib.hs_refined_logits()} "
+                                 "largest logits in Q8_0")
+
+    def _allocate(self, model: HsModel, n_ctx: int) -> None:
+        """The KV cache, the C side's scratch and the buffers a forward reuses."""
+        # Keys in blocks of key_block positions, dimension-major (native_model.c, attend).
+        self._key_block = self._lib.hs_key_block()
+        blocks = -(-n_ctx // self._key_block)
+        self._kcache = np.zeros((model.n_layer, model.n_kv, blocks, model.head_dim, self._key_block), np.float16)
+        self._vcache = np.zeros((model.n_layer, model.n_kv, n_ctx, model.head_dim), np.float16)
+        model.kcache, model.vcache = self._kcache.ctypes.data, self._vcache.ctypes.data
+        self._work = np.zeros(self._lib.hs_window_work_floats(ctypes.byref(model), self.max_window), np.float32)
+        model.work = self._work.ctypes.data
+        self._window_tokens = np.zeros(self.max_window, np.int32)
+        self._window_norms = np.zeros((self.max_window, model.n_embd), np.float32)
+        self._logits = np.zeros(model.n_vocab, np.float32)
+        self._model = model
+
+    def _q4_1_copy(self, out: HsMat) -> HsMat:
+        blocks = out.rows * (out.cols // BLOCK)
+        qs, d, m = np.empty((blocks, 16), np.uint8), np.empty(blocks, np.uint16), np.empty(blocks, np.uint16)
+        self._lib.hs_q4_1_from_q8_0(out.qs, out.d, blocks, qs.ctypes.data, d.ctypes.data, m.ctypes.data)
+        self._arrays.extend((qs, d, m))
+        return HsMat(qs.ctypes.data, d.ctypes.data, m.ctypes.data, FORMATS["Q4_1"], out.rows, out.cols)
+
+    def forward(self, tokens: Sequence[int], pos: int) -> np.ndarray:
+        """Evaluate `tokens` at positions pos..; the logits after the last one
+        (a buffer reused by the next call). Positions from pos on are replaced."""
+        ids = self._checked(tokens, pos)
+        filled = ids.size - 1 if ids.size >= WINDOW_FILL else 0     # tokens through the window products
+        for start in range(0, filled, self.max_window):
+            n = min(self.max_window, filled - start)
+            self._window_tokens[:n] = ids[start:start + n]
+            self.forward_window(self._window_tokens[:n], pos + start, self._window_norms)
+        for i in range(filled, ids.size):
+            logits = self._logits.ctypes.data if i == ids.size - 1 else None
+            token = int(ids[i]) if self._embedding is None else int(self._embedding.rows(ids[i:i + 1])[0])
+            self._lib.hs_forward(ctypes.byref(self._model), token, pos + i, logits)
+        self.n_cached = pos + ids.size
+        return self._logits
+
+    def _checked(self, tokens: Sequence[int], pos: int) -> np.ndarray:
+        """The tokens as int64, where they can be run at pos (ValueError says why not)."""
+        if self._arrays is None:
+            raise RuntimeError("NativeModel is closed")
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("forward() needs at least one token")
+        if pos < 0 or pos + ids.size > self.n_ctx:
+            raise ValueError(f"positions {pos}..{pos + ids.size - 1} do not fit in n_ctx={self.n_ctx}")
+        if pos > self.n_cached:
+            raise ValueError(f"pos={pos} but only positions 0..{self.n_cached - 1} are cached")
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise ValueError(f"token ids must be in [0, {self.n_vocab}), got min={ids.min()} max={ids.max()}")
+        return ids
+
+    def forward_window(self, tokens: np.ndarray, pos: int, norms: np.ndarray) -> None:
+        """Run up to max_window int32 `tokens` at positions pos.. through the window
+        products; each token's state after the final norm into norms' rows."""
+        if self._embedding is not None:
+            tokens = self._embedding.rows(tokens)
+        if self._lib.hs_forward_window(ctypes.byref(self._model), tokens.ctypes.data, tokens.size, pos,
+                                       norms.ctypes.data) != 0:
+            raise RuntimeError(f"the native forward refused positions {pos}..{pos + tokens.size - 1}")
+
+    def kv_geometry(self) -> list[int]:
+        """[layers, kv_heads, head_dim, full-attention layers]."""
+        m = self._model
+        return [m.n_layer, m.n_kv, m.head_dim, sum(not layer.sliding for layer in self._layers)]
+
+    def import_kv(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Positions 0..T-1 from (layers, kv_heads, T, head_dim) float16 keys (post-RoPE,
+        transformers' order) and values, the full-attention layers first, then the
+        sliding ones (as KVModel.layer_kv hands them over); see rope_order.to_llama_order."""
+        layers, heads, t, d = keys.shape
+        if [layers, heads, d] != self.kv_geometry()[:3] or values.shape != keys.shape or t > self.n_ctx:
+            raise ValueError(f"KV of shape {keys.shape} does not fit this draft's cache {self.kv_geometry()}")
+        keys = to_llama_order(keys, self._rope)
+        order = sorted(range(layers), key=lambda i: bool(self._layers[i].sliding))
+        block = self._key_block
+        full, rest = divmod(t, block)          # whole blocks of keys, and positions in a last one
+        blocked = keys[:, :, :full * block].reshape(layers, heads, full, block, d).transpose(0, 1, 2, 4, 3)
+        for j, layer in enumerate(order):
+            self._kcache[layer, :, :full] = blocked[j]
+            if rest:
+                self._kcache[layer, :, full, :, :rest] = keys[j, :, full * block:].transpose(0, 2, 1)
+            self._vcache[layer, :, :t] = values[j]
+        self.n_cached = t
+
+    def set_threads(self, n_threads: int) -> None:
+        """One thread only: a draft step is too short to split."""
+
+    def close(self) -> None:
+        self._arrays = None
+
+
+@functools.cache
+def load_library(cache_root: str = ""):
+    """native_model.c and its window products, built here once (KernelUnavailable where
+    they cannot be), and loaded once per process: without a cache folder each load built
+    them anew (seconds)."""
+    with built(SOURCES, "native model kernels", cache_root) as library:
+        return declare(ctypes.CDLL(library))
+
+
+def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The C functions' signatures, where ctypes' default (int arguments and result) is not theirs."""
+    model, pointer = ctypes.POINTER(HsModel), ctypes.c_void_p
+    signatures = {
+        "hs_forward": (ctypes.c_int, [model, ctypes.c_int, ctypes.c_int, pointer]),
+        "hs_forward_window": (ctypes.c_int, [model, pointer, ctypes.c_int, ctypes.c_int, pointer]),
+        "hs_window_work_floats": (ctypes.c_long, [model, ctypes.c_int]),
+        "hs_window_logits": (None, [model, pointer, ctypes.c_int, pointer]),
+        "hs_q4_1_from_q8_0": (None, [pointer, pointer, ctypes.c_long, pointer, pointer, pointer]),
+        "hs_pack_q4_k": (None, [pointer, ctypes.c_long, pointer, pointer, pointer]),
+        "hs_pack_q6_k": (None, [pointer, ctypes.c_long, pointer, pointer, pointer]),
+        "hs_set_threads": (ctypes.c_int, [ctypes.c_int]),
+        "hs_thread_ids": (ctypes.c_int, [pointer]),
+        "hs_pool_rest": (None, []),
+    }
+    for name, (result, arguments) in signatures.items():
+        function = getattr(lib, name)
+        function.restype, function.argtypes = result, arguments
+    return lib
+
+
+__all__ = ["KernelUnavailable", "NativeModel", "Unsupported"]

@@ -1,0 +1,340 @@
+"""A GGUF file's tensors as the native model's C structs (hs_mat, hs_layer, hs_model in
+workers/kernels/matrix.h and native_model.c), made at load.
+
+What an architecture changes in a layer is a flag of ARCHITECTURES, each stated once,
+and each matrix is held in the layout one small function makes (EXACT_LAYOUTS): a draft
+reads the file's Q8_0/Q4_0/Q4_1 blocks as they are and other block types rounded to
+Q8_0 (exactly for Q5_0, to within half a step of an 8-bit grid for the others); a
+target (exact) keeps every value exactly: Q4_K, Q6_K and Q5_0 at their own size
+(FMT_K4, FMT_K6, FMT_Q5) where its window products read them, other K-quants and Q5_1
+as int8 quants with float scales (FMT_I8), F16 and F32 as the file stores them; and
+with the window layout (AVX-512) its Q8_0 values are laid out for those products (FMT_W8).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import mmap
+from typing import NamedTuple
+
+import numpy as np
+
+from hetspec.workers.common.block_layouts import Unsupported, as_i8, as_k, as_q5, as_q8_0, window_int8
+from hetspec.workers.kernels.formats import (
+    BLOCK,
+    EXPANDED_FORMAT,
+    FLOAT_FORMATS,
+    K_FORMATS,
+    KERNEL_FORMATS,
+    Q5_FORMAT,
+    WINDOW_INT8,
+)
+
+FORMATS = {name: fmt.code for name, fmt in KERNEL_FORMATS.items()}   # name -> the C side's FMT_* code
+LAYER_MATRICES = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output", "gate": "ffn_gate",
+                  "up": "ffn_up", "down": "ffn_down"}
+QK_NORMS = {"q_norm": "attn_q_norm", "k_norm": "attn_k_norm"}
+POST_NORMS = {"post_attn_norm": "post_attention_norm", "post_ffn_norm": "post_ffw_norm"}
+BIASES = {"bq": "attn_q", "bk": "attn_k", "bv": "attn_v"}
+
+
+class Architecture(NamedTuple):
+    """How an architecture's layer differs from Llama's (native_model.c's header says each)."""
+    neox_rope: bool = False          # rope over the heads' two halves, not adjacent pairs
+    qkv_bias: bool = False           # biases on query, key and value
+    qk_norm: bool = False            # query and key heads RMS-normalised before rope
+    scaled_embedding: bool = False   # the token embedding times sqrt(width)
+    post_norms: bool = False         # a norm after attention and after the MLP
+    gelu: bool = False               # GELU (tanh) gating, not SiLU
+    full_attention_every: int = 0    # n: every n-th layer attends fully, the others to a sliding window
+    local_rope_base: float = 0.0     # the sliding layers' rope base
+
+
+# The GGUF architectures the native kernels run (general.architecture). Mistral files are "llama".
+# Gemma 3: every sixth layer attends fully, as llama.cpp has it; its files do not record the local rope base.
+ARCHITECTURES = {
+    "llama": Architecture(),
+    "qwen2": Architecture(neox_rope=True, qkv_bias=True),
+    "qwen3": Architecture(neox_rope=True, qk_norm=True),
+    "gemma3": Architecture(neox_rope=True, qk_norm=True, scaled_embedding=True, post_norms=True, gelu=True,
+                           full_attention_every=6, local_rope_base=10000.0),
+}
+
+
+class HsMat(ctypes.Structure):
+    _fields_ = [("qs", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
+                ("fmt", ctypes.c_int), ("rows", ctypes.c_int), ("cols", ctypes.c_int),
+                ("scales", ctypes.c_void_p), ("offsets", ctypes.c_void_p), ("sub", ctypes.c_void_p)]
+
+
+class HsLayer(ctypes.Structure):
+    _fields_ = [(name, HsMat) for name in LAYER_MATRICES] + [
+        (name, ctypes.c_void_p) for name in ("attn_norm", "ffn_norm", *QK_NORMS, *POST_NORMS)] + [
+        ("sliding", ctypes.c_int)] + [(name, ctypes.c_void_p) for name in BIASES]
+
+
+class HsModel(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int) for name in
+                ("n_layer", "n_embd", "n_head", "n_kv", "head_dim", "n_ff", "n_vocab", "n_ctx")] + [
+        ("eps", ctypes.c_float), ("rope_base", ctypes.c_float), ("embd", HsMat), ("out", HsMat),
+        ("out_norm", ctypes.c_void_p), ("layers", ctypes.POINTER(HsLayer)),
+        ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p), ("work", ctypes.c_void_p),
+        ("neox_rope", ctypes.c_int), ("gelu", ctypes.c_int), ("window", ctypes.c_int),
+        ("embd_scale", ctypes.c_float), ("rope_base_local", ctypes.c_float), ("out_fast", HsMat),
+        ("rope_freqs", ctypes.c_void_p), ("rope_scale", ctypes.c_float)]
+
+
+class Weights(NamedTuple):
+    """How a file's tensors become the C side's: what reads them, what keeps them alive."""
+    lib: ctypes.CDLL          # native_model.c, which lays K-quants out (hs_pack_q4_k, hs_pack_q6_k)
+    tensors: dict             # the file's, by name (gguf_tensors.read_gguf)
+    keep: list                # the arrays the C side reads: held as long as the model
+    formats: dict             # matrices counted by how they are held, for the description
+    exact: bool               # every value exactly (a target): see EXACT_LAYOUTS
+    window: bool              # Q8_0 laid out for AVX-512's window products (FMT_W8)
+
+    def count(self, kind: str) -> None:
+        self.formats[kind] = self.formats.get(kind, 0) + 1
+
+
+class FileEmbedding:
+    """Token embeddings dequantized from the file's own blocks, a row per token as it
+    comes (gguf's dequantize, as llama.cpp's get_rows reads them), into rows the C side
+    reads as its embedding table (FMT_F32), the tokens renumbered to those rows. Only
+    where the output layer is a tensor of its own: nothing else reads the table, so a
+    converted copy of it would be memory for one row a token (docs/kernels.md)."""
+
+    def __init__(self, tensor, rows: int):
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        self.data = tensor.data
+        self.dequantize = functools.partial(dequantize, qtype=GGMLQuantizationType[tensor.type_name])
+        self.buffer = np.zeros((rows, tensor.shape[0]), np.float32)
+        self.local = np.arange(rows, dtype=np.int32)
+
+    @classmethod
+    def of(cls, tensors: dict, rows: int) -> FileEmbedding | None:
+        embedding = tensors.get("token_embd.weight")
+        if "output.weight" not in tensors or embedding is None or not embedding.type_name or embedding.data is None:
+            return None
+        return cls(embedding, rows)
+
+    def drop_pages(self) -> None:
+        """Loading read every block through the file's memory map, which the rows keep
+        open: without this all of them would count as resident. They stay in the page
+        cache; a row read again comes back from there."""
+        mapping = getattr(self.data, "_mmap", None)
+        if mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
+            mapping.madvise(mmap.MADV_DONTNEED)
+
+    def mat(self) -> HsMat:
+        return HsMat(self.buffer.ctypes.data, None, None, FLOAT_FORMATS["F32"], len(self.buffer), self.buffer.shape[1])
+
+    def rows(self, tokens) -> np.ndarray:
+        """Fills a row per token (at most len(buffer)); returns the tokens' row numbers."""
+        self.buffer[:len(tokens)] = self.dequantize(self.data[np.asarray(tokens, np.int64)])
+        return self.local[:len(tokens)]
+
+
+def describe(meta: dict, w: Weights, n_ctx: int, embedding: FileEmbedding | None = None):
+    """(the C side's model, its layers): its shape from the file's metadata, its matrices
+    and norms from its tensors; the token embeddings from `embedding`'s rows where given."""
+    model, arch = _shape(meta, n_ctx)
+    model.embd = _mat(w, "token_embd.weight") if embedding is None else embedding.mat()
+    model.out = _mat(w, "output.weight") if "output.weight" in w.tensors else model.embd
+    model.n_vocab = model.out.rows
+    model.out_norm = _vector(w, "output_norm.weight", model.n_embd)
+    if "rope_freqs.weight" in w.tensors:        # Llama 3's rope scaling
+        model.rope_freqs = _vector(w, "rope_freqs.weight", model.head_dim // 2)
+    layers = (HsLayer * model.n_layer)()
+    for i, layer in enumerate(layers):
+        _fill_layer(layer, i, model, arch, w)
+    _check_shapes(model, layers)
+    model.layers = layers
+    return model, layers
+
+
+def _shape(meta: dict, n_ctx: int) -> tuple[HsModel, Architecture]:
+    """(the model's dimensions and settings, its architecture); Unsupported names what
+    the native kernels cannot run."""
+    name = meta.get("general.architecture")
+    arch = ARCHITECTURES.get(name)
+    if arch is None:
+        raise Unsupported(f"the native kernels run {', '.join(ARCHITECTURES)} files, not {name!r}")
+
+    def number(key: str, default=None):
+        value = meta.get(f"{name}.{key}", default)
+        if value is None:
+            raise Unsupported(f"the file has no {name}.{key}")
+        return value
+
+    n_embd, n_head = number("embedding_length"), number("attention.head_count")
+    head_dim = number("attention.key_length", n_embd // n_head)
+    if number("attention.value_length", head_dim) != head_dim:
+        raise Unsupported("the native kernels need keys and values of one head size")
+    if number("rope.dimension_count", head_dim) != head_dim:
+        raise Unsupported("the native kernels need rope over whole heads")
+    sliding = arch.full_attention_every > 0
+    model = HsModel(n_layer=number("block_count"), n_embd=n_embd, n_head=n_head,
+                    n_kv=number("attention.head_count_kv", n_head), head_dim=head_dim,
+                    n_ff=number("feed_forward_length"), n_ctx=n_ctx,
+                    eps=number("attention.layer_norm_rms_epsilon"), rope_base=number("rope.freq_base", 10000.0),
+                    neox_rope=int(arch.neox_rope), gelu=int(arch.gelu),
+                    window=number("attention.sliding_window") if sliding else 0,
+                    embd_scale=float(np.sqrt(np.float32(n_embd))) if arch.scaled_embedding else 1.0,
+                    rope_scale=_rope_scale(meta, name))
+    model.rope_base_local = arch.local_rope_base if sliding else model.rope_base
+    if head_dim % 8 or head_dim > 256 or n_embd % BLOCK or model.n_ff % BLOCK or n_head % model.n_kv:
+        raise Unsupported(f"the native kernels cannot run heads of {head_dim} or widths {n_embd}/{model.n_ff}")
+    return model, arch
+
+
+def _rope_scale(meta: dict, arch: str) -> float:
+    """What the rope's angles are multiplied by: 1, or 1 / factor for linear scaling."""
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    if kind == "none" or factor == 1.0:
+        return 1.0
+    if kind == "linear":
+        return 1.0 / factor
+    raise Unsupported(f"the native kernels do not run {kind!r} rope scaling")
+
+
+def _fill_layer(layer: HsLayer, i: int, model: HsModel, arch: Architecture, w: Weights) -> None:
+    widths = {"bq": model.n_head * model.head_dim, "bk": model.n_kv * model.head_dim,
+              "bv": model.n_kv * model.head_dim}
+    vectors = {"attn_norm": ("attn_norm", "weight", model.n_embd), "ffn_norm": ("ffn_norm", "weight", model.n_embd)}
+    if arch.qk_norm:
+        vectors.update({field: (name, "weight", model.head_dim) for field, name in QK_NORMS.items()})
+    if arch.qkv_bias:
+        vectors.update({field: (name, "bias", widths[field]) for field, name in BIASES.items()})
+    if arch.post_norms:
+        vectors.update({field: (name, "weight", model.n_embd) for field, name in POST_NORMS.items()})
+    for field, name in LAYER_MATRICES.items():
+        setattr(layer, field, _mat(w, f"blk.{i}.{name}.weight"))
+    for field, (name, kind, n) in vectors.items():
+        setattr(layer, field, _vector(w, f"blk.{i}.{name}.{kind}", n))
+    every = arch.full_attention_every
+    layer.sliding = int(every > 0 and (i + 1) % every != 0)
+
+
+def _check_shapes(model: HsModel, layers) -> None:
+    n_embd, q_dim, kv_dim = model.n_embd, model.n_head * model.head_dim, model.n_kv * model.head_dim
+    shapes = {"wq": (q_dim, n_embd), "wk": (kv_dim, n_embd), "wv": (kv_dim, n_embd), "wo": (n_embd, q_dim),
+              "gate": (model.n_ff, n_embd), "up": (model.n_ff, n_embd), "down": (n_embd, model.n_ff)}
+    for field, (rows, cols) in shapes.items():
+        mat = getattr(layers[0], field)
+        if (mat.rows, mat.cols) != (rows, cols):
+            raise Unsupported(f"blk.0 {field} is {mat.rows} x {mat.cols}, not the {rows} x {cols} of a layer")
+    if model.embd.cols != n_embd or model.out.cols != n_embd or model.out.rows != model.n_vocab:
+        raise Unsupported("the embedding and output matrices do not match the model's width and vocabulary")
+
+
+# ---- a matrix's layout: one function per layout, chosen by EXACT_LAYOUTS and WINDOW_LAYOUTS ----
+
+
+def _as_stored(w: Weights, tensor, rows: int, cols: int) -> HsMat:
+    """Q8_0, Q4_0 or Q4_1 blocks taken apart into quants, scales and offsets (one array
+    each, row by row): the kernel then reads eight blocks' scales at once."""
+    fmt = tensor.type_name
+    blocks = tensor.data.reshape(rows, cols // BLOCK, -1)
+    first = 4 if fmt == "Q4_1" else 2                  # d (and m) come before the quants
+    quants, scales = blocks[:, :, first:], blocks[:, :, :2].view(np.uint16)     # views: copied once
+    w.count(fmt)
+    if w.window and fmt == "Q8_0":
+        return _window_q8_0(w, quants, scales, rows, cols)
+    offsets = [blocks[:, :, 2:4].view(np.uint16)] if fmt == "Q4_1" else []
+    return _split_blocks(w, fmt, [quants, scales, *offsets], rows, cols)
+
+
+def _split_blocks(w: Weights, fmt: str, parts: list, rows: int, cols: int) -> HsMat:
+    """Quants, scales (and Q4_1's offsets) each copied into an array of its own."""
+    arrays = [np.ascontiguousarray(p) for p in parts]
+    w.keep.extend(arrays)
+    qs, d, m = [a.ctypes.data for a in arrays] + [None] * (3 - len(arrays))
+    return HsMat(qs, d, m, FORMATS[fmt], rows, cols)
+
+
+def _rounded_to_q8_0(w: Weights, tensor, rows: int, cols: int) -> HsMat:
+    """Another block type as Q8_0 (block_layouts.as_q8_0: exact for Q5_0)."""
+    q, d = as_q8_0(tensor, rows, cols)
+    w.count(f"Q8_0 from {tensor.type_name}")
+    if w.window:
+        return _window_q8_0(w, q, d, rows, cols)
+    return _split_blocks(w, "Q8_0", [q, d], rows, cols)
+
+
+def _window_q8_0(w: Weights, q: np.ndarray, d: np.ndarray, rows: int, cols: int) -> HsMat:
+    """Q8_0 values in the window products' layout (FMT_W8, block_layouts.window_int8)."""
+    qs, scales = window_int8(q.reshape(rows, cols // BLOCK, BLOCK), d.reshape(rows, cols // BLOCK))
+    w.keep.extend((qs, scales))
+    return HsMat(qs.ctypes.data, None, None, WINDOW_INT8, rows, cols, scales.ctypes.data, None)
+
+
+def _as_floats(w: Weights, tensor, rows: int, cols: int) -> HsMat:
+    """F16 and F32 matrices: the file's own bytes, not copied."""
+    if cols % 16:
+        raise Unsupported(f"{tensor.name} has rows of {cols} values; the float kernels take multiples of 16")
+    data = np.ascontiguousarray(tensor.data)
+    w.keep.append(data)
+    w.count(tensor.type_name)
+    return HsMat(data.ctypes.data, None, None, FLOAT_FORMATS[tensor.type_name], rows, cols)
+
+
+def _k_blocks(w: Weights, tensor, rows: int, cols: int) -> HsMat:
+    """Q4_K and Q6_K at their own size (FMT_K4, FMT_K6)."""
+    qs, sub, scales = as_k(w.lib, tensor, rows, cols)
+    w.keep.extend((qs, sub, scales))
+    w.count(tensor.type_name)
+    return HsMat(qs.ctypes.data, None, None, K_FORMATS[tensor.type_name], rows, cols, scales.ctypes.data, None,
+                 sub.ctypes.data)
+
+
+def _q5_blocks(w: Weights, tensor, rows: int, cols: int) -> HsMat:
+    """Q5_0 at its own size (FMT_Q5)."""
+    qs, d = as_q5(tensor, rows, cols)
+    w.keep.extend((qs, d))
+    w.count(tensor.type_name)
+    return HsMat(qs.ctypes.data, d.ctypes.data, None, Q5_FORMAT, rows, cols)
+
+
+def _int8(w: Weights, tensor, rows: int, cols: int) -> HsMat:
+    """Q5_1 and K-quants as int8 quants with a float scale per 16 and offset per 32 (FMT_I8)."""
+    q, scales, offsets = as_i8(tensor, rows, cols)
+    w.keep.extend(a for a in (q, scales, offsets) if a is not None)
+    w.count(f"{tensor.type_name} exact")
+    return HsMat(q.ctypes.data, None, None, EXPANDED_FORMAT, rows, cols, scales.ctypes.data,
+                 offsets.ctypes.data if offsets is not None else None)
+
+
+# A target's layouts by block type (exact values); a draft holds FORMATS as stored, the rest rounded to Q8_0.
+EXACT_LAYOUTS = {"Q8_0": _as_stored, "Q4_0": _as_stored, "Q4_1": _as_stored, "Q5_0": _q5_blocks, "Q5_1": _int8,
+                 "Q4_K": _k_blocks, "Q5_K": _int8, "Q6_K": _k_blocks, "F16": _as_floats, "F32": _as_floats}
+# With the window layout (AVX-512), whose products read neither FMT_K4, FMT_K6 nor FMT_Q5.
+WINDOW_LAYOUTS = {**EXACT_LAYOUTS, "Q5_0": _rounded_to_q8_0, "Q4_K": _int8, "Q6_K": _int8}
+
+
+def _mat(w: Weights, name: str) -> HsMat:
+    """The tensor `name` in the layout its block type takes in this model."""
+    tensor = w.tensors.get(name)
+    if tensor is None:
+        raise Unsupported(f"the file has no tensor {name}")
+    cols, rows = tensor.shape[0], int(np.prod(tensor.shape[1:]))
+    fmt = tensor.type_name
+    if not w.exact:
+        return (_as_stored if fmt in FORMATS else _rounded_to_q8_0)(w, tensor, rows, cols)
+    layout = (WINDOW_LAYOUTS if w.window else EXACT_LAYOUTS).get(fmt)
+    if layout is None:
+        raise Unsupported(f"{name} is {fmt}, which hetspec's kernels cannot hold exactly (they read Q4_0, Q4_1, "
+                          "Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 and F32)")
+    return layout(w, tensor, rows, cols)
+
+
+def _vector(w: Weights, name: str, n: int) -> int:
+    """A norm's weights or a bias: n float32 values."""
+    tensor = w.tensors.get(name)
+    if tensor is None or tensor.type_name != "F32" or tensor.shape[0] != n:
+        raise Unsupported(f"{name} must be {n} float32 values")
+    w.keep.append(np.array(tensor.data).view(np.float32))
+    return w.keep[-1].ctypes.data
