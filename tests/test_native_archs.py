@@ -107,3 +107,23 @@ def test_token_embeddings_read_from_the_files_blocks_change_no_bit(tmp_path, mon
             assert np.array_equal(a, b)
     monkeypatch.undo()
     assert_batch_invariant(path, NativeTarget)
+
+
+@pytest.mark.parametrize("ftype", ["MOSTLY_Q4_K_M", "MOSTLY_Q5_0"])
+def test_a_draft_holding_its_blocks_exactly_reads_a_long_prompt_as_token_by_token(random_files, tmp_path, ftype):
+    """A long prompt goes through the window products (WINDOW_FILL), whose AVX-512 build reads
+    neither the K-quants' own layouts nor Q5_0: such matrices are taken token by token there.
+    The logits follow the one-token steps' on either instruction set (the window rounds its
+    activations to 8 bits, the steps to 16), and are never NaN."""
+    path = quantize(random_files["qwen2"], str(tmp_path / f"qwen2-{ftype}.gguf"), ftype)
+    tokens = [int(t) for t in np.random.default_rng(7).integers(10, 5000, 2 * native_model.WINDOW_FILL)]
+    fed, stepped = (native_model.NativeModel(path, n_ctx=64, exact_kquants=True) for _ in range(2))
+    try:
+        long = fed.forward(tokens, 0).copy()
+        for pos, token in enumerate(tokens):
+            short = stepped.forward([token], pos)
+        assert np.isfinite(long).all()
+        assert np.corrcoef(long, short)[0, 1] > 0.999
+    finally:
+        fed.close()
+        stepped.close()

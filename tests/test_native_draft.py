@@ -1,4 +1,4 @@
-"""The native draft (workers/kernels/native_draft.c) with the real SmolLM2 and Gemma 3
+"""The native draft (workers/kernels/native_model.c) with the real SmolLM2 and Gemma 3
 GGUF files: it follows the float32 target's greedy path, fills its cache from a
 long feed in windows, rewinds and takes the target's prompt cache like llama.cpp's
 draft (Gemma's sliding-window layers past their window too), refuses what it cannot

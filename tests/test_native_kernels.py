@@ -117,9 +117,9 @@ def random_expanded(rows: int, cols: int, rng):
 
 def window_matmat(library, pair_layout: bool = False) -> None:
     """hs_window_matmat's signature; with pair_layout, a skip where the window products do
-    not read window8.h's layout (FMT_W8: AVX-512 VNNI only)."""
+    not read window_avx512.c's layout (FMT_W8: AVX-512 VNNI only)."""
     if pair_layout and library.hs_pair_layout() != 1:
-        pytest.skip("this CPU has no AVX-512 VNNI: Q8_0 is not laid out in pairs (window8_avx2.h reads it as is)")
+        pytest.skip("this CPU has no AVX-512 VNNI: Q8_0 is not laid out in pairs (window_avx2.c reads it as is)")
     library.hs_window_act_floats.restype = ctypes.c_long
     library.hs_window_act_floats.argtypes = [ctypes.c_int]
     library.hs_window_matmat.restype = ctypes.c_int

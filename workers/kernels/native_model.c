@@ -403,6 +403,12 @@ static void window_matmat(const hs_mat *w, const window_act *x, int T, float *y,
    VNNI. Elsewhere they read Q4_K and Q6_K in FMT_K4 and FMT_K6. */
 int hs_pair_layout(void) { return WINDOW_AVX512; }
 
+/* Whether the window products read w's format: window_avx512.c reads neither the K-quants'
+   own layouts (FMT_K4, FMT_K6) nor FMT_Q5, which only a draft holding them exactly has. */
+static int window_reads(const hs_mat *w) {
+    return !WINDOW_AVX512 || !(w->fmt == FMT_K4 || w->fmt == FMT_K6 || w->fmt == FMT_Q5);
+}
+
 /* A float matrix's (FMT_F16, FMT_F32) row r times n <= 4 tokens of x (stride floats
    apart), in float32: each activation rounded to float16 first for an F16 matrix, as
    llama.cpp rounds them (its vec_dot_type), kept for F32. Each token's sums take the
@@ -962,15 +968,18 @@ typedef struct {
    x is rounded only where the activations do not hold it as w needs it already. */
 static void product(products *p, const hs_mat *w, const float *x, int stride, int T, float *y, int ystride,
                     const hs_mat *next) {
-    if (p->window) {
+    if (p->window && window_reads(w)) {
         window_products(w, x, stride, T, p->acts, &p->held, y, ystride, next);
         return;
     }
-    if (p->held != 0) {
+    if (!p->window && p->held != 0) {
         quantize(x, w->cols, &p->one);
         p->held = 0;
     }
-    matvec(w, &p->one, y, next);
+    for (int t = 0; t < T; t++) {   /* a window's matrix its products cannot read: token by token */
+        if (p->window) quantize(x + (size_t)t * stride, w->cols, &p->one);
+        matvec(w, &p->one, y + (size_t)t * ystride, next);
+    }
 }
 
 /* A pass's scratch in the model's work memory: per token x, h, q, att, k, v, gate and up
@@ -980,10 +989,10 @@ typedef struct {
     float *x, *h, *q, *att, *k, *v, *gate, *up, *angles, *acts, *scores;
 } scratch;
 
-/* Floats the rounded activations of T tokens take: the window's, or a single token's 16-bit ones. */
+/* Floats the rounded activations of T tokens take: the window's, then a single token's
+   16-bit ones (a window takes those for the matrices its products cannot read). */
 static long acts_floats(const hs_model *m, int T) {
-    const long window = T * window_act_floats(widest(m)), one = hs_matvec_work_floats(widest(m));
-    return window > one ? window : one;
+    return T * window_act_floats(widest(m)) + hs_matvec_work_floats(widest(m));
 }
 
 static scratch scratch_at(const hs_model *m, int T) {
@@ -1137,7 +1146,7 @@ int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, floa
     const int E = m->n_embd, W = widest(m);
     window_act acts[MAX_WINDOW];
     for (int t = 0; t < T; t++) window_act_at(acts + t, s.acts + t * window_act_floats(W), W);
-    products p = {.window = 1, .acts = acts};
+    products p = {.window = 1, .one = quantized_at(s.acts + T * window_act_floats(W), W), .acts = acts};
     run_layers(m, tokens, T, pos, &s, &p, NULL);
     for (int t = 0; t < T; t++) rms_norm(s.x + (size_t)t * E, m->out_norm, E, m->eps, norms + (size_t)t * E);
     return 0;
