@@ -12,9 +12,9 @@ from hetspec.ipc.specs import TargetSpec
 from hetspec.workers.common.hf_loading import eos_token_ids, load_causal_lm
 from hetspec.workers.common.kv_model import KVModel
 from hetspec.workers.common.pinning import CoreLoan, set_torch_threads
+from hetspec.workers.target.devices import resolve_device
 from hetspec.workers.target.gguf_linear import use_gguf_blocks
 from hetspec.workers.target.packed_linear import pack_linears
-from hetspec.workers.target.worker import resolve_device
 
 
 class TransformersTarget:

@@ -24,27 +24,9 @@ from hetspec.ipc.messages import (
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS, TargetSpec
 from hetspec.workers.common.pinning import pin_threads, set_torch_threads
 from hetspec.workers.common.process import parse_args, serve
+from hetspec.workers.target.devices import resolve_device
 
-GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 ONCE_ABOVE_S = 0.1       # a calibration pass this slow is timed once: a hiccup is small beside it
-
-
-def resolve_device(configured: str) -> str:
-    if configured == "auto":
-        return "cuda" if cuda_available() else "cpu"
-    if configured.startswith("cuda") and not cuda_available():
-        raise RuntimeError(f"device {configured!r} was configured but CUDA is not available")
-    return configured
-
-
-def cuda_available() -> bool:
-    """torch's answer, asked only where a GPU driver's device is present (NVIDIA's, WSL's
-    or ROCm's): importing torch takes seconds, and a GGUF target on the CPU never uses it."""
-    if not any(os.path.exists(node) for node in GPU_DEVICE_NODES):
-        return False
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def resolve_backend(spec: TargetSpec) -> str:
