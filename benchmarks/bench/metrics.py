@@ -1,20 +1,13 @@
-"""From per-run records to the figures the paper reports, per category and on average.
+"""From per-run records to the paper's figures, per category and on average.
 
-Per category, rates are pooled (total tokens / total seconds), as Spec-Bench
-does, so a long prompt weighs by its tokens, not by its count. The "average"
-column is the mean of the per-category figures (each category counts once,
-like the paper's "Avg."); its histograms and time profiles are pooled over
-every round instead. Speedup and relative TTFT divide by vanilla's figure for
-the same category and decoding; vs_target by the engine's own target-only
-figure, which separates the speculative gain from the target's kernels; vs_llama
-by llama.cpp's on every core (the peer a CPU user would run instead). Greedy
-output is compared with vanilla's, or, for a llama.cpp target (which computes the
-GGUF file's own blocks, not transformers' float32), with the engine's target-only
-output. Figures that do not apply (acceptance of a method that never drafts) are
-None, never 0. llama.cpp's C++ rows get the same pooling on their decode tok/s.
+Per category, rates are pooled (total tokens / total seconds, as Spec-Bench), so a long
+prompt weighs by its tokens; "average" is the mean of the categories' figures, as the
+paper's "Avg.", its histograms and profiles pooled over every round. Figures that do not
+apply (acceptance of a method that never drafts) are None, never 0.
 """
 from __future__ import annotations
 
+from collections import Counter
 from statistics import mean
 
 from hetspec.benchmarks.bench.methods import CPP_PEER, PEER
@@ -137,10 +130,9 @@ def _add_lookup(cell: dict, runs: list[dict]) -> None:
 
 def _add_pooled(into: dict, hists: list[dict]) -> None:
     """The histograms of draft sequences per round, added up (none: no key)."""
-    pooled: dict[str, int] = {}
+    pooled = Counter()
     for hist in hists:
-        for k, v in hist.items():
-            pooled[k] = pooled.get(k, 0) + v
+        pooled.update(hist)      # keeps zero counts, unlike Counter's +
     if pooled:
         into["sequences_hist"] = dict(sorted(pooled.items(), key=lambda kv: int(kv[0])))
 
@@ -161,9 +153,7 @@ def _average(cells: list[dict]) -> dict:
 
 
 def _ratio(value, base):
-    if value is None or not base:
-        return None
-    return value / base
+    return None if value is None or not base else value / base
 
 
 def _add_ceiling_fraction(doc: dict) -> None:
