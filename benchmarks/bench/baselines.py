@@ -95,8 +95,7 @@ class _PldCounter:
 class Baselines:
     def __init__(self, model_spec: str, dtype: str, device: str, extra_eos: set[int] = frozenset(),
                  threads: int | None = None):
-        """Load the target; `extra_eos` adds the tokenizer's EOS, as the engine does.
-        threads None: every core for now, and choose_threads() may settle on fewer."""
+        """Load the target; `extra_eos`: the tokenizer's EOS, as the engine adds; threads None: choose_threads() may."""
         self.device = device
         self.dtype = dtype
         self.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []

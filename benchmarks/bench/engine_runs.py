@@ -11,8 +11,7 @@ MAX_RESTARTS = 3
 
 
 class EngineHolder:
-    """One engine for the whole suite, restarted if it dies, so that one crashed worker does not lose a long
-    run: the failed generation is an error record, and the report lists the restarts."""
+    """One engine for the whole suite, restarted if it dies: one crashed worker must not lose a long run."""
 
     def __init__(self, config: dict):
         import hetspec

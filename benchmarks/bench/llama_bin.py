@@ -72,8 +72,7 @@ def bench_command(bin_dir: Path, model: str, threads: int, depth: int, tokens: i
 def spec_command(bin_dir: Path, model: str, threads: int, prompt_file: str, tokens: int, context: int,
                  cores: list[int], draft: str | None = None, n_max: int | None = None, spec_type: str | None = None,
                  repack: bool = True) -> list[str]:
-    """llama-speculative-simple, greedy: with a draft model (`draft`, up to `n_max` tokens a
-    round) or by n-grams (`spec_type` ngram-simple or ngram-mod, no draft model)."""
+    """llama-speculative-simple, greedy: with a `draft` model (up to `n_max` tokens a round) or by n-grams (`spec_type`)."""
     command = [*pinned(cores), str(Path(bin_dir) / "llama-speculative-simple"), "-m", model, "-f", prompt_file,
                "-n", str(tokens), "-c", str(context), "-b", str(context), "-t", str(threads), "--temp", "0",
                "--seed", "0"]

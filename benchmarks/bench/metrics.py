@@ -23,8 +23,7 @@ PROFILE = ("draft", "verify", "round", "overhead")
 
 
 def complete(doc: dict) -> dict:
-    """Every figure of a results document, from its runs: the engine's and the baselines'
-    ("results"), the draft ceiling's fraction, and the C++ rows' ("llama_cpp")."""
+    """Every figure of a results document from its runs: "results", the ceiling's fraction, the C++ rows'."""
     doc["results"] = aggregate(doc)
     _add_ceiling_fraction(doc)
     section = doc.get("llama_cpp")
@@ -106,14 +105,12 @@ def _cell(runs: list[dict], reference_ids: dict | None) -> dict:
 
 def _exact_match(runs: list[dict], reference_ids: dict) -> float | None:
     """The share of runs whose greedy tokens equal the reference method's on the same prompt."""
-    pairs = [(r["token_ids"], reference_ids.get(_key(r))) for r in runs]
-    pairs = [(a, b) for a, b in pairs if b is not None]
+    pairs = [(r["token_ids"], reference_ids[_key(r)]) for r in runs if _key(r) in reference_ids]
     return (sum(a == b for a, b in pairs) / len(pairs)) if pairs else None
 
 
 def _add_profile(cell: dict, runs: list[dict]) -> None:
-    """Mean ms per speculative round: each side's compute, the round's wall time, and
-    what is left of it once the busy side is subtracted (orchestration)."""
+    """Mean ms per speculative round: each side's compute, the round's wall time, the rest (orchestration)."""
     rounds = cell["spec_rounds"]
     if rounds and any("round_s" in r for r in runs):
         cell["profile_ms"] = {k: 1000 * _total(runs, f"{k}_s", 0.0) / rounds for k in PROFILE}
@@ -168,8 +165,7 @@ def _add_ceiling_fraction(doc: dict) -> None:
 # ---- llama.cpp's C++ rows (results.json "llama_cpp") ---------------------------------
 
 def summarize(runs: list[dict], categories: list[str]) -> dict:
-    """Per C++ row: decode tok/s per category, pooled over its prompts (tokens / seconds),
-    and their mean ("average"); the speculative row is the draft length fastest on average."""
+    """Per C++ row: pooled decode tok/s per category and their mean; a draft row keeps its fastest draft length."""
     out: dict = {}
     for method in dict.fromkeys(r["method"] for r in runs if "error" not in r):
         mine = [r for r in runs if r["method"] == method and "error" not in r]
@@ -205,9 +201,8 @@ def _cpp_cell(runs: list[dict]) -> dict:
 
 
 def versus(doc: dict, reference: str = CPP_PEER) -> dict | None:
-    """{decoding: {method: {category: ratio, "average": mean}}}: each method's decode tok/s
-    after its first token over the C++ `reference` row's decode tok/s at the same prompts;
-    None when that row did not run (the report then divides by the llama-cpp-python row)."""
+    """{decoding: {method: {category: ratio, "average": mean}}}: decode tok/s over the C++ `reference`
+    row's at the same prompts; None when that row did not run."""
     section = doc.get("llama_cpp") or {}
     ref = summarize(section.get("runs", []), doc["settings"]["categories"]).get(reference)
     if not ref:

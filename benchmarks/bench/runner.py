@@ -137,8 +137,7 @@ class _Suite:
         target = _gguf_target(self.config, "llama.cpp's rows need")
         draft = resolve_model(self.config.draft.model, "draft")
         shared = (self.info.get("vocabulary") or {}).get("shared", True)
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-            list(range(os.cpu_count() or 1))
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
         self.cpp, self.llama_cpp = open_binaries(self.cpp_rows, target.file, draft.file if draft.gguf_file else None,
                                                  self.tokenizer, shared, cores)
         if self.cpp is None:
@@ -156,10 +155,8 @@ class _Suite:
             first_of_a_kind.setdefault((m.kind, m.mode, m.threads), m)
         for method in first_of_a_kind.values():
             for params in DECODINGS.values():
-                try:
+                with contextlib.suppress(Exception):    # the timed run of this method will fail and say why
                     self._generate(holder, method, ids, WARMUP_TOKENS, params, 0)
-                except Exception:  # noqa: BLE001, S110 - the timed run of this method will fail and say why
-                    pass
 
     def run_all(self) -> None:
         s = self.settings
