@@ -1,17 +1,6 @@
-"""The transformers baselines, run in the benchmark process on the target's own weights.
-
-Vanilla is plain autoregressive `generate` (the denominator of every speedup);
-PLD is transformers' prompt lookup decoding (`prompt_lookup_num_tokens`). Both
-load the target exactly as the engine's target worker does
-(hetspec.workers.common.hf_loading.load_causal_lm on the resolved model spec), in the same
-dtype, so the comparison is between decoding methods, not between loaders.
-They may use every core (docs/performance.md, "How to measure"): they run while the
-engine's processes sit idle waiting on their sockets.
-
-Time to first token comes from a streamer that notes when generate pushes its
-first new token, so it is measured inside the timed run rather than by an
-extra max_new_tokens=1 call. PLD's acceptance counts come from wrapping the
-candidate generator's two hooks for the duration of one call.
+"""The transformers baselines in the benchmark process: vanilla `generate` (every speedup's
+denominator) and prompt lookup (PLD). They load the target as the engine's target worker does,
+in its dtype, so methods differ in decoding only; they may use every core while the engine idles.
 """
 from __future__ import annotations
 
@@ -106,8 +95,7 @@ class _PldCounter:
 class Baselines:
     def __init__(self, model_spec: str, dtype: str, device: str, extra_eos: set[int] = frozenset(),
                  threads: int | None = None):
-        """Load the target; `extra_eos` adds the tokenizer's EOS, as the engine does.
-        threads None: every core for now, and choose_threads() may settle on fewer."""
+        """Load the target; `extra_eos`: the tokenizer's EOS, as the engine adds; threads None: choose_threads() may."""
         self.device = device
         self.dtype = dtype
         self.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -124,14 +112,8 @@ class Baselines:
                 "thread_trial_tokens_per_s": self.thread_trial or None}
 
     def choose_threads(self, probes: list[list[int]], tokens: int = 16) -> int:
-        """Give the baselines their best thread count: every core, or one.
-
-        On an idle machine every core wins (the prompt prefill nearly halves on
-        two). On a busy one an OpenMP team waits at every barrier for its slowest
-        thread, and two threads can run several times slower than one; a baseline
-        slowed that way would flatter every speedup. The probes are whole greedy
-        runs of `tokens` tokens (best of two each), a short prompt and a long one,
-        so that the choice weighs prefill as the suite does."""
+        """Every core or one, whichever runs the probes (whole greedy runs, best of two) faster: on a
+        busy machine an OpenMP team waits for its slowest thread, and a slowed baseline flatters every speedup."""
         if self.device != "cpu" or len(self.cores) < 2:
             return self.threads
         speeds = {}

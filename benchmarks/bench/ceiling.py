@@ -1,14 +1,7 @@
-"""The draft model running alone: greedy decoding on the draft's own core, run
-as the engine runs it (the native draft, or llama.cpp).
+"""The draft model alone, greedy, as the engine runs it: DuoDecoding commits at best as fast as its
+draft drafts, so this is its ceiling. A child process pinned like the draft worker, after the engine stopped.
 
-With 97-100% greedy agreement between the default draft and target, DuoDecoding
-can at best commit tokens as fast as the draft produces them, so this speed is
-the ceiling of the default pair and the report states DuoDecoding's speed as a
-fraction of it. It runs in a child process pinned like the draft worker (same
-cores, same threads), after the engine has stopped, so nothing competes.
-
-python -m hetspec.benchmarks.bench.ceiling --model FILE.gguf --cores 0 --threads 1 --n-ctx N [--weights q8_0]
-    [--backend native] < prompts.json
+python -m hetspec.benchmarks.bench.ceiling --model FILE.gguf --cores 0 --threads 1 < prompts.json
 (prompts.json: [{"ids": [...], "max_new_tokens": n}, ...]; prints one JSON object)
 """
 from __future__ import annotations
@@ -23,8 +16,7 @@ import time
 
 def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: list[dict], weights: str = "as-is",
                     timeout_s: float = 900, backend: str = "llama.cpp") -> dict:
-    """Run the measurement in a pinned child process; returns its JSON result (or an "error").
-    backend, weights: the draft's [draft] settings, so the draft runs as in the engine."""
+    """The child's JSON result (or an "error"); backend and weights: the draft's, as in the engine."""
     n_ctx = max(len(p["ids"]) + p["max_new_tokens"] for p in prompts) + 8
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     command = [sys.executable, "-m", "hetspec.benchmarks.bench.ceiling", "--model", model_file, "--threads", str(threads),
@@ -41,8 +33,7 @@ def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: li
 
 
 def _load(model_file: str, threads: int, n_ctx: int, weights: str, backend: str, scratch: str):
-    """(model, what runs it), loaded by the draft worker's own code: the native
-    draft where the engine's would run, else llama.cpp with the config's weights."""
+    """(model, what runs it), loaded by the draft worker's own code."""
     from hetspec.ipc.specs import DraftSpec
     from hetspec.models import resolve_model
     from hetspec.workers.draft.worker import DraftState

@@ -28,8 +28,8 @@ from hetspec.core.errors import HetspecError
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hetspec-bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="engine config: shipped name (smollm2, gemma3-270m, gemma3-smollm2, qwen2.5-coder, ...) or TOML path "
-                                    "(default: the embedded SmolLM2 pair)")
+    p.add_argument("--config", help="engine config: shipped name (smollm2, gemma3-270m, gemma3-smollm2, "
+                                    "qwen2.5-coder, ...) or TOML path (default: the embedded SmolLM2 pair)")
     p.add_argument("--limit", type=int, help="prompts per category, 0 = all (default 1: the quick run)")
     p.add_argument("--methods", nargs="+", help=f"methods or groups ({', '.join(GROUPS)}); "
                                                 f"methods: {', '.join(METHODS)} (vanilla is always run)")
@@ -52,14 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from_args(args) -> BenchSettings:
     """[bench] table of the config file first, then the command line on top."""
-    _, bench = split_config(args.config)
-    settings = BenchSettings(**bench)
+    settings = BenchSettings(**split_config(args.config)[1])
     settings.config = args.config
     for name in ("limit", "methods", "categories", "decodings", "dtype", "max_new_tokens", "prompt_format",
                  "baseline_threads"):
-        value = getattr(args, name)
-        if value is not None:
-            setattr(settings, name, value)
+        if getattr(args, name) is not None:
+            setattr(settings, name, getattr(args, name))
     settings.out = args.out
     settings.warmup = settings.warmup and not args.no_warmup
     settings.ceiling = settings.ceiling and not args.no_ceiling

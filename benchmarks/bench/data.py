@@ -1,12 +1,6 @@
-"""The benchmark's prompts: the six Spec-Bench categories the DuoDecoding paper uses,
-and three of hetspec's own (code and text to continue, for base models, and
-HumanEval-style function stubs: a signature, a docstring, an example).
-
-The jsonl files live inside the package (benchmarks/data/spec-bench/, MIT
-license kept beside them; benchmarks/data/continuation/) so that a run never
-depends on anything outside the project. The first turn of each question is the
-prompt; the new-token budget follows the paper: 128, but 32 for QA and RAG
-(short answers); 64 for the continuations, 128 for the stubs.
+"""The benchmark's prompts, shipped in benchmarks/data/ so a run depends on nothing outside the project:
+the six Spec-Bench categories of the DuoDecoding paper (first turns; 128 new tokens, 32 for QA and RAG)
+and hetspec's own for base models (code and text to continue, 64; HumanEval-style stubs, 128).
 """
 from __future__ import annotations
 
@@ -37,16 +31,13 @@ class Prompt:
 
 
 def load_prompts(categories=CATEGORIES, limit: int | None = None, max_new_tokens: int | None = None) -> list[Prompt]:
-    """The first `limit` questions (all if None or 0) of each category, in file order,
-    so that --limit N always picks the same prompts. `max_new_tokens` overrides
-    the per-category budget (the CI smoke run uses a small one)."""
+    """The first `limit` questions (all if None or 0) of each category, in file order, so that --limit N
+    always picks the same prompts; `max_new_tokens` overrides the per-category budget."""
     prompts = []
     for category in categories:
         if category not in ALL_CATEGORIES:
             raise ValueError(f"unknown category {category!r}; known: {', '.join(ALL_CATEGORIES)}")
-        rows = _read(category)
-        if limit:
-            rows = rows[:limit]
+        rows = _read(category)[:limit or None]
         budget = max_new_tokens or MAX_NEW_TOKENS[category]
         prompts += [Prompt(category, int(row["question_id"]), row["turns"][0], budget) for row in rows]
     return prompts

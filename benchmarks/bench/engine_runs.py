@@ -1,9 +1,5 @@
-"""One benchmark generation through the engine, as a flat record.
-
-The engine is sent token ids, not text, so that it decodes exactly the prompt
-the transformers baselines decode. Wall time is taken on the client side, so
-it includes the request's trip through the scheduler and back: an engine
-method is charged for its own orchestration, as a user would see it.
+"""One benchmark generation through the engine, as a flat record: token ids in (the baselines'
+exact prompt), wall time taken by the client, so a method pays for its own orchestration.
 """
 from __future__ import annotations
 
@@ -15,14 +11,7 @@ MAX_RESTARTS = 3
 
 
 class EngineHolder:
-    """One engine for the whole suite, restarted if it dies.
-
-    A long run should not be lost to one crashed worker (or to a neighbour on a
-    shared machine killing it): the failed generation is recorded as an error,
-    the engine is started again with the same config, and the suite goes on.
-    The sweep's requests carry gammas around the one chosen at the first start;
-    the other methods run the engine's own budget, so a restart may move theirs
-    (restarts are listed in the report)."""
+    """One engine for the whole suite, restarted if it dies: one crashed worker must not lose a long run."""
 
     def __init__(self, config: dict):
         import hetspec
@@ -61,9 +50,8 @@ class EngineHolder:
 
 
 def poor_draft_config(config: dict, n_vocab: int) -> dict:
-    """The same engine with a draft that never agrees: a tiny random model with the
-    target's vocabulary (a builtin target lends its tokenizer; any other gets byte
-    tokens, and so a bridged vocabulary)."""
+    """The same engine with a draft that never agrees: a tiny random model of the target's vocabulary
+    (a builtin target lends its tokenizer; any other gets byte tokens, so a bridged vocabulary)."""
     from hetspec.models import RANDOM_TOKENIZERS
 
     target = str((config.get("target") or {}).get("model", "builtin:smollm2"))
@@ -105,18 +93,14 @@ def _record(result, wall: float, first_piece_s: float | None) -> dict:
     s = result.stats
     spec_rounds, target_only = int(s.get("spec_rounds", 0)), int(s.get("target_only_rounds", 0))
     new_tokens = int(s.get("new_tokens", len(result.token_ids)))
-    # Without any text (all of it held back), the engine's own figure plus the request's time
-    # outside the decoder. Not the first choice: that time also holds a client lagging behind the
-    # stream (on 2 busy cores, by tens of ms), which is not the first token's.
+    # No text at all (all held back): the engine's own figure plus the time outside the decoder.
     outside = max(0.0, wall - s.get("total_s", wall))
     ttft = first_piece_s if first_piece_s is not None else s.get("ttft_s", 0.0) + outside
     return {
         "token_ids": list(result.token_ids), "new_tokens": new_tokens, "finish_reason": result.finish_reason,
         "total_s": wall, "ttft_s": ttft, "engine_total_s": s.get("total_s"), "gamma": s.get("gamma"),
         **{k: int(s.get(k, 0)) for k in ("rounds", "spec_rounds", "target_only_rounds", "drafted", "accepted")},
-        # Every token but the prefill's and the target-only rounds' (one each, plus the lookup
-        # guesses they kept) was committed by a speculative round: an exact count, kept beside
-        # the engine's own (checks.py compares the two).
+        # every token but the prefill's and the target-only rounds' (with their lookup guesses)
         "committed_in_spec_rounds": max(0, new_tokens - 1 - target_only - int(s.get("lookup_accepted", 0)))
         if spec_rounds else 0,
         "engine_committed_in_spec_rounds": round(s.get("mean_accepted_per_round", 0.0) * spec_rounds),

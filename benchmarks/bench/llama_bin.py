@@ -1,16 +1,8 @@
-"""llama.cpp's own C++ binaries as the benchmark's llama.cpp peer.
-
-The llama-cpp-python peer (llama_peer.py) drives llama.cpp from a Python loop, which
-costs llama.cpp part of its speed; users compare against llama.cpp's own programs.
-`scripts/build_llama_cpp.sh` builds them from the llama.cpp the installed
-llama-cpp-python vendors, into hetspec.models.cache_home(). Each row runs one of them
-on the target's GGUF file, per prompt, on the benchmark process's cores (`taskset`),
-while the engine's processes sit idle: `llama-bench` decoding the prompt's new tokens
-after a context of its length (the positions the engine decodes after its first
-token), and `llama-speculative-simple` with the draft's GGUF file (the draft length
-fastest on average is the row's) or by n-grams. Their statistic is decode tok/s, the
-engine's its decode tok/s after the first token: the report's "vs llama.cpp" divides
-the one by the other (metrics.py).
+"""llama.cpp's own C++ programs as the benchmark's llama.cpp rows: users compare against them,
+not against a Python loop (llama_peer.py). scripts/build_llama_cpp.sh builds them; each row runs
+one per prompt on the target's GGUF file and the benchmark process's cores: `llama-bench` (the
+prompt's new tokens after a context of its length) or `llama-speculative-simple` (the draft's GGUF
+file, or n-grams). Their decode tok/s is what the report's "vs llama.cpp" divides by.
 """
 from __future__ import annotations
 
@@ -33,29 +25,20 @@ TIMEOUT_S = 600
 
 def llama_cpp_version() -> str | None:
     """The installed llama-cpp-python's version (None: not installed)."""
-    try:
-        import llama_cpp
-    except ImportError:
-        return None
-    return llama_cpp.__version__
+    from importlib.util import find_spec
+
+    return __import__("llama_cpp").__version__ if find_spec("llama_cpp") else None
 
 
 def find_binaries() -> Path | None:
-    """The folder holding every tool: HETSPEC_LLAMA_BIN, else what build_llama_cpp.sh
-    built for the installed llama-cpp-python; None when a tool is missing."""
-    folder = os.environ.get("HETSPEC_LLAMA_BIN")
-    if not folder:
-        version = llama_cpp_version()
-        if version is None:
-            return None
-        folder = cache_home() / f"llama.cpp-{version}" / "bin"
-    folder = Path(folder)
-    return folder if all(os.access(folder / t, os.X_OK) for t in TOOLS) else None
+    """HETSPEC_LLAMA_BIN, else what build_llama_cpp.sh built; None when a tool is missing."""
+    version = llama_cpp_version()
+    folder = os.environ.get("HETSPEC_LLAMA_BIN") or (version and cache_home() / f"llama.cpp-{version}" / "bin")
+    return Path(folder) if folder and all(os.access(Path(folder) / t, os.X_OK) for t in TOOLS) else None
 
 
 def kept_tree() -> Path | None:
-    """The installed llama-cpp-python's CMake build tree, where `scripts/setup.sh --dev`
-    kept it: there the binaries take a minute to build, not llama.cpp whole."""
+    """llama-cpp-python's CMake tree kept by `scripts/setup.sh --dev`: the binaries build there in a minute."""
     version = llama_cpp_version()
     tree = cache_home() / f"llama.cpp-{version}" / "python-build"
     return tree if version and (tree / "CMakeCache.txt").is_file() else None
@@ -69,8 +52,7 @@ def missing_line() -> str:
 
 def repack_note(repack: bool) -> str:
     """How llama.cpp ran, for the methods table (llama_handles.repacked_weights_run says why)."""
-    return "llama.cpp defaults" if repack else \
-        "llama.cpp defaults but its repacked (AMX) weights, which die of an illegal instruction here"
+    return "llama.cpp defaults" + ("" if repack else " but its repacked (AMX) weights, which die of an illegal instruction here")
 
 
 # ---- commands ---------------------------------------------------------------------
@@ -90,8 +72,7 @@ def bench_command(bin_dir: Path, model: str, threads: int, depth: int, tokens: i
 def spec_command(bin_dir: Path, model: str, threads: int, prompt_file: str, tokens: int, context: int,
                  cores: list[int], draft: str | None = None, n_max: int | None = None, spec_type: str | None = None,
                  repack: bool = True) -> list[str]:
-    """llama-speculative-simple, greedy: with a draft model (`draft`, up to `n_max` tokens a
-    round) or by n-grams (`spec_type` ngram-simple or ngram-mod, no draft model)."""
+    """llama-speculative-simple, greedy: with a `draft` model (up to `n_max` tokens a round) or by n-grams (`spec_type`)."""
     command = [*pinned(cores), str(Path(bin_dir) / "llama-speculative-simple"), "-m", model, "-f", prompt_file,
                "-n", str(tokens), "-c", str(context), "-b", str(context), "-t", str(threads), "--temp", "0",
                "--seed", "0"]
@@ -112,11 +93,9 @@ def completion_command(bin_dir: Path, model: str, threads: int, cores: list[int]
 
 def parse_bench_json(text: str) -> list[dict]:
     """llama-bench -o json: one dict per test, the fields the report uses."""
-    out = []
-    for test in json.loads(text):
-        out.append({"n_depth": int(test["n_depth"]), "n_gen": int(test["n_gen"]), "n_prompt": int(test["n_prompt"]),
-                    "threads": int(test["n_threads"]), "tokens_per_s": float(test["avg_ts"]),
-                    "stddev": float(test["stddev_ts"]), "samples_ts": [float(x) for x in test["samples_ts"]]})
+    out = [{"n_depth": int(t["n_depth"]), "n_gen": int(t["n_gen"]), "n_prompt": int(t["n_prompt"]),
+            "threads": int(t["n_threads"]), "tokens_per_s": float(t["avg_ts"]), "stddev": float(t["stddev_ts"]),
+            "samples_ts": [float(x) for x in t["samples_ts"]]} for t in json.loads(text)]
     if not out:
         raise ValueError("llama-bench printed no test")
     return out
@@ -129,11 +108,9 @@ _SPEC = {"prompt_tokens": rf"encoded\s+(\d+) tokens in\s+{_FLOAT} seconds",
 
 
 def parse_spec_output(text: str) -> dict:
-    """llama-speculative-simple's closing lines: prompt and decoded tokens and seconds,
-    tokens drafted and accepted."""
-    found = {}
-    for key, pattern in _SPEC.items():
-        match = re.search(pattern, text)
+    """llama-speculative-simple's closing lines: prompt and decoded tokens and seconds, drafted, accepted."""
+    found = {key: re.search(pattern, text) for key, pattern in _SPEC.items()}
+    for key, match in found.items():
         if match is None:
             raise ValueError(f"no {key} line in llama-speculative-simple's output")
         found[key] = match.groups()
@@ -151,8 +128,7 @@ _TIMINGS = {"load_ms": rf"load time =\s+{_FLOAT} ms",
 
 
 def parse_timings(text: str) -> dict:
-    """llama.cpp's perf lines (common_perf_print, or llama_perf_context_print: load, prompt eval
-    and eval time)."""
+    """llama.cpp's perf lines (common_perf_print or llama_perf_context_print): load, prompt eval, eval."""
     body = "\n".join(line for line in text.splitlines() if "perf_" in line and "print" in line) or text
     out: dict = {}
     load = re.search(_TIMINGS["load_ms"], body)
@@ -218,8 +194,7 @@ class LlamaBinaries:
                 "stddev": test["stddev"], "samples_ts": test["samples_ts"], "command": " ".join(command)}
 
     def load_time(self, file: str) -> dict:
-        """llama.cpp's own `load time` of a GGUF file (llama-completion, every core):
-        from the start of the load to the end of the first evaluation, its warm-up."""
+        """llama.cpp's own `load time` of a GGUF file (llama-completion, every core), its warm-up included."""
         command = completion_command(self.bin_dir, file, len(self.cores), self.cores, self.repack)
         return {"file": file, **parse_timings(_run(command, stderr=True)), "command": " ".join(command)}
 
@@ -237,9 +212,8 @@ def _run(command: list[str], stderr: bool = False) -> str:
 
 
 def open_binaries(rows: list, target: str, draft: str | None, tokenizer, shared_vocabulary: bool, cores: list[int]):
-    """(the binaries, the results.json section they fill) for the C++ `rows` (methods.Method),
-    or (None, {"missing": why, ...}) where they are not built. A row that cannot run here is
-    listed under "skipped" and dropped from `rows`."""
+    """(the binaries, the results.json section they fill) for the C++ `rows`, or (None, {"missing": why, ...});
+    a row that cannot run here is listed under "skipped" and dropped from `rows`."""
     bin_dir = find_binaries()
     if bin_dir is None:
         return None, {"missing": missing_line(), "methods": {}, "runs": []}
@@ -271,8 +245,7 @@ def _repacks(path: str) -> bool:
 
 
 def _detokenizer(tokenizer):
-    """Prompt ids -> the text llama.cpp tokenizes back to them (special tokens spelt out;
-    without the start tokens, which llama.cpp adds itself)."""
+    """Prompt ids -> the text llama.cpp tokenizes back to them (special tokens spelt out, no start tokens)."""
     start = tokenizer.encode_start()
 
     def text(ids: list[int]) -> str:

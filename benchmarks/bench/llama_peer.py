@@ -1,14 +1,7 @@
-"""llama.cpp decoding the target's own GGUF file: what a CPU user would run instead.
-
-It runs in the benchmark process through llama-cpp-python's C API with llama.cpp's
-own defaults (weight repacking, flash attention "auto", a 512-token prompt batch),
-on 1 thread or on every core of the process, while the engine's processes sit idle.
-Greedy decoding reads the argmax of each step's logits with numpy in a tight loop,
-so Python's sampler objects cost it nothing; sampled decoding uses llama.cpp's own
-sampler chain (temperature, then top-p, then a seeded draw: the engine's law). Prompt
-lookup (`pld`) drafts up to PLD_MAX tokens that followed the last n-gram earlier in
-the context and verifies them in one batch, greedy only: llama.cpp's batch logits
-are not its one-token logits, so its output may differ from its plain output.
+"""llama.cpp decoding the target's own GGUF file in the benchmark process (llama-cpp-python's C API,
+llama.cpp's defaults): what a CPU user would run instead. Greedy takes each step's argmax with numpy;
+sampling uses llama.cpp's sampler chain (temperature, top-p, a seeded draw: the engine's law). Prompt
+lookup (`pld`, greedy) verifies its guesses in one batch, whose logits are not the one-token ones.
 """
 from __future__ import annotations
 
@@ -58,7 +51,7 @@ class LlamaPeer:
         try:
             start = time.perf_counter()
             for at in range(0, len(prompt_ids), 512):
-                self._decode(prompt_ids[at:at + 512], at, last_only=True)
+                decode(self.ctx, self.batch, prompt_ids[at:at + 512], at, last_only=True)
             run = self._pld(prompt_ids, max_new_tokens, start) if mode == "pld" and sampler is None else \
                 self._plain(prompt_ids, max_new_tokens, sampler, start)
         finally:
@@ -74,7 +67,7 @@ class LlamaPeer:
             first_at = first_at or time.perf_counter()
             if token in self.eos or len(tokens) == max_new_tokens:
                 break
-            self._decode([token], len(prompt_ids) + len(tokens) - 1, last_only=True)
+            decode(self.ctx, self.batch, [token], len(prompt_ids) + len(tokens) - 1, last_only=True)
         return self._finish(tokens, start, first_at, rounds=len(tokens))
 
     def _pld(self, prompt_ids, max_new_tokens, start) -> BaselineRun:
@@ -88,7 +81,7 @@ class LlamaPeer:
             if token in self.eos or len(tokens) == max_new_tokens:
                 break
             draft = _lookup(context, min(PLD_MAX, max_new_tokens - len(tokens)))
-            self._decode([token, *draft], len(context) - 1, last_only=False)
+            decode(self.ctx, self.batch, [token, *draft], len(context) - 1, last_only=False)
             accepted = self._accepted(draft)
             rounds, spec_rounds = rounds + 1, spec_rounds + bool(draft)
             drafted, accepted_total = drafted + len(draft), accepted_total + accepted
@@ -106,18 +99,12 @@ class LlamaPeer:
 
     def _accepted(self, draft: list[int]) -> int:
         """How many draft tokens the batch's logits agree with, in order (an EOS ends them)."""
-        for i, proposed in enumerate(draft):
-            if self._argmax(i) != proposed or proposed in self.eos:
-                return i
-        return len(draft)
+        return next((i for i, t in enumerate(draft) if self._argmax(i) != t or t in self.eos), len(draft))
 
     def _finish(self, tokens, start, first_at, rounds) -> BaselineRun:
         total = time.perf_counter() - start
         finish = "eos" if tokens and tokens[-1] in self.eos else "length"
         return BaselineRun(tokens, total, (first_at or time.perf_counter()) - start, finish, rounds=rounds)
-
-    def _decode(self, tokens: list[int], pos: int, last_only: bool) -> None:
-        decode(self.ctx, self.batch, tokens, pos, last_only)
 
     def _argmax(self, row: int) -> int:
         logits = llama_cpp.llama_get_logits_ith(self.ctx, row)
@@ -136,13 +123,11 @@ class LlamaPeer:
 
 
 def _lookup(context: list[int], limit: int) -> list[int]:
-    """The tokens that followed the latest earlier occurrence of the context's last
-    n-gram (n = PLD_NGRAM down to 1), at most `limit` of them."""
+    """Up to `limit` tokens that followed the latest earlier occurrence of the context's last n-gram
+    (n = PLD_NGRAM down to 1)."""
     for n in range(PLD_NGRAM, 0, -1):
-        if len(context) <= n:
-            continue
-        tail = context[-n:]
-        for start in range(len(context) - n - 1, -1, -1):
-            if context[start:start + n] == tail:
-                return context[start + n:start + n + limit]
+        found = (s for s in range(len(context) - n - 1, -1, -1) if context[s:s + n] == context[-n:])
+        start = next(found, None)
+        if start is not None:
+            return context[start + n:start + n + limit]
     return []

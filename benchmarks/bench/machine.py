@@ -9,9 +9,11 @@ from pathlib import Path
 
 import psutil
 
+PACKAGES = ("hetspec", "torch", "transformers", "llama_cpp_python", "numpy", "pyzmq")
+
 
 def describe_machine() -> dict:
-    info = {
+    return {
         "hostname": platform.node(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -21,22 +23,17 @@ def describe_machine() -> dict:
         "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
-        "packages": {name: _version(name) for name in
-                     ("hetspec", "torch", "transformers", "llama_cpp_python", "numpy", "pyzmq")},
+        "packages": {name: _version(name) for name in PACKAGES},
         "git_commit": _git_commit(),
         "gpu": _gpu(),
     }
-    return info
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or "unknown"
 
 
 def _version(name: str) -> str | None:
@@ -47,12 +44,12 @@ def _version(name: str) -> str | None:
 
 
 def _git_commit() -> str | None:
-    root = Path(__file__).resolve().parents[2]
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[2]), *args], capture_output=True,
+                              text=True, timeout=5, check=False).stdout.strip()
+
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=5, check=False).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5, check=False).stdout.strip()
+        commit, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{commit}{'+dirty' if dirty else ''}" if commit else None
@@ -62,8 +59,6 @@ def _gpu() -> str | None:
     try:
         import torch
 
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
-    except Exception:  # noqa: BLE001, S110 - a broken CUDA setup just means "no GPU" here
-        pass
-    return None
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - a broken CUDA setup just means "no GPU" here
+        return None

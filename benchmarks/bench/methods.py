@@ -1,19 +1,9 @@
 """The methods compared side by side (docs/performance.md, "How to measure"), by name.
 
-Baselines run in the benchmark process with transformers, and the peers with
-llama.cpp on the target's own GGUF file: its own C++ binaries (kind "cpp",
-llama_bin.py) and llama-cpp-python in a Python loop (kind "peer", llama_peer.py).
-Everything else is a request to one running engine, differing only in mode,
-sequences and gamma, but for the "poor draft" methods: a second engine whose draft
-never agrees with the target (a tiny random model), to show what a bad draft costs.
-The gamma sweep is relative to the budget the engine chose at start-up, so the
-same method list means the same experiment on any machine or model pair.
-
-`sps` and `duodec` run as a user's requests do (speculation "auto": the engine may
-rest from speculating where it does not pay). The ablations (sps-fixed, a fixed
-number of sequences, the gamma sweep) force speculation: each measures its own
-configuration, and a rest earned by one of them would otherwise be spent by the
-next on the same engine.
+Engine methods are requests to one engine (the "poor" ones: to a second engine whose draft
+never agrees); the gamma sweep is relative to the budget it chose, so a method list is the
+same experiment on any machine. `sps` and `duodec` run as a user's requests do (the engine
+may rest from speculating); the ablations force speculation, each to measure its own setting.
 """
 from __future__ import annotations
 
@@ -92,22 +82,11 @@ GROUPS = {
 
 
 def select_methods(names) -> list[Method]:
-    """Method names or group names (all, baselines, peers, sequences, sweep, poor, headline), in the canonical order.
-    Vanilla is always included: every speedup and relative TTFT is measured against it."""
-    if not names:
-        names = ["all"]
-    wanted = set()
-    for name in names:
-        for part in str(name).split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if part in GROUPS:
-                wanted.update(GROUPS[part])
-            elif part in METHODS:
-                wanted.add(part)
-            else:
-                known = ", ".join([*GROUPS, *METHODS])
-                raise ValueError(f"unknown method {part!r}; known: {known}")
-    wanted.add("vanilla")
+    """Method or group names (comma-separated too), in the canonical order; vanilla always, as
+    every speedup divides by it."""
+    wanted = {"vanilla"}
+    for part in (p.strip() for name in (names or ["all"]) for p in str(name).split(",")):
+        if part and part not in GROUPS and part not in METHODS:
+            raise ValueError(f"unknown method {part!r}; known: {', '.join([*GROUPS, *METHODS])}")
+        wanted.update(GROUPS.get(part, (part,)))
     return [m for name, m in METHODS.items() if name in wanted]

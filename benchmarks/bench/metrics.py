@@ -1,20 +1,13 @@
-"""From per-run records to the figures the paper reports, per category and on average.
+"""From per-run records to the paper's figures, per category and on average.
 
-Per category, rates are pooled (total tokens / total seconds), as Spec-Bench
-does, so a long prompt weighs by its tokens, not by its count. The "average"
-column is the mean of the per-category figures (each category counts once,
-like the paper's "Avg."); its histograms and time profiles are pooled over
-every round instead. Speedup and relative TTFT divide by vanilla's figure for
-the same category and decoding; vs_target by the engine's own target-only
-figure, which separates the speculative gain from the target's kernels; vs_llama
-by llama.cpp's on every core (the peer a CPU user would run instead). Greedy
-output is compared with vanilla's, or, for a llama.cpp target (which computes the
-GGUF file's own blocks, not transformers' float32), with the engine's target-only
-output. Figures that do not apply (acceptance of a method that never drafts) are
-None, never 0. llama.cpp's C++ rows get the same pooling on their decode tok/s.
+Per category, rates are pooled (total tokens / total seconds, as Spec-Bench), so a long
+prompt weighs by its tokens; "average" is the mean of the categories' figures, as the
+paper's "Avg.", its histograms and profiles pooled over every round. Figures that do not
+apply (acceptance of a method that never drafts) are None, never 0.
 """
 from __future__ import annotations
 
+from collections import Counter
 from statistics import mean
 
 from hetspec.benchmarks.bench.methods import CPP_PEER, PEER
@@ -30,8 +23,7 @@ PROFILE = ("draft", "verify", "round", "overhead")
 
 
 def complete(doc: dict) -> dict:
-    """Every figure of a results document, from its runs: the engine's and the baselines'
-    ("results"), the draft ceiling's fraction, and the C++ rows' ("llama_cpp")."""
+    """Every figure of a results document from its runs: "results", the ceiling's fraction, the C++ rows'."""
     doc["results"] = aggregate(doc)
     _add_ceiling_fraction(doc)
     section = doc.get("llama_cpp")
@@ -113,14 +105,12 @@ def _cell(runs: list[dict], reference_ids: dict | None) -> dict:
 
 def _exact_match(runs: list[dict], reference_ids: dict) -> float | None:
     """The share of runs whose greedy tokens equal the reference method's on the same prompt."""
-    pairs = [(r["token_ids"], reference_ids.get(_key(r))) for r in runs]
-    pairs = [(a, b) for a, b in pairs if b is not None]
+    pairs = [(r["token_ids"], reference_ids[_key(r)]) for r in runs if _key(r) in reference_ids]
     return (sum(a == b for a, b in pairs) / len(pairs)) if pairs else None
 
 
 def _add_profile(cell: dict, runs: list[dict]) -> None:
-    """Mean ms per speculative round: each side's compute, the round's wall time, and
-    what is left of it once the busy side is subtracted (orchestration)."""
+    """Mean ms per speculative round: each side's compute, the round's wall time, the rest (orchestration)."""
     rounds = cell["spec_rounds"]
     if rounds and any("round_s" in r for r in runs):
         cell["profile_ms"] = {k: 1000 * _total(runs, f"{k}_s", 0.0) / rounds for k in PROFILE}
@@ -137,10 +127,9 @@ def _add_lookup(cell: dict, runs: list[dict]) -> None:
 
 def _add_pooled(into: dict, hists: list[dict]) -> None:
     """The histograms of draft sequences per round, added up (none: no key)."""
-    pooled: dict[str, int] = {}
+    pooled = Counter()
     for hist in hists:
-        for k, v in hist.items():
-            pooled[k] = pooled.get(k, 0) + v
+        pooled.update(hist)      # keeps zero counts, unlike Counter's +
     if pooled:
         into["sequences_hist"] = dict(sorted(pooled.items(), key=lambda kv: int(kv[0])))
 
@@ -161,9 +150,7 @@ def _average(cells: list[dict]) -> dict:
 
 
 def _ratio(value, base):
-    if value is None or not base:
-        return None
-    return value / base
+    return None if value is None or not base else value / base
 
 
 def _add_ceiling_fraction(doc: dict) -> None:
@@ -178,8 +165,7 @@ def _add_ceiling_fraction(doc: dict) -> None:
 # ---- llama.cpp's C++ rows (results.json "llama_cpp") ---------------------------------
 
 def summarize(runs: list[dict], categories: list[str]) -> dict:
-    """Per C++ row: decode tok/s per category, pooled over its prompts (tokens / seconds),
-    and their mean ("average"); the speculative row is the draft length fastest on average."""
+    """Per C++ row: pooled decode tok/s per category and their mean; a draft row keeps its fastest draft length."""
     out: dict = {}
     for method in dict.fromkeys(r["method"] for r in runs if "error" not in r):
         mine = [r for r in runs if r["method"] == method and "error" not in r]
@@ -215,9 +201,8 @@ def _cpp_cell(runs: list[dict]) -> dict:
 
 
 def versus(doc: dict, reference: str = CPP_PEER) -> dict | None:
-    """{decoding: {method: {category: ratio, "average": mean}}}: each method's decode tok/s
-    after its first token over the C++ `reference` row's decode tok/s at the same prompts;
-    None when that row did not run (the report then divides by the llama-cpp-python row)."""
+    """{decoding: {method: {category: ratio, "average": mean}}}: decode tok/s over the C++ `reference`
+    row's at the same prompts; None when that row did not run."""
     section = doc.get("llama_cpp") or {}
     ref = summarize(section.get("runs", []), doc["settings"]["categories"]).get(reference)
     if not ref:

@@ -73,7 +73,7 @@ def _target_numbers(settings: dict) -> str:
 
 
 def _kernels(engine: dict) -> str:
-    """How the engine's workers run their models (results without this field predate it)."""
+    """How the engine's workers run their models (older results lack the field)."""
     parts = [f"{role} runs {(engine.get(role) or {}).get('kernels')}" for role in ("draft", "target")
              if (engine.get(role) or {}).get("kernels")]
     if parts and engine.get("prompt_kv") == "target":
@@ -87,13 +87,13 @@ def _budget_detail(budget: dict) -> str:
     verify = ", ".join(f"{n}: {1000 * t:.0f}" for n, t in budget.get("verify_s", {}).items())
     prefill = budget.get("draft_prefill_s_per_token")
     prefill = f", {1000 * prefill:.1f} ms a prompt token" if prefill else ""
-    return (f": draft {1000 * budget['draft_s_per_token']:.1f} ms/token{prefill}; verify ms by tokens {{{verify}}} "
-            f"at a {budget.get('context')}-token context. `duodec` and the `duodec-s*` methods start at gamma and "
-            f"then draft each round for as long as the target verifies, from the rounds' own timings; SpS drafts "
-            f"each round the window of least expected time per token, from the same timings and the acceptance "
-            f"seen so far; the sweep (`gamma-2` .. `gamma+2`) fixes gamma. `sps` and `duodec` may rest from "
-            f"speculating where it does not pay, as a user's requests do; the ablations (`sps-fixed`, "
-            f"`duodec-s*`, the sweep) force speculation, so each measures its own configuration")
+    return (f": draft {1000 * budget['draft_s_per_token']:.1f} ms/token{prefill}; verify ms by tokens {{{verify}}} at a "
+            f"{budget.get('context')}-token context. `duodec` and the `duodec-s*` methods start at gamma and then draft "
+            "each round for as long as the target verifies, from the rounds' own timings; SpS drafts each round the window "
+            "of least expected time per token, from the same timings and the acceptance seen so far; the sweep (`gamma-2` "
+            ".. `gamma+2`) fixes gamma. `sps` and `duodec` may rest from speculating where it does not pay, as a user's "
+            "requests do; the ablations (`sps-fixed`, `duodec-s*`, the sweep) force speculation, so each measures its own "
+            "configuration")
 
 
 def _prompt_count(doc: dict) -> str:
@@ -206,11 +206,11 @@ def _definitions(doc: dict) -> list[str]:
              "vs target-only: over the engine's `target` method's."),
             ("- TTFT: time until the first new token is out (baselines: a generate streamer; engine: the "
              "client's first streamed text)."),
-            ("- llama.cpp via llama-cpp-python (the `llama.cpp*` rows) decodes the target's own GGUF file through "
-             "llama-cpp-python's C API with llama.cpp's default settings, in the benchmark process; greedy reads "
-             "each step's argmax from the logits with numpy, sampling uses llama.cpp's sampler chain (temperature, "
-             "top-p, a seeded draw). The `llama-*` rows run llama.cpp's own C++ programs on the same file and "
-             "cores (scripts/build_llama_cpp.sh; their section above)."),
+            ("- llama.cpp via llama-cpp-python (the `llama.cpp*` rows) decodes the target's own GGUF file through llama-cpp-"
+             "python's C API with llama.cpp's default settings, in the benchmark process; greedy reads each step's argmax "
+             "from the logits with numpy, sampling uses llama.cpp's sampler chain (temperature, top-p, a seeded draw). The "
+             "`llama-*` rows run llama.cpp's own C++ programs on the same file and cores (scripts/build_llama_cpp.sh; their "
+             "section above)."),
             ("- Vanilla and PLD run in the benchmark process and may use every core; the engine's draft and target "
              f"each own their cores{borrow}. A busy machine (see the load average) hurts multi-threaded "
              "baselines most: compare runs made under similar load."), ""]

@@ -1,10 +1,6 @@
-"""The whole suite in one process: one engine, the baselines beside it, every
-method on every prompt, greedy and sampled, then the draft-alone ceiling.
-
-Methods are interleaved per prompt (prompt 1: all methods, prompt 2: all
-methods, ...) rather than run one after the other, so that a slow spell on a
-shared machine hits every method alike instead of one method's whole run.
-Every sampled run of a prompt uses the same seed, whatever the method.
+"""The whole suite in one process: one engine, the baselines beside it, every method on every
+prompt, then the draft-alone ceiling. Methods are interleaved per prompt, so that a slow spell on a
+shared machine hits every method alike; every sampled run of a prompt has the same seed.
 """
 from __future__ import annotations
 
@@ -60,15 +56,21 @@ class _Suite:
         self.cpp_rows = [m for m in methods if m.kind == "cpp"]      # llama.cpp's binaries: results.json "llama_cpp"
         self.prompts = load_prompts(settings.categories, settings.limit, settings.max_new_tokens)
         self.tokenizer = Tokenizer(resolve_model(self.config.target.model, "target"))
-        self.use_chat = _use_chat(settings.prompt_format, self.tokenizer)
-        self.prompt_ids = {p.key: _encode(self.tokenizer, p.text, self.use_chat) for p in self.prompts}
+        self.use_chat = settings.prompt_format == "chat" or (
+            settings.prompt_format == "auto" and bool(self.tokenizer.backend is not None and self.tokenizer.chat_template))
+        self.prompt_ids = {p.key: self.tokenizer.encode_chat([{"role": "user", "content": p.text}]) if self.use_chat
+                           else self.tokenizer.encode_prompt(p.text) for p in self.prompts}
         self.started = time.perf_counter()
         self.load_at_start = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
         self.phases: dict[str, float] = {}
         self.runs: list[dict] = []
         self.llama_cpp: dict = {}
         self.holder = self.poor = self.baselines = self.peer = self.cpp = None
-        _quiet_transformers()
+        from transformers.utils import logging
+
+        # our progress bar is the one to watch
+        logging.disable_progress_bar()
+        logging.set_verbosity_error()
 
     @contextlib.contextmanager
     def clock(self, phase: str):
@@ -121,8 +123,7 @@ class _Suite:
         return baselines
 
     def _load_peer(self):
-        """llama.cpp on the target's own GGUF file. Imported here: a run without peers (a
-        GPU's) needs no llama.cpp."""
+        """llama.cpp on the target's own GGUF file (imported here: a GPU's run needs no llama.cpp)."""
         require_llama_cpp("the benchmark's llama.cpp peer")
         from hetspec.benchmarks.bench.llama_peer import LlamaPeer
 
@@ -130,15 +131,13 @@ class _Suite:
         return LlamaPeer(model.file, self.config.server.max_context + 512, self.tokenizer.eos_token_ids)
 
     def _open_binaries(self) -> None:
-        """llama.cpp's own binaries (llama_bin.py); where they are not built, the llama-cpp-python
-        row stands in for llama-bench's."""
+        """llama.cpp's own binaries; where they are not built, the llama-cpp-python row stands in for llama-bench's."""
         from hetspec.benchmarks.bench.llama_bin import open_binaries
 
         target = _gguf_target(self.config, "llama.cpp's rows need")
         draft = resolve_model(self.config.draft.model, "draft")
         shared = (self.info.get("vocabulary") or {}).get("shared", True)
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-            list(range(os.cpu_count() or 1))
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
         self.cpp, self.llama_cpp = open_binaries(self.cpp_rows, target.file, draft.file if draft.gguf_file else None,
                                                  self.tokenizer, shared, cores)
         if self.cpp is None:
@@ -156,10 +155,8 @@ class _Suite:
             first_of_a_kind.setdefault((m.kind, m.mode, m.threads), m)
         for method in first_of_a_kind.values():
             for params in DECODINGS.values():
-                try:
+                with contextlib.suppress(Exception):    # the timed run of this method will fail and say why
                     self._generate(holder, method, ids, WARMUP_TOKENS, params, 0)
-                except Exception:  # noqa: BLE001, S110 - the timed run of this method will fail and say why
-                    pass
 
     def run_all(self) -> None:
         s = self.settings
@@ -316,26 +313,6 @@ def _draft_encoder(config, info: dict):
         return lambda text, ids: ids
     draft = Tokenizer(resolve_model(config.draft.model, "draft"))
     return lambda text, ids: draft.encode_prompt(text)
-
-
-def _quiet_transformers() -> None:
-    """Our own progress bar is the one to watch: silence transformers' loading bars."""
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()
-    logging.set_verbosity_error()
-
-
-def _use_chat(prompt_format: str, tokenizer: Tokenizer) -> bool:
-    if prompt_format == "auto":
-        return bool(tokenizer.backend is not None and tokenizer.chat_template)
-    return prompt_format == "chat"
-
-
-def _encode(tokenizer: Tokenizer, text: str, chat: bool) -> list[int]:
-    if chat:
-        return tokenizer.encode_chat([{"role": "user", "content": text}])
-    return tokenizer.encode_prompt(text)
 
 
 def _progress(settings, total: int):

@@ -1,10 +1,6 @@
-"""What one benchmark run does: the engine config, which prompts, which methods, how to decode.
-
-The engine config is a parameter (a shipped name or a TOML path), so the same
-suite runs on a GPU machine with another model pair. A TOML file may carry an
-extra [bench] table with defaults for this suite (limit, methods, categories,
-dtype, prompt_format, max_new_tokens, decodings); it is removed before the
-rest reaches the engine, and command-line options override it.
+"""What one benchmark run does: the engine config (a shipped name or a TOML path, so the suite runs on
+any machine and model pair), prompts, methods, decodings. A TOML file's [bench] table holds this suite's
+defaults; it never reaches the engine, and command-line options override it.
 """
 from __future__ import annotations
 
@@ -68,11 +64,10 @@ def split_config(source: str | None) -> tuple[dict, dict]:
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {source} (shipped configs: {', '.join(SHIPPED_CONFIGS)})")
     data = tomllib.loads(path.read_text())
-    bench = data.pop("bench", {})
-    known = {f.name for f in fields(BenchSettings)} - {"config", "out", "progress"}
-    unknown = set(bench) - known
-    if unknown:
-        raise ValueError(f"unknown key(s) in [bench]: {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+    bench, known = data.pop("bench", {}), {f.name for f in fields(BenchSettings)} - {"config", "out", "progress"}
+    if set(bench) - known:
+        raise ValueError(f"unknown key(s) in [bench]: {', '.join(sorted(set(bench) - known))}; "
+                         f"known: {', '.join(sorted(known))}")
     load_config(data)   # validate the engine part now, before anything is loaded
     return data, bench
 

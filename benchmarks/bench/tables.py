@@ -54,9 +54,7 @@ def _per_category(cells: dict, cats: list[str], key: str, bold: bool = False) ->
 
 
 def _vs_llama(doc: dict):
-    """(figure(decoding, method), what it divides by): the report's "vs llama.cpp" divides the
-    decode tok/s after the first token by llama-bench's at the same prompts where that row
-    ran; else results.json's vs_llama (tok/s over the llama-cpp-python row's)."""
+    """(figure(decoding, method), what it divides by): over llama-bench where it ran, else results' vs_llama."""
     section = doc.get("llama_cpp") or {}
     cpp = section.get("vs")
     if cpp:
@@ -79,14 +77,13 @@ def llama_cpp_table(doc: dict) -> list[str]:
     if section.get("missing"):
         return lines + [f"{section['missing']}.", ""]
     cats = doc["settings"]["categories"]
-    lines += [("Decode tok/s on the target's GGUF file, per category pooled over its prompts, beside the engine's "
-               "and llama-cpp-python's decode tok/s after their first token. `llama-bench`: "
-               "`llama-bench -p 0 -n NEW -d PROMPT -r 3 -o json` per prompt (NEW one-token decodes after a "
-               "PROMPT-token context: the positions the engine decodes), the mean of the repetitions. "
-               "`llama-speculative-simple` (greedy, the prompt's text): its \"decoded N tokens in S seconds\", "
-               "from the prompt's last token; the draft-model row keeps the draft length fastest on average. "
-               "Same cores as the benchmark process; every C++ row runs once per prompt, interleaved with the "
-               "other methods."), "",
+    lines += [("Decode tok/s on the target's GGUF file, per category pooled over its prompts, beside the engine's and "
+               "llama-cpp-python's decode tok/s after their first token. `llama-bench`: `llama-bench -p 0 -n NEW -d PROMPT "
+               "-r 3 -o json` per prompt (NEW one-token decodes after a PROMPT-token context: the positions the engine "
+               "decodes), the mean of the repetitions. `llama-speculative-simple` (greedy, the prompt's text): its \"decoded "
+               "N tokens in S seconds\", from the prompt's last token; the draft-model row keeps the draft length fastest on "
+               "average. Same cores as the benchmark process; every C++ row runs once per prompt, interleaved with the other "
+               "methods."), "",
               *table(["row", "what", *[TITLES[c] for c in cats], "Avg. decode tok/s", "acceptance"],
                       _cpp_rows(doc, section, cats)), ""]
     return lines + _cpp_notes(section) + [""]
@@ -209,10 +206,10 @@ def poor_draft_table(doc: dict) -> list[str]:
                          pct(avg.get("rested", 0) / tokens if tokens else None)])
     draft = doc["engine"].get("poor_draft")
     return ["## A poor draft", "",
-            (f"`poor` and `poor-forced` run on a second engine, the same but for its draft (`{draft}`, random "
-             "weights: it never agrees). `poor` lets the engine rest from speculating while it does not pay "
-             "(target-only rounds, probing again now and then); `poor-forced` asks for speculation on every "
-             "round. Rested: the share of tokens decoded target-only by that choice."), "",
+            (f"`poor` and `poor-forced` run on a second engine, the same but for its draft (`{draft}`, random weights: it "
+             "never agrees). `poor` lets the engine rest from speculating while it does not pay (target-only rounds, "
+             "probing again now and then); `poor-forced` asks for speculation on every round. Rested: the share of tokens "
+             "decoded target-only by that choice."), "",
             *table(["decoding", "method", "tok/s", "vs target-only", "vs llama.cpp", "acceptance", "rested"],
                     rows), ""]
 
