@@ -5,7 +5,6 @@ lookup (`pld`, greedy) verifies its guesses in one batch, whose logits are not t
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 
@@ -14,24 +13,19 @@ import numpy as np
 
 from hetspec.benchmarks.bench.baselines import BaselineRun
 from hetspec.benchmarks.bench.llama_bin import repack_note
-from hetspec.workers.common.llama_handles import decode, default_model_params, free, repacked_weights_run
+from hetspec.workers.common.llama_handles import decode, free, open_model, repacked_weights_run
 
 PLD_MAX, PLD_NGRAM = 10, 3          # llama.cpp's lookup example drafts about as many
-_SILENT = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
 
 
 class LlamaPeer:
     def __init__(self, path: str, n_ctx: int, eos: list[int]):
-        llama_cpp.llama_log_set(_SILENT, ctypes.c_void_p(0))
         self.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
         self.repacked = repacked_weights_run(path)
-        self.model = llama_cpp.llama_model_load_from_file(os.fsencode(path), default_model_params(path))
-        if not self.model:
-            raise RuntimeError(f"llama.cpp could not load {path}")
         params = llama_cpp.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, 512, 512
         params.n_threads = params.n_threads_batch = len(self.cores)
-        self.ctx = llama_cpp.llama_init_from_model(self.model, params)
+        self.model, self.ctx = open_model(path, params)
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
         self.batch = llama_cpp.llama_batch_init(512, 0, 1)
