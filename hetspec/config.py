@@ -21,9 +21,10 @@ import psutil
 
 from hetspec.core.branches import DYNAMIC, Dynamic
 from hetspec.core.errors import ConfigError
+from hetspec.core.gpu_profiles import PROFILES
 from hetspec.core.params import Speculation, show
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
-from hetspec.models import resolve_model
+from hetspec.models import cache_home, resolve_model
 
 Auto = Literal["auto"]              # a value the engine chooses: at load (cores), or at start-up (gamma)
 AUTO: Auto = "auto"
@@ -31,7 +32,7 @@ SHIPPED_CONFIGS = {name: f"{name}.toml" for name in
                    ("smollm2", "gemma3-270m", "gemma3-smollm2", "qwen2.5-coder", "qwen2.5-coder-smollm2")}
 DEFAULT_CONFIG = "smollm2"
 DRAFT_BACKENDS = ("native", "llama.cpp", "torch")
-TARGET_BACKENDS = ("auto", "transformers", *GGUF_TARGET_BACKENDS)
+TARGET_BACKENDS = ("auto", "transformers", *GGUF_TARGET_BACKENDS, "paced")
 DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
 CPU_KERNELS = ("gguf", "onednn", "torch")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -93,19 +94,31 @@ class TargetConfig:
                                                     # cores too; auto: if one token is faster so, timed at start-up
     cpu_kernels: str = "gguf"           # "gguf" (windows read a GGUF target's blocks, else as "onednn"),
                                         # "onednn" (prepacked linear weights, shared GQA heads) or "torch"
+    profile: str = ""                   # backend "paced": its GPU profile (hetspec.core.gpu_profiles.PROFILES)
+    traces: str = ""                    # backend "paced": the folder of its recorded traces ("": hetspec's cache)
 
     BOUNDS: ClassVar[dict] = {"threads": (0, 1024)}
+
+    @property
+    def on_host(self) -> bool:
+        """Whether the target computes on the CPU's cores (not on a GPU, nor paced as one)."""
+        return self.backend != "paced" and not self.device.startswith("cuda")
 
     def checked(self) -> TargetConfig:
         _choice("target", "backend", self.backend, TARGET_BACKENDS)
         model = resolve_model(self.model, "target")
-        if self.backend in GGUF_TARGET_BACKENDS and not model.gguf_file:
+        if self.backend in (*GGUF_TARGET_BACKENDS, "paced") and not model.gguf_file:
             raise ConfigError(f"[target] backend {self.backend!r} needs a GGUF file, got model {self.model!r} "
                               "(backend = \"transformers\" runs a checkpoint or a random model)")
         if self.backend in GGUF_TARGET_BACKENDS and self.device.startswith("cuda"):
             raise ConfigError(f"[target] backend {self.backend!r} runs on the CPU, got device {self.device!r} "
                               "(a CUDA target is backend = \"transformers\")")
         _choice("target", "cpu_kernels", self.cpu_kernels, CPU_KERNELS)
+        if (self.backend == "paced") != bool(self.profile):
+            raise ConfigError("[target] backend 'paced' needs a profile, and only it takes one: profile = one of "
+                              f"{', '.join(PROFILES)}, got backend {show(self.backend)}, profile {show(self.profile)}")
+        if self.profile:
+            _choice("target", "profile", self.profile, tuple(PROFILES))
         if not (self.alone_borrows_draft_cores == AUTO or isinstance(self.alone_borrows_draft_cores, bool)):
             raise ConfigError("[target] alone_borrows_draft_cores must be 'auto', true or false, got "
                               f"{show(self.alone_borrows_draft_cores)}")
@@ -293,13 +306,25 @@ def _resolved(c: EngineConfig) -> EngineConfig:
     if d.n_ctx < s.max_context + max_gamma + 1:
         raise ConfigError(f"[draft] n_ctx ({d.n_ctx}) must be at least [server] max_context + max_gamma + 1 "
                           f"({s.max_context + max_gamma + 1})")
-    draft_cores, target_cores, scheduler_cores = assign_cores(d.cores, c.target.cores, s.cores)
+    draft_cores, target_cores, scheduler_cores = assign_cores(d.cores, c.target.cores, s.cores, c.target.on_host)
+    traces = c.target.traces or (str(cache_home() / "traces") if c.target.backend == "paced" else "")
     return dataclasses.replace(
         c,
         draft=dataclasses.replace(d, cores=draft_cores, threads=d.threads or len(draft_cores)),
-        target=dataclasses.replace(c.target, cores=target_cores, threads=c.target.threads or len(target_cores)),
+        target=dataclasses.replace(c.target, cores=target_cores, threads=c.target.threads or len(target_cores),
+                                   traces=traces),
         server=dataclasses.replace(s, cores=scheduler_cores),
     )
+
+
+def _check_cores(name: str, value, cores: list[int]) -> None:
+    if not isinstance(value, tuple) or not value or not all(_is_int(x) for x in value) \
+            or len(set(value)) != len(value):
+        raise ConfigError(f"[{name}] cores must be 'auto' or a non-empty list of distinct core numbers, "
+                          f"got {show(value)}")
+    missing = sorted(set(value) - set(cores))
+    if missing:
+        raise ConfigError(f"[{name}] cores {missing} do not exist on this machine (available: {cores})")
 
 
 def _choice(section: str, key: str, value, choices: tuple) -> None:
@@ -318,10 +343,11 @@ def _key(key) -> str:
 
 
 def assign_cores(draft: tuple[int, ...] | Auto, target: tuple[int, ...] | Auto,
-                 scheduler: tuple[int, ...] | Auto = AUTO) -> tuple[tuple[int, ...], ...]:
+                 scheduler: tuple[int, ...] | Auto = AUTO, target_on_host: bool = True) -> tuple[tuple[int, ...], ...]:
     """Resolve "auto": the draft owns the first core, the target the rest
     (on a 2-core machine: draft on core 0, target on core 1), and the scheduler
-    shares the target's.
+    shares the target's. A target on a GPU (or paced as one) needs a core only to
+    drive it: it shares the first with the scheduler, and the draft takes the rest.
 
     The scheduler's own work (starting both workers, streaming, bookkeeping)
     runs while both compute, so it must sit beside the side with time to
@@ -329,17 +355,10 @@ def assign_cores(draft: tuple[int, ...] | Auto, target: tuple[int, ...] | Auto,
     (docs/performance.md, "Where the scheduler sits")."""
     cores = sorted(psutil.Process().cpu_affinity())
     for name, value in (("draft", draft), ("target", target), ("server", scheduler)):
-        if value == AUTO:
-            continue
-        if not isinstance(value, tuple) or not value or not all(_is_int(x) for x in value) \
-                or len(set(value)) != len(value):
-            raise ConfigError(f"[{name}] cores must be 'auto' or a non-empty list of distinct core numbers, "
-                              f"got {show(value)}")
-        missing = sorted(set(value) - set(cores))
-        if missing:
-            raise ConfigError(f"[{name}] cores {missing} do not exist on this machine (available: {cores})")
+        if value != AUTO:
+            _check_cores(name, value, cores)
     if draft == AUTO:
-        draft = (cores[0],)
+        draft = (cores[0],) if target_on_host or len(cores) == 1 else tuple(cores[1:])
     if target == AUTO:
         rest = [x for x in cores if x not in draft]
         target = tuple(rest) if rest else tuple(cores)

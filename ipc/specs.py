@@ -60,9 +60,11 @@ class TargetSpec:
     threads: int
     cpu_kernels: str = "gguf"
     borrow_cores: list[int] = field(default_factory=list)   # the draft's, lent for prefills
-    backend: str = "transformers"   # or one of GGUF_TARGET_BACKENDS
+    backend: str = "transformers"   # or one of GGUF_TARGET_BACKENDS, or "paced" (a simulated GPU target)
     n_ctx: int = 0             # llama.cpp: positions a cache holds
     caches: int = 1            # llama.cpp: caches (one per request admitted at once)
+    profile: str = ""          # backend "paced": the GPU profile it charges (hetspec.core.gpu_profiles)
+    traces: str = ""           # backend "paced": the folder of recorded traces ("": hetspec's cache)
 
     to_json = DraftSpec.to_json
 

@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up requests")
     p.add_argument("--no-ceiling", action="store_true", help="skip timing the draft model alone")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--paced", metavar="PROFILE",
+                   help="the engine's modes against a paced target (simulated GPU) of this profile "
+                        "(h100-7b-eager, h100-7b-captured, gpu-40ms), greedy; records missing traces first")
+    p.add_argument("--repeats", type=int, default=1, help="--paced: passes over the prompts")
     return p
 
 
@@ -73,6 +77,8 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, HetspecError) as exc:
         print(f"hetspec-bench: error: {exc}", file=sys.stderr)
         return 2
+    if args.paced:
+        return _paced(settings, args, argv)
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = run_suite(settings, ["hetspec-bench", *argv])
@@ -83,6 +89,28 @@ def main(argv=None) -> int:
     report = write_report(doc, out, plots)
     _summary(doc, report)
     return 1 if doc["checks"] else 0
+
+
+def _paced(settings: BenchSettings, args, argv: list[str]) -> int:
+    """hetspec-bench --paced: benchmarks/bench/paced.py, on the suite's prompts."""
+    from hetspec.benchmarks.bench import paced
+    from hetspec.benchmarks.bench.data import load_prompts
+    from hetspec.benchmarks.bench.runner import tokenized
+    from hetspec.benchmarks.bench.settings import engine_config, split_config
+    from hetspec.config import load_config
+    from hetspec.models import resolve_model
+    from hetspec.scheduler.tokenizer import Tokenizer
+
+    config = engine_config(split_config(settings.config)[0], settings.dtype)
+    prompts = load_prompts(settings.categories, settings.limit, settings.max_new_tokens)
+    tokenizer = Tokenizer(resolve_model(load_config(config).target.model, "target"))
+    ids = tokenized(prompts, tokenizer, settings.prompt_format)[1]
+    try:
+        return paced.main(settings, args.paced, ids, {p.key: p.max_new_tokens for p in prompts}, config, argv,
+                          args.repeats)
+    except (ValueError, HetspecError) as exc:
+        print(f"hetspec-bench: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _summary(doc: dict, report: Path) -> None:

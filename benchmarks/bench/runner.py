@@ -56,10 +56,7 @@ class _Suite:
         self.cpp_rows = [m for m in methods if m.kind == "cpp"]      # llama.cpp's binaries: results.json "llama_cpp"
         self.prompts = load_prompts(settings.categories, settings.limit, settings.max_new_tokens)
         self.tokenizer = Tokenizer(resolve_model(self.config.target.model, "target"))
-        self.use_chat = settings.prompt_format == "chat" or (
-            settings.prompt_format == "auto" and bool(self.tokenizer.backend is not None and self.tokenizer.chat_template))
-        self.prompt_ids = {p.key: self.tokenizer.encode_chat([{"role": "user", "content": p.text}]) if self.use_chat
-                           else self.tokenizer.encode_prompt(p.text) for p in self.prompts}
+        self.use_chat, self.prompt_ids = tokenized(self.prompts, self.tokenizer, settings.prompt_format)
         self.started = time.perf_counter()
         self.load_at_start = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
         self.phases: dict[str, float] = {}
@@ -259,6 +256,15 @@ class _Suite:
                 "top_k": 0, "prompt_format": "chat" if self.use_chat else "plain",
                 "max_new_tokens": {c: next(p.max_new_tokens for p in self.prompts if p.category == c)
                                    for c in s.categories}}
+
+
+def tokenized(prompts, tokenizer: Tokenizer, prompt_format: str) -> tuple[bool, dict[str, list[int]]]:
+    """(whether the chat template is used, each prompt's token ids by key): the chat template
+    where asked, or by default where the tokenizer has one."""
+    use_chat = prompt_format == "chat" or (
+        prompt_format == "auto" and bool(tokenizer.backend is not None and tokenizer.chat_template))
+    return use_chat, {p.key: tokenizer.encode_chat([{"role": "user", "content": p.text}]) if use_chat
+                      else tokenizer.encode_prompt(p.text) for p in prompts}
 
 
 def _gguf_target(config, who: str):

@@ -147,7 +147,8 @@ def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handov
     keep = config.decoding.keep_drafting
     # On a CPU target both workers share the memory bus: a draft that never
     # rests slows verification more than its extra tokens gain (docs/performance.md).
-    keep_drafting = hellos["target"].device.startswith("cuda") if keep == AUTO else keep
+    # A GPU target (or one paced as a GPU) leaves the draft's cores alone.
+    keep_drafting = hellos["target"].device != "cpu" if keep == AUTO else keep
     return Capabilities(
         max_gamma=config.decoding.max_gamma, max_sequences=config.decoding.max_sequences,
         borrow_cores=config.target.prefill_borrows_draft_cores,

@@ -188,6 +188,10 @@ def recover(state) -> None:
 
 def main(argv=None) -> int:
     endpoint, spec = parse_args(argv, TargetSpec)
+    if spec.backend == "paced":          # a simulated GPU target: no model, recorded traces
+        from hetspec.workers.target import paced
+
+        return serve("target", endpoint, spec, paced.load, paced.HANDLERS, paced.recover)
     return serve("target", endpoint, spec, load, {VerifyCommand: verify, CalibrateTarget: calibrate, ExportKV: export_kv},
                  recover)
 
