@@ -16,7 +16,7 @@ from hetspec.config import assign_cores, load_config
 from hetspec.core.errors import ConfigError, HetspecError
 from hetspec.core.gpu_profiles import PROFILES, profile
 from hetspec.models import resolve_model
-from hetspec.workers.target.traces import Trace, Traces, load_traces, trace_file
+from hetspec.workers.target.traces import Trace, Traces, add_trace, load_traces, trace_file
 
 SMOLLM2 = "builtin:smollm2"
 PROMPTS = {"a": [1, 504, 3458, 282, 4649, 314, 2113, 30], "b": [1, 9519, 1183, 253, 1789, 28, 1041, 338, 3106]}
@@ -87,6 +87,15 @@ def test_a_context_that_leaves_its_trace_is_named():
         found.full(0, np.array([5, 6, 7, 8, 1]))
     with pytest.raises(ValueError, match="no recorded trace"):
         found.full(0, np.array([4, 6, 7]))
+
+
+def test_the_longest_trace_of_a_prompt_is_kept(tmp_path):
+    path = tmp_path / "t.jsonl"
+    add_trace(path, [5, 6], [7, 8], 2)
+    add_trace(path, [5, 6], [7, 8, 9, 10], 4)
+    add_trace(path, [5, 6], [7], 1)
+    (only,) = load_traces(path)
+    assert only.full.tolist() == [5, 6, 7, 8, 9, 10] and only.covers(4) and not only.covers(5)
 
 
 def test_profiles_charge_a_flat_window_then_per_token():

@@ -34,17 +34,19 @@ class Trace(NamedTuple):
 
 
 def load_traces(path: Path) -> list[Trace]:
-    """Every trace in the file (none if it does not exist)."""
+    """The file's traces (none if it does not exist), the longest of each prompt's."""
     if not path.is_file():
         return []
-    traces = []
+    traces: dict[tuple, Trace] = {}
     for line in path.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
             prompt = np.asarray(row["prompt"], np.int64)
             full = np.concatenate([prompt, np.asarray(row["tokens"], np.int64)])
-            traces.append(Trace(prompt, full, int(row.get("asked", len(row["tokens"])))))
-    return traces
+            trace, key = Trace(prompt, full, int(row.get("asked", len(row["tokens"])))), tuple(row["prompt"])
+            if key not in traces or max(len(full), trace.asked) >= max(len(traces[key].full), traces[key].asked):
+                traces[key] = trace
+    return list(traces.values())
 
 
 def add_trace(path: Path, prompt: list[int], tokens: list[int], asked: int) -> None:
