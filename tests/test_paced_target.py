@@ -5,6 +5,9 @@ that does not; a pass takes its profile's time; what it cannot answer is a clear
 and the engine keeps serving."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -119,3 +122,21 @@ def test_a_paced_target_needs_a_profile_and_leaves_the_draft_the_cores():
     draft, target, scheduler = assign_cores("auto", "auto", "auto", target_on_host=False)
     if len(cores) > 1:
         assert draft == tuple(cores[1:]) and target == scheduler == (cores[0],)
+
+
+def test_hetspec_bench_paced_writes_a_report_checked_against_the_traces(tmp_path):
+    """The command a user runs: records its trace (untimed), runs the modes, titles the
+    report by its profile, and finds every output equal to the trace."""
+    command = [sys.executable, "-m", "hetspec.benchmarks.bench.cli", "--config", "smollm2", "--paced",
+               "h100-7b-captured", "--categories", "code", "--limit", "1", "--max-new-tokens", "24",
+               "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "out"), "--quiet"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert report.startswith("# Paced target (simulated GPU), profile h100-7b-captured")
+    summary = json.loads((tmp_path / "out" / "results.json").read_text())["summary"]
+    assert set(summary) == {"target", "sps", "duodec"}
+    assert all(s["runs"] == 1 and s["outputs_differing_from_trace"] == 0 and s["tokens_per_s"] > 0
+               for s in summary.values())
+    bad = subprocess.run([*command[:3], "--paced", "tpu"], capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode == 2 and "unknown GPU profile 'tpu'" in bad.stderr

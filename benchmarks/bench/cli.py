@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the engine's modes against a paced target (simulated GPU) of this profile "
                         "(h100-7b-eager, h100-7b-captured, gpu-40ms), greedy; records missing traces first")
     p.add_argument("--repeats", type=int, default=1, help="--paced: passes over the prompts")
+    p.add_argument("--traces", default="", help="--paced: the folder of recorded traces (default: hetspec's cache)")
     return p
 
 
@@ -107,7 +108,7 @@ def _paced(settings: BenchSettings, args, argv: list[str]) -> int:
     ids = tokenized(prompts, tokenizer, settings.prompt_format)[1]
     try:
         return paced.main(settings, args.paced, ids, {p.key: p.max_new_tokens for p in prompts}, config, argv,
-                          args.repeats)
+                          args.repeats, args.traces)
     except (ValueError, HetspecError) as exc:
         print(f"hetspec-bench: error: {exc}", file=sys.stderr)
         return 2

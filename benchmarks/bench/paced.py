@@ -139,7 +139,7 @@ def write_report(doc: dict, out: Path) -> Path:
 
 
 def main(settings, profile: str, prompts: dict[str, list[int]], max_new: dict[str, int], config: dict,
-         argv: list[str], repeats: int = 1) -> int:
+         argv: list[str], repeats: int = 1, traces: str = "") -> int:
     """Run, check, write OUT/results.json and OUT/report.md; 1 where an output left its trace."""
     names = [m for m in (settings.methods if settings.methods != ["all"] else DEFAULT_METHODS)]
     methods = [METHODS[n] for n in names if n in METHODS and METHODS[n].kind == "engine"]
@@ -148,7 +148,7 @@ def main(settings, profile: str, prompts: dict[str, list[int]], max_new: dict[st
               f"got {', '.join(names)}", file=sys.stderr)
         return 2
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if settings.progress else (lambda m: None)
-    doc = run_paced(config, profile, prompts, max_new, methods, repeats=repeats, log=log)
+    doc = run_paced(config, profile, prompts, max_new, methods, traces, repeats, log)
     doc.update(command=" ".join(["hetspec-bench", *argv]), machine=describe_machine())
     doc["summary"] = summarize(doc, methods)
     out = Path(settings.out)
