@@ -44,7 +44,8 @@ class DraftConfig:
                                         # where it cannot run, llama.cpp does), "llama.cpp" (a GGUF file) or "torch"
     model: str = "builtin:smollm2"
     cores: tuple[int, ...] | Auto = AUTO
-    threads: int = 0                    # 0: one thread per pinned core
+    threads: int = 0                    # 0: the native draft times 1, 2, 4, ... up to one per pinned core at
+                                        # start-up and keeps the fastest; the others take one per core
     n_ctx: int = 0                      # 0: [server] max_context + max_gamma + 1 (twice max_context
                                         # for a draft that is not the target's own model)
     weights: str = "q8_0"               # llama.cpp (and native's fallback): "as-is", or a type to convert to at load
@@ -310,7 +311,7 @@ def _resolved(c: EngineConfig) -> EngineConfig:
     traces = c.target.traces or (str(cache_home() / "traces") if c.target.backend == "paced" else "")
     return dataclasses.replace(
         c,
-        draft=dataclasses.replace(d, cores=draft_cores, threads=d.threads or len(draft_cores)),
+        draft=dataclasses.replace(d, cores=draft_cores),      # threads 0 stays: the launcher's DraftSpec says
         target=dataclasses.replace(c.target, cores=target_cores, threads=c.target.threads or len(target_cores),
                                    traces=traces),
         server=dataclasses.replace(s, cores=scheduler_cores),

@@ -72,8 +72,10 @@ class Launcher:
         """What the scheduler starts from: the config, the endpoints and both workers' commands."""
         c = self.config
         draft_model, target_model = resolve_model(c.draft.model, "draft"), resolve_model(c.target.model, "target")
+        draft_threads = c.draft.threads or len(c.draft.cores)      # 0: the native draft measures
         draft = DraftSpec(backend=c.draft.backend, model=draft_model, cores=list(c.draft.cores),
-                          threads=c.draft.threads, n_ctx=c.draft.n_ctx, weights=c.draft.weights,
+                          threads=draft_threads, measure_threads=c.draft.threads == 0,
+                          n_ctx=c.draft.n_ctx, weights=c.draft.weights,
                           prefill_weights=c.draft.prefill_weights, prompt_kv=c.draft.prompt_kv,
                           scratch_dir=self.runtime_dir,
                           borrow_cores=list(c.target.cores) if c.draft.prefill_borrows_target_cores else [])
@@ -86,7 +88,7 @@ class Launcher:
         return RunSpec(
             run_id=self.run_id, config=c.to_dict(), endpoints=self.endpoints, runtime_dir=self.runtime_dir,
             draft=WorkerCommand(["-m", "hetspec.workers.draft", "--endpoint", self.endpoints.draft,
-                                 "--spec", draft.to_json()], c.draft.threads),
+                                 "--spec", draft.to_json()], draft_threads),
             target=WorkerCommand(["-m", "hetspec.workers.target", "--endpoint", self.endpoints.target,
                                   "--spec", target.to_json()], c.target.threads),
             draft_model=draft_model, target_model=target_model, launcher_pid=os.getpid())

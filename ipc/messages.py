@@ -29,8 +29,8 @@ class WorkerHello:
     kv_geometry: list[int] = field(default_factory=list)  # [layers, kv_heads, head_dim, full-attention layers]
                                                           # of a cache that can be handed over (target) or
                                                           # taken (draft); [] if not
-    prefill_threads: bool = True  # the model prefills faster on more threads (borrowed cores); the
-                                  # native draft runs one thread, one token a pass
+    prefill_threads: bool = True  # the model prefills faster on more threads (borrowed cores): every
+                                  # draft backend does now (the native one splits its window products)
 
 
 @dataclass

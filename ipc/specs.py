@@ -39,6 +39,8 @@ class DraftSpec:
     prompt_kv: str = "own"     # "auto": report a cache layout the target's KV can replace
     scratch_dir: str = ""      # where converted weights are written (and removed once loaded)
     borrow_cores: list[int] = field(default_factory=list)   # the target's, lent for prefills
+    measure_threads: bool = False  # native: time 1, 2, 4, ... threads up to len(cores) at start-up, keep
+                                   # the fastest (threads is then len(cores), for the other backends)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

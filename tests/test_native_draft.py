@@ -238,14 +238,15 @@ def test_the_native_gemma_draft_takes_the_targets_prompt_cache(gemma_run):
 
 def test_an_engine_whose_native_draft_prefills_itself_stays_exact():
     """prompt_kv = "own": the native draft prefills a long prompt itself, in
-    windows on its own core (it borrows none: the target decodes alone
+    windows on its own core (borrowing none: the target decodes alone
     meanwhile), and the output is still the target's own."""
     notes = " ".join(f"Note {i}: the train left platform {i} at {8 + i % 9} o'clock." for i in range(12))
     messages = [{"role": "user", "content": "Summarize these notes in one sentence. " + notes}]
     # no lookup guesses: on these repetitive notes they would finish the request
     # before the draft's prefill does, and no round would speculate
     # the float32 target: slow enough that the draft's prefill ends long before the 128 tokens
-    config = {"draft": {"backend": "native", "prompt_kv": "own"}, "target": {"backend": "transformers"},
+    config = {"draft": {"backend": "native", "prompt_kv": "own", "prefill_borrows_target_cores": False},
+              "target": {"backend": "transformers"},
               "decoding": {"lookup": 0}}
     with hetspec.launch(config) as engine:
         assert engine.info["draft"]["kernels"].startswith("native")

@@ -99,7 +99,8 @@ def attach_buffers(config: EngineConfig, run_id: str, draft: DraftLink, target: 
                            "probs": ((rows, hellos["target"].n_vocab), np.float32)}, shared)
     draft.attach(run_id, {"context": ((max(max_tokens, config.draft.n_ctx),), np.int32),
                           "tokens": ((2, branch_rows), np.int32),
-                          "probs": ((2, branch_rows, hellos["draft"].n_vocab), np.float32)}, shared)
+                          "probs": ((2, branch_rows, hellos["draft"].n_vocab), np.float32),
+                          "halt": ((1,), np.int32)}, shared)      # DraftLink.halt
     return kv_buffer
 
 

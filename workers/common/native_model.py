@@ -13,7 +13,9 @@ with 8-bit activations, further from the float model's (see WINDOW_FILL). How th
 file's tensors are held: native_weights.py. Behind the DraftModel protocol of
 workers/draft/models.py (forward, kv_geometry, import_kv), so the drafter and the KV
 handover work with any backend. Its cache is positional: a forward at `pos` simply
-overwrites from there, which is all a rollback needs.
+overwrites from there, which is all a rollback needs (and all a step halted midway,
+forward's `halt`, leaves to clean up). Every product's rows, a step's and a window's,
+are split among the process's pool threads (set_threads), each row as on one thread.
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ class NativeModel:
         self._allocate(model, n_ctx)
         self.n_vocab, self.n_ctx = model.n_vocab, n_ctx
         self.n_cached = 0
+        self.threads = 1                             # set_threads: the products' width
         self.description = "native, " + ", ".join(f"{n} {kind}" for kind, n in sorted(formats.items()))
         if self._embedding is not None:
             self.description += ", token embeddings read from the file's blocks"
@@ -94,19 +97,28 @@ class NativeModel:
         self._arrays.extend((qs, d, m))
         return HsMat(qs.ctypes.data, d.ctypes.data, m.ctypes.data, FORMATS["Q4_1"], out.rows, out.cols)
 
-    def forward(self, tokens: Sequence[int], pos: int) -> np.ndarray:
+    def forward(self, tokens: Sequence[int], pos: int, halt: np.ndarray | None = None) -> np.ndarray | None:
         """Evaluate `tokens` at positions pos..; the logits after the last one
-        (a buffer reused by the next call). Positions from pos on are replaced."""
+        (a buffer reused by the next call). Positions from pos on are replaced.
+        halt: an int32 (shared memory: the draft's extension) that stops the one-token
+        steps between layers once it is not 0; then None, the positions from the
+        halted token's on not cached (n_cached)."""
         ids = self._checked(tokens, pos)
         filled = ids.size - 1 if ids.size >= WINDOW_FILL else 0     # tokens through the window products
         for start in range(0, filled, self.max_window):
             n = min(self.max_window, filled - start)
             self._window_tokens[:n] = ids[start:start + n]
             self.forward_window(self._window_tokens[:n], pos + start, self._window_norms)
-        for i in range(filled, ids.size):
-            logits = self._logits.ctypes.data if i == ids.size - 1 else None
-            token = int(ids[i]) if self._embedding is None else int(self._embedding.rows(ids[i:i + 1])[0])
-            self._lib.hs_forward(ctypes.byref(self._model), token, pos + i, logits)
+        self._model.halt = None if halt is None else halt.ctypes.data
+        try:
+            for i in range(filled, ids.size):
+                logits = self._logits.ctypes.data if i == ids.size - 1 else None
+                token = int(ids[i]) if self._embedding is None else int(self._embedding.rows(ids[i:i + 1])[0])
+                if self._lib.hs_forward(ctypes.byref(self._model), token, pos + i, logits) != 0:
+                    self.n_cached = pos + i
+                    return None
+        finally:
+            self._model.halt = None
         self.n_cached = pos + ids.size
         return self._logits
 
@@ -158,8 +170,22 @@ class NativeModel:
             self._vcache[layer, :, :t] = values[j]
         self.n_cached = t
 
-    def set_threads(self, n_threads: int) -> None:
-        """One thread only: a draft step is too short to split."""
+    def set_threads(self, n_threads: int) -> int:
+        """Split every product's rows (a step's and a window's) n_threads ways, each row
+        computed as on one thread (pool.h); returns the width now (fewer where threads
+        could not be made). The pool is the process's: one model a process sets it."""
+        self.threads = self._lib.hs_set_threads(n_threads)
+        return self.threads
+
+    def thread_ids(self) -> list[int]:
+        """The kernel ids of the threads that share the products with the caller's, for pinning."""
+        tids = np.zeros(64, np.int32)
+        return tids[:self._lib.hs_thread_ids(tids.ctypes.data)].tolist()
+
+    def rest(self) -> None:
+        """The pool's threads sleep now rather than spin until the next product (a command's
+        work is done: the engine's other processes need the cores)."""
+        self._lib.hs_pool_rest()
 
     def close(self) -> None:
         self._arrays = None

@@ -81,7 +81,8 @@ class HsModel(ctypes.Structure):
         ("kcache", ctypes.c_void_p), ("vcache", ctypes.c_void_p), ("work", ctypes.c_void_p),
         ("neox_rope", ctypes.c_int), ("gelu", ctypes.c_int), ("window", ctypes.c_int),
         ("embd_scale", ctypes.c_float), ("rope_base_local", ctypes.c_float), ("out_fast", HsMat),
-        ("rope_freqs", ctypes.c_void_p), ("rope_scale", ctypes.c_float)]
+        ("rope_freqs", ctypes.c_void_p), ("rope_scale", ctypes.c_float),
+        ("halt", ctypes.c_void_p)]          # an int a step stops at once it is not 0 (NativeModel.forward)
 
 
 class Weights(NamedTuple):

@@ -98,11 +98,12 @@ class CoreLoan:
 
 
 @contextmanager
-def borrowed_cores(cores: list[int], lent: list[int], set_threads, threads: int):
+def borrowed_cores(cores: list[int], lent: list[int], set_threads, threads: int,
+                   thread_ids: Callable[[], list[int]] | None = None):
     """Run on `lent` cores too (one thread each) while the other worker waits; then
     back to the worker's own cores and thread count. Nothing lent: no change.
-    The worker's main thread stays on its own first core."""
-    loan = CoreLoan(cores, lent, set_threads, threads)
+    The worker's main thread stays on its own first core (thread_ids: as CoreLoan)."""
+    loan = CoreLoan(cores, lent, set_threads, threads, thread_ids)
     loan.hold(True)
     try:
         yield

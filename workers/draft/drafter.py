@@ -34,8 +34,13 @@ class Drafter:
 
     # ---- cache bookkeeping -------------------------------------------------
 
-    def _feed(self, tokens, pos: int) -> np.ndarray:
-        logits = self.model.forward(tokens, pos)
+    def _feed(self, tokens, pos: int, halt: np.ndarray | None = None) -> np.ndarray | None:
+        """The logits after `tokens` at pos..; None where `halt` stopped the model (the
+        native one: see NativeModel.forward), the cache then holding what it held before pos."""
+        logits = self.model.forward(tokens, pos) if halt is None else self.model.forward(tokens, pos, halt=halt)
+        if logits is None:
+            self.n_cached = min(self.n_cached, pos)
+            return None
         self.cached[pos:pos + len(tokens)] = tokens
         self.n_cached = pos + len(tokens)
         return logits
@@ -100,17 +105,22 @@ class Drafter:
         k = count_sequences(first_p, float(as_probs(second).max()), plan.max_sequences)
         return allocate_budget(gamma, [float(first_p[c]) for c in candidates[:k]], plan.acceptance), second
 
-    def extend(self, limit: int):
+    def extend(self, limit: int, halt: np.ndarray | None = None):
         """Keep growing the likeliest branch of the last speculative draft, one
         forward pass per step, up to `limit` tokens; yields (token, distribution).
 
         Pipelined, the draft would otherwise sit idle once its budget is spent
         and the target is still verifying: these tokens lengthen the next window
         for free when the target accepts the pending one. The distribution is None
-        where the draft returns none (draft)."""
+        where the draft returns none (draft). halt (a model whose forward takes it):
+        a flag that stops a step midway once the scheduler has the target's verdict,
+        which ends the extension."""
         branch, rows, dist, choose, keep_rows = self._likeliest
         while branch and len(branch) < limit:         # the cache holds everything before branch[-1]
-            d = dist(self._feed([branch[-1]], self.n_cached))
+            logits = self._feed([branch[-1]], self.n_cached, halt)
+            if logits is None:
+                return
+            d = dist(logits)
             branch.append(choose(d))
             rows.append(d)
             yield branch[-1], d if keep_rows else None

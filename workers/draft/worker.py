@@ -26,6 +26,7 @@ from hetspec.workers.common.pinning import borrowed_cores, pin, pin_threads, set
 from hetspec.workers.common.process import parse_args, serve
 from hetspec.workers.draft.drafter import Drafter
 from hetspec.workers.draft.models import load_draft_model
+from hetspec.workers.draft.thread_choice import fastest_threads
 
 
 class DraftState:
@@ -37,6 +38,23 @@ class DraftState:
         self.drafter = Drafter(self.model, spec.n_ctx)
         self.request_id = None
         self.spec = spec
+        self.threads = spec.threads
+        # the native model's own thread pool (pool.h), pinned a thread a core; its steps can be halted
+        self.native = self.backend == "native"
+        self.thread_ids = self.model.thread_ids if self.native else None
+        if self.native:
+            self.kernels += self._native_threads()
+
+    def _native_threads(self) -> str:
+        """Set the native step's thread count: measured where the config leaves it to the
+        engine (thread_choice.py) and there are several cores; for the description."""
+        cores = self.spec.cores
+        if self.spec.measure_threads and len(cores) > 1:
+            self.threads, timed = fastest_threads(self.model, cores)
+            return (f", {self.threads} thread{'s' * (self.threads > 1)} "
+                    f"(fastest of {', '.join(map(str, timed))} measured at start-up)")
+        self.threads = self.model.set_threads(self.spec.threads)
+        return f", {self.threads} thread{'s' * (self.threads > 1)}"
 
     def prefill(self, context: np.ndarray, reuse_cache: bool, borrow: bool, kv=None, kv_length: int = 0) -> None:
         """Catch up with context, on the target's cores too when lent (the target waits
@@ -45,19 +63,35 @@ class DraftState:
             self.model.import_kv(kv[0, :, :, :kv_length], kv[1, :, :, :kv_length])
             self.drafter.adopt(context[:kv_length])
         lent = self.spec.borrow_cores if borrow else []
-        with borrowed_cores(self.spec.cores, lent, self.model.set_threads, self.spec.threads):
+        with borrowed_cores(self.spec.cores, lent, self.model.set_threads, self.threads, self.thread_ids):
             self.drafter.sync(context, reuse_cache or kv_length > 0)
+        self.rest()
+
+    def rest(self) -> None:
+        """A command's work is done: the native model's pool threads sleep rather than spin."""
+        if self.native:
+            self.model.rest()
+
+    def halt_flag(self, buffers) -> np.ndarray | None:
+        """The flag the scheduler sets once it has the target's verdict (DraftLink.halt),
+        cleared for the window now drafted; None where the model's steps cannot be halted
+        (llama.cpp, torch: an extension stops between steps)."""
+        if not self.native or "halt" not in buffers:
+            return None
+        flag = buffers["halt"].array
+        flag[0] = 0
+        return flag
 
 
 def load(spec: DraftSpec):
     pin(spec.cores)
     start = time.perf_counter()
     state = DraftState(spec)
-    pin_threads(spec.cores, spec.threads)   # the model's thread pool exists now
+    pin_threads(spec.cores, state.threads, state.thread_ids)   # the model's thread pool exists now
     hello = WorkerHello(role="draft", pid=os.getpid(), n_vocab=state.model.n_vocab, device="cpu",
-                        cores=spec.cores, threads=spec.threads, load_s=time.perf_counter() - start,
+                        cores=spec.cores, threads=state.threads, load_s=time.perf_counter() - start,
                         backend=state.backend, kernels=state.kernels, kv_geometry=state.kv_geometry,
-                        prefill_threads=state.backend != "native")   # one thread: it borrows no cores
+                        prefill_threads=True)   # on borrowed cores (the native model: its window products' pool)
     return hello, state
 
 
@@ -72,6 +106,7 @@ def prefill(state: DraftState, cmd: PrefillDraft, buffers) -> Prefilled:
 
 def draft(state: DraftState, cmd: DraftWindow, buffers):
     start = time.perf_counter()
+    halt = state.halt_flag(buffers)
     if cmd.request_id != state.request_id:             # drafting without a prefill (e.g. calibration, tests)
         state.request_id = cmd.request_id
         state.drafter.rng = np.random.default_rng([cmd.sampling.seed, 1, cmd.context_len])
@@ -86,19 +121,23 @@ def draft(state: DraftState, cmd: DraftWindow, buffers):
     room = len(tokens) - (len(flat) - len(branches[-1]))      # the likeliest (last) branch may grow to this
     limit = min(cmd.branches.extend_to, room) if cmd.branches else 0
     if limit <= len(branches[-1]):
+        state.rest()
         return reply
-    return reply, _extension(state, cmd, buffers, len(flat), limit, start)
+    return reply, _extension(state, cmd, buffers, len(flat), limit, start, halt)
 
 
-def _extension(state: DraftState, cmd: DraftWindow, buffers, total: int, limit: int, start: float):
+def _extension(state: DraftState, cmd: DraftWindow, buffers, total: int, limit: int, start: float, halt):
     """Work between commands: the likeliest branch grows a token at a time, each
-    written to the slot before the message that announces it."""
-    for token, row in state.drafter.extend(limit):
+    written to the slot before the message that announces it. It ends at `limit`,
+    at the next command, or (halt) midway through a step once the scheduler has the
+    target's verdict, so that the next window's command never waits for a step."""
+    for token, row in state.drafter.extend(limit, halt):
         buffers["tokens"].array[cmd.slot, total] = token
         if row is not None:
             buffers["probs"].array[cmd.slot, total] = row
         total += 1
         yield DraftExtended(cmd.command, cmd.slot, total, time.perf_counter() - start)
+    state.rest()
 
 
 def calibrate(state: DraftState, cmd: CalibrateDraft, buffers) -> DraftCalibration:
@@ -116,6 +155,7 @@ def calibrate(state: DraftState, cmd: CalibrateDraft, buffers) -> DraftCalibrati
         start = time.perf_counter()
         state.drafter.draft(context, cmd.n_tokens, GREEDY)
         best = min(best, (time.perf_counter() - start) / cmd.n_tokens)
+    state.rest()
     return DraftCalibration(best, prefill_s)
 
 

@@ -37,7 +37,7 @@
    AVX-512 BW too reads 4-bit rows two blocks a step, four rows a tile (see
    PAIRED). Keys are blocked and fetched ahead so that long contexts stream
    the cache quickly (see attend). */
-#define _GNU_SOURCE     /* gettid through syscall, for pinning the target's threads (pool.h) */
+#define _GNU_SOURCE     /* gettid through syscall, for pinning the pool's threads (pool.h) */
 #include <math.h>
 
 #include "window.h"
@@ -65,6 +65,8 @@ typedef struct {
     hs_mat out_fast;              /* a Q4_1 copy of a Q8_0 output layer (see head); qs NULL: none */
     const float *rope_freqs;      /* Llama 3's per-pair divisors of the global rope's angles; NULL: none */
     float rope_scale;             /* linear rope scaling: angles times this (1: none) */
+    const volatile int *halt;     /* a step (hs_forward) stops at its next product once it is not 0
+                                     (the draft's extension, halted by the scheduler); NULL: never */
 } hs_model;
 
 /* ---- activations rounded per block ------------------------------------------ */
@@ -338,10 +340,20 @@ static float one_row(const hs_mat *w, int r, int nb, const quantized *x, float *
     return (w->fmt == FMT_Q5 ? row_q5(qs, nb, x->q, scale) : row_q4(qs, nb, x->q, scale)) + offsets;
 }
 
-/* Y = W X for T tokens already rounded, token t's outputs at y + t * ystride. Each
-   tile of rows comes from memory once for the window, and each token's rows are
-   computed as a one-token pass computes them: a window's products are one-token
-   passes', bit for bit. */
+/* Rows r..r+n of w fetched early while they are a part's own (below r1), or past w's
+   end the first rows of `next` (the last part only is given it): a part fetches no
+   other part's rows. */
+static inline __attribute__((always_inline)) void prefetch_part(const hs_mat *w, const hs_mat *next, int r, int n,
+                                                                int r1) {
+    if (r + n <= r1) prefetch_rows(w, r, n);
+    else if (next && r >= w->rows && r - w->rows + n <= next->rows) prefetch_rows(next, r - w->rows, n);
+}
+
+/* Rows r0..r1-1 of Y = W X for T tokens already rounded, token t's outputs at
+   y + t * ystride. Each tile of rows comes from memory once for the window, and each
+   token's rows are computed as a one-token pass computes them: a window's products
+   are one-token passes', bit for bit, and a row is the same whichever rows share
+   its call. */
 static void matmat_rows(const hs_mat *w, const quantized *x, int T, float *y, int ystride, const hs_mat *next,
                         int r0, int r1) {
     const int nb = w->cols / BLOCK;
@@ -350,7 +362,7 @@ static void matmat_rows(const hs_mat *w, const quantized *x, int T, float *y, in
     float scale[TILE * nb];
     if (w->fmt == FMT_Q4_0 || w->fmt == FMT_Q4_1) {
         for (; r + TILE <= r1; r += TILE) {
-            prefetch_ahead(w, next, r + AHEAD, TILE);
+            prefetch_part(w, next, r + AHEAD, TILE, r1);
             for (int t = 0; t < T; t++) rows_q4_wide(w, r, TILE, x + t, scale, y + (size_t)t * ystride);
         }
         for (; r < r1; r++)
@@ -361,24 +373,53 @@ static void matmat_rows(const hs_mat *w, const quantized *x, int T, float *y, in
     float scale[2 * nb];    /* FMT_K6: two a block */
 #endif
     for (; r < r1; r++) {
-        prefetch_ahead(w, next, r + AHEAD, 1);
+        prefetch_part(w, next, r + AHEAD, 1, r1);
         for (int t = 0; t < T; t++) y[(size_t)t * ystride + r] = one_row(w, r, nb, x + t, scale);
     }
 }
 
-static void matmat(const hs_mat *w, const quantized *x, int T, float *y, int ystride, const hs_mat *next) {
-    matmat_rows(w, x, T, y, ystride, next, 0, w->rows);
+/* ---- the pool's threads (pool.h) ------------------------------------------------ */
+
+/* A product's rows are split among the pool's threads (hs_set_threads): the draft's
+   step where it has cores for several, the target's windows when it runs alone on
+   borrowed cores. */
+#include "pool.h"
+
+enum { PART_ROWS = 16 };   /* a part starts at a multiple of this: whole tiles, whole cache lines of y */
+
+/* The first row of part `part` of `parts` (parts: past the last row). */
+static int part_start(int rows, int part, int parts) {
+    if (part >= parts) return rows;
+    const int r = (int)((long)rows * part / parts);
+    return r - r % PART_ROWS;
 }
 
-/* y = W x for x already rounded: a window of one. */
+typedef struct {
+    const hs_mat *w, *next;
+    const quantized *x;
+    float *y;
+    int r0, r1;          /* the rows split among the parts */
+} step_job;
+
+static void step_part(void *arg, int part, int parts) {
+    const step_job *j = arg;
+    const int rows = j->r1 - j->r0;
+    matmat_rows(j->w, j->x, 1, j->y, 0, part == parts - 1 ? j->next : NULL, j->r0 + part_start(rows, part, parts),
+                j->r0 + part_start(rows, part + 1, parts));
+}
+
+/* Rows r0..r1-1 of y = W x for x already rounded, on the pool's threads: each row is
+   computed as on one, so the logits do not depend on the thread count. */
+static void matvec_rows(const hs_mat *w, const quantized *x, float *y, const hs_mat *next, int r0, int r1) {
+    step_job job = {w, next, x, y, r0, r1};
+    pool_run(step_part, &job);
+}
+
 static void matvec(const hs_mat *w, const quantized *x, float *y, const hs_mat *next) {
-    matmat(w, x, 1, y, 0, next);
+    matvec_rows(w, x, y, next, 0, w->rows);
 }
 
 /* ---- a window of tokens (window.h's products) ------------------------------------ */
-
-/* The target alone takes more cores (pool.h): a product's rows are split among them. */
-#include "pool.h"
 
 typedef struct {
     const hs_mat *w, *next;
@@ -572,12 +613,24 @@ static void dequantize_row(const hs_mat *w, int r, float *y) {
    docs/kernels.md). */
 enum { REFINE = 64 };
 
-static void head(const hs_model *m, const quantized *x, float *logits) {
-    if (!m->out_fast.qs) {
-        matvec(&m->out, x, logits, NULL);
-        return;
+enum { HEAD_CHUNK = 4096 };   /* rows of the output layer between two looks at the halt flag */
+
+static int halted(const volatile int *halt) { return halt && *halt != 0; }
+
+/* Logits from the output layer w, HEAD_CHUNK rows at a time: 1 where m->halt stopped it
+   (a large vocabulary's layer is much of a step), else 0. */
+static int head_rows(const hs_model *m, const hs_mat *w, const quantized *x, float *logits) {
+    for (int r = 0; r < w->rows; r += HEAD_CHUNK) {
+        if (halted(m->halt)) return 1;
+        matvec_rows(w, x, logits, NULL, r, r + HEAD_CHUNK < w->rows ? r + HEAD_CHUNK : w->rows);
     }
-    matvec(&m->out_fast, x, logits, NULL);
+    return 0;
+}
+
+/* The logits (see above); 1 where m->halt stopped it before they were all computed. */
+static int head(const hs_model *m, const quantized *x, float *logits) {
+    if (!m->out_fast.qs) return head_rows(m, &m->out, x, logits);
+    if (head_rows(m, &m->out_fast, x, logits)) return 1;
     int top[REFINE], kept = 0, lowest = 0;
     float floor = -INFINITY;              /* the smallest kept logit once REFINE are kept */
     const int n = m->n_vocab;
@@ -600,6 +653,7 @@ static void head(const hs_model *m, const quantized *x, float *logits) {
     const int nb = m->out.cols / BLOCK;
     float scale[2 * nb];
     for (int k = 0; k < kept; k++) logits[top[k]] = one_row(&m->out, top[k], nb, x, scale);
+    return 0;
 }
 
 /* A Q4_1 copy of Q8_0 blocks (blocks of 32 values): per block the step
@@ -962,12 +1016,15 @@ typedef struct {
     window_act *acts;    /* each token's (a window) */
     int held;            /* how the activations hold the current x (-1: not yet; the one-token
                             rounding is the same for every matrix: 0) */
+    const volatile int *halt;   /* a step stops at its next product once *halt is not 0 (NULL: never) */
+    int stopped;         /* it has: the pass's other products are skipped, its results are void */
 } products;
 
 /* Y = W X for T rows of x (stride floats apart), token t's outputs at y + t * ystride.
    x is rounded only where the activations do not hold it as w needs it already. */
 static void product(products *p, const hs_mat *w, const float *x, int stride, int T, float *y, int ystride,
                     const hs_mat *next) {
+    if (p->stopped || (p->stopped = halted(p->halt))) return;
     if (p->window && window_reads(w)) {
         window_products(w, x, stride, T, p->acts, &p->held, y, ystride, next);
         return;
@@ -1090,6 +1147,7 @@ static void layer(const hs_model *m, int l, int T, int pos, const scratch *s, pr
     product(p, &L->wq, s->h, E, T, s->q, heads, &L->wk);
     product(p, &L->wk, s->h, E, T, s->k, kv_dim, &L->wv);
     product(p, &L->wv, s->h, E, T, s->v, kv_dim, &L->wo);
+    if (p->stopped) return;          /* halted: no attention over what the products did not make */
     store_positions(m, L, l, T, pos, s);
     attend_positions(m, L, l, T, pos, s);
     p->held = -1;
@@ -1112,27 +1170,31 @@ static int fits(const hs_model *m, const int *tokens, int T, int pos) {
     return 1;
 }
 
-/* Every layer for T tokens at positions pos..; `last` is the matrix read after the last layer. */
-static void run_layers(const hs_model *m, const int *tokens, int T, int pos, const scratch *s, products *p,
-                       const hs_mat *last) {
+/* Every layer for T tokens at positions pos..; `last` is the matrix read after the last
+   layer. 1 where p->halt stopped it (at a product), else 0. */
+static int run_layers(const hs_model *m, const int *tokens, int T, int pos, const scratch *s, products *p,
+                      const hs_mat *last) {
     embed(m, tokens, T, pos, s);
-    for (int l = 0; l < m->n_layer; l++) layer(m, l, T, pos, s, p, l + 1 < m->n_layer ? &m->layers[l + 1].wq : last);
+    for (int l = 0; l < m->n_layer && !p->stopped; l++)
+        layer(m, l, T, pos, s, p, l + 1 < m->n_layer ? &m->layers[l + 1].wq : last);
+    return p->stopped;
 }
 
 /* Evaluate `token` at position `pos` through the one-token kernels (the cache holds
    0..pos-1 and gets pos); logits (n_vocab floats) when not NULL. 0 on success, -1 for
-   bad input. */
+   bad input, 1 where it stopped early, at a product (a layer's, or a chunk of the output
+   layer's) because m->halt was set: the cache then holds some layers' entries at pos,
+   which the next pass there overwrites (the cache is positional), and the logits are
+   not whole. */
 int hs_forward(const hs_model *m, int token, int pos, float *logits) {
     if (!fits(m, &token, 1, pos)) return -1;
     const scratch s = scratch_at(m, 1);
-    products p = {.window = 0, .one = quantized_at(s.acts, widest(m))};
-    run_layers(m, &token, 1, pos, &s, &p, m->out_fast.qs ? &m->out_fast : &m->out);
-    if (logits) {
-        rms_norm(s.x, m->out_norm, m->n_embd, m->eps, s.h);
-        quantize(s.h, m->n_embd, &p.one);
-        head(m, &p.one, logits);
-    }
-    return 0;
+    products p = {.window = 0, .one = quantized_at(s.acts, widest(m)), .halt = m->halt};
+    if (run_layers(m, &token, 1, pos, &s, &p, m->out_fast.qs ? &m->out_fast : &m->out)) return 1;
+    if (!logits) return 0;
+    rms_norm(s.x, m->out_norm, m->n_embd, m->eps, s.h);
+    quantize(s.h, m->n_embd, &p.one);
+    return head(m, &p.one, logits);
 }
 
 /* Evaluate tokens[0..T) at positions pos.. through the window products (the cache

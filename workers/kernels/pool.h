@@ -1,11 +1,11 @@
-/* Threads that share a matrix's rows with the caller: the native target's products
-   when it runs alone on borrowed cores (hs_set_threads). Included by native_model.c.
+/* Threads that share a matrix's rows with the caller (hs_set_threads): the native
+   target's products when it runs alone on borrowed cores, the native draft's step
+   where it has several cores. Included by native_model.c.
 
    Why its own pool: a token is a few hundred products of tens of microseconds each,
    too short to start a thread for or to wake a sleeping one. A thread spins a
    while between jobs, then sleeps, so that between tokens (the engine's messages)
-   it gives its core back. At one thread (the draft running on the other core) the
-   threads sleep.
+   it gives its core back. At one thread the threads sleep.
 
    A row is computed the same way whichever thread takes it, so the logits do not
    depend on how many threads there are. */

@@ -76,12 +76,11 @@ class NativeTarget:
     def set_threads(self, threads: int) -> None:
         """Threads for the products and the output layer: more when the target runs alone
         on borrowed cores, one while the draft runs beside it."""
-        self.threads = self._lib.hs_set_threads(threads)
+        self.threads = self._net.set_threads(threads)
 
     def thread_ids(self) -> list[int]:
         """The kernel ids of the threads that share the products with the caller's, for pinning."""
-        tids = np.zeros(64, np.int32)
-        return tids[:self._lib.hs_thread_ids(tids.ctypes.data)].tolist()
+        return self._net.thread_ids()
 
     def close(self) -> None:
         self._net.close()

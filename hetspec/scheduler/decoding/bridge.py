@@ -125,6 +125,9 @@ class BridgedDraft:
     def settle(self) -> None:
         self.link.settle()
 
+    def halt(self) -> None:
+        self.link.halt()
+
     def start_prefill(self, request_id: int, context, seed: int, reuse_cache: bool, borrow_cores: bool,
                       kv_length: int = 0) -> None:
         """kv_length is always 0: the draft cannot take a cache of another model's tokens."""

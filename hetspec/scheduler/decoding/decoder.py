@@ -139,6 +139,8 @@ class Decoder:
         self.start_verify(pending)             # both workers busy: stream the last round's tokens meanwhile
         self.emit_round()
         verdict = self.target.finish_verify(len(pending) + 1)
+        if gamma > 0:
+            self.draft.halt()                  # its extension can stop: what it has drafted is all W' takes
         n_accepted, token, kept = self.accept_and_commit(pending, verdict)
         drafted = self.draft.finish_window() if gamma > 0 else NO_DRAFT
         self.record(started, pending, verdict, drafted, n_accepted, kept, parallel=True, restart=restart)

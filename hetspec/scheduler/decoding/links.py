@@ -288,6 +288,14 @@ class DraftLink(WorkerLink):
         probs = from_slot(self.buffers["probs"].array[reply.slot], reply.lengths, total) if self.with_probs else None
         return Draft([b.copy() for b in tokens], probs, seconds)
 
+    def halt(self) -> None:
+        """The target's verdict is in: an extension of the last window stops at once,
+        midway through a step (the native draft, which checks the shared "halt" flag
+        between layers; the others between steps), so that the next window's command
+        does not wait for a step. The draft clears the flag as a window's command arrives."""
+        if self.extending and "halt" in self.buffers:
+            self.buffers["halt"].array[0] = 1
+
     def is_stale(self, message) -> bool:
         """Extensions are collected by finish_window right after their command's
         reply; any met while waiting for another reply came too late."""
@@ -297,6 +305,7 @@ class DraftLink(WorkerLink):
         """Stop an extension still running after the last command (the end of a
         request), so it does not compete with whatever runs next."""
         if self.extending:
+            self.halt()                        # mid-step, rather than after it
             self.extending = False
             self.stop_background()
 
