@@ -33,7 +33,7 @@ SHIPPED_CONFIGS = {name: f"{name}.toml" for name in
 DEFAULT_CONFIG = "smollm2"
 DRAFT_BACKENDS = ("native", "llama.cpp", "torch")
 TARGET_BACKENDS = ("auto", "transformers", *GGUF_TARGET_BACKENDS, "paced")
-DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
+DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_1", "q4_0")
 CPU_KERNELS = ("gguf", "onednn", "torch")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -48,7 +48,8 @@ class DraftConfig:
                                         # start-up and keeps the fastest; the others take one per core
     n_ctx: int = 0                      # 0: [server] max_context + max_gamma + 1 (twice max_context
                                         # for a draft that is not the target's own model)
-    weights: str = "q8_0"               # llama.cpp (and native's fallback): "as-is", or a type to convert to at load
+    weights: str = "q8_0"               # llama.cpp (and native's fallback): "as-is", or a type to convert to at load;
+                                        # native: "q4_1" holds its layers in 4 bits, any other its file's blocks
     prefill_weights: str = "bf16"       # ditto: "same", or a type for a second copy that prefills long prompts
     prefill_borrows_target_cores: bool = True
     prompt_kv: str = "auto"             # "auto": take the target's KV cache of a long prompt when the

@@ -257,3 +257,22 @@ def test_an_engine_whose_native_draft_prefills_itself_stays_exact():
     assert got.stats["target_only_rounds"] > 0          # the target went on alone while the draft prefilled
     assert got.token_ids == want.token_ids
     assert got.stats["spec_rounds"] > 0 and got.stats["accepted"] > 0, got.stats
+
+
+def test_a_four_bit_draft_holds_its_layers_in_q4_1_and_still_agrees(tmp_path):
+    """[draft] weights = "q4_1": Gemma 3's Q4_K, Q6_K and Q8_0 layers become Q4_1 (the
+    output layer keeps its own blocks), and along the 8-bit draft's greedy path the
+    4-bit one picks the same token at most positions."""
+    path = resolve_model("builtin:gemma3-270m").file
+    eight, four = (NativeModel(path, 256, str(tmp_path), four_bit=fb) for fb in (False, True))
+    assert "Q4_1 from Q4_K" in four.description and "Q4_1 from" not in eight.description
+    tokens = [2, 818, 5279, 529, 506, 2148, 563]
+    agree = 0
+    for step in range(24):
+        feed, pos = (tokens[-1:], len(tokens) - 1) if step else (tokens, 0)
+        want, got = eight.forward(feed, pos), four.forward(feed, pos)
+        agree += int(got.argmax()) == int(want.argmax())
+        tokens.append(int(want.argmax()))
+    assert agree >= 18, agree
+    eight.close()
+    four.close()

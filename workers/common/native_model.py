@@ -43,20 +43,21 @@ WINDOW_FILL = 8
 
 class NativeModel:
     def __init__(self, path: str, n_ctx: int, cache_root: str = "", fast_head: bool = True,
-                 exact_kquants: bool = False, window_layout: bool = False):
+                 exact_kquants: bool = False, window_layout: bool = False, four_bit: bool = False):
         """KernelUnavailable when the C files cannot be built here, Unsupported when the file
         is not of an architecture (native_weights.ARCHITECTURES) and block types it reads.
         fast_head: read a Q8_0 output layer mostly in a Q4_1 copy (see head() in
         native_model.c); False reads all of it. exact_kquants: every weight at its exact
         value (native_weights.EXACT_LAYOUTS) rather than rounded to Q8_0. window_layout: Q8_0
         values laid out for the 8-bit window products (FMT_W8), where the CPU has them;
-        only hs_forward_window reads that layout."""
+        only hs_forward_window reads that layout. four_bit: a draft's layers in 4 bits (Q4_1),
+        about half the bytes a step reads ([draft] weights = "q4_1")."""
         self._lib = load_library(cache_root)
         meta, tensors = read_gguf(path)
         self._arrays = []                            # what the C side reads: keep alive
         formats: dict[str, int] = {}
         window_layout = window_layout and self._lib.hs_pair_layout() == 1
-        weights = Weights(self._lib, tensors, self._arrays, formats, exact_kquants, window_layout)
+        weights = Weights(self._lib, tensors, self._arrays, formats, exact_kquants, window_layout, four_bit)
         self.max_window = self._lib.hs_max_window()
         self._embedding = FileEmbedding.of(tensors, self.max_window)
         model, self._layers = describe(meta, weights, n_ctx, self._embedding)

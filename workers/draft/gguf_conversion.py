@@ -16,7 +16,8 @@ import os
 import llama_cpp
 
 FTYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0",
-          "q6_k": "MOSTLY_Q6_K", "q5_k_m": "MOSTLY_Q5_K_M", "q4_k_m": "MOSTLY_Q4_K_M", "q4_0": "MOSTLY_Q4_0"}
+          "q6_k": "MOSTLY_Q6_K", "q5_k_m": "MOSTLY_Q5_K_M", "q4_k_m": "MOSTLY_Q4_K_M", "q4_1": "MOSTLY_Q4_1",
+          "q4_0": "MOSTLY_Q4_0"}
 
 
 def convert_gguf(source: str, weights: str, scratch_dir: str, threads: int = 1) -> str:
