@@ -118,16 +118,18 @@ def summarize(doc: dict, methods: list[Method]) -> dict:
 
 
 def write_report(doc: dict, out: Path) -> Path:
-    p = named_profile(doc["profile"])
+    p, machine, draft = named_profile(doc["profile"]), doc["machine"], doc["engine"]["draft"]
+    prompts = len({r["prompt"] for r in doc["runs"]})
     lines = [f"# Paced target (simulated GPU), profile {p.name}", "",
-             f"Command: `{doc['command']}`. Machine: {doc['machine'].get('cpu', '?')}, "
-             f"{doc['machine'].get('cores', '?')} cores. Profile: {p.window_ms:g} ms a pass of up to {p.flat_to} "
-             f"tokens ({p.source}).", "",
-             f"Draft: {doc['engine']['draft']['kernels']} on cores {doc['engine']['draft']['cores']}, "
-             f"{doc['engine']['draft']['threads']} thread(s). Start-up gamma {doc['engine']['gamma']}. "
-             f"Greedy, {len({r['prompt'] for r in doc['runs']})} prompts; decode after the first token.", "",
-             "| method | tok/s | vs target alone | vs SpS | acceptance | ms a spec round: draft / verify / "
-             "round / overhead | outputs = trace |", "|---|---|---|---|---|---|---|"]
+             f"Command: `{doc['command']}`.", "",
+             (f"Machine: {machine['cpu']}, {machine['logical_cores']} cores, load average at the end "
+              f"{machine['load_average']}; commit {machine['git_commit']}."), "",
+             f"Profile: {p.window_ms:g} ms a pass of up to {p.flat_to} tokens ({p.source}).", "",
+             (f"Draft: {draft['kernels']}; cores {draft['cores']}, {draft['threads']} thread(s). Start-up gamma "
+              f"{doc['engine']['gamma']}. Greedy, {prompts} prompts, {doc['repeats']} pass(es); decode after the "
+              "first token, pooled."), "",
+             ("| method | tok/s | vs target alone | vs SpS | acceptance | ms a spec round: draft / verify / "
+              "round / overhead | outputs = trace |"), "|---|---|---|---|---|---|---|"]
     for name, s in doc["summary"].items():
         ms = s["ms_per_spec_round"]
         lines.append(f"| {METHODS[name].label} | {s['tokens_per_s']:.2f} | {_x(s['vs_target'])} | {_x(s['vs_sps'])} "
@@ -149,7 +151,7 @@ def main(settings, profile: str, prompts: dict[str, list[int]], max_new: dict[st
         return 2
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if settings.progress else (lambda m: None)
     doc = run_paced(config, profile, prompts, max_new, methods, traces, repeats, log)
-    doc.update(command=" ".join(["hetspec-bench", *argv]), machine=describe_machine())
+    doc.update(command=" ".join(["hetspec-bench", *argv]), machine=describe_machine(), repeats=repeats)
     doc["summary"] = summarize(doc, methods)
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
