@@ -86,6 +86,8 @@ class CostModel:
         self.draft_s = draft_s_per_token
         self.verify_s = dict(verify_s)
         self.verify_scale = 1.0
+        self._interpolated: dict[int, float] = {}   # interpolate(verify_s, n) by n (measured()'s)
+        self._best_pipelined: tuple = (None, 0)      # (question, answer) of the last best_pipelined
         self.prefill_s = prefill_s_per_token or draft_s_per_token   # per draft prompt token (untimed: a step)
         self.alone_pace = alone_pace    # a token of the target alone over one on its own cores (it may take the draft's)
 
@@ -93,7 +95,7 @@ class CostModel:
         if n_draft > 0 and draft_s > 0:
             self.draft_s += self.SMOOTHING * (draft_s / n_draft - self.draft_s)
         if n_verify > 0 and verify_s > 0:
-            ratio = verify_s / interpolate(self.verify_s, n_verify)
+            ratio = verify_s / self.measured(n_verify)
             self.verify_scale += self.SMOOTHING * (ratio - self.verify_scale)
 
     def observe_prefill(self, n_tokens: int, seconds: float) -> None:
@@ -145,8 +147,14 @@ class CostModel:
         costs little more for a longer window this is the balance point; where it
         costs much more (a large output layer on a CPU) and acceptance is modest,
         a shorter window commits nearly as much for far less (docs/design.md, "Never
-        slower than the target alone")."""
-        return min(range(1, max_gamma + 1), key=lambda n: self._pipelined_s(n, acceptance))
+        slower than the target alone").
+
+        A round after a rejection asks twice with the same costs (its restart's window,
+        then the next window): the last answer is kept for the same question."""
+        question = (max_gamma, acceptance, self.draft_s, self.verify_scale)
+        if self._best_pipelined[0] != question:
+            self._best_pipelined = (question, min(range(1, max_gamma + 1), key=lambda n: self._pipelined_s(n, acceptance)))
+        return self._best_pipelined[1]
 
     def best_lookup(self, max_tokens: int, acceptance: float) -> int:
         """A target-only step's guess length: the one of least expected time per
@@ -190,7 +198,16 @@ class CostModel:
 
     def _verify(self, n: int) -> float:
         """A verify pass of n tokens, as measured and scaled by the rounds since."""
-        return self.verify_scale * interpolate(self.verify_s, n)
+        return self.verify_scale * self.measured(n)
+
+    def measured(self, n: int) -> float:
+        """A verify pass of n tokens as measured at start-up (interpolated), worked out once
+        per size: the windows' searches ask for every size, every round, and the measured
+        points never change."""
+        seconds = self._interpolated.get(n)
+        if seconds is None:
+            seconds = self._interpolated[n] = interpolate(self.verify_s, n)
+        return seconds
 
 
 class Windows:
