@@ -32,6 +32,8 @@ class Channel:
         self.context, self.monitor = context, None
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 1000)   # let a last error message leave
+        self.poller = zmq.Poller()                  # (socket.poll makes one a call)
+        self.poller.register(self.socket, zmq.POLLIN)
         if bind:
             self.socket.bind(endpoint)
             self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -56,9 +58,13 @@ class Channel:
     def send(self, message) -> None:
         self.socket.send_multipart(encode(message))
 
+    def waiting(self, timeout_ms: int = 0) -> bool:
+        """Whether a message has arrived (waiting up to timeout_ms for one)."""
+        return bool(self.poller.poll(timeout_ms))
+
     def recv(self, timeout_s: float | None = None):
         """The next message, or None if nothing arrived within timeout_s."""
-        if timeout_s is not None and not self.socket.poll(int(timeout_s * 1000)):
+        if timeout_s is not None and not self.waiting(int(timeout_s * 1000)):
             return None
         return decode(self.socket.recv_multipart())
 
