@@ -54,7 +54,7 @@ def measure(benchmark, engine: EchoEngine, mode: str, sampling: dict):
         benchmark.extra_info[name] = round(min(values), 4)
         benchmark.extra_info[f"{name}_median"] = round(statistics.median(values), 4)
     benchmark.extra_info.update({k: v for k, v in runs[-1].summary().items() if k not in ("round_ms", "overhead_ms")})
-    print(f"\n{mode} {benchmark.extra_info}")          # shown with -s
+    print(f"\n{benchmark.name} {benchmark.extra_info}")   # shown with -s
     for run in runs:
         check(run, engine, mode)
     return runs
