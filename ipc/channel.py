@@ -14,6 +14,16 @@ import zmq.utils.monitor
 
 from hetspec.ipc.codec import MAX_MESSAGE_BYTES, Malformed, decode, encode
 
+MORE, NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)   # plain ints: pyzmq's flags are enums, ORed in Python
+
+
+def send_frames(socket: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
+    """socket.send_multipart(frames, flags), less its checks of every frame and its enum arithmetic:
+    a few microseconds a message, and the scheduler sends several a round."""
+    for frame in frames[:-1]:
+        socket.send(frame, flags | MORE)
+    socket.send(frames[-1], flags)
+
 
 def make_runtime_dir(path: str) -> str:
     """The private directory for ipc:// endpoints: only this user may connect."""
@@ -32,6 +42,8 @@ class Channel:
         self.context, self.monitor = context, None
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 1000)   # let a last error message leave
+        self.poller = zmq.Poller()                  # (socket.poll makes one a call)
+        self.poller.register(self.socket, zmq.POLLIN)
         if bind:
             self.socket.bind(endpoint)
             self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -54,11 +66,15 @@ class Channel:
         return self.monitor is not None and self._lost
 
     def send(self, message) -> None:
-        self.socket.send_multipart(encode(message))
+        send_frames(self.socket, encode(message))
+
+    def waiting(self, timeout_ms: int = 0) -> bool:
+        """Whether a message has arrived (waiting up to timeout_ms for one)."""
+        return bool(self.poller.poll(timeout_ms))
 
     def recv(self, timeout_s: float | None = None):
         """The next message, or None if nothing arrived within timeout_s."""
-        if timeout_s is not None and not self.socket.poll(int(timeout_s * 1000)):
+        if timeout_s is not None and not self.waiting(int(timeout_s * 1000)):
             return None
         return decode(self.socket.recv_multipart())
 
@@ -104,11 +120,17 @@ class Router:
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES + 64)   # a larger frame disconnects its sender
         self.socket.bind(endpoint)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.poller = zmq.Poller()                  # (socket.poll makes one a call)
+        self.poller.register(self.socket, zmq.POLLIN)
+
+    def waiting(self, timeout_ms: int = 0) -> bool:
+        """Whether a message has arrived (waiting up to timeout_ms for one)."""
+        return bool(self.poller.poll(timeout_ms))
 
     def send(self, identity: bytes, message) -> bool:
         """False if that client is gone."""
         try:
-            self.socket.send_multipart([identity, *encode(message)], zmq.NOBLOCK)
+            send_frames(self.socket, [identity, *encode(message)], NOBLOCK)
             return True
         except zmq.ZMQError as exc:
             if exc.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):

@@ -61,7 +61,7 @@ _CLASS_OF = {tag: cls for cls, tag in TAG_OF.items()}
 
 
 def encode(message) -> list[bytes]:
-    header = json.dumps(message, default=_fields).encode()
+    header = _ENCODER.encode(message).encode()
     if len(header) > MAX_MESSAGE_BYTES:
         raise RequestError(f"the {type(message).__name__} is {len(header)} bytes of JSON; an engine takes "
                            f"messages of at most {MAX_MESSAGE_BYTES} bytes")
@@ -71,9 +71,14 @@ def encode(message) -> list[bytes]:
 def _fields(value) -> dict:
     """A dataclass as the JSON encoder meets it (the message, or one nested in it), one
     level at a time: dataclasses.asdict's deep copy took most of a round trip's encoding."""
-    if not dataclasses.is_dataclass(value) or isinstance(value, type):
-        raise TypeError(f"{type(value).__name__} is not JSON serializable")
-    return {name: getattr(value, name) for name in _names(type(value))}
+    try:
+        names = _names(type(value))
+    except TypeError:          # (fields() of anything but a dataclass; a dataclass itself has type `type`)
+        raise TypeError(f"{type(value).__name__} is not JSON serializable") from None
+    return {name: getattr(value, name) for name in names}
+
+
+_ENCODER = json.JSONEncoder(default=_fields)   # json.dumps(message, default=_fields), made once: messages cross every round
 
 
 class Malformed(ValueError):
@@ -109,21 +114,27 @@ def build(cls, values: dict):
     """A dataclass from its JSON fields, each checked against the type it declares,
     nested dataclasses (Sampling, BranchPlan) and choices (Rule) included."""
     checks, required, nested = _plan(cls)
+    if values.keys() != checks.keys():         # (every field, as hetspec sends them: nothing to look for)
+        _check_names(cls, values, checks, required)
+    for name, value in values.items():
+        if not checks[name](value):
+            raise ValueError(f"malformed {cls.__name__}: {name} must be {_describe(_hints(cls)[name])}, got {show(value)}")
+    for name, kind, members in nested:
+        value = values.get(name)
+        if isinstance(value, dict):
+            values[name] = build(kind, value)
+        elif members is not None and isinstance(value, str):
+            values[name] = members.get(value) or kind(value)   # (kind(value) says what is wrong)
+    return cls(**values)
+
+
+def _check_names(cls, values: dict, checks: dict, required: list[str]) -> None:
     unexpected = values.keys() - checks.keys()
     if unexpected:
         raise ValueError(f"malformed {cls.__name__}: unexpected fields {sorted(unexpected)}")
     missing = [name for name in required if name not in values]
     if missing:
         raise ValueError(f"malformed {cls.__name__}: missing field(s) {missing}")
-    for name, value in values.items():
-        if not checks[name](value):
-            raise ValueError(f"malformed {cls.__name__}: {name} must be {_describe(_hints(cls)[name])}, got {show(value)}")
-    for name, kind in nested:
-        if isinstance(values.get(name), dict):
-            values[name] = build(kind, values[name])
-        elif isinstance(kind, type) and issubclass(kind, Choice) and isinstance(values.get(name), str):
-            values[name] = kind(values[name])
-    return cls(**values)
 
 
 @functools.cache
@@ -133,7 +144,13 @@ def _checker(hint):
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         options = [_checker(arg) for arg in args]
-        return lambda v: any(fits(v) for fits in options)
+
+        def fits_one(v) -> bool:
+            for fits in options:
+                if fits(v):
+                    return True
+            return False
+        return fits_one
     if origin is typing.Literal:
         return lambda v: v in args
     if hint is list or origin is list:
@@ -192,12 +209,17 @@ def _names(cls) -> tuple[str, ...]:
 
 
 @functools.cache
-def _plan(cls) -> tuple[dict, list[str], list[tuple[str, type]]]:
+def _plan(cls) -> tuple[dict, list[str], list[tuple[str, type, dict | None]]]:
     """How build checks cls: each field's checker, the fields without a default, and the
-    fields whose type is (or may be) a dataclass or a Choice."""
+    fields whose type is (or may be) a dataclass or a Choice, with a Choice's members by value."""
     hints = _hints(cls)
     checks = {name: _checker(hint) for name, hint in hints.items()}
     required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
-    nested = [(name, kind) for name, hint in hints.items() for kind in (typing.get_args(hint) or (hint,))
-              if dataclasses.is_dataclass(kind) or (isinstance(kind, type) and issubclass(kind, Choice))]
+    nested = [(name, kind, {m.value: m for m in kind} if _is_choice(kind) else None)
+              for name, hint in hints.items() for kind in (typing.get_args(hint) or (hint,))
+              if dataclasses.is_dataclass(kind) or _is_choice(kind)]
     return checks, required, nested
+
+
+def _is_choice(kind) -> bool:
+    return isinstance(kind, type) and issubclass(kind, Choice)

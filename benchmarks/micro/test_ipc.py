@@ -1,8 +1,7 @@
-"""One IPC round trip from the engine's TargetLink to echo_worker (no compute): a greedy window of
-gamma + 1 ids, and gamma + 1 vocabulary-sized probability rows that the scheduler reads in full."""
+"""One IPC round trip from the engine's TargetLink to the echo target (echo_workers.py: no compute): a greedy
+window of gamma + 1 ids, and gamma + 1 vocabulary-sized probability rows that the scheduler reads in full."""
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import pytest
 import zmq
 
 from hetspec.benchmarks.micro.conftest import GAMMA, VOCABS
+from hetspec.benchmarks.micro.echo_workers import EchoSpec, command, echo_next
 from hetspec.core.sampling import GREEDY, Rule, Sampling
 from hetspec.ipc.channel import Channel, ipc_endpoint, make_runtime_dir
 from hetspec.ipc.messages import WorkerHello
@@ -27,8 +27,7 @@ def echo_link(request):
     runtime = make_runtime_dir(tempfile.mkdtemp(prefix="hetspec-bench-ipc-"))
     context = zmq.Context()
     link = TargetLink("target", Channel(context, ipc_endpoint(runtime, "echo"), bind=True))
-    worker = subprocess.Popen([sys.executable, "-m", "hetspec.benchmarks.micro.echo_worker", "--endpoint",
-                               link.channel.endpoint, "--spec", json.dumps({"vocab": vocab, "rows": ROWS})])
+    worker = subprocess.Popen([sys.executable, *command("target", link.channel.endpoint, EchoSpec(vocab=vocab))])
     try:
         hello = link.wait(60)
         assert isinstance(hello, WorkerHello), hello
@@ -57,7 +56,7 @@ def test_ipc_round_trip_token_window(benchmark, echo_link):
     window = np.arange(ROWS, dtype=np.int32)
     benchmark.extra_info.update(tokens=ROWS, vocab=vocab)
     choice = benchmark(_round_trip, link, window, GREEDY, False)
-    assert list(choice) == list(window)
+    assert list(choice) == list(echo_next(window, vocab))
 
 
 def test_ipc_round_trip_probability_rows(benchmark, echo_link):

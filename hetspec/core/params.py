@@ -232,7 +232,8 @@ def _one_of(value, choices: type[Choice]) -> bool:
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    """(A plain int first: a token-id prompt checks each of its ids, and the ABC's isinstance is slow.)"""
+    return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 
 def _is_real(value) -> bool:

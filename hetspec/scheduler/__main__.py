@@ -59,7 +59,7 @@ def _refuse_clients(scheduler: Scheduler, exc: Exception) -> None:
     message = str(exc)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        if scheduler.clients.router.socket.poll(200):
+        if scheduler.clients.router.waiting(200):
             item = scheduler.clients.router.recv_nowait()
             if item:
                 scheduler.clients.send(item[0], RequestFailed(-1, "start", message))

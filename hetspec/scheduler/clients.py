@@ -65,7 +65,7 @@ class Clients:
         """Queue requests and apply cancels that arrived; answer what is malformed,
         unauthorized or over the queue's bound; return the rest (info, stop) for the
         scheduler to answer."""
-        if not self.router.socket.poll(timeout_ms):
+        if not self.router.waiting(timeout_ms):
             return []
         others = []
         while (item := self.router.recv_nowait()) is not None:

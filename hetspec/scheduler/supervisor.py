@@ -165,7 +165,7 @@ class Crew:
             if reason := worker.exit_reason():
                 link.lost()
                 worker.died(reason)
-            elif worker.state is State.STARTING and link.channel.socket.poll(0):
+            elif worker.state is State.STARTING and link.channel.waiting():
                 hello = link.channel.recv(0)
                 if isinstance(hello, WorkerHello):   # anything else is a dead worker's last words
                     link.hello = hello

@@ -119,7 +119,7 @@ def _work_until_next_message(channel: Channel, background) -> None:
     yields a message to send; the next incoming message stops it, so extra work
     never delays a command by more than one step."""
     try:
-        while not channel.socket.poll(0):
+        while not channel.waiting():
             progress = next(background, None)
             if progress is None:
                 return

@@ -86,6 +86,8 @@ class CostModel:
         self.draft_s = draft_s_per_token
         self.verify_s = dict(verify_s)
         self.verify_scale = 1.0
+        self._interpolated: dict[int, float] = {}   # interpolate(verify_s, n) by n (measured()'s)
+        self._best_pipelined: tuple = (None, 0)      # (question, answer) of the last best_pipelined
         self.prefill_s = prefill_s_per_token or draft_s_per_token   # per draft prompt token (untimed: a step)
         self.alone_pace = alone_pace    # a token of the target alone over one on its own cores (it may take the draft's)
 
@@ -93,7 +95,7 @@ class CostModel:
         if n_draft > 0 and draft_s > 0:
             self.draft_s += self.SMOOTHING * (draft_s / n_draft - self.draft_s)
         if n_verify > 0 and verify_s > 0:
-            ratio = verify_s / interpolate(self.verify_s, n_verify)
+            ratio = verify_s / self.measured(n_verify)
             self.verify_scale += self.SMOOTHING * (ratio - self.verify_scale)
 
     def observe_prefill(self, n_tokens: int, seconds: float) -> None:
@@ -145,8 +147,16 @@ class CostModel:
         costs little more for a longer window this is the balance point; where it
         costs much more (a large output layer on a CPU) and acceptance is modest,
         a shorter window commits nearly as much for far less (docs/design.md, "Never
-        slower than the target alone")."""
-        return min(range(1, max_gamma + 1), key=lambda n: self._pipelined_s(n, acceptance))
+        slower than the target alone").
+
+        A round after a rejection asks twice with the same costs (its restart's window,
+        then the next window): the last answer is kept for the same question."""
+        question = (max_gamma, acceptance, self.draft_s, self.verify_scale)
+        if self._best_pipelined[0] != question:
+            terms = self._terms(acceptance, max_gamma)
+            self._best_pipelined = (question, min(range(1, max_gamma + 1),
+                                                  key=lambda n: self._pipelined_s(n, acceptance, terms)))
+        return self._best_pipelined[1]
 
     def best_lookup(self, max_tokens: int, acceptance: float) -> int:
         """A target-only step's guess length: the one of least expected time per
@@ -171,26 +181,42 @@ class CostModel:
         that is a short draft, not a full gamma the target would wait for."""
         return max(1, min(gamma, math.ceil(self._verify(pending + 1) / self.draft_s)))
 
-    def _pipelined_s(self, n: int, acceptance: float) -> float:
+    def _terms(self, acceptance: float, top: int) -> tuple[list[float], list[float], list[float]]:
+        """acceptance ** k, _committed(acceptance, k) and _verify(k) for k = 0 .. top + 1: what
+        _pipelined_s reads, worked out once for a search over every window length."""
+        ks = range(top + 2)
+        return [acceptance ** k for k in ks], [_committed(acceptance, k) for k in ks], [self._verify(k) for k in ks]
+
+    def _pipelined_s(self, n: int, acceptance: float, terms: tuple | None = None) -> float:
         """Seconds per committed token of pipelined rounds whose draft windows hold n
         tokens: the first guesses the target's bonus token, so a round verifies the
         n - 1 others. A round that keeps its whole window and whose bonus token the
         draft guessed hands the next one a window drafted meanwhile; any other is
         followed by a restart round, whose r tokens are drafted while the target
         waits (Windows.restart). The two kinds alternate as a two-state chain, and
-        its stationary mix weighs them."""
+        its stationary mix weighs them. terms: _terms(acceptance, n or more)."""
         a = acceptance
-        full_s, full_n = max(n * self.draft_s, self._verify(n)), _committed(a, n - 1)
+        powers, committed, verify = terms or self._terms(a, n)
+        full_s, full_n = max(n * self.draft_s, verify[n]), committed[n - 1]
         if a >= 1:
             return full_s / full_n
         r = restart_tokens(a, full_s / full_n, self.draft_s, n - 1)
-        restart_s, restart_n = r * self.draft_s + self._verify(r + 1), _committed(a, r)
-        to_full, to_restart = a ** (r + 1), 1 - a ** n     # each kind's chance of being followed by the other
+        restart_s, restart_n = r * self.draft_s + verify[r + 1], committed[r]
+        to_full, to_restart = powers[r + 1], 1 - powers[n]     # each kind's chance of being followed by the other
         return (to_full * full_s + to_restart * restart_s) / (to_full * full_n + to_restart * restart_n)
 
     def _verify(self, n: int) -> float:
         """A verify pass of n tokens, as measured and scaled by the rounds since."""
-        return self.verify_scale * interpolate(self.verify_s, n)
+        return self.verify_scale * self.measured(n)
+
+    def measured(self, n: int) -> float:
+        """A verify pass of n tokens as measured at start-up (interpolated), worked out once
+        per size: the windows' searches ask for every size, every round, and the measured
+        points never change."""
+        seconds = self._interpolated.get(n)
+        if seconds is None:
+            seconds = self._interpolated[n] = interpolate(self.verify_s, n)
+        return seconds
 
 
 class Windows:

@@ -103,7 +103,7 @@ class WorkerLink:
 
     def poll(self) -> bool:
         """True if a reply is waiting (without taking it); WorkerLost if none ever will."""
-        while self.stashed is None and self.channel.socket.poll(0):
+        while self.stashed is None and self.channel.waiting():
             message = self.channel.recv(0)
             if not self.is_stale(message):
                 self.stashed = message
