@@ -349,7 +349,9 @@ def assign_cores(draft: tuple[int, ...] | Auto, target: tuple[int, ...] | Auto,
     """Resolve "auto": the draft owns the first core, the target the rest
     (on a 2-core machine: draft on core 0, target on core 1), and the scheduler
     shares the target's. A target on a GPU (or paced as one) needs a core only to
-    drive it: it shares the first with the scheduler, and the draft takes the rest.
+    drive it: it shares the first with the scheduler, and the draft may take every
+    core, the first last: its threads are measured at start-up (thread_choice.py),
+    so it spreads onto the scheduler's core only where that makes its step faster.
 
     The scheduler's own work (starting both workers, streaming, bookkeeping)
     runs while both compute, so it must sit beside the side with time to
@@ -360,10 +362,10 @@ def assign_cores(draft: tuple[int, ...] | Auto, target: tuple[int, ...] | Auto,
         if value != AUTO:
             _check_cores(name, value, cores)
     if draft == AUTO:
-        draft = (cores[0],) if target_on_host or len(cores) == 1 else tuple(cores[1:])
+        draft = (cores[0],) if target_on_host else tuple(cores[1:] + cores[:1])
     if target == AUTO:
-        rest = [x for x in cores if x not in draft]
-        target = tuple(rest) if rest else tuple(cores)
+        rest = [x for x in cores if x not in draft] or cores
+        target = tuple(rest) if target_on_host else (rest[0],)
     if scheduler == AUTO:
         scheduler = target
     return tuple(draft), tuple(target), tuple(scheduler)

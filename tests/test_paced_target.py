@@ -110,7 +110,7 @@ def test_profiles_charge_a_flat_window_then_per_token():
         profile("h200")
 
 
-def test_a_paced_target_needs_a_profile_and_leaves_the_draft_the_cores():
+def test_a_paced_target_needs_a_profile_and_leaves_the_draft_every_core_the_schedulers_last():
     with pytest.raises(ConfigError, match="needs a profile"):
         load_config({"target": {"backend": "paced"}})
     with pytest.raises(ConfigError, match="profile must be one of"):
@@ -120,8 +120,7 @@ def test_a_paced_target_needs_a_profile_and_leaves_the_draft_the_cores():
     assert assign_cores("auto", "auto", "auto", target_on_host=True)[0] != ()
     cores = sorted({c for group in assign_cores("auto", "auto") for c in group})
     draft, target, scheduler = assign_cores("auto", "auto", "auto", target_on_host=False)
-    if len(cores) > 1:
-        assert draft == tuple(cores[1:]) and target == scheduler == (cores[0],)
+    assert draft == tuple(cores[1:] + cores[:1]) and target == scheduler == (cores[0],)
 
 
 def test_hetspec_bench_paced_writes_a_report_checked_against_the_traces(tmp_path):

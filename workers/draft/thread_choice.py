@@ -41,12 +41,12 @@ def step_seconds(model, cores: list[int], threads: int) -> tuple[int, float]:
 
 def fastest_threads(model, cores: list[int]) -> tuple[int, list[int]]:
     """(the thread count whose step was fastest, the counts timed); the model is left
-    at that count, its threads pinned and resting. Its cache holds a random context
+    at that count, its threads pinned to the first cores, one each, and resting. Its cache holds a random context
     after (the drafter's bookkeeping knows none of it: its first feed starts at 0)."""
     context = np.random.default_rng(0).integers(0, model.n_vocab, CONTEXT)
     model.forward(context, 0)
-    seconds = dict(step_seconds(model, cores, n) for n in candidates(len(cores)))
+    seconds = dict(step_seconds(model, cores[:n], n) for n in candidates(len(cores)))
     chosen = min(seconds, key=seconds.get)
-    pin_threads(cores, model.set_threads(chosen), model.thread_ids)
+    pin_threads(cores[:chosen], model.set_threads(chosen), model.thread_ids)
     model.rest()
     return chosen, sorted(seconds)

@@ -44,6 +44,8 @@ class DraftState:
         self.thread_ids = self.model.thread_ids if self.native else None
         if self.native:
             self.kernels += self._native_threads()
+        # the cores its threads use: a native draft measured at fewer threads than cores keeps the first ones
+        self.cores = spec.cores[:self.threads] if self.native else spec.cores
 
     def _native_threads(self) -> str:
         """Set the native step's thread count: measured where the config leaves it to the
@@ -63,7 +65,7 @@ class DraftState:
             self.model.import_kv(kv[0, :, :, :kv_length], kv[1, :, :, :kv_length])
             self.drafter.adopt(context[:kv_length])
         lent = self.spec.borrow_cores if borrow else []
-        with borrowed_cores(self.spec.cores, lent, self.model.set_threads, self.threads, self.thread_ids):
+        with borrowed_cores(self.cores, lent, self.model.set_threads, self.threads, self.thread_ids):
             self.drafter.sync(context, reuse_cache or kv_length > 0)
         self.rest()
 
@@ -87,9 +89,9 @@ def load(spec: DraftSpec):
     pin(spec.cores)
     start = time.perf_counter()
     state = DraftState(spec)
-    pin_threads(spec.cores, state.threads, state.thread_ids)   # the model's thread pool exists now
+    pin_threads(state.cores, state.threads, state.thread_ids)   # the model's thread pool exists now
     hello = WorkerHello(role="draft", pid=os.getpid(), n_vocab=state.model.n_vocab, device="cpu",
-                        cores=spec.cores, threads=state.threads, load_s=time.perf_counter() - start,
+                        cores=state.cores, threads=state.threads, load_s=time.perf_counter() - start,
                         backend=state.backend, kernels=state.kernels, kv_geometry=state.kv_geometry,
                         prefill_threads=True)   # on borrowed cores (the native model: its window products' pool)
     return hello, state
