@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(h100-7b-eager, h100-7b-captured, gpu-40ms), greedy; records missing traces first")
     p.add_argument("--repeats", type=int, default=1, help="--paced: passes over the prompts")
     p.add_argument("--traces", default="", help="--paced: the folder of recorded traces (default: hetspec's cache)")
+    p.add_argument("--prompts", metavar="FILE", help="--paced: prompts from a JSON-lines file ({\"turns\": [text]} "
+                                                     "or {\"text\": ...} a line) instead of the categories")
     return p
 
 
@@ -78,6 +80,9 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, HetspecError) as exc:
         print(f"hetspec-bench: error: {exc}", file=sys.stderr)
         return 2
+    if args.prompts and not args.paced:
+        print("hetspec-bench: error: --prompts needs --paced (the suite's own runs take --categories)", file=sys.stderr)
+        return 2
     if args.paced:
         return _paced(settings, args, argv)
     out = Path(settings.out)
@@ -95,21 +100,22 @@ def main(argv=None) -> int:
 def _paced(settings: BenchSettings, args, argv: list[str]) -> int:
     """hetspec-bench --paced: benchmarks/bench/paced.py, on the suite's prompts."""
     from hetspec.benchmarks.bench import paced
-    from hetspec.benchmarks.bench.data import load_prompts
+    from hetspec.benchmarks.bench.data import load_prompt_file, load_prompts
     from hetspec.benchmarks.bench.runner import tokenized
     from hetspec.benchmarks.bench.settings import engine_config, split_config
     from hetspec.config import load_config
     from hetspec.models import resolve_model
     from hetspec.scheduler.tokenizer import Tokenizer
 
-    config = engine_config(split_config(settings.config)[0], settings.dtype)
-    prompts = load_prompts(settings.categories, settings.limit, settings.max_new_tokens)
-    tokenizer = Tokenizer(resolve_model(load_config(config).target.model, "target"))
-    ids = tokenized(prompts, tokenizer, settings.prompt_format)[1]
     try:
+        config = engine_config(split_config(settings.config)[0], settings.dtype)
+        prompts = (load_prompt_file(args.prompts, settings.max_new_tokens, settings.limit) if args.prompts
+                   else load_prompts(settings.categories, settings.limit, settings.max_new_tokens))
+        tokenizer = Tokenizer(resolve_model(load_config(config).target.model, "target"))
+        ids = tokenized(prompts, tokenizer, settings.prompt_format)[1]
         return paced.main(settings, args.paced, ids, {p.key: p.max_new_tokens for p in prompts}, config, argv,
                           args.repeats, args.traces)
-    except (ValueError, HetspecError) as exc:
+    except (ValueError, OSError, KeyError, HetspecError) as exc:
         print(f"hetspec-bench: error: {exc}", file=sys.stderr)
         return 2
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 # The paper's column order (Tables 1-3), with the short column titles it uses.
 CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -41,6 +42,25 @@ def load_prompts(categories=CATEGORIES, limit: int | None = None, max_new_tokens
         budget = max_new_tokens or MAX_NEW_TOKENS[category]
         prompts += [Prompt(category, int(row["question_id"]), row["turns"][0], budget) for row in rows]
     return prompts
+
+
+def load_prompt_file(path: str, max_new_tokens: int | None = None, limit: int | None = None) -> list[Prompt]:
+    """Prompts from a JSON-lines file of the shipped files' form ({"turns": [text, ...]},
+    optionally "question_id"; or {"text": ...}), category "file"; 128 new tokens unless
+    max_new_tokens says otherwise."""
+    prompts = []
+    for i, line in enumerate(Path(path).read_text("utf-8").splitlines()):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        turns = row.get("turns") if isinstance(row, dict) else None
+        text = turns[0] if isinstance(turns, list) and turns else row.get("text") if isinstance(row, dict) else None
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"{path}, line {i + 1}: a prompt needs \"turns\" (a list of texts) or \"text\"")
+        prompts.append(Prompt("file", int(row.get("question_id", len(prompts) + 1)), text, max_new_tokens or 128))
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts[:limit or None]
 
 
 def _read(category: str) -> list[dict]:
