@@ -266,7 +266,7 @@ BAD_CONFIGS = {
     "cores-repeated": (config(draft={"cores": [0, 0]}), r"\[draft\] cores"),
     "bad-backend": (config(draft={"backend": "onnx"}), r"backend.*'onnx'"),
     "bad-target-backend": (config(target={"backend": "gguf"}),
-                           r"\[target\] backend must be one of auto, transformers, native, llama.cpp, got 'gguf'"),
+                           r"\[target\] backend must be one of auto, transformers, native, llama.cpp, paced, got 'gguf'"),
     "native-target-needs-gguf": (config(target={"backend": "native"}),
                                  r"\[target\] backend 'native' needs a GGUF file, got model 'random:seed=0'"),
     "native-target-on-cuda": (config(target={"backend": "native", "model": "builtin:smollm2", "device": "cuda"}),
