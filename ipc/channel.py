@@ -25,6 +25,13 @@ def send_frames(socket: zmq.Socket, frames: list[bytes], flags: int = 0) -> None
     socket.send(frames[-1], flags)
 
 
+def _poller(socket: zmq.Socket) -> zmq.Poller:
+    """A poller of the socket's incoming messages, made once (socket.poll makes one a call)."""
+    poller = zmq.Poller()
+    poller.register(socket, zmq.POLLIN)
+    return poller
+
+
 def make_runtime_dir(path: str) -> str:
     """The private directory for ipc:// endpoints: only this user may connect."""
     os.makedirs(path, mode=0o700, exist_ok=True)
@@ -42,8 +49,7 @@ class Channel:
         self.context, self.monitor = context, None
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 1000)   # let a last error message leave
-        self.poller = zmq.Poller()                  # (socket.poll makes one a call)
-        self.poller.register(self.socket, zmq.POLLIN)
+        self.poller = _poller(self.socket)
         if bind:
             self.socket.bind(endpoint)
             self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -120,12 +126,9 @@ class Router:
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES + 64)   # a larger frame disconnects its sender
         self.socket.bind(endpoint)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.poller = zmq.Poller()                  # (socket.poll makes one a call)
-        self.poller.register(self.socket, zmq.POLLIN)
+        self.poller = _poller(self.socket)
 
-    def waiting(self, timeout_ms: int = 0) -> bool:
-        """Whether a message has arrived (waiting up to timeout_ms for one)."""
-        return bool(self.poller.poll(timeout_ms))
+    waiting = Channel.waiting
 
     def send(self, identity: bytes, message) -> bool:
         """False if that client is gone."""

@@ -144,7 +144,7 @@ def write_report(doc: dict, out: Path) -> Path:
 def main(settings, profile: str, prompts: dict[str, list[int]], max_new: dict[str, int], config: dict,
          argv: list[str], repeats: int = 1, traces: str = "") -> int:
     """Run, check, write OUT/results.json and OUT/report.md; 1 where an output left its trace."""
-    names = [m for m in (settings.methods if settings.methods != ["all"] else DEFAULT_METHODS)]
+    names = list(DEFAULT_METHODS) if settings.methods == ["all"] else settings.methods
     methods = [METHODS[n] for n in names if n in METHODS and METHODS[n].kind == "engine"]
     if not methods or len(methods) != len(names):
         print(f"hetspec-bench: error: --paced runs engine methods only ({', '.join(DEFAULT_METHODS)}, ...), "
