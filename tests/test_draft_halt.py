@@ -91,13 +91,16 @@ def test_the_flag_stops_an_extension_midway_and_the_next_window_clears_it(worker
 
 def test_an_engine_whose_native_draft_keeps_drafting_stays_exact():
     """The shipped pair (SmolLM2 twice, the native draft and target) with keep_drafting on:
-    every pipelined round's extension is halted at the target's verdict."""
+    every pipelined round's extension is halted at the target's verdict. A fixed gamma:
+    an automatic budget may find this draft, no faster than the target, worth no window
+    at all (a 1-token W' that only guesses the bonus token), and then nothing is halted."""
     prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-    config = {"decoding": {"keep_drafting": True, "lookup": 0}}
+    config = {"decoding": {"keep_drafting": True, "lookup": 0, "gamma": 4}}
     with hetspec.launch(config) as engine:
         assert engine.info["keep_drafting"] is True and engine.info["draft"]["kernels"].startswith("native")
         want = engine.generate(messages=[{"role": "user", "content": prompt}], max_new_tokens=96, mode="target")
         got = engine.generate(messages=[{"role": "user", "content": prompt}], max_new_tokens=96, mode="duodec",
                               speculation="always")
     assert got.token_ids == want.token_ids
-    assert got.stats["spec_rounds"] > 0 and got.stats["accepted"] > 0, got.stats
+    stats = {k: got.stats[k] for k in ("spec_rounds", "drafted", "accepted", "target_only_rounds")}
+    assert stats["spec_rounds"] > 0 and stats["accepted"] > 0, stats
