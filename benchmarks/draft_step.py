@@ -28,20 +28,23 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="builtin:qwen2.5-coder-0.5b")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--vocab", type=int, default=0, help="also 4-bit layers scoring only the first N tokens")
     args = parser.parse_args(argv)
     cores = sorted(os.sched_getaffinity(0))
     path = resolve_model(args.model, "draft").file
-    models = {bits: NativeModel(path, 1024, four_bit=bits == 4) for bits in (8, 4)}
+    models = {"8-bit layers": NativeModel(path, 1024), "4-bit layers": NativeModel(path, 1024, four_bit=True)}
+    if args.vocab:
+        models[f"4-bit layers, first {args.vocab} tokens"] = NativeModel(path, 1024, four_bit=True, vocab=args.vocab)
     rng = np.random.default_rng(0)
     for model in models.values():
         model.forward(rng.integers(0, 1000, CONTEXT), 0)
-    medians: dict[tuple[int, int], list[float]] = {}
+    medians: dict[tuple[str, int], list[float]] = {}
     for _ in range(args.repeats):
-        for bits, model in models.items():
+        for name, model in models.items():
             for threads in args.threads:
-                medians.setdefault((bits, threads), []).append(_median_step(model, cores, threads, rng))
-    for (bits, threads), seconds in medians.items():
-        print(f"{args.model}, {bits}-bit layers, {threads} thread(s): {1000 * np.median(seconds):.1f} ms a step "
+                medians.setdefault((name, threads), []).append(_median_step(model, cores, threads, rng))
+    for (name, threads), seconds in medians.items():
+        print(f"{args.model}, {name}, {threads} thread(s): {1000 * np.median(seconds):.1f} ms a step "
               f"(repeats: {', '.join(f'{1000 * s:.1f}' for s in seconds)})")
     return 0
 

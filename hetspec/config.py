@@ -54,8 +54,10 @@ class DraftConfig:
     prefill_borrows_target_cores: bool = True
     prompt_kv: str = "auto"             # "auto": take the target's KV cache of a long prompt when the
                                         # models' caches have one layout (a quantized copy), else prefill it
+    vocab: int = 0                      # native: > 0 scores only the first `vocab` token ids (a BPE vocabulary's
+                                        # commonest), a smaller output layer read a step; 0: all
 
-    BOUNDS: ClassVar[dict] = {"threads": (0, 1024), "n_ctx": (0, 2**24)}
+    BOUNDS: ClassVar[dict] = {"threads": (0, 1024), "n_ctx": (0, 2**24), "vocab": (0, 2**24)}
 
     def checked(self, keys: set[str]) -> DraftConfig:
         """keys: the [draft] keys the config sets (llama.cpp's weight options are refused
@@ -70,6 +72,9 @@ class DraftConfig:
             raise ConfigError(f"[draft] prefill_weights must be 'same' or one of {', '.join(DRAFT_WEIGHTS)}, "
                               f"got {show(self.prefill_weights)}")
         _choice("draft", "prompt_kv", self.prompt_kv, ("own", "auto"))
+        if self.vocab and self.backend != "native":
+            raise ConfigError(f"[draft] vocab = {self.vocab} needs backend 'native' (its output layer is cut short), "
+                              f"got {self.backend!r}")
         if self.backend != "torch":
             return self
         if "weights" in keys and self.weights != "as-is":

@@ -41,6 +41,7 @@ class DraftSpec:
     borrow_cores: list[int] = field(default_factory=list)   # the target's, lent for prefills
     measure_threads: bool = False  # native: time 1, 2, 4, ... threads up to len(cores) at start-up, keep
                                    # the fastest (threads is then len(cores), for the other backends)
+    vocab: int = 0             # native: score only the first `vocab` token ids (0: all)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

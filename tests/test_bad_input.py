@@ -286,6 +286,8 @@ BAD_CONFIGS = {
     "prefill-weights-torch-backend": (config(draft={"prefill_weights": "bf16"}),
                                       r"prefill_weights = 'bf16' needs backend 'llama.cpp'"),
     "prompt-kv-unknown": (config(draft={"prompt_kv": "target"}), r"\[draft\] prompt_kv must be 'own' or 'auto'"),
+    "draft-vocab-negative": (config(draft={"vocab": -5}), r"\[draft\] vocab"),
+    "draft-vocab-torch-backend": (config(draft={"vocab": 4096}), r"\[draft\] vocab = 4096 needs backend 'native'"),
     "cpu-kernels-unknown": (config(target={"cpu_kernels": "mkl"}), r"\[target\] cpu_kernels must be one of gguf, onednn, torch"),
     "timeout-not-a-number": (config(server={"startup_timeout_s": "soon"}), r"startup_timeout_s"),
     "timeout-negative": (config(server={"startup_timeout_s": -1}), r"startup_timeout_s"),

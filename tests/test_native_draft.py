@@ -276,3 +276,27 @@ def test_a_four_bit_draft_holds_its_layers_in_q4_1_and_still_agrees(tmp_path):
     assert agree >= 18, agree
     eight.close()
     four.close()
+
+
+def test_a_draft_vocabulary_cut_short_scores_its_first_tokens_only(tmp_path):
+    """[draft] vocab: the steps' logits past the first `vocab` ids are -inf, and along
+    the full draft's greedy path the cut one picks the full one's best of those ids;
+    an engine with it stays the target's own greedy output and drafts nothing past them."""
+    path = resolve_model("builtin:smollm2").file
+    full, cut = (NativeModel(path, 256, str(tmp_path), vocab=v) for v in (0, 4096))
+    assert "the first 4096 of 49152 tokens scored" in cut.description
+    tokens = [1, 504, 3458, 282, 4649, 314]
+    for step in range(16):
+        feed, pos = (tokens[-1:], len(tokens) - 1) if step else (tokens, 0)
+        want, got = full.forward(feed, pos), cut.forward(feed, pos)
+        assert np.all(np.isneginf(got[4096:])) and np.isfinite(got[:4096]).all()
+        assert int(got.argmax()) == int(want[:4096].argmax()), step
+        tokens = tokens + [int(want.argmax())]
+    full.close()
+    cut.close()
+    with hetspec.launch({"draft": {"vocab": 4096}, "decoding": {"gamma": 4, "lookup": 0}}) as engine:
+        assert "first 4096" in engine.info["draft"]["kernels"]
+        request = dict(prompt="The three primary colours are", max_new_tokens=48)
+        want = engine.generate(**request, mode="target")
+        got = engine.generate(**request, mode="sequential", speculation="always")
+    assert got.token_ids == want.token_ids and got.stats["accepted"] > 0, got.stats

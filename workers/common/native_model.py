@@ -43,7 +43,8 @@ WINDOW_FILL = 8
 
 class NativeModel:
     def __init__(self, path: str, n_ctx: int, cache_root: str = "", fast_head: bool = True,
-                 exact_kquants: bool = False, window_layout: bool = False, four_bit: bool = False):
+                 exact_kquants: bool = False, window_layout: bool = False, four_bit: bool = False,
+                 vocab: int = 0):
         """KernelUnavailable when the C files cannot be built here, Unsupported when the file
         is not of an architecture (native_weights.ARCHITECTURES) and block types it reads.
         fast_head: read a Q8_0 output layer mostly in a Q4_1 copy (see head() in
@@ -51,7 +52,9 @@ class NativeModel:
         value (native_weights.EXACT_LAYOUTS) rather than rounded to Q8_0. window_layout: Q8_0
         values laid out for the 8-bit window products (FMT_W8), where the CPU has them;
         only hs_forward_window reads that layout. four_bit: a draft's layers in 4 bits (Q4_1),
-        about half the bytes a step reads ([draft] weights = "q4_1")."""
+        about half the bytes a step reads ([draft] weights = "q4_1"). vocab > 0: a draft's
+        steps score only the first `vocab` token ids, the others' logits -inf ([draft] vocab):
+        its output layer's copy holds those rows alone (needs fast_head)."""
         self._lib = load_library(cache_root)
         meta, tensors = read_gguf(path)
         self._arrays = []                            # what the C side reads: keep alive
@@ -71,10 +74,16 @@ class NativeModel:
         self.description = "native, " + ", ".join(f"{n} {kind}" for kind, n in sorted(formats.items()))
         if self._embedding is not None:
             self.description += ", token embeddings read from the file's blocks"
+        rows = min(vocab, model.n_vocab) if vocab > 0 else model.n_vocab
+        if rows < model.n_vocab and not (fast_head and model.out.fmt == FORMATS["Q8_0"]):
+            raise Unsupported("a draft vocabulary cut short ([draft] vocab) needs a Q8_0 output layer "
+                              "read in its Q4_1 copy")
         if fast_head and model.out.fmt == FORMATS["Q8_0"]:
-            model.out_fast = self._q4_1_copy(model.out)
+            model.out_fast = self._q4_1_copy(model.out, rows)
             self.description += (f", output layer read in a Q4_1 copy, its {self._lib.hs_refined_logits()} "
                                  "largest logits in Q8_0")
+            if rows < model.n_vocab:
+                self.description += f", the first {rows} of {model.n_vocab} tokens scored"
 
     def _allocate(self, model: HsModel, n_ctx: int) -> None:
         """The KV cache, the C side's scratch and the buffers a forward reuses."""
@@ -91,12 +100,13 @@ class NativeModel:
         self._logits = np.zeros(model.n_vocab, np.float32)
         self._model = model
 
-    def _q4_1_copy(self, out: HsMat) -> HsMat:
-        blocks = out.rows * (out.cols // BLOCK)
+    def _q4_1_copy(self, out: HsMat, rows: int) -> HsMat:
+        """A Q4_1 copy of the first `rows` rows of a Q8_0 matrix."""
+        blocks = rows * (out.cols // BLOCK)
         qs, d, m = np.empty((blocks, 16), np.uint8), np.empty(blocks, np.uint16), np.empty(blocks, np.uint16)
         self._lib.hs_q4_1_from_q8_0(out.qs, out.d, blocks, qs.ctypes.data, d.ctypes.data, m.ctypes.data)
         self._arrays.extend((qs, d, m))
-        return HsMat(qs.ctypes.data, d.ctypes.data, m.ctypes.data, FORMATS["Q4_1"], out.rows, out.cols)
+        return HsMat(qs.ctypes.data, d.ctypes.data, m.ctypes.data, FORMATS["Q4_1"], rows, out.cols)
 
     def forward(self, tokens: Sequence[int], pos: int, halt: np.ndarray | None = None) -> np.ndarray | None:
         """Evaluate `tokens` at positions pos..; the logits after the last one

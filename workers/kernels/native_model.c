@@ -631,6 +631,7 @@ static int head_rows(const hs_model *m, const hs_mat *w, const quantized *x, flo
 static int head(const hs_model *m, const quantized *x, float *logits) {
     if (!m->out_fast.qs) return head_rows(m, &m->out, x, logits);
     if (head_rows(m, &m->out_fast, x, logits)) return 1;
+    for (int i = m->out_fast.rows; i < m->n_vocab; i++) logits[i] = -INFINITY;   /* a draft's vocabulary cut */
     int top[REFINE], kept = 0, lowest = 0;
     float floor = -INFINITY;              /* the smallest kept logit once REFINE are kept */
     const int n = m->n_vocab;
