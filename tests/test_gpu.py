@@ -29,16 +29,17 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA G
 BF16_TIE = 0.25     # a bfloat16 logit's rounding after a few layers: top-2 margins below it may flip
 
 
-def cuda_config(draft=TARGET, target=TARGET, dtype="float32", **decoding):
+def cuda_config(draft=TARGET, target=TARGET, dtype="float32", kv_cache="growing", **decoding):
     config = random_engine_config(draft=draft, target=target, **decoding)
-    config["target"].update(device="cuda", dtype=dtype)
+    config["target"].update(device="cuda", dtype=dtype, kv_cache=kv_cache)
     return config
 
 
+@pytest.mark.parametrize("kv_cache", ["growing", "static"])
 @pytest.mark.parametrize("draft", [TARGET, WEAK_DRAFT], ids=["same-draft", "weak-draft"])
-def test_float32_greedy_equals_the_targets_generate_on_the_gpu(draft):
+def test_float32_greedy_equals_the_targets_generate_on_the_gpu(draft, kv_cache):
     model = load_reference(TARGET, device="cuda")
-    with hetspec.launch(cuda_config(draft=draft)) as engine:
+    with hetspec.launch(cuda_config(draft=draft, kv_cache=kv_cache)) as engine:
         info = engine.get_info()
         assert info["target"]["device"] == "cuda" and info["keep_drafting"] is True
         for prompt in PROMPTS:

@@ -93,3 +93,62 @@ class KVModel:
                       **{self._cache_arg: self.cache})
         self.length = pos + len(tokens)
         return out.logits[0].float()
+
+
+def padded_sizes(max_window: int) -> tuple[int, ...]:
+    """The lengths a static cache's passes are padded to: powers of two up to the first
+    that holds max_window tokens (a verify window: the budget's largest plus one)."""
+    sizes = [1]
+    while sizes[-1] < max_window:
+        sizes.append(2 * sizes[-1])
+    return tuple(sizes)
+
+
+class StaticKVModel(KVModel):
+    """The same behind static caches: each request's allocated once, for its whole context
+    (transformers' StaticLayer, every layer full length so any rollback works; the mask
+    applies a sliding window), a rollback moving a length kept on the device, and every
+    pass of up to max_window tokens padded to one of padded_sizes with its ids in a
+    preallocated device buffer: a handful of fixed shapes at fixed addresses, what a
+    captured pass (CUDA graphs, torch.compile) needs. The padding sits after the window,
+    where the causal mask hides it, and the next pass overwrites it; a longer pass (a
+    prompt) runs as it is."""
+
+    def __init__(self, lm, device: str, n_ctx: int, max_window: int):
+        super().__init__(lm, device)
+        self.sizes = padded_sizes(max_window)
+        self.n_ctx = n_ctx
+        self._ids = torch.zeros((1, self.sizes[-1]), dtype=torch.long, device=self.device)
+
+    def _new_cache(self):
+        from transformers.cache_utils import Cache, StaticLayer
+
+        capacity = self.n_ctx + self.sizes[-1]            # room for the last window's padding
+        return Cache(layers=[StaticLayer(capacity) for _ in self._layer_types()])
+
+    @torch.inference_mode()
+    def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        if pos > self.length or pos < 0:
+            raise ValueError(f"position {pos} is beyond the {self.length} cached tokens")
+        if pos + n > self.n_ctx:
+            raise ValueError(f"{pos + n} positions do not fit the cache's {self.n_ctx}")
+        if self.cache is None:
+            self.cache = self._new_cache()                 # once per request: later passes reuse it
+        self.cache.crop(pos - self.length)                 # moves the length back (0: stays)
+        size = next((s for s in self.sizes if s >= n), n)
+        if size > n or n <= self.sizes[-1]:
+            ids = self._ids[:, :size]
+            ids[0, :n] = torch.as_tensor(tokens, dtype=torch.long)
+            ids[0, n:] = 0                                 # any token: its positions come after the window's
+        else:
+            ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
+        keep = 0 if all_logits or size > n else 1
+        out = self.lm(input_ids=ids, use_cache=True, logits_to_keep=keep, **{self._cache_arg: self.cache})
+        if size > n:
+            self.cache.crop(n - size)                      # the padding is not cached
+        self.length = pos + n
+        logits = out.logits[0, :n] if size > n else out.logits[0]
+        return (logits if all_logits else logits[-1:]).float()

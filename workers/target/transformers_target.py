@@ -10,7 +10,7 @@ import torch
 
 from hetspec.ipc.specs import TargetSpec
 from hetspec.workers.common.hf_loading import eos_token_ids, load_causal_lm
-from hetspec.workers.common.kv_model import KVModel
+from hetspec.workers.common.kv_model import KVModel, StaticKVModel
 from hetspec.workers.common.pinning import CoreLoan, set_torch_threads
 from hetspec.workers.target.devices import resolve_device
 from hetspec.workers.target.gguf_linear import use_gguf_blocks
@@ -33,12 +33,16 @@ class TransformersTarget:
             # (multi-token) attention on the CPU; torch's SDPA can share them itself: the
             # same logits bit for bit, sooner (measured: docs/kernels.md).
             os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
-        self.kv = KVModel(lm, device)
         self.kernels = f"onednn prepacked ({self.packed_linears} linear layers)" if self.packed_linears else "torch"
         if attached:
             self.kernels = blocks + (f"; {self.kernels}" if self.packed_linears else "")
         elif blocks:
             self.kernels += f"; {blocks}"
+        if spec.kv_cache == "static":
+            self.kv = StaticKVModel(lm, device, spec.n_ctx, spec.max_window)
+            self.kernels += f"; static KV cache, windows padded to {', '.join(map(str, self.kv.sizes))} tokens"
+        else:
+            self.kv = KVModel(lm, device)
         self.kernels += why
         self.eos = eos_token_ids(self.kv.lm)
         self.n_vocab = self.kv.n_vocab

@@ -1,0 +1,99 @@
+"""The static-cache transformers target ([target] kv_cache = "static"): its caches
+allocated once per request, rollbacks moving a length, windows padded to a few sizes.
+It computes what the growing cache does (the same argmax at every position, logits
+within float32 rounding) through rollbacks, padding, a sliding window, several
+requests' caches and KV export; and an engine running it is exactly the target's own
+greedy output in every mode, with a draft that agrees and one that does not."""
+import numpy as np
+import pytest
+import torch
+
+import hetspec
+from hetspec.core.errors import ConfigError
+from hetspec.workers.common.kv_model import KVModel, StaticKVModel, padded_sizes
+
+from helpers import TARGET, WEAK_DRAFT, explain_mismatch, load_reference, random_engine_config, reference_greedy
+
+# (tokens run, positions rolled back first): windows of every padded size and between
+# them, rollbacks within and past the last pass, and a prompt longer than any window
+PASSES = [(30, 0), (5, 0), (1, 0), (6, 4), (1, 0), (8, 9), (3, 0), (9, 2), (40, 0), (2, 7), (16, 0), (7, 16)]
+SLIDING = "random:arch=gemma3,window=8,layers=4,seed=3"
+PROMPTS_SMALL = [[1, 2, 3, 4, 5], list(range(100, 140)), [7]]
+
+
+def test_padded_sizes_are_powers_of_two_up_to_the_longest_window():
+    assert padded_sizes(1) == (1,) and padded_sizes(9) == (1, 2, 4, 8, 16) and padded_sizes(16)[-1] == 16
+
+
+@pytest.mark.parametrize("spec", ["random:seed=3", SLIDING])
+def test_the_static_cache_computes_what_the_growing_one_does(spec):
+    growing, static = KVModel(load_reference(spec)), StaticKVModel(load_reference(spec), "cpu", 200, 9)
+    rng, pos = np.random.default_rng(0), 0
+    for n, back in PASSES:                             # Gemma 3's window is 8: most passes reach past it
+        pos -= back
+        tokens = rng.integers(0, 320, n).tolist()
+        want, got = growing.forward(tokens, pos), static.forward(tokens, pos)
+        assert got.shape == want.shape and torch.equal(got.argmax(-1), want.argmax(-1)), (n, back)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        pos += n
+    assert static.length == growing.length == pos
+    assert static.forward([5], pos, all_logits=False).shape == (1, static.n_vocab)
+    for (k1, v1), (k2, v2) in zip(static.layer_kv(pos), growing.layer_kv(pos)):   # the KV a draft takes over
+        torch.testing.assert_close(k1, k2, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v1, v2, atol=1e-5, rtol=1e-5)
+
+
+def test_each_request_keeps_its_own_cache_allocated_once():
+    static = StaticKVModel(load_reference("random:seed=3"), "cpu", 128, 5)
+    alone = StaticKVModel(load_reference("random:seed=3"), "cpu", 128, 5)
+    first, second = list(range(10, 30)), list(range(200, 212))
+    static.forward(first, 0)
+    keys = static.cache.layers[0].keys
+    static.use(1)
+    static.forward(second, 0)
+    static.use(0)                                      # back to the first: its cache as it was, not a new one
+    assert static.cache.layers[0].keys is keys and static.length == len(first)
+    got = static.forward([3, 4, 5], len(first))
+    alone.forward(first, 0)
+    assert torch.equal(got, alone.forward([3, 4, 5], len(first)))
+    static.forward([1, 2], 0)                          # a new request in this slot reuses the memory
+    assert static.cache.layers[0].keys is keys
+    with pytest.raises(ValueError, match="do not fit"):
+        static.forward(list(range(130)), 0)
+
+
+@pytest.fixture(scope="module", params=["same-draft", "weak-draft"])
+def engine(request):
+    draft = TARGET if request.param == "same-draft" else WEAK_DRAFT
+    config = random_engine_config(draft=draft, keep_drafting=request.param == "weak-draft")
+    config["target"].update(backend="transformers", kv_cache="static")
+    with hetspec.launch(config) as engine:
+        assert "static KV cache, windows padded to 1, 2, 4, 8" in engine.info["target"]["kernels"]
+        yield engine
+
+
+SETTINGS = [dict(mode="target"), dict(mode="sequential", gamma=3), dict(mode="duodec", gamma=1),
+            dict(mode="duodec", gamma=5), dict(mode="duodec", gamma=8, sequences=3),
+            dict(mode="duodec", gamma=6, sequences="dynamic")]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+def test_an_engine_on_the_static_cache_is_the_targets_greedy_output(engine, target_model, settings):
+    for prompt in PROMPTS_SMALL:
+        expected = reference_greedy(target_model, prompt, 40)
+        result = engine.generate(prompt, max_new_tokens=40, **settings)
+        assert result.token_ids == expected, explain_mismatch(target_model, prompt, result.token_ids, expected)
+
+
+def test_a_seed_gives_the_same_tokens_in_every_mode(engine):
+    params = dict(max_new_tokens=32, temperature=0.8, seed=7)
+    alone = engine.generate(PROMPTS_SMALL[1], mode="target", **params).token_ids
+    for mode in ("sequential", "duodec"):
+        assert engine.generate(PROMPTS_SMALL[1], mode=mode, **params).token_ids == alone
+
+
+def test_a_static_cache_is_the_transformers_targets_own():
+    with pytest.raises(ConfigError, match=r"kv_cache = 'static' is the transformers target's"):
+        hetspec.launch({"target": {"backend": "native", "kv_cache": "static"}})
+    with pytest.raises(ConfigError, match=r"\[target\] kv_cache must be 'growing' or 'static'"):
+        hetspec.launch({"target": {"kv_cache": "paged"}})
