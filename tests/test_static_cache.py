@@ -62,6 +62,33 @@ def test_each_request_keeps_its_own_cache_allocated_once():
         static.forward(list(range(130)), 0)
 
 
+@pytest.mark.parametrize("spec", ["random:seed=3", SLIDING])
+def test_every_padded_pass_traces_as_one_graph(spec):
+    """What a captured pass needs, checked on the CPU: torch.compile(fullgraph=True)
+    traces the model over the static cache at every padded size with no graph break
+    and no host sync (either would raise here), and the traced pass computes what the
+    eager one does. (Dynamo's tracing alone: the "eager" backend compiles no kernels.)"""
+    import torch._dynamo
+
+    model = StaticKVModel(load_reference(spec), "cpu", 128, 9)
+    model.forward(list(range(3, 40)), 0)
+    traced = torch.compile(model.lm.forward, fullgraph=True, dynamic=False, backend="eager")
+    keyword = model._cache_arg
+    torch._dynamo.reset()
+    try:
+        for size in model.sizes:
+            ids = model._ids[:, :size]
+            ids[0] = torch.arange(7, 7 + size)
+            with torch.inference_mode():
+                want = model.lm(input_ids=ids, use_cache=True, logits_to_keep=0, **{keyword: model.cache}).logits
+                model.cache.crop(-size)
+                got = traced(input_ids=ids, use_cache=True, logits_to_keep=0, **{keyword: model.cache}).logits
+                model.cache.crop(-size)
+            assert torch.equal(got, want), size
+    finally:
+        torch._dynamo.reset()
+
+
 @pytest.fixture(scope="module", params=["same-draft", "weak-draft"])
 def engine(request):
     draft = TARGET if request.param == "same-draft" else WEAK_DRAFT
