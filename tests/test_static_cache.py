@@ -7,6 +7,7 @@ greedy output in every mode, with a draft that agrees and one that does not."""
 import numpy as np
 import pytest
 import torch
+from test_engine_greedy import PROMPTS, SETTINGS
 
 import hetspec
 from hetspec.core.errors import ConfigError
@@ -18,7 +19,6 @@ from helpers import TARGET, WEAK_DRAFT, explain_mismatch, load_reference, random
 # them, rollbacks within and past the last pass, and a prompt longer than any window
 PASSES = [(30, 0), (5, 0), (1, 0), (6, 4), (1, 0), (8, 9), (3, 0), (9, 2), (40, 0), (2, 7), (16, 0), (7, 16)]
 SLIDING = "random:arch=gemma3,window=8,layers=4,seed=3"
-PROMPTS_SMALL = [[1, 2, 3, 4, 5], list(range(100, 140)), [7]]
 
 
 def test_padded_sizes_are_powers_of_two_up_to_the_longest_window():
@@ -99,14 +99,9 @@ def engine(request):
         yield engine
 
 
-SETTINGS = [dict(mode="target"), dict(mode="sequential", gamma=3), dict(mode="duodec", gamma=1),
-            dict(mode="duodec", gamma=5), dict(mode="duodec", gamma=8, sequences=3),
-            dict(mode="duodec", gamma=6, sequences="dynamic")]
-
-
 @pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
 def test_an_engine_on_the_static_cache_is_the_targets_greedy_output(engine, target_model, settings):
-    for prompt in PROMPTS_SMALL:
+    for prompt in PROMPTS:
         expected = reference_greedy(target_model, prompt, 40)
         result = engine.generate(prompt, max_new_tokens=40, **settings)
         assert result.token_ids == expected, explain_mismatch(target_model, prompt, result.token_ids, expected)
@@ -114,9 +109,9 @@ def test_an_engine_on_the_static_cache_is_the_targets_greedy_output(engine, targ
 
 def test_a_seed_gives_the_same_tokens_in_every_mode(engine):
     params = dict(max_new_tokens=32, temperature=0.8, seed=7)
-    alone = engine.generate(PROMPTS_SMALL[1], mode="target", **params).token_ids
+    alone = engine.generate(PROMPTS[1], mode="target", **params).token_ids
     for mode in ("sequential", "duodec"):
-        assert engine.generate(PROMPTS_SMALL[1], mode=mode, **params).token_ids == alone
+        assert engine.generate(PROMPTS[1], mode=mode, **params).token_ids == alone
 
 
 def test_a_static_cache_is_the_transformers_targets_own():
