@@ -77,13 +77,17 @@ class KVModel:
             layer = self.cache.layers[i]
             yield layer.keys[0, :, :length], layer.values[0, :, :length]
 
-    @torch.inference_mode()
-    def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
-        """Logits (n, vocab) for every token (or only the last one), float32."""
+    def _check(self, tokens, pos: int) -> None:
+        """ValueError unless tokens can run at pos."""
         if len(tokens) == 0:
             raise ValueError("forward needs at least one token")
         if pos > self.length or pos < 0:
             raise ValueError(f"position {pos} is beyond the {self.length} cached tokens")
+
+    @torch.inference_mode()
+    def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
+        """Logits (n, vocab) for every token (or only the last one), float32."""
+        self._check(tokens, pos)
         if pos == 0 or self.cache is None:
             self.cache = self._new_cache()
         elif pos < self.length:
@@ -128,18 +132,15 @@ class StaticKVModel(KVModel):
 
     @torch.inference_mode()
     def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
+        self._check(tokens, pos)
         n = len(tokens)
-        if n == 0:
-            raise ValueError("forward needs at least one token")
-        if pos > self.length or pos < 0:
-            raise ValueError(f"position {pos} is beyond the {self.length} cached tokens")
         if pos + n > self.n_ctx:
             raise ValueError(f"{pos + n} positions do not fit the cache's {self.n_ctx}")
         if self.cache is None:
             self.cache = self._new_cache()                 # once per request: later passes reuse it
         self.cache.crop(pos - self.length)                 # moves the length back (0: stays)
         size = next((s for s in self.sizes if s >= n), n)
-        if size > n or n <= self.sizes[-1]:
+        if n <= self.sizes[-1]:
             ids = self._ids[:, :size]
             ids[0, :n] = torch.as_tensor(tokens, dtype=torch.long)
             ids[0, n:] = 0                                 # any token: its positions come after the window's
@@ -150,5 +151,5 @@ class StaticKVModel(KVModel):
         if size > n:
             self.cache.crop(n - size)                      # the padding is not cached
         self.length = pos + n
-        logits = out.logits[0, :n] if size > n else out.logits[0]
+        logits = out.logits[0, :n]                         # the window's rows, not its padding's
         return (logits if all_logits else logits[-1:]).float()
