@@ -35,7 +35,7 @@ DRAFT_BACKENDS = ("native", "llama.cpp", "torch")
 TARGET_BACKENDS = ("auto", "transformers", *GGUF_TARGET_BACKENDS, "paced")
 DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_1", "q4_0")
 CPU_KERNELS = ("gguf", "onednn", "torch")
-KV_CACHES = ("growing", "static")
+PASSES = ("auto", "eager", "static", "captured")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -104,8 +104,9 @@ class TargetConfig:
                                         # "onednn" (prepacked linear weights, shared GQA heads) or "torch"
     profile: str = ""                   # backend "paced": its GPU profile (hetspec.core.gpu_profiles.PROFILES)
     traces: str = ""                    # backend "paced": the folder of its recorded traces ("": hetspec's cache)
-    kv_cache: str = "growing"           # transformers: "growing" (room doubled when full) or "static" (allocated
-                                        # once per request, windows padded to a few sizes: what captured passes need)
+    passes: str | Auto = AUTO           # transformers: "eager" (a growing cache), "static" (each request's cache allocated
+                                        # once, windows padded to a few sizes), "captured" (those replayed as CUDA
+                                        # graphs); auto: captured on CUDA, eager on a CPU
 
     BOUNDS: ClassVar[dict] = {"threads": (0, 1024)}
 
@@ -124,9 +125,9 @@ class TargetConfig:
             raise ConfigError(f"[target] backend {self.backend!r} runs on the CPU, got device {self.device!r} "
                               "(a CUDA target is backend = \"transformers\")")
         _choice("target", "cpu_kernels", self.cpu_kernels, CPU_KERNELS)
-        _choice("target", "kv_cache", self.kv_cache, KV_CACHES)
-        if self.kv_cache != "growing" and self.backend not in ("transformers", "auto"):
-            raise ConfigError(f"[target] kv_cache = {self.kv_cache!r} is the transformers target's, "
+        _choice("target", "passes", self.passes, PASSES)
+        if self.passes != AUTO and self.backend not in ("transformers", "auto"):
+            raise ConfigError(f"[target] passes = {self.passes!r} is the transformers target's, "
                               f"got backend {self.backend!r}")
         if (self.backend == "paced") != bool(self.profile):
             raise ConfigError("[target] backend 'paced' needs a profile, and only it takes one: profile = one of "

@@ -85,7 +85,7 @@ class Launcher:
                             or c.target.alone_borrows_draft_cores is not False else [],
                             backend=c.target.backend, n_ctx=c.server.max_context + c.decoding.max_gamma + 1,
                             caches=c.server.max_running, profile=c.target.profile, traces=c.target.traces,
-                            kv_cache=c.target.kv_cache, max_window=c.decoding.max_gamma + 1)
+                            passes=c.target.passes, max_window=c.decoding.max_gamma + 1)
         return RunSpec(
             run_id=self.run_id, config=c.to_dict(), endpoints=self.endpoints, runtime_dir=self.runtime_dir,
             draft=WorkerCommand(["-m", "hetspec.workers.draft", "--endpoint", self.endpoints.draft,

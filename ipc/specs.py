@@ -68,7 +68,7 @@ class TargetSpec:
     caches: int = 1            # llama.cpp: caches (one per request admitted at once)
     profile: str = ""          # backend "paced": the GPU profile it charges (hetspec.core.gpu_profiles)
     traces: str = ""           # backend "paced": the folder of recorded traces ("": hetspec's cache)
-    kv_cache: str = "growing"  # transformers: "growing" or "static" ([target] kv_cache)
+    passes: str = "auto"       # transformers: "eager", "static" or "captured" ([target] passes; auto: by device)
     max_window: int = 0        # the longest verify window (max_gamma + 1): a static cache pads up to it
 
     to_json = DraftSpec.to_json

@@ -29,19 +29,20 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA G
 BF16_TIE = 0.25     # a bfloat16 logit's rounding after a few layers: top-2 margins below it may flip
 
 
-def cuda_config(draft=TARGET, target=TARGET, dtype="float32", kv_cache="growing", **decoding):
+def cuda_config(draft=TARGET, target=TARGET, dtype="float32", passes="auto", **decoding):
     config = random_engine_config(draft=draft, target=target, **decoding)
-    config["target"].update(device="cuda", dtype=dtype, kv_cache=kv_cache)
+    config["target"].update(device="cuda", dtype=dtype, passes=passes)
     return config
 
 
-@pytest.mark.parametrize("kv_cache", ["growing", "static"])
+@pytest.mark.parametrize("passes", ["eager", "static", "captured"])
 @pytest.mark.parametrize("draft", [TARGET, WEAK_DRAFT], ids=["same-draft", "weak-draft"])
-def test_float32_greedy_equals_the_targets_generate_on_the_gpu(draft, kv_cache):
+def test_float32_greedy_equals_the_targets_generate_on_the_gpu(draft, passes):
     model = load_reference(TARGET, device="cuda")
-    with hetspec.launch(cuda_config(draft=draft, kv_cache=kv_cache)) as engine:
+    with hetspec.launch(cuda_config(draft=draft, passes=passes)) as engine:
         info = engine.get_info()
         assert info["target"]["device"] == "cuda" and info["keep_drafting"] is True
+        assert ("each recorded as a CUDA graph" in info["target"]["kernels"]) == (passes == "captured")
         for prompt in PROMPTS:
             expected = reference_greedy(model, prompt, 40)
             for settings in SETTINGS:
@@ -88,3 +89,19 @@ def test_sampling_keeps_the_targets_law_on_the_gpu():
                 got, want = counts.sum(axis=axes) / n, exact.sum(axis=axes)
                 assert total_variation(got, want) < 0.08, (seeded, axes, np.round(got, 3), np.round(want, 3))
             assert drafted > 0
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (3, 1.0), (0, 0.8), (50, 0.9)])
+def test_the_rows_sampling_reads_are_computed_on_the_gpu_as_on_the_host(top_k, top_p):
+    """The worker's device path (scaled, cut to top-k and normalised on the GPU, the
+    nucleus cut on the host) gives core.sampling's probabilities, ties at the k-th included."""
+    from hetspec.core.sampling import Rule, Sampling, probabilities
+    from hetspec.workers.target.worker import _probabilities
+
+    logits = torch.randn(5, 1000, generator=torch.Generator().manual_seed(0))
+    logits[:, 10:14] = 3.0                                     # a tie across the k-th place
+    s = Sampling(Rule.KEYED, temperature=0.7, top_k=top_k, top_p=top_p, seed=1)
+    got = _probabilities(logits.cuda(), s)
+    want = probabilities(logits.numpy(), 0.7, top_k, top_p)
+    assert np.array_equal(got > 0, want > 0)
+    np.testing.assert_allclose(got, want, atol=1e-6)

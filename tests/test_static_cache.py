@@ -1,7 +1,8 @@
-"""The static-cache transformers target ([target] kv_cache = "static"): its caches
-allocated once per request, rollbacks moving a length, windows padded to a few sizes.
-It computes what the growing cache does (the same argmax at every position, logits
-within float32 rounding) through rollbacks, padding, a sliding window, several
+"""The static-cache transformers target ([target] passes = "static", and "captured": the
+same passes recorded, replayed as CUDA graphs on a GPU, run as recorded here): its
+caches allocated once per request, rollbacks moving a length, windows padded to a few
+sizes. It computes what the growing cache does (the same argmax at every position,
+logits within float32 rounding) through rollbacks, padding, a sliding window, several
 requests' caches and KV export; and an engine running it is exactly the target's own
 greedy output in every mode, with a draft that agrees and one that does not."""
 import numpy as np
@@ -12,6 +13,7 @@ from test_engine_greedy import PROMPTS, SETTINGS
 import hetspec
 from hetspec.core.errors import ConfigError
 from hetspec.workers.common.kv_model import KVModel, StaticKVModel, padded_sizes
+from hetspec.workers.target.captured import CapturedKVModel
 
 from helpers import TARGET, WEAK_DRAFT, explain_mismatch, load_reference, random_engine_config, reference_greedy
 
@@ -21,13 +23,15 @@ PASSES = [(30, 0), (5, 0), (1, 0), (6, 4), (1, 0), (8, 9), (3, 0), (9, 2), (40, 
 SLIDING = "random:arch=gemma3,window=8,layers=4,seed=3"
 
 
-def test_padded_sizes_are_powers_of_two_up_to_the_longest_window():
-    assert padded_sizes(1) == (1,) and padded_sizes(9) == (1, 2, 4, 8, 16) and padded_sizes(16)[-1] == 16
+def test_padded_sizes_are_powers_of_two_then_the_longest_window():
+    assert padded_sizes(1) == (1,) and padded_sizes(9) == (1, 2, 4, 8, 9) and padded_sizes(16) == (1, 2, 4, 8, 16)
+    assert padded_sizes(33)[-2:] == (32, 33)
 
 
+@pytest.mark.parametrize("static_model", [StaticKVModel, CapturedKVModel])
 @pytest.mark.parametrize("spec", ["random:seed=3", SLIDING])
-def test_the_static_cache_computes_what_the_growing_one_does(spec):
-    growing, static = KVModel(load_reference(spec)), StaticKVModel(load_reference(spec), "cpu", 200, 9)
+def test_the_static_cache_computes_what_the_growing_one_does(spec, static_model):
+    growing, static = KVModel(load_reference(spec)), static_model(load_reference(spec), "cpu", 200, 9)
     rng, pos = np.random.default_rng(0), 0
     for n, back in PASSES:                             # Gemma 3's window is 8: most passes reach past it
         pos -= back
@@ -43,9 +47,10 @@ def test_the_static_cache_computes_what_the_growing_one_does(spec):
         torch.testing.assert_close(v1, v2, atol=1e-5, rtol=1e-5)
 
 
-def test_each_request_keeps_its_own_cache_allocated_once():
-    static = StaticKVModel(load_reference("random:seed=3"), "cpu", 128, 5)
-    alone = StaticKVModel(load_reference("random:seed=3"), "cpu", 128, 5)
+@pytest.mark.parametrize("static_model", [StaticKVModel, CapturedKVModel])
+def test_each_request_keeps_its_own_cache_allocated_once(static_model):
+    static = static_model(load_reference("random:seed=3"), "cpu", 128, 5)
+    alone = static_model(load_reference("random:seed=3"), "cpu", 128, 5)
     first, second = list(range(10, 30)), list(range(200, 212))
     static.forward(first, 0)
     keys = static.cache.layers[0].keys
@@ -62,40 +67,52 @@ def test_each_request_keeps_its_own_cache_allocated_once():
         static.forward(list(range(130)), 0)
 
 
+def test_a_recording_belongs_to_its_cache():
+    model = CapturedKVModel(load_reference("random:seed=3"), "cpu", 128, 5)
+    for cache in (0, 1):
+        model.use(cache)
+        model.forward(list(range(10, 20)), 0)             # a prompt: run as it is
+        model.forward([3, 4, 5], 10)
+    assert sorted(model._recorded) == [(0, 4), (1, 4)]
+    model.forget()                                     # cache 1's, say after a failed pass
+    assert sorted(model._recorded) == [(0, 4)]
+
+
 @pytest.mark.parametrize("spec", ["random:seed=3", SLIDING])
-def test_every_padded_pass_traces_as_one_graph(spec):
-    """What a captured pass needs, checked on the CPU: torch.compile(fullgraph=True)
-    traces the model over the static cache at every padded size with no graph break
-    and no host sync (either would raise here), and the traced pass computes what the
-    eager one does. (Dynamo's tracing alone: the "eager" backend compiles no kernels.)"""
+def test_every_recorded_pass_traces_as_one_graph(spec):
+    """What a CUDA graph needs, checked on the CPU: torch.compile(fullgraph=True) traces
+    the recorded pass (the rewind to the staged start, the model over the static cache)
+    at every padded size with no graph break and no host sync (either would raise
+    here), and the traced pass computes what the eager one does. (Dynamo's tracing
+    alone: the "eager" backend compiles no kernels.)"""
     import torch._dynamo
 
-    model = StaticKVModel(load_reference(spec), "cpu", 128, 9)
+    model = CapturedKVModel(load_reference(spec), "cpu", 128, 9)
     model.forward(list(range(3, 40)), 0)
-    traced = torch.compile(model.lm.forward, fullgraph=True, dynamic=False, backend="eager")
-    keyword = model._cache_arg
+    traced = torch.compile(model._pass, fullgraph=True, dynamic=False, backend="eager")
     torch._dynamo.reset()
     try:
         for size in model.sizes:
-            ids = model._ids[:, :size]
-            ids[0] = torch.arange(7, 7 + size)
+            model._staged[0] = 37 - size                   # rolls back over the last pass each time
+            model._staged[1:1 + size] = torch.arange(7, 7 + size)
             with torch.inference_mode():
-                want = model.lm(input_ids=ids, use_cache=True, logits_to_keep=0, **{keyword: model.cache}).logits
-                model.cache.crop(-size)
-                got = traced(input_ids=ids, use_cache=True, logits_to_keep=0, **{keyword: model.cache}).logits
-                model.cache.crop(-size)
+                want, got = model._pass(size), traced(size)
             assert torch.equal(got, want), size
     finally:
         torch._dynamo.reset()
 
 
-@pytest.fixture(scope="module", params=["same-draft", "weak-draft"])
+@pytest.fixture(scope="module", params=[("static", "weak-draft"), ("captured", "same-draft"), ("captured", "weak-draft")],
+                ids="-".join)
 def engine(request):
-    draft = TARGET if request.param == "same-draft" else WEAK_DRAFT
-    config = random_engine_config(draft=draft, keep_drafting=request.param == "weak-draft")
-    config["target"].update(backend="transformers", kv_cache="static")
+    passes, draft = request.param
+    config = random_engine_config(draft=TARGET if draft == "same-draft" else WEAK_DRAFT,
+                                  keep_drafting=draft == "weak-draft")
+    config["target"].update(backend="transformers", passes=passes)
     with hetspec.launch(config) as engine:
-        assert "static KV cache, windows padded to 1, 2, 4, 8" in engine.info["target"]["kernels"]
+        kernels = engine.info["target"]["kernels"]
+        assert "static KV cache, windows padded to 1, 2, 4, 8" in kernels
+        assert ("recorded passes run eagerly (no CUDA)" in kernels) == (passes == "captured")
         yield engine
 
 
@@ -114,8 +131,8 @@ def test_a_seed_gives_the_same_tokens_in_every_mode(engine):
         assert engine.generate(PROMPTS[1], mode=mode, **params).token_ids == alone
 
 
-def test_a_static_cache_is_the_transformers_targets_own():
-    with pytest.raises(ConfigError, match=r"kv_cache = 'static' is the transformers target's"):
-        hetspec.launch({"target": {"backend": "native", "kv_cache": "static"}})
-    with pytest.raises(ConfigError, match=r"\[target\] kv_cache must be 'growing' or 'static'"):
-        hetspec.launch({"target": {"kv_cache": "paged"}})
+def test_passes_are_the_transformers_targets_own():
+    with pytest.raises(ConfigError, match=r"passes = 'captured' is the transformers target's"):
+        hetspec.launch({"target": {"backend": "native", "passes": "captured"}})
+    with pytest.raises(ConfigError, match=r"\[target\] passes must be one of auto, eager, static, captured, got 'graphs'"):
+        hetspec.launch({"target": {"passes": "graphs"}})

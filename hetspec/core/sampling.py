@@ -58,6 +58,11 @@ def probabilities(logits: np.ndarray, temperature: float, top_k: int = 0, top_p:
     x = x - x.max(axis=-1, keepdims=True)
     probs = np.exp(x)
     probs /= probs.sum(axis=-1, keepdims=True)
+    return keep_nucleus(probs, top_p)
+
+
+def keep_nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Each row (n, vocab) cut to its top-p nucleus, in place (top_p 1: as it is)."""
     if top_p < 1.0:
         for row in probs:
             _keep_nucleus(row, top_p)

@@ -100,12 +100,12 @@ class KVModel:
 
 
 def padded_sizes(max_window: int) -> tuple[int, ...]:
-    """The lengths a static cache's passes are padded to: powers of two up to the first
-    that holds max_window tokens (a verify window: the budget's largest plus one)."""
+    """The lengths a static cache's passes are padded to: the powers of two below
+    max_window (a verify window: the budget's largest plus one), then max_window."""
     sizes = [1]
-    while sizes[-1] < max_window:
+    while 2 * sizes[-1] < max_window:
         sizes.append(2 * sizes[-1])
-    return tuple(sizes)
+    return tuple(sizes) + ((max_window,) if max_window > 1 else ())
 
 
 class StaticKVModel(KVModel):
@@ -116,7 +116,7 @@ class StaticKVModel(KVModel):
     preallocated device buffer: a handful of fixed shapes at fixed addresses, what a
     captured pass (CUDA graphs, torch.compile) needs. The padding sits after the window,
     where the causal mask hides it, and the next pass overwrites it; a longer pass (a
-    prompt) runs as it is."""
+    prompt) runs as it is. (workers/target/captured.py records these passes.)"""
 
     def __init__(self, lm, device: str, n_ctx: int, max_window: int):
         super().__init__(lm, device)
@@ -130,16 +130,25 @@ class StaticKVModel(KVModel):
         capacity = self.n_ctx + self.sizes[-1]            # room for the last window's padding
         return Cache(layers=[StaticLayer(capacity) for _ in self._layer_types()])
 
-    @torch.inference_mode()
-    def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
+    def _rewind(self, pos) -> None:
+        """Every layer's length to pos (an int, or a device scalar): where this pass
+        writes. A rollback is this, and so is dropping the last pass's padding."""
+        for layer in self.cache.layers:
+            layer.cumulative_length.copy_(pos) if torch.is_tensor(pos) else layer.cumulative_length.fill_(pos)
+
+    def _size(self, tokens, pos: int) -> int:
+        """The padded length of a pass of tokens at pos (its own past the largest size)."""
         self._check(tokens, pos)
-        n = len(tokens)
-        if pos + n > self.n_ctx:
-            raise ValueError(f"{pos + n} positions do not fit the cache's {self.n_ctx}")
+        if pos + len(tokens) > self.n_ctx:
+            raise ValueError(f"{pos + len(tokens)} positions do not fit the cache's {self.n_ctx}")
         if self.cache is None:
             self.cache = self._new_cache()                 # once per request: later passes reuse it
-        self.cache.crop(pos - self.length)                 # moves the length back (0: stays)
-        size = next((s for s in self.sizes if s >= n), n)
+        return next((s for s in self.sizes if s >= len(tokens)), len(tokens))
+
+    @torch.inference_mode()
+    def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
+        size, n = self._size(tokens, pos), len(tokens)
+        self._rewind(pos)
         if n <= self.sizes[-1]:
             ids = self._ids[:, :size]
             ids[0, :n] = torch.as_tensor(tokens, dtype=torch.long)
@@ -148,8 +157,6 @@ class StaticKVModel(KVModel):
             ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
         keep = 0 if all_logits or size > n else 1
         out = self.lm(input_ids=ids, use_cache=True, logits_to_keep=keep, **{self._cache_arg: self.cache})
-        if size > n:
-            self.cache.crop(n - size)                      # the padding is not cached
         self.length = pos + n
         logits = out.logits[0, :n]                         # the window's rows, not its padding's
         return (logits if all_logits else logits[-1:]).float()

@@ -12,6 +12,7 @@ from hetspec.ipc.specs import TargetSpec
 from hetspec.workers.common.hf_loading import eos_token_ids, load_causal_lm
 from hetspec.workers.common.kv_model import KVModel, StaticKVModel
 from hetspec.workers.common.pinning import CoreLoan, set_torch_threads
+from hetspec.workers.target.captured import CapturedKVModel
 from hetspec.workers.target.devices import resolve_device
 from hetspec.workers.target.gguf_linear import use_gguf_blocks
 from hetspec.workers.target.packed_linear import pack_linears
@@ -38,14 +39,34 @@ class TransformersTarget:
             self.kernels = blocks + (f"; {self.kernels}" if self.packed_linears else "")
         elif blocks:
             self.kernels += f"; {blocks}"
-        if spec.kv_cache == "static":
-            self.kv = StaticKVModel(lm, device, spec.n_ctx, spec.max_window)
-            self.kernels += f"; static KV cache, windows padded to {', '.join(map(str, self.kv.sizes))} tokens"
-        else:
-            self.kv = KVModel(lm, device)
+        self.passes = spec.passes if spec.passes != "auto" else "captured" if device != "cpu" else "eager"
+        self.kv, passes_line = self._kv_model(lm, spec, device)
+        self.kernels += passes_line
         self.kernels += why
         self.eos = eos_token_ids(self.kv.lm)
         self.n_vocab = self.kv.n_vocab
+
+    def _kv_model(self, lm, spec: TargetSpec, device: str):
+        """The KV model that runs self.passes, and what the kernels line says of it."""
+        if self.passes == "eager":
+            return KVModel(lm, device), ""
+        kv = (CapturedKVModel if self.passes == "captured" else StaticKVModel)(lm, device, spec.n_ctx, spec.max_window)
+        line = f"; static KV cache, windows padded to {', '.join(map(str, kv.sizes))} tokens"
+        if self.passes == "captured":
+            self._record_passes(kv)
+            line += (f", {kv.fallback}" if kv.fallback else
+                     ", each recorded as a CUDA graph" if kv.graphs else ", recorded passes run eagerly (no CUDA)")
+        return kv, line
+
+    @staticmethod
+    def _record_passes(kv: CapturedKVModel) -> None:
+        """Cache 0's passes recorded now, at every padded size: a failure shows in the kernels
+        line, and the calibration that follows times replays. (Another request's cache records
+        its own at its first windows.)"""
+        kv.use(0)
+        kv.forward([0], 0)
+        for size in kv.sizes:
+            kv.forward([0] * size, 1)
 
     def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
         """The logits of the last `rows` tokens, run after the cache's first `keep` positions."""

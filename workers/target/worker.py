@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from hetspec.core.sampling import Rule, draw_keyed, probabilities
+from hetspec.core.sampling import Rule, draw_keyed, keep_nucleus, probabilities
 from hetspec.ipc.messages import (
     CalibrateTarget,
     ExportKV,
@@ -93,7 +93,7 @@ def verify(state, cmd: VerifyCommand, buffers):
     rows, s, choice = cmd.rows, cmd.sampling, buffers["choice"].array
     logits = state.run(cmd.cache, tokens, cmd.keep, rows, cmd.borrow_cores)
     if s.rule is Rule.UNKEYED:
-        buffers["probs"].array[:rows] = probabilities(_on_host(logits), s.temperature, s.top_k, s.top_p)
+        buffers["probs"].array[:rows] = _probabilities(logits, s)
     else:                              # row i chooses the token at position keep + n_tokens - rows + 1 + i
         choice[:rows] = _choose(logits, s, cmd.keep + cmd.n_tokens - rows + 1)
     reply = Verified(cmd.request_id, time.perf_counter() - start)
@@ -120,7 +120,7 @@ def _choose(logits, s, first: int) -> np.ndarray:
     """Each row's token, greedy or keyed (row i chooses the token at index first + i)."""
     if s.rule is Rule.GREEDY:
         return _argmax(logits)
-    probs = probabilities(_on_host(logits), s.temperature, s.top_k, s.top_p)
+    probs = _probabilities(logits, s)
     return np.array([draw_keyed(row, s.seed, first + i) for i, row in enumerate(probs)], np.int32)
 
 
@@ -131,8 +131,18 @@ def _argmax(logits) -> np.ndarray:
     return logits.argmax(axis=-1) if isinstance(logits, np.ndarray) else logits.argmax(dim=-1).cpu().numpy()
 
 
-def _on_host(logits) -> np.ndarray:
-    return logits if isinstance(logits, np.ndarray) else logits.cpu().numpy()
+def _probabilities(logits, s) -> np.ndarray:
+    """Each row's law, float32 on the host. A GPU's rows are scaled, cut to top-k and
+    normalised where they are, so one copy brings back what sampling reads; the nucleus
+    is cut on the host by core.sampling's rule. (The same steps as probabilities.)"""
+    if isinstance(logits, np.ndarray) or logits.device.type == "cpu":
+        return probabilities(np.asarray(logits), s.temperature, s.top_k, s.top_p)
+    import torch
+
+    x = logits.float() / s.temperature
+    if s.top_k and s.top_k < x.shape[-1]:
+        x = x.masked_fill(x < torch.topk(x, s.top_k, dim=-1).values[:, -1:], float("-inf"))
+    return keep_nucleus(torch.softmax(x, dim=-1).cpu().numpy(), s.top_p)
 
 
 def export_kv(state, cmd: ExportKV, buffers) -> KVExported:
