@@ -102,6 +102,35 @@ def test_every_recorded_pass_traces_as_one_graph(spec):
         torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("spec", ["random:seed=3", SLIDING])
+def test_a_recorded_pass_reads_nothing_back_to_the_host_while_captured(spec, monkeypatch):
+    """A CUDA graph cannot hold a host sync (a tensor's value read in Python): recording
+    would fail. transformers takes other branches while a CUDA stream captures; here,
+    told it captures, the recorded pass must ask no tensor for its value (an eager
+    pass asks one, the mask's "is the cache empty")."""
+    import transformers.utils.import_utils as import_utils
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    reads = []
+    value_ops = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default}
+
+    class ValueReads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in value_ops:
+                reads.append(func)
+            return func(*args, **(kwargs or {}))
+
+    model = CapturedKVModel(load_reference(spec), "cpu", 128, 9)
+    model.forward(list(range(3, 40)), 0)
+    model._staged[0], model._staged[1:5] = 30, torch.arange(4)
+    for capturing in (False, True):
+        monkeypatch.setattr(import_utils, "is_cuda_stream_capturing", lambda: capturing)
+        reads.clear()
+        with torch.inference_mode(), ValueReads():
+            model._pass(4)
+        assert bool(reads) != capturing, (capturing, reads)   # the check sees a read where there is one
+
+
 @pytest.fixture(scope="module", params=[("static", "weak-draft"), ("captured", "same-draft"), ("captured", "weak-draft")],
                 ids="-".join)
 def engine(request):
