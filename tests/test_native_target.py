@@ -45,6 +45,36 @@ def test_every_block_type_is_batch_invariant(random_f32, tmp_path, ftype):
     assert_batch_invariant(path, NativeTarget)
 
 
+def assert_a_batch_gives_each_request_its_own_bits(path: str) -> None:
+    """Several requests' windows in one pass, each in its own cache: every logit the bits
+    of the same window run alone, through rollbacks, windows of 1 to 9 tokens, and
+    prompts that spill over one pass into the next."""
+    batched, alone = (NativeTarget(path, n_ctx=160, caches=4, threads=1) for _ in range(2))
+    try:
+        rng = np.random.default_rng(5)
+        draw = lambda n: [int(t) for t in rng.integers(10, min(batched.n_vocab, 5000), n)]
+        # rounds of (cache, tokens, keep, rows); each round one batch
+        rounds = [[(0, draw(40), 0, 1), (1, draw(30), 0, 30), (2, draw(3), 0, 2)],
+                  [(0, draw(1), 40, 1), (1, draw(5), 30, 5), (2, draw(9), 3, 9), (3, draw(12), 0, 1)],
+                  [(3, draw(4), 10, 4), (1, draw(2), 33, 2), (0, draw(8), 41, 8)]]
+        for windows in rounds:
+            got = batched.forward_batch(windows)
+            for (cache, tokens, keep, rows), logits in zip(windows, got):
+                want = alone.forward(cache, tokens, keep, rows)
+                assert logits.shape == want.shape and np.array_equal(logits.view(np.uint32), want.view(np.uint32)), \
+                    (cache, len(tokens), keep)
+        assert batched.lengths == alone.lengths == [49, 35, 12, 14]
+        with pytest.raises(ValueError, match="each cache once"):
+            batched.forward_batch([(0, [5], 49, 1), (0, [6], 50, 1)])
+    finally:
+        batched.close()
+        alone.close()
+
+
+def test_a_batch_gives_each_request_its_own_bits(random_f32, tmp_path):
+    assert_a_batch_gives_each_request_its_own_bits(quantize(random_f32, str(tmp_path / "q4km.gguf"), "MOSTLY_Q4_K_M"))
+
+
 def assert_threads_change_no_bit(path: str) -> None:
     """A prompt and a window on 1, 2 and 3 threads (the target alone on borrowed cores):
     the products' rows are split among the threads, each computed as on one."""
@@ -150,6 +180,7 @@ def test_auto_runs_a_bfloat16_file_in_float32(random_f32, random_bf16):
 @pytest.mark.integration
 @pytest.mark.parametrize("builtin", full_only("smollm2", "gemma3-270m", keep=["smollm2"]))
 def test_the_shipped_files_are_batch_invariant(builtin):
+    assert_a_batch_gives_each_request_its_own_bits(resolve_model(f"builtin:{builtin}").file)
     assert_batch_invariant(resolve_model(f"builtin:{builtin}").file, NativeTarget)
     assert_threads_change_no_bit(resolve_model(f"builtin:{builtin}").file)
 

@@ -157,6 +157,18 @@ class NativeModel:
                                        norms.ctypes.data) != 0:
             raise RuntimeError(f"the native forward refused positions {pos}..{pos + tokens.size - 1}")
 
+    def forward_batch(self, tokens: np.ndarray, positions: np.ndarray, kcaches: np.ndarray, vcaches: np.ndarray,
+                      norms: np.ndarray) -> None:
+        """Run up to max_window int32 tokens in one pass, token t at positions[t] of the cache
+        whose keys and values are at addresses kcaches[t], vcaches[t] (uint64 arrays): several
+        requests' windows, each in its own cache; the norms as forward_window gives them."""
+        if self._embedding is not None:
+            tokens = self._embedding.rows(tokens)
+        if self._lib.hs_forward_batch(ctypes.byref(self._model), tokens.ctypes.data, tokens.size,
+                                      positions.ctypes.data, kcaches.ctypes.data, vcaches.ctypes.data,
+                                      norms.ctypes.data) != 0:
+            raise RuntimeError(f"the native forward refused a batch at positions {positions.tolist()}")
+
     def kv_geometry(self) -> list[int]:
         """[layers, kv_heads, head_dim, full-attention layers]."""
         m = self._model
@@ -217,6 +229,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     signatures = {
         "hs_forward": (ctypes.c_int, [model, ctypes.c_int, ctypes.c_int, pointer]),
         "hs_forward_window": (ctypes.c_int, [model, pointer, ctypes.c_int, ctypes.c_int, pointer]),
+        "hs_forward_batch": (ctypes.c_int, [model, pointer, ctypes.c_int, pointer, pointer, pointer, pointer]),
         "hs_window_work_floats": (ctypes.c_long, [model, ctypes.c_int]),
         "hs_window_logits": (None, [model, pointer, ctypes.c_int, pointer]),
         "hs_q4_1_from_q8_0": (None, [pointer, pointer, ctypes.c_long, pointer, pointer, pointer]),

@@ -1047,6 +1047,14 @@ typedef struct {
     float *x, *h, *q, *att, *k, *v, *gate, *up, *angles, *acts, *scores;
 } scratch;
 
+/* Where each token of a pass sits: its position, and the cache whose keys and values it
+   reads and extends. One request's window: positions pos.. in the model's own cache; a
+   batch (hs_forward_batch): each request's tokens at their positions, in its own cache. */
+typedef struct {
+    const int *pos;
+    uint16_t *const *kcache, *const *vcache;
+} placed;
+
 /* Floats the rounded activations of T tokens take: the window's, then a single token's
    16-bit ones (a window takes those for the matrices its products cannot read). */
 static long acts_floats(const hs_model *m, int T) {
@@ -1079,12 +1087,12 @@ long hs_window_work_floats(const hs_model *m, int tokens) {
 
 /* Each token's embedding (scaled, for Gemma 3) into x, and its rope angles, global
    then local (sliding layers), into its tables. */
-static void embed(const hs_model *m, const int *tokens, int T, int pos, const scratch *s) {
+static void embed(const hs_model *m, const int *tokens, int T, const placed *at, const scratch *s) {
     const int E = m->n_embd, hd = m->head_dim;
     for (int t = 0; t < T; t++) {
         float *a = s->angles + (size_t)t * 4 * MAX_HALF, *x = s->x + (size_t)t * E;
-        rope_angles(pos + t, m->rope_base, hd, m->rope_freqs, m->rope_scale, a, a + MAX_HALF);
-        if (m->window > 0) rope_angles(pos + t, m->rope_base_local, hd, NULL, 1.0f, a + 2 * MAX_HALF, a + 3 * MAX_HALF);
+        rope_angles(at->pos[t], m->rope_base, hd, m->rope_freqs, m->rope_scale, a, a + MAX_HALF);
+        if (m->window > 0) rope_angles(at->pos[t], m->rope_base_local, hd, NULL, 1.0f, a + 2 * MAX_HALF, a + 3 * MAX_HALF);
         dequantize_row(&m->embd, tokens[t], x);
         if (m->embd_scale != 1.0f)
             for (int i = 0; i < E; i++) x[i] *= m->embd_scale;
@@ -1094,11 +1102,11 @@ static void embed(const hs_model *m, const int *tokens, int T, int pos, const sc
 /* Each token's query and key made ready (biases, head norms, rope), its key and value
    stored at its position: every key and value of the window first, as later tokens
    attend to them. */
-static void store_positions(const hs_model *m, const hs_layer *L, int l, int T, int pos, const scratch *s) {
+static void store_positions(const hs_model *m, const hs_layer *L, int l, int T, const placed *at, const scratch *s) {
     const int hd = m->head_dim, heads = m->n_head * hd, kv_dim = m->n_kv * hd;
-    uint16_t *kc = m->kcache + (size_t)l * m->n_kv * key_stride(m), *vc = m->vcache + (size_t)l * m->n_ctx * kv_dim;
     void (*turn)(float *, int, int, const float *, const float *) = m->neox_rope ? rope_halves : rope;
     for (int t = 0; t < T; t++) {
+        uint16_t *kc = at->kcache[t] + (size_t)l * m->n_kv * key_stride(m), *vc = at->vcache[t] + (size_t)l * m->n_ctx * kv_dim;
         float *qt = s->q + (size_t)t * heads, *kt = s->k + (size_t)t * kv_dim, *vt = s->v + (size_t)t * kv_dim;
         add_biases(L, qt, kt, vt, heads, kv_dim);
         const float *a = s->angles + (size_t)t * 4 * MAX_HALF + (L->sliding ? 2 * MAX_HALF : 0);
@@ -1109,19 +1117,20 @@ static void store_positions(const hs_model *m, const hs_layer *L, int l, int T, 
         turn(qt, m->n_head, hd, a, a + MAX_HALF);
         turn(kt, m->n_kv, hd, a, a + MAX_HALF);
         for (int g = 0; g < m->n_kv; g++) {
-            store_key(kt + g * hd, hd, kc + (size_t)g * key_stride(m), pos + t);
-            to_half(vt + g * hd, hd, vc + ((size_t)g * m->n_ctx + pos + t) * hd);
+            store_key(kt + g * hd, hd, kc + (size_t)g * key_stride(m), at->pos[t]);
+            to_half(vt + g * hd, hd, vc + ((size_t)g * m->n_ctx + at->pos[t]) * hd);
         }
     }
 }
 
 /* Each token's attention over the positions up to its own (the last `window` of them in
    a sliding layer), into att. */
-static void attend_positions(const hs_model *m, const hs_layer *L, int l, int T, int pos, const scratch *s) {
+static void attend_positions(const hs_model *m, const hs_layer *L, int l, int T, const placed *at, const scratch *s) {
     const int heads = m->n_head * m->head_dim, kv_dim = m->n_kv * m->head_dim;
-    const uint16_t *kc = m->kcache + (size_t)l * m->n_kv * key_stride(m), *vc = m->vcache + (size_t)l * m->n_ctx * kv_dim;
     for (int t = 0; t < T; t++) {
-        const int end = pos + t + 1, first = L->sliding && end > m->window ? end - m->window : 0;
+        const uint16_t *kc = at->kcache[t] + (size_t)l * m->n_kv * key_stride(m);
+        const uint16_t *vc = at->vcache[t] + (size_t)l * m->n_ctx * kv_dim;
+        const int end = at->pos[t] + 1, first = L->sliding && end > m->window ? end - m->window : 0;
         attend(m, s->q + (size_t)t * heads, kc, vc, first, end, s->scores, s->att + (size_t)t * heads);
     }
 }
@@ -1140,7 +1149,7 @@ static void add_residual(const hs_model *m, int T, const float *post_norm, const
 
 /* Layer l for T tokens at positions pos..: every architecture's difference is a field
    that is NULL or 0 where unused. `next` is the matrix read after the layer's last. */
-static void layer(const hs_model *m, int l, int T, int pos, const scratch *s, products *p, const hs_mat *next) {
+static void layer(const hs_model *m, int l, int T, const placed *at, const scratch *s, products *p, const hs_mat *next) {
     const hs_layer *L = m->layers + l;
     const int E = m->n_embd, F = m->n_ff, heads = m->n_head * m->head_dim, kv_dim = m->n_kv * m->head_dim;
     for (int t = 0; t < T; t++) rms_norm(s->x + (size_t)t * E, L->attn_norm, E, m->eps, s->h + (size_t)t * E);
@@ -1149,8 +1158,8 @@ static void layer(const hs_model *m, int l, int T, int pos, const scratch *s, pr
     product(p, &L->wk, s->h, E, T, s->k, kv_dim, &L->wv);
     product(p, &L->wv, s->h, E, T, s->v, kv_dim, &L->wo);
     if (p->stopped) return;          /* halted: no attention over what the products did not make */
-    store_positions(m, L, l, T, pos, s);
-    attend_positions(m, L, l, T, pos, s);
+    store_positions(m, L, l, T, at, s);
+    attend_positions(m, L, l, T, at, s);
     p->held = -1;
     product(p, &L->wo, s->att, heads, T, s->h, E, &L->gate);
     add_residual(m, T, L->post_attn_norm, L->ffn_norm, s);
@@ -1163,21 +1172,27 @@ static void layer(const hs_model *m, int l, int T, int pos, const scratch *s, pr
     add_residual(m, T, L->post_ffn_norm, NULL, s);
 }
 
-/* Whether tokens[0..T) at positions pos.. can be run (the cache holds 0..pos-1). */
-static int fits(const hs_model *m, const int *tokens, int T, int pos) {
-    if (pos < 0 || pos + T > m->n_ctx || m->head_dim > 2 * MAX_HALF) return 0;
+/* Whether tokens[0..T) at their positions can be run (each position within the context). */
+static int fits(const hs_model *m, const int *tokens, int T, const int *pos) {
+    if (m->head_dim > 2 * MAX_HALF) return 0;
     for (int t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= m->n_vocab) return 0;
+        if (tokens[t] < 0 || tokens[t] >= m->n_vocab || pos[t] < 0 || pos[t] >= m->n_ctx) return 0;
     return 1;
+}
+
+/* T tokens at positions pos.. of the model's own cache, placed: the arrays are the caller's. */
+static placed in_own_cache(const hs_model *m, int T, int pos, int *positions, uint16_t **kc, uint16_t **vc) {
+    for (int t = 0; t < T; t++) positions[t] = pos + t, kc[t] = m->kcache, vc[t] = m->vcache;
+    return (placed){positions, kc, vc};
 }
 
 /* Every layer for T tokens at positions pos..; `last` is the matrix read after the last
    layer. 1 where p->halt stopped it (at a product), else 0. */
-static int run_layers(const hs_model *m, const int *tokens, int T, int pos, const scratch *s, products *p,
+static int run_layers(const hs_model *m, const int *tokens, int T, const placed *at, const scratch *s, products *p,
                       const hs_mat *last) {
-    embed(m, tokens, T, pos, s);
+    embed(m, tokens, T, at, s);
     for (int l = 0; l < m->n_layer && !p->stopped; l++)
-        layer(m, l, T, pos, s, p, l + 1 < m->n_layer ? &m->layers[l + 1].wq : last);
+        layer(m, l, T, at, s, p, l + 1 < m->n_layer ? &m->layers[l + 1].wq : last);
     return p->stopped;
 }
 
@@ -1188,31 +1203,48 @@ static int run_layers(const hs_model *m, const int *tokens, int T, int pos, cons
    which the next pass there overwrites (the cache is positional), and the logits are
    not whole. */
 int hs_forward(const hs_model *m, int token, int pos, float *logits) {
-    if (!fits(m, &token, 1, pos)) return -1;
+    int position;
+    uint16_t *kc, *vc;
+    const placed at = in_own_cache(m, 1, pos, &position, &kc, &vc);
+    if (!fits(m, &token, 1, at.pos)) return -1;
     const scratch s = scratch_at(m, 1);
     products p = {.window = 0, .one = quantized_at(s.acts, widest(m)), .halt = m->halt};
-    if (run_layers(m, &token, 1, pos, &s, &p, m->out_fast.qs ? &m->out_fast : &m->out)) return 1;
+    if (run_layers(m, &token, 1, &at, &s, &p, m->out_fast.qs ? &m->out_fast : &m->out)) return 1;
     if (!logits) return 0;
     rms_norm(s.x, m->out_norm, m->n_embd, m->eps, s.h);
     quantize(s.h, m->n_embd, &p.one);
     return head(m, &p.one, logits);
 }
 
-/* Evaluate tokens[0..T) at positions pos.. through the window products (the cache
-   holds 0..pos-1 and gets the window); each token's state after the final norm into
-   norms (T x n_embd). Every step but the products is taken token by token, and the
-   products give each token the same float steps in any window: a token's rows do not
-   depend on the window it came in. 0 on success, -1 for bad input. */
-int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, float *norms) {
-    if (T < 1 || T > MAX_WINDOW || !fits(m, tokens, T, pos)) return -1;
+/* A batch of requests' tokens through the window products in one pass: token t at
+   position pos[t] of the cache kcache[t], vcache[t] (its request's own; a request's
+   tokens in order, each after the positions its cache holds). Every step but the
+   products is a token's own, and the products give each token the same float steps
+   whatever its neighbours: a token's rows are the bits it gets in its own window. Each
+   token's state after the final norm into norms (T x n_embd). 0 on success, -1 for bad
+   input. */
+int hs_forward_batch(const hs_model *m, const int *tokens, int T, const int *pos, uint16_t *const *kcache,
+                     uint16_t *const *vcache, float *norms) {
+    const placed at = {pos, kcache, vcache};
+    if (T < 1 || T > MAX_WINDOW || !fits(m, tokens, T, at.pos)) return -1;
     const scratch s = scratch_at(m, T);
     const int E = m->n_embd, W = widest(m);
     window_act acts[MAX_WINDOW];
     for (int t = 0; t < T; t++) window_act_at(acts + t, s.acts + t * window_act_floats(W), W);
     products p = {.window = 1, .one = quantized_at(s.acts + T * window_act_floats(W), W), .acts = acts};
-    run_layers(m, tokens, T, pos, &s, &p, NULL);
+    run_layers(m, tokens, T, &at, &s, &p, NULL);
     for (int t = 0; t < T; t++) rms_norm(s.x + (size_t)t * E, m->out_norm, E, m->eps, norms + (size_t)t * E);
     return 0;
+}
+
+/* Evaluate tokens[0..T) at positions pos.. of the model's own cache (it holds 0..pos-1
+   and gets the window) through the window products: a batch of one request. */
+int hs_forward_window(const hs_model *m, const int *tokens, int T, int pos, float *norms) {
+    if (T < 1 || T > MAX_WINDOW) return -1;
+    int positions[MAX_WINDOW];
+    uint16_t *kc[MAX_WINDOW], *vc[MAX_WINDOW];
+    const placed at = in_own_cache(m, T, pos, positions, kc, vc);
+    return hs_forward_batch(m, tokens, T, at.pos, at.kcache, at.vcache, norms);
 }
 
 /* Logits of T final-norm rows through the whole output layer with the window's

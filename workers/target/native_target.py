@@ -41,7 +41,6 @@ class NativeTarget:
         # np.zeros, not zeros_like (which writes its zeros): a cache's pages are taken as a request fills them
         self._caches = [first] + [tuple(np.zeros(a.shape, a.dtype) for a in first) for _ in range(caches - 1)]
         self._norms = np.zeros((self.max_window, model.n_embd), np.float32)
-        self._tokens = np.zeros(self.max_window, np.int32)
         self.n_vocab, self.n_ctx, self.caches = model.n_vocab, n_ctx, caches
         self.set_threads(threads)
         self.lengths = [0] * caches
@@ -52,23 +51,42 @@ class NativeTarget:
     def forward(self, cache: int, tokens: Sequence[int], keep: int, rows: int) -> np.ndarray:
         """Drop cache `cache`'s positions >= keep, run `tokens` there; the logits of the
         last `rows` tokens, (rows, n_vocab) float32."""
-        ids = checked_window(self, cache, tokens, keep, rows)
-        n = ids.size
-        self._model.kcache, self._model.vcache = (a.ctypes.data for a in self._caches[cache])
-        self.lengths[cache] = keep      # a failed pass leaves it here
-        logits = np.empty((rows, self.n_vocab), dtype=np.float32)
-        first_row = n - rows
-        for start in range(0, n, self.max_window):
-            m = min(self.max_window, n - start)
-            self._tokens[:m] = ids[start:start + m]
-            self._net.forward_window(self._tokens[:m], keep + start, self._norms)
-            self.lengths[cache] = keep + start + m
-            if start + m > first_row:
-                skip = max(0, first_row - start)
-                rows_out = logits[start + skip - first_row:start + m - first_row]
-                self._lib.hs_window_logits(self._ref, self._norms[skip:m].ctypes.data, m - skip, rows_out.ctypes.data)
+        return self.forward_batch([(cache, tokens, keep, rows)])[0]
+
+    def forward_batch(self, windows: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+        """Several requests' windows, (cache, tokens, keep, rows) each, a cache at most once,
+        run together in passes of up to max_window tokens, each window in its own cache:
+        each one's logits as forward gives them, the same bits as run alone
+        (hs_forward_batch)."""
+        caches = [window[0] for window in windows]
+        if len(set(caches)) < len(caches):
+            raise ValueError(f"a batch runs each cache once, got caches {caches}")
+        ids = [checked_window(self, *window) for window in windows]
+        tokens = np.concatenate(ids).astype(np.int32)
+        positions = np.concatenate([np.arange(keep, keep + n.size) for (_, _, keep, _), n in zip(windows, ids)])
+        positions = positions.astype(np.int32)
+        where = [np.repeat(np.array([a.ctypes.data for a in self._caches[c]], np.uint64)[None], n.size, axis=0)
+                 for c, n in zip(caches, ids)]
+        kcaches, vcaches = (np.ascontiguousarray(a) for a in np.concatenate(where).T)
+        wanted = np.concatenate([np.arange(n.size) >= n.size - window[3] for window, n in zip(windows, ids)])
+        for cache, _, keep, _ in windows:
+            self.lengths[cache] = keep      # a failed pass leaves it here
+        norms = np.empty((int(wanted.sum()), self._norms.shape[1]), np.float32)
+        filled = 0
+        for start in range(0, tokens.size, self.max_window):
+            part = slice(start, min(start + self.max_window, tokens.size))
+            self._net.forward_batch(tokens[part], positions[part], kcaches[part], vcaches[part], self._norms)
+            kept = self._norms[:part.stop - start][wanted[part]]
+            norms[filled:filled + len(kept)] = kept
+            filled += len(kept)
+        logits = np.empty((len(norms), self.n_vocab), dtype=np.float32)
+        for start in range(0, len(norms), self.max_window):
+            m = min(self.max_window, len(norms) - start)
+            self._lib.hs_window_logits(self._ref, norms[start:].ctypes.data, m, logits[start:].ctypes.data)
         self._lib.hs_pool_rest()
-        return logits
+        for (cache, _, keep, _), n in zip(windows, ids):
+            self.lengths[cache] = keep + n.size
+        return np.split(logits, np.cumsum([window[3] for window in windows])[:-1])
 
     def forget(self, cache: int) -> None:
         self.lengths[cache] = 0
