@@ -65,7 +65,7 @@ class TargetSpec:
     borrow_cores: list[int] = field(default_factory=list)   # the draft's, lent for prefills
     backend: str = "transformers"   # or one of GGUF_TARGET_BACKENDS, or "paced" (a simulated GPU target)
     n_ctx: int = 0             # llama.cpp: positions a cache holds
-    caches: int = 1            # llama.cpp: caches (one per request admitted at once)
+    caches: int = 1            # llama.cpp, native, captured passes: caches (one per request admitted at once)
     profile: str = ""          # backend "paced": the GPU profile it charges (hetspec.core.gpu_profiles)
     traces: str = ""           # backend "paced": the folder of recorded traces ("": hetspec's cache)
     passes: str = "auto"       # transformers: "eager", "static" or "captured" ([target] passes; auto: by device)

@@ -53,20 +53,22 @@ class TransformersTarget:
         kv = (CapturedKVModel if self.passes == "captured" else StaticKVModel)(lm, device, spec.n_ctx, spec.max_window)
         line = f"; static KV cache, windows padded to {', '.join(map(str, kv.sizes))} tokens"
         if self.passes == "captured":
-            self._record_passes(kv)
+            self._record_passes(kv, spec.caches)
             line += (f", {kv.fallback}" if kv.fallback else
                      ", each recorded as a CUDA graph" if kv.graphs else ", recorded passes run eagerly (no CUDA)")
         return kv, line
 
     @staticmethod
-    def _record_passes(kv: CapturedKVModel) -> None:
-        """Cache 0's passes recorded now, at every padded size: a failure shows in the kernels
-        line, and the calibration that follows times replays. (Another request's cache records
-        its own at its first windows.)"""
+    def _record_passes(kv: CapturedKVModel, caches: int) -> None:
+        """Every cache's passes recorded now, at every padded size: a failure shows in the
+        kernels line, the calibration that follows times replays, and no request's window
+        waits for a recording."""
+        for cache in range(caches):
+            kv.use(cache)
+            kv.forward([0], 0)
+            for size in kv.sizes:
+                kv.forward([0] * size, 1)
         kv.use(0)
-        kv.forward([0], 0)
-        for size in kv.sizes:
-            kv.forward([0] * size, 1)
 
     def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
         """The logits of the last `rows` tokens, run after the cache's first `keep` positions."""
