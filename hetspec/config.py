@@ -22,6 +22,7 @@ import psutil
 from hetspec.core.branches import DYNAMIC, Dynamic
 from hetspec.core.errors import ConfigError
 from hetspec.core.gpu_profiles import PROFILES
+from hetspec.core.gpu_profiles import profile as gpu_profile
 from hetspec.core.params import Speculation, show
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 from hetspec.models import cache_home, resolve_model
@@ -133,7 +134,7 @@ class TargetConfig:
             raise ConfigError("[target] backend 'paced' needs a profile, and only it takes one: profile = one of "
                               f"{', '.join(PROFILES)}, got backend {show(self.backend)}, profile {show(self.profile)}")
         if self.profile:
-            _choice("target", "profile", self.profile, tuple(PROFILES))
+            _gpu_profile(self.profile)
         if not (self.alone_borrows_draft_cores == AUTO or isinstance(self.alone_borrows_draft_cores, bool)):
             raise ConfigError("[target] alone_borrows_draft_cores must be 'auto', true or false, got "
                               f"{show(self.alone_borrows_draft_cores)}")
@@ -346,6 +347,17 @@ def _choice(section: str, key: str, value, choices: tuple) -> None:
     if not (isinstance(value, str) and value in choices):
         allowed = " or ".join(map(repr, choices)) if len(choices) == 2 else f"one of {', '.join(choices)}"
         raise ConfigError(f"[{section}] {key} must be {allowed}, got {show(value)}")
+
+
+def _gpu_profile(value) -> None:
+    """A built-in profile's name, or a gpu_profile report (FILE.json) checked here, not in the worker."""
+    if not (isinstance(value, str) and value.endswith(".json")):
+        _choice("target", "profile", value, (*PROFILES, "a gpu_profile report (FILE.json)"))
+        return
+    try:
+        gpu_profile(value)
+    except ValueError as exc:
+        raise ConfigError(f"[target] profile: {exc}") from None
 
 
 def _is_int(value) -> bool:

@@ -110,6 +110,35 @@ def test_profiles_charge_a_flat_window_then_per_token():
         profile("h200")
 
 
+MEASURED = {"name": "h100-measured", "window_ms": 8.25, "flat_to": 16, "per_token_ms": 0.12,
+            "prefill_ms_per_token": 0.04, "source": "measured: benchmarks/gpu_profile.py"}
+
+
+def test_a_profile_loads_from_a_gpu_profile_report(tmp_path):
+    """A report's paced_profile is a profile wherever a name is, the config included; a missing or
+    malformed report is refused there, naming the file and what is wrong."""
+    report = tmp_path / "profile.json"
+    report.write_text(json.dumps({"curve": {}, "paced_profile": MEASURED}))
+    p = profile(str(report))
+    assert (p.name, p.window_ms, p.flat_to) == ("h100-measured", 8.25, 16)
+    assert p.pass_s(20, 20) == pytest.approx((8.25 + 4 * 0.12) / 1000)
+    assert load_config({"target": {"backend": "paced", "profile": str(report)}}).target.profile == str(report)
+    bad = {"missing.json": None, "text.json": "not json", "none.json": json.dumps({"curve": {}}),
+           "short.json": json.dumps({"paced_profile": {k: v for k, v in MEASURED.items() if k != "source"}}),
+           "flat.json": json.dumps({"paced_profile": {**MEASURED, "flat_to": 0}}),
+           "nan.json": json.dumps({"paced_profile": {**MEASURED, "window_ms": float("nan")}})}
+    wrong = {"missing.json": "cannot read it", "text.json": "is not JSON", "none.json": "holds no paced_profile",
+             "short.json": r"exactly the fields .*missing \['source'\]", "flat.json": "flat_to must be an integer >= 1",
+             "nan.json": "window_ms must be a number > 0"}
+    for name, text in bad.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=wrong[name]):
+            profile(str(tmp_path / name))
+        with pytest.raises(ConfigError, match=f"\\[target\\] profile: GPU profile '.*{name}'.*{wrong[name]}"):
+            load_config({"target": {"backend": "paced", "profile": str(tmp_path / name)}})
+
+
 def test_a_paced_target_needs_a_profile_and_leaves_the_draft_every_core_the_schedulers_last():
     with pytest.raises(ConfigError, match="needs a profile"):
         load_config({"target": {"backend": "paced"}})

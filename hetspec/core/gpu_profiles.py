@@ -5,10 +5,15 @@ a stand-in for a GPU that charges each pass its profile's time, so the paper's s
 A pass of n tokens costs `window_ms` up to `flat_to` tokens (a GPU reads the weights
 once for a small window: the verify curve is flat), then `per_token_ms` a token more;
 a prompt pass costs `window_ms` plus `prefill_ms_per_token` a token.
+
+Besides the named profiles below, a profile may be a report of benchmarks/gpu_profile.py
+(a path ending .json): its `paced_profile` object, measured on a GPU, holds these fields.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import math
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,46 @@ PROFILES = {p.name: p for p in [
 
 
 def profile(name: str) -> GpuProfile:
-    """The named profile (ValueError naming the known ones)."""
+    """The named profile, or a report's (a path ending .json); ValueError naming the known
+    ones, or what is wrong with the report."""
+    if name.endswith(".json"):
+        return from_report(name)
     if name not in PROFILES:
-        raise ValueError(f"unknown GPU profile {name!r}; known: {', '.join(PROFILES)}")
+        raise ValueError(f"unknown GPU profile {name!r}; known: {', '.join(PROFILES)} (or a gpu_profile report, .json)")
     return PROFILES[name]
+
+
+def from_report(path: str) -> GpuProfile:
+    """The `paced_profile` object of a JSON report (benchmarks/gpu_profile.py writes one), checked
+    field by field: the paced target would otherwise fail on it in a worker, or pace nonsense."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            doc = json.load(file)
+    except OSError as exc:
+        raise ValueError(f"GPU profile {path!r}: cannot read it ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"GPU profile {path!r} is not JSON: {exc}") from None
+    found = doc.get("paced_profile") if isinstance(doc, dict) else None
+    if not isinstance(found, dict):     # the file's content is wrong, not the caller's argument's type
+        raise ValueError(f"GPU profile {path!r} holds no paced_profile object "  # noqa: TRY004
+                         "(a report of benchmarks/gpu_profile.py has one)")
+    names = [f.name for f in fields(GpuProfile)]
+    if set(found) != set(names):
+        raise ValueError(f"GPU profile {path!r}: paced_profile must have exactly the fields {', '.join(names)}; "
+                         f"missing {sorted(set(names) - set(found))}, unknown {sorted(set(found) - set(names))}")
+    for key in names:
+        if want := _wanted(key, found[key]):
+            raise ValueError(f"GPU profile {path!r}: paced_profile's {key} must be {want}, got {found[key]!r}")
+    return GpuProfile(**found)
+
+
+def _wanted(key: str, value) -> str:
+    """What field `key` must be, where `value` is not that; else ""."""
+    if key in ("name", "source"):
+        return "" if isinstance(value, str) and value else "a non-empty string"
+    if key == "flat_to":
+        return "" if type(value) is int and value >= 1 else "an integer >= 1"
+    number = type(value) in (int, float) and math.isfinite(value)
+    if key == "window_ms":
+        return "" if number and value > 0 else "a number > 0"
+    return "" if number and value >= 0 else "a number >= 0"
