@@ -1,153 +1,300 @@
-"""A target on a GPU, measured: the verify costs the engine calibrates and the budget it picks,
-the same model's plain `generate` there, and where each mode's rounds' time goes with a CPU draft.
+"""A target on a GPU, measured: what a pass costs the host and the GPU, run eagerly, on a static
+cache and captured (CUDA graphs); the engine's rounds around it with a CPU draft, its passes eager
+and captured; the same model's plain `generate`; and a paced profile (hetspec.core.gpu_profiles)
+drawn from the captured curve, so that the paced target can charge measured numbers.
 
-    python -m hetspec.benchmarks.gpu_profile [--target SPEC] [--draft SPEC] [--dtype bfloat16]
-        [--tokens 64] [--prompts 3] [--out FILE.json]
+    python -m hetspec.benchmarks.gpu_profile [--device cuda|cpu] [--target SPEC] [--draft SPEC]
+        [--dtype bfloat16] [--context 256] [--tokens 64] [--budget-s 300] [--out FILE.json] [--report FILE.md]
 
-The defaults are random models shaped as Llama 2 7B and the paper's 68M Llama draft: acceptance
-means nothing, the costs are the point. Needs CUDA; prints one JSON object.
+On CUDA the defaults are random models shaped as Llama 2 7B (weights drawn on the GPU) and the
+paper's 68M Llama draft on a CPU core: acceptance means nothing, the costs are the point, and a
+lent machine fetches no weights. `--device cpu` rehearses every step with tiny shapes in well
+under a minute; there the profiler's CPU times stand in for kernel times. A step that would
+start after `--budget-s` is skipped and named under "skipped".
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-LLAMA2_7B = "random:vocab=32000,hidden=4096,layers=32,heads=32,intermediate=11008,seed=0,init=device"
-LLAMA_68M = "random:vocab=32000,hidden=768,layers=2,heads=12,intermediate=3072,seed=1"
-MODES = [("target", "auto"), ("sequential", "always"), ("duodec", "always")]
-COUNTED = ("rounds", "spec_rounds", "drafted", "accepted")       # summed over a mode's requests, as they are
+SHAPES = {   # device: target, draft, dtype, context, tokens, prompts, repeats
+    "cuda": ("random:vocab=32000,hidden=4096,layers=32,heads=32,intermediate=11008,seed=0,init=device",
+             "random:vocab=32000,hidden=768,layers=2,heads=12,intermediate=3072,seed=1", "bfloat16", 256, 64, 3, 10),
+    "cpu": ("random:vocab=320,hidden=64,layers=2,heads=4,seed=0", "random:vocab=320,hidden=64,layers=1,heads=4,seed=1",
+            "float32", 32, 12, 2, 3),
+}
+SIZES = (1, 2, 4, 8, 16, 32)     # the windows timed after the context (the engine pads to these)
+FLAT = 1.10                      # a size costs "the same" as one token within 10%
+GAMMA = 4                        # the forced speculative rounds' window
+MODES = [("target", "auto"), ("duodec", "always")]
+COUNTED = ("rounds", "spec_rounds", "drafted", "accepted", "new_tokens", "draft_s", "verify_s", "round_s", "overhead_s")
 
 
-def engine_config(target: str, draft: str, dtype: str) -> dict:
-    return {"target": {"model": target, "device": "cuda", "dtype": dtype},
-            "draft": {"backend": "torch" if draft.startswith("random") else "native", "model": draft},
-            "server": {"max_context": 1024}}
+def sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
-def prompts(n: int, vocab: int) -> list[list[int]]:
+def wall_ms(run, device: str, repeats: int) -> list[float]:
+    """[median, fastest] ms of `run`, each synchronised: what the host waits for a pass."""
     import numpy as np
 
-    rng = np.random.default_rng(0)
-    return [rng.integers(0, vocab, 32 + 48 * i).tolist() for i in range(n)]
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        run()
+        sync(device)
+        times.append(1e3 * (time.perf_counter() - start))
+    return [round(float(np.median(times)), 3), round(min(times), 3)]
 
 
-def profile_modes(engine, ids: list[list[int]], tokens: int, gamma: int) -> dict:
-    """Per mode: tokens/s, and a speculative round's draft, verify, wall and overhead ms from the engine's
-    statistics; the speculative modes draft `gamma` tokens a round however few are accepted."""
-    out = {}
-    for mode, speculation in MODES:
-        fixed = {} if mode == "target" else {"gamma": gamma}
-        engine.generate(ids[0], max_new_tokens=8, mode=mode, speculation=speculation, **fixed)   # warm-up
-        totals = Counter()
-        for prompt in ids:
-            start = time.perf_counter()
-            stats = engine.generate(prompt, max_new_tokens=tokens, mode=mode, speculation=speculation,
-                                    cache_prompt=False, **fixed).stats
-            totals["wall"] += time.perf_counter() - start
-            totals.update({key: stats[key] for key in (*COUNTED, "new_tokens", "draft_s", "verify_s", "round_s",
-                                                       "overhead_s")})
-        spec = max(1, totals["spec_rounds"])
-        out[mode] = {"tokens_per_s": round(totals["new_tokens"] / totals["wall"], 1),
-                     **{key: totals[key] for key in COUNTED},
-                     "ms_per_spec_round": {k: round(1e3 * totals[f"{k}_s"] / spec, 2)
-                                           for k in ("draft", "verify", "round", "overhead")}}
+def kernel_ms(run, device: str) -> float:
+    """ms of GPU kernels (on a CPU: of ops) in one run of `run`: self times summed as torch.profiler's
+    table totals them, the time the device itself computed, launches and Python aside."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = device == "cuda"
+    sync(device)
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu) as prof:
+        run()
+        sync(device)
+    kind = DeviceType.CUDA if gpu else DeviceType.CPU
+    return round(sum(e.self_device_time_total if gpu else e.self_cpu_time_total
+                     for e in prof.events() if e.device_type == kind and not e.is_user_annotation) / 1e3, 3)
+
+
+def curve(kv, device: str, context: list[int], repeats: int, eager: dict | None = None) -> dict:
+    """Per window size after `context`: wall ms [median, fastest], kernel ms and their ratio; and
+    the prompt pass's wall ms. Where the profiler sees no kernels (a CUDA graph's replay on some
+    versions), the eager pass's of the same size stand in, and kernel_source says so."""
+    kv.use(0)
+    prompt = lambda: kv.forward(context, 0, all_logits=False)
+    prompt()                             # warm-up (and a static cache's allocation)
+    out = {"prompt_ms": wall_ms(prompt, device, 3)}
+    for n in SIZES:
+        window = lambda n=n: kv.forward(list(range(1, n + 1)), len(context), all_logits=True)
+        for _ in range(2):               # warm-up: cuBLAS's choices, a captured size's recording
+            window()
+        wall, kernels, source = wall_ms(window, device, repeats), kernel_ms(window, device), "profiled"
+        if kernels == 0:
+            kernels, source = ((eager[str(n)]["kernel_ms"], "the eager pass's (the profiler saw no kernels)")
+                               if eager else (None, "none: the profiler saw no kernels"))
+        out[str(n)] = {"wall_ms": wall, "kernel_ms": kernels, "kernel_source": source,
+                       "wall_per_kernel": round(wall[0] / kernels, 2) if kernels else None}
     return out
 
 
-def in_process(target: str, dtype: str, ids: list[list[int]], tokens: int) -> dict:
-    """The target in this process: its passes through the engine's KV cache, and its greedy `generate`
-    (the user's alternative on a GPU)."""
-    import torch
+def paced_profile(captured: dict, context: int, name: str, where: str) -> dict:
+    """A GpuProfile's fields from the captured curve. A pass can be padded to a longer one, so a size
+    costs at most what any longer one does (that evens out noise); flat_to is the largest size within
+    FLAT of one token's cost, window_ms their mean, per_token_ms the least-squares slope past it (no
+    size past it: the prompt's cost a token), prefill_ms_per_token the prompt pass's beyond window_ms."""
+    ms = {n: min(captured[str(m)]["wall_ms"][0] for m in SIZES if m >= n) for n in SIZES}
+    flat = [n for n in SIZES if ms[n] <= FLAT * ms[1]]
+    window = sum(ms[n] for n in flat) / len(flat)
+    prefill = max(0.0, (captured["prompt_ms"][0] - window) / context)
+    past = [n - flat[-1] for n in SIZES if n > flat[-1]]
+    slope = sum((ms[n + flat[-1]] - window) * n for n in past) / sum(n * n for n in past) if past else prefill
+    return {"name": name, "window_ms": round(window, 3), "flat_to": flat[-1], "per_token_ms": round(max(0.0, slope), 4),
+            "prefill_ms_per_token": round(prefill, 4),
+            "source": (f"measured: benchmarks/gpu_profile.py, captured passes after {context} tokens, {where}; "
+                       f"flat within {round(100 * (FLAT - 1))}% to {flat[-1]} tokens, per token beyond: "
+                       + ("the slope past it" if past else "the prompt's (no size past it)"))}
 
+
+def load(args):
     from hetspec.models import resolve_model
     from hetspec.workers.common.hf_loading import load_causal_lm
-    from hetspec.workers.common.kv_model import KVModel
 
-    model = load_causal_lm(resolve_model(target), dtype, "cuda")
-    doc = {"kv_model_ms": _kv_model_passes(KVModel(model, "cuda"), ids[-1], tokens)}
-    doc["generate"] = _generate(model, ids, tokens)
-    del model
-    torch.cuda.empty_cache()
+    return load_causal_lm(resolve_model(args.target), args.dtype, args.device)
+
+
+def in_process(args, ids: list[list[int]], doc: dict, left) -> None:
+    """The target in this process: its cost curves, then its eager `generate`."""
+    import torch
+
+    from hetspec.workers.common.kv_model import KVModel, StaticKVModel
+    from hetspec.workers.target.captured import CapturedKVModel
+
+    lm = load(args)
+    for passes, kind in [("eager", KVModel), ("static", StaticKVModel), ("captured", CapturedKVModel)]:
+        if left() <= 0:
+            doc["skipped"].append(f"curve {passes}")
+            continue
+        kv = kind(lm, args.device, *([] if kind is KVModel else [args.context + 2 * SIZES[-1], SIZES[-1]]))
+        doc["curve"][passes] = curve(kv, args.device, ids[0], args.repeats, doc["curve"].get("eager"))
+        if passes == "captured":
+            doc["curve"][passes]["graphs"] = kv.fallback or ("CUDA graphs" if kv.graphs else "run eagerly (no CUDA)")
+        del kv
+    if left() > 0:
+        doc["generate"]["eager"] = generate(lm, ids, args.tokens, args.device)
+    else:
+        doc["skipped"].append("generate eager")
+    del lm
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def generate(lm, ids: list[list[int]], tokens: int, device: str, **how) -> dict:
+    """tokens/s of greedy `generate` over the prompts after a warm-up run (where a static cache's
+    step compiles), and that first run's seconds."""
+    import torch
+
+    new = wall = first = 0.0
+    for i, prompt in enumerate([ids[0], *ids]):
+        x = torch.tensor([prompt], device=device)
+        sync(device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = lm.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens, min_new_tokens=tokens,
+                              do_sample=False, num_beams=1, pad_token_id=0, **how)
+        sync(device)
+        if i:
+            new, wall = new + out.shape[1] - len(prompt), wall + time.perf_counter() - start
+        else:
+            first = time.perf_counter() - start
+    return {"tokens_per_s": round(new / wall, 1), "first_run_s": round(first, 2)}
+
+
+def static_generate(args, left) -> dict:
+    """`generate` on a static cache (transformers compiles its step on CUDA) in a child process,
+    stopped, and the step skipped, past --compile-limit-s: a slow compile must not eat the loan."""
+    limit = min(args.compile_limit_s, left())
+    if limit <= 0:
+        return {"skipped": "no time left in the budget"}
+    command = [sys.executable, "-m", "hetspec.benchmarks.gpu_profile", "--static-generate", "--device", args.device,
+               "--target", args.target, "--dtype", args.dtype, "--context", str(args.context),
+               "--tokens", str(args.tokens), "--prompts", str(args.prompts)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit, check=False)
+    except subprocess.TimeoutExpired:
+        return {"skipped": f"over {limit:.0f} s, loading and compiling: not measured"}
+    if done.returncode:
+        return {"failed": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def through_engine(args, ids: list[list[int]], passes: str) -> dict:
+    """The engine with its target's passes `passes`, the draft on a CPU core: per mode, tokens/s and a
+    speculative round's draft, verify, wall and overhead ms (forced speculation drafts GAMMA tokens
+    a round, however few are accepted)."""
+    import hetspec
+
+    config = {"target": {"backend": "transformers", "model": args.target, "device": args.device,
+                         "dtype": args.dtype, "passes": passes},
+              "draft": {"backend": "torch", "model": args.draft}, "server": {"max_context": 1024}}
+    with hetspec.launch(config) as engine:
+        info = engine.get_info()
+        doc = {"kernels": info["target"]["kernels"], "load_s": info["target"]["load_s"],
+               "draft_cores": info["draft"]["cores"],
+               "verify_ms": {k: round(1e3 * v, 2) for k, v in info["budget"].get("verify_s", {}).items()}}
+        for mode, speculation in MODES:
+            fixed = {} if mode == "target" else {"gamma": GAMMA}
+            engine.generate(ids[0], max_new_tokens=8, mode=mode, speculation=speculation, **fixed)   # warm-up
+            totals = Counter()
+            for prompt in ids:
+                start = time.perf_counter()
+                stats = engine.generate(prompt, max_new_tokens=args.tokens, mode=mode, speculation=speculation,
+                                        cache_prompt=False, **fixed).stats
+                totals.update({"wall": time.perf_counter() - start, **{key: stats[key] for key in COUNTED}})
+            spec = max(1, totals["spec_rounds"])
+            doc[mode] = {"tokens_per_s": round(totals["new_tokens"] / totals["wall"], 1),
+                         **{key: totals[key] for key in COUNTED[:4]},
+                         "ms_per_spec_round": {k: round(1e3 * totals[f"{k}_s"] / spec, 2)
+                                               for k in ("draft", "verify", "round", "overhead")}}
     return doc
 
 
-def _kv_model_passes(kv, prompt: list[int], tokens: int) -> dict:
-    """ms of a pass (median, fastest): steps of one token, then windows of n re-run at one position."""
+def prompts(args) -> list[list[int]]:
+    """`--prompts` random prompts of `--context` ids (one length: one static cache shape for generate)."""
     import numpy as np
 
-    kv.forward(prompt, 0, all_logits=False)
-    steps = []
-    for i in range(tokens):
-        start = time.perf_counter()
-        kv.forward([7], len(prompt) + i, all_logits=False)[-1, 0].item()
-        steps.append(time.perf_counter() - start)
-    ms = lambda times: [round(1e3 * float(np.median(times)), 2), round(1e3 * min(times), 2)]
-    out = {"step": ms(steps)}
-    for n in (2, 4, 8, 16, 32):
-        times = []
-        for _ in range(8):
-            start = time.perf_counter()
-            kv.forward(list(range(1, n + 1)), len(prompt), all_logits=True)[-1, 0].item()
-            times.append(time.perf_counter() - start)
-        out[f"window {n}"] = ms(times)
-    return out
+    from hetspec.models import resolve_model
+
+    vocab = resolve_model(args.target).random.get("vocab", 32000)
+    return np.random.default_rng(0).integers(0, vocab, (args.prompts, args.context)).tolist()
 
 
-def _generate(model, ids: list[list[int]], tokens: int) -> dict:
-    import torch
-
-    new = wall = 0.0
-    for i, prompt in enumerate([ids[0], *ids]):
-        x = torch.tensor([prompt], device="cuda")
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=tokens, min_new_tokens=tokens,
-                                 do_sample=False, num_beams=1, pad_token_id=0)
-        torch.cuda.synchronize()
-        if i:                                  # the first run warms up
-            new += out.shape[1] - len(prompt)
-            wall += time.perf_counter() - start
-    return {"tokens_per_s": round(new / wall, 1)}
+def report(doc: dict) -> str:
+    """The JSON's main numbers as markdown."""
+    lines = [f"# gpu_profile on {doc['device_name']}", "", (f"Target `{doc['target']}` in {doc['dtype']}, draft "
+             f"`{doc['draft']}`; windows after {doc['context']} tokens; {doc['elapsed_s']} s."), "",
+             "| passes | " + " | ".join(f"{n}: wall / kernel ms" for n in SIZES) + " | prompt ms |",
+             "|---" * (len(SIZES) + 2) + "|"]
+    lines += [f"| {passes} | " + " | ".join(f"{c[str(n)]['wall_ms'][0]} / {c[str(n)]['kernel_ms']}" for n in SIZES)
+              + f" | {c['prompt_ms'][0]} |" for passes, c in doc["curve"].items()]
+    lines += ["", "| engine passes | mode | tok/s | ms a spec round: draft / verify / round / overhead |",
+              "|---|---|---|---|"]
+    lines += [f"| {passes} | {mode} | {e[mode]['tokens_per_s']} | "
+              + " / ".join(map(str, e[mode]["ms_per_spec_round"].values())) + " |"
+              for passes, e in doc["engine"].items() for mode, _ in MODES]
+    lines += ["", f"generate: `{json.dumps(doc['generate'])}`", "", f"paced_profile: `{json.dumps(doc['paced_profile'])}`",
+              "", f"skipped: {', '.join(doc['skipped']) or 'nothing'}", ""]
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hetspec.benchmarks.gpu_profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default=LLAMA2_7B)
-    p.add_argument("--draft", default=LLAMA_68M)
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--prompts", type=int, default=3)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    names = ("target", "draft", "dtype", "context", "tokens", "prompts", "repeats")
+    for name, value in zip(names, SHAPES["cuda"]):
+        p.add_argument(f"--{name}", type=type(value), help="default: the device's (SHAPES)")
+    p.add_argument("--budget-s", type=float, default=300, help="no step starts after this many seconds")
+    p.add_argument("--compile-limit-s", type=float, default=90, help="static-cache generate's limit, compiling included")
     p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--report", help="and a markdown summary here")
+    p.add_argument("--static-generate", action="store_true", help=argparse.SUPPRESS)   # static_generate's child
     args = p.parse_args(argv)
+    for name, value in zip(names, SHAPES[args.device]):
+        setattr(args, name, getattr(args, name) or value)
+    if args.context < SIZES[-1]:
+        p.error(f"--context must be at least {SIZES[-1]} (a prompt pass longer than the largest window)")
+    if args.static_generate:
+        print(json.dumps({**generate(load(args), prompts(args), args.tokens, args.device, cache_implementation="static"),
+                          "compiled": args.device == "cuda"}))   # transformers compiles a static step on CUDA only
+        return 0
 
     import torch
 
-    import hetspec
-
-    if not torch.cuda.is_available():
-        print("gpu_profile: no CUDA GPU", file=sys.stderr)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_profile: no CUDA GPU (--device cpu rehearses with small shapes)", file=sys.stderr)
         return 2
-    doc = {"gpu": torch.cuda.get_device_name(0), "target": args.target, "draft": args.draft, "dtype": args.dtype}
-    with hetspec.launch(engine_config(args.target, args.draft, args.dtype)) as engine:
-        info = engine.get_info()
-        ids = prompts(args.prompts, info["n_vocab"])
-        budget = info["budget"]
-        doc.update(gamma=info["gamma"], keep_drafting=info["keep_drafting"], target_kernels=info["target"]["kernels"],
-                   draft_cores=info["draft"]["cores"], load_s=info["target"]["load_s"],
-                   verify_ms={k: round(1e3 * v, 2) for k, v in budget.get("verify_s", {}).items()},
-                   draft_ms_per_token=round(1e3 * budget.get("draft_s_per_token", 0.0), 2))
-        doc["modes"] = profile_modes(engine, ids, args.tokens, info["gamma"])
-    doc.update(in_process(args.target, args.dtype, ids, args.tokens))
+    start = time.perf_counter()
+    left = lambda: args.budget_s - (time.perf_counter() - start)
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    doc = {"device_name": name, "torch": torch.__version__, **{k: getattr(args, k) for k in names}, "gamma": GAMMA,
+           "curve": {}, "engine": {}, "generate": {}, "skipped": []}
+    ids = prompts(args)
+    in_process(args, ids, doc, left)
+    doc["paced_profile"] = (paced_profile(doc["curve"]["captured"], args.context,
+                                          re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + "-captured",
+                                          f"{name}, {args.target} in {args.dtype}, {time.strftime('%Y-%m-%d')}")
+                            if "captured" in doc["curve"] else None)
+    for passes in ("eager", "captured"):
+        if left() > 0:
+            doc["engine"][passes] = through_engine(args, ids, passes)
+        else:
+            doc["skipped"].append(f"engine {passes}")
+    doc["generate"]["static"] = static_generate(args, left)
+    doc["skipped"] += ["generate static"] * ("skipped" in doc["generate"]["static"])
+    doc["elapsed_s"] = round(time.perf_counter() - start, 1)
     text = json.dumps(doc, indent=1)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
+    if args.report:
+        Path(args.report).write_text(report(doc))
     return 0
 
 
