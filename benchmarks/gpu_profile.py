@@ -119,7 +119,17 @@ def load(args):
     return load_causal_lm(resolve_model(args.target), args.dtype, args.device)
 
 
-def in_process(args, ids: list[list[int]], doc: dict, left) -> None:
+def due(args, doc: dict, what: str) -> bool:
+    """Whether step `what` runs: chosen (--steps) and starting within the budget (else named as skipped)."""
+    if what.split()[0] not in args.steps:
+        return False
+    if time.perf_counter() < args.deadline:
+        return True
+    doc["skipped"].append(what)
+    return False
+
+
+def in_process(args, ids: list[list[int]], doc: dict) -> None:
     """The target in this process: its cost curves, then its eager `generate`."""
     import torch
 
@@ -128,18 +138,15 @@ def in_process(args, ids: list[list[int]], doc: dict, left) -> None:
 
     lm = load(args)
     for passes, kind in [("eager", KVModel), ("static", StaticKVModel), ("captured", CapturedKVModel)]:
-        if left() <= 0:
-            doc["skipped"].append(f"curve {passes}")
+        if not due(args, doc, f"curve {passes}"):
             continue
         kv = kind(lm, args.device, *([] if kind is KVModel else [args.context + 2 * SIZES[-1], SIZES[-1]]))
         doc["curve"][passes] = curve(kv, args.device, ids[0], args.repeats, doc["curve"].get("eager"))
         if passes == "captured":
             doc["curve"][passes]["graphs"] = kv.fallback or ("CUDA graphs" if kv.graphs else "run eagerly (no CUDA)")
         del kv
-    if left() > 0:
+    if due(args, doc, "generate eager"):
         doc["generate"]["eager"] = generate(lm, ids, args.tokens, args.device)
-    else:
-        doc["skipped"].append("generate eager")
     del lm
     if args.device == "cuda":
         torch.cuda.empty_cache()
@@ -166,12 +173,10 @@ def generate(lm, ids: list[list[int]], tokens: int, device: str, **how) -> dict:
     return {"tokens_per_s": round(new / wall, 1), "first_run_s": round(first, 2)}
 
 
-def static_generate(args, left) -> dict:
+def static_generate(args) -> dict:
     """`generate` on a static cache (transformers compiles its step on CUDA) in a child process,
     stopped, and the step skipped, past --compile-limit-s: a slow compile must not eat the loan."""
-    limit = min(args.compile_limit_s, left())
-    if limit <= 0:
-        return {"skipped": "no time left in the budget"}
+    limit = min(args.compile_limit_s, args.deadline - time.perf_counter())
     command = [sys.executable, "-m", "hetspec.benchmarks.gpu_profile", "--static-generate", "--device", args.device,
                "--target", args.target, "--dtype", args.dtype, "--context", str(args.context),
                "--tokens", str(args.tokens), "--prompts", str(args.prompts)]
@@ -221,7 +226,7 @@ def prompts(args) -> list[list[int]]:
 
     from hetspec.models import resolve_model
 
-    vocab = resolve_model(args.target).random.get("vocab", 32000)
+    vocab = (resolve_model(args.target).random or {}).get("vocab", 32000)     # a random model's, else Llama's
     return np.random.default_rng(0).integers(0, vocab, (args.prompts, args.context)).tolist()
 
 
@@ -243,23 +248,35 @@ def report(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+NAMES = ("target", "draft", "dtype", "context", "tokens", "prompts", "repeats")   # SHAPES' fields
+STEPS = {"curve", "engine", "generate"}
+
+
+def parse(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hetspec.benchmarks.gpu_profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    names = ("target", "draft", "dtype", "context", "tokens", "prompts", "repeats")
-    for name, value in zip(names, SHAPES["cuda"]):
+    for name, value in zip(NAMES, SHAPES["cuda"]):
         p.add_argument(f"--{name}", type=type(value), help="default: the device's (SHAPES)")
+    p.add_argument("--steps", default="curve,engine,generate", help="which of curve, engine, generate (default: all)")
     p.add_argument("--budget-s", type=float, default=300, help="no step starts after this many seconds")
     p.add_argument("--compile-limit-s", type=float, default=90, help="static-cache generate's limit, compiling included")
-    p.add_argument("--out", help="also write the JSON here")
-    p.add_argument("--report", help="and a markdown summary here")
+    p.add_argument("--out", help="write the JSON here (and print its summary, not the JSON)")
+    p.add_argument("--report", help="write the summary (markdown) here")
     p.add_argument("--static-generate", action="store_true", help=argparse.SUPPRESS)   # static_generate's child
     args = p.parse_args(argv)
-    for name, value in zip(names, SHAPES[args.device]):
+    for name, value in zip(NAMES, SHAPES[args.device]):
         setattr(args, name, getattr(args, name) or value)
+    args.steps = set(args.steps.split(","))
+    if not args.steps <= STEPS:
+        p.error(f"--steps: unknown {', '.join(sorted(args.steps - STEPS))} (steps: {', '.join(sorted(STEPS))})")
     if args.context < SIZES[-1]:
         p.error(f"--context must be at least {SIZES[-1]} (a prompt pass longer than the largest window)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
     if args.static_generate:
         print(json.dumps({**generate(load(args), prompts(args), args.tokens, args.device, cache_implementation="static"),
                           "compiled": args.device == "cuda"}))   # transformers compiles a static step on CUDA only
@@ -271,26 +288,25 @@ def main(argv=None) -> int:
         print("gpu_profile: no CUDA GPU (--device cpu rehearses with small shapes)", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    left = lambda: args.budget_s - (time.perf_counter() - start)
+    args.deadline = start + args.budget_s
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    doc = {"device_name": name, "torch": torch.__version__, **{k: getattr(args, k) for k in names}, "gamma": GAMMA,
+    doc = {"device_name": name, "torch": torch.__version__, **{k: getattr(args, k) for k in NAMES}, "gamma": GAMMA,
            "curve": {}, "engine": {}, "generate": {}, "skipped": []}
     ids = prompts(args)
-    in_process(args, ids, doc, left)
+    if args.steps & {"curve", "generate"}:
+        in_process(args, ids, doc)
     doc["paced_profile"] = (paced_profile(doc["curve"]["captured"], args.context,
                                           re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + "-captured",
                                           f"{name}, {args.target} in {args.dtype}, {time.strftime('%Y-%m-%d')}")
                             if "captured" in doc["curve"] else None)
     for passes in ("eager", "captured"):
-        if left() > 0:
+        if due(args, doc, f"engine {passes}"):
             doc["engine"][passes] = through_engine(args, ids, passes)
-        else:
-            doc["skipped"].append(f"engine {passes}")
-    doc["generate"]["static"] = static_generate(args, left)
-    doc["skipped"] += ["generate static"] * ("skipped" in doc["generate"]["static"])
+    if due(args, doc, "generate static"):
+        doc["generate"]["static"] = static_generate(args)
     doc["elapsed_s"] = round(time.perf_counter() - start, 1)
     text = json.dumps(doc, indent=1)
-    print(text)
+    print(report(doc) if args.out else text)
     if args.out:
         Path(args.out).write_text(text)
     if args.report:
