@@ -16,7 +16,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
 pack=.gpu
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.gpu/' >>.git/info/exclude; }
 rm -rf "$pack" && mkdir -p "$pack/wheels" "$pack/headers"
 
 echo "wheels (CPython 3.12, manylinux) ..." >&2
@@ -36,7 +35,7 @@ if [ -z "$sdist" ]; then
 fi
 echo "llama.cpp sources from $(basename "$sdist") ..." >&2
 tar -xzf "$sdist" -C "$work" --wildcards '*/vendor/llama.cpp/*'
-top=$(cd "$work" && ls -d llama_cpp_python-*)
+top=$(basename "$(ls -d "$work"/llama_cpp_python-*/)")      # the folder, not the sdist beside it
 src="$work/$top/vendor/llama.cpp"
 rm -rf "$src"/{models,docs,media,gguf-py,benches,tests,conversion,.github} "$src"/tools/{ui,server}
 for backend in "$src"/ggml/src/ggml-*/; do
