@@ -2,13 +2,15 @@
 # Packs, into .gpu/ (ignored by git), what scripts/gpu_check.sh needs on a lent GPU machine
 # that fetches nothing and takes at most 64 MiB of files: run it here, then name .gpu in
 # the device call's carry.
-#   .gpu/wheels/      the Python packages hetspec needs that the machine's image lacks
+#   .gpu/wheels/      the Python packages hetspec needs that the machine's image lacks (pyzmq,
+#                     gguf: 1 MB; every step of gpu_check.sh needs them)
 #   .gpu/llama.cpp.tar.gz   llama.cpp's sources from the installed llama-cpp-python's source
 #                     distribution, less what a CPU build of its tools never reads (the
 #                     other backends, models, docs), for scripts/build_llama_cpp.sh there
 #   .gpu/VERSION      that llama-cpp-python's version
 #   .gpu/headers/     the headers of the GGUF files to time there (hetspec.benchmarks.shaped_gguf),
 #                     each expanded there into a file of the same shape with random weights
+# (llama.cpp's sources and the headers serve gpu_check.sh's cores step only: 7 MB of the 8.3.)
 #
 #   scripts/gpu_pack.sh [GGUF ...]    (default: the shipped SmolLM2 and Gemma 3 files)
 #   PYTHON=...  LLAMA_CPP_SDIST=FILE (the source distribution, when already at hand)
