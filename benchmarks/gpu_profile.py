@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -180,13 +182,17 @@ def static_generate(args) -> dict:
     command = [sys.executable, "-m", "hetspec.benchmarks.gpu_profile", "--static-generate", "--device", args.device,
                "--target", args.target, "--dtype", args.dtype, "--context", str(args.context),
                "--tokens", str(args.tokens), "--prompts", str(args.prompts)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)     # its own group: compile workers are stopped with it
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=limit, check=False)
+        stdout, stderr = child.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
         return {"skipped": f"over {limit:.0f} s, loading and compiling: not measured"}
-    if done.returncode:
-        return {"failed": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    if child.returncode:
+        return {"failed": (stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1]}
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def through_engine(args, ids: list[list[int]], passes: str) -> dict:
