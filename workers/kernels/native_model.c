@@ -1147,7 +1147,7 @@ static void add_residual(const hs_model *m, int T, const float *post_norm, const
     }
 }
 
-/* Layer l for T tokens at positions pos..: every architecture's difference is a field
+/* Layer l for T tokens, each where `at` places it: every architecture's difference is a field
    that is NULL or 0 where unused. `next` is the matrix read after the layer's last. */
 static void layer(const hs_model *m, int l, int T, const placed *at, const scratch *s, products *p, const hs_mat *next) {
     const hs_layer *L = m->layers + l;
@@ -1186,7 +1186,7 @@ static placed in_own_cache(const hs_model *m, int T, int pos, int *positions, ui
     return (placed){positions, kc, vc};
 }
 
-/* Every layer for T tokens at positions pos..; `last` is the matrix read after the last
+/* Every layer for T tokens, each where `at` places it; `last` is the matrix read after the last
    layer. 1 where p->halt stopped it (at a product), else 0. */
 static int run_layers(const hs_model *m, const int *tokens, int T, const placed *at, const scratch *s, products *p,
                       const hs_mat *last) {

@@ -65,9 +65,8 @@ class NativeTarget:
         tokens = np.concatenate(ids).astype(np.int32)
         positions = np.concatenate([np.arange(keep, keep + n.size) for (_, _, keep, _), n in zip(windows, ids)])
         positions = positions.astype(np.int32)
-        where = [np.repeat(np.array([a.ctypes.data for a in self._caches[c]], np.uint64)[None], n.size, axis=0)
-                 for c, n in zip(caches, ids)]
-        kcaches, vcaches = (np.ascontiguousarray(a) for a in np.concatenate(where).T)
+        kcaches, vcaches = (np.concatenate([np.full(n.size, self._caches[c][i].ctypes.data, np.uint64)
+                                            for c, n in zip(caches, ids)]) for i in (0, 1))
         wanted = np.concatenate([np.arange(n.size) >= n.size - window[3] for window, n in zip(windows, ids)])
         for cache, _, keep, _ in windows:
             self.lengths[cache] = keep      # a failed pass leaves it here
