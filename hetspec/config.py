@@ -182,15 +182,19 @@ class ServerConfig:
     max_context: int = 4096             # prompt + new tokens
     max_new_tokens: int = 0             # a request's new tokens at most (a larger max_new_tokens is capped to it);
                                         # 0: [server] max_context
-    max_running: int = 4                # requests taking turns (each keeps its own cache in the target)
-    turn_s: float = 0.25                # a turn's least length while another request waits (then it hands over)
+    max_running: int = 4                # requests admitted at once, stepped together (a cache each in the target)
+    batch_tokens: int = 64              # tokens a step of several requests holds: their next tokens and guesses,
+                                        # then prompt chunks (vLLM's max_num_batched_tokens)
+    turn_s: float = 0.05                # a request alone keeps the engine this long at least once another waits
+                                        # (then the other joins it, and they step together)
     max_queue: int = 64                 # requests waiting to be admitted; past it: EngineBusyError
     startup_timeout_s: float = 600.0
     api_key: str = ""                   # clients must send it ("" : none needed); hetspec-launch --api-key sets it
     cores: tuple[int, ...] | Auto = AUTO   # the scheduler's; "auto": the target's (see assign_cores)
 
     BOUNDS: ClassVar[dict] = {"port": (0, 65535), "max_context": (16, 2**24), "max_new_tokens": (0, 2**31 - 1),
-                              "max_running": (1, 64), "turn_s": (0.001, 3600), "max_queue": (0, 10**6),
+                              "max_running": (1, 64), "batch_tokens": (1, 2**20),
+                              "turn_s": (0.001, 3600), "max_queue": (0, 10**6),
                               "startup_timeout_s": (0.001, 86400)}
 
     def checked(self) -> ServerConfig:

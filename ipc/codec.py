@@ -42,6 +42,7 @@ from hetspec.ipc.messages import (
     TargetCalibration,
     TokensEvent,
     Verified,
+    VerifyBatch,
     VerifyCommand,
     WorkerFailed,
     WorkerHello,
@@ -54,7 +55,7 @@ TYPES = [
     PrefillDraft, Prefilled, DraftWindow, Drafted, DraftExtended, Idle, CalibrateDraft, DraftCalibration,
     VerifyCommand, Verified, ExportKV, KVExported, CalibrateTarget, TargetCalibration,
     GenerateRequest, TokensEvent, Finished, RequestFailed, InfoRequest, EngineInfo, StopEngine, CancelRequest,
-    RanAhead,
+    RanAhead, VerifyBatch,
 ]
 TAG_OF = {cls: bytes([i]) for i, cls in enumerate(TYPES)}   # each message type's tag
 _CLASS_OF = {tag: cls for cls, tag in TAG_OF.items()}
@@ -112,7 +113,7 @@ def decode(frames: list[bytes]):
 
 def build(cls, values: dict):
     """A dataclass from its JSON fields, each checked against the type it declares,
-    nested dataclasses (Sampling, BranchPlan) and choices (Rule) included."""
+    nested dataclasses (Sampling, BranchPlan, lists of them) and choices (Rule) included."""
     checks, required, nested = _plan(cls)
     if values.keys() != checks.keys():         # (every field, as hetspec sends them: nothing to look for)
         _check_names(cls, values, checks, required)
@@ -123,6 +124,8 @@ def build(cls, values: dict):
         value = values.get(name)
         if isinstance(value, dict):
             values[name] = build(kind, value)
+        elif isinstance(value, list) and members is None:   # a list of dataclasses (VerifyBatch's commands)
+            values[name] = [build(kind, v) if isinstance(v, dict) else v for v in value]
         elif members is not None and isinstance(value, str):
             values[name] = members.get(value) or kind(value)   # (kind(value) says what is wrong)
     return cls(**values)

@@ -166,6 +166,17 @@ class VerifyCommand:
 
 
 @dataclass
+class VerifyBatch:
+    """Several requests' verify passes run as one (scheduler/batch.py): command i's
+    tokens follow command i-1's in the input buffer, and its answer rows follow
+    command i-1's in "choice" (and in "probs", where its rule is unkeyed). Each
+    command names its own cache, a cache at most once; their `ahead` is 0. Answered
+    by one Verified."""
+    commands: list[VerifyCommand]
+    borrow_cores: bool = False
+
+
+@dataclass
 class Verified:
     request_id: int
     seconds: float

@@ -133,6 +133,8 @@ def test_eight_concurrent_clients_all_complete(server):
 
     answers = asyncio.run(run())
     assert [a.choices[0].message.content for a in answers] == [chat_reference(server, c, 12).text for c in CHATS]
+    assert sum(a.model_extra["hetspec"]["batched_rounds"] for a in answers) > 0      # they stepped together
+    assert _value(_metrics(server), "hetspec:batch_size") >= 2
 
 
 def _cancelled(server) -> int:
@@ -320,7 +322,7 @@ def test_a_killed_worker_or_scheduler_is_started_again(tmp_path):
             events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
         assert events[-1]["error"]["code"] == "request_aborted", events[-1]
         again = httpx.post(f"{server.url}/v1/completions", json=SHORT, timeout=DEADLINE_S)
-        assert again.status_code == 200 and again.json()["choices"][0]["text"] == response.json()["choices"][0]["text"]
+        assert again.status_code == 200 and again.json()["choices"][0]["text"] == response.json()["choices"][0]["text"], again.text
         assert httpx.get(f"{server.url}/health", timeout=DEADLINE_S).json() == {"status": "ok"}
         assert 'hetspec:scheduler_restarts{model_name="random"} 1.0' in \
             httpx.get(f"{server.url}/metrics", timeout=DEADLINE_S).text

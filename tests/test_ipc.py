@@ -26,6 +26,9 @@ def _example(cls):
         hint = hints[f.name]
         if typing.get_origin(hint) in (typing.Union, types.UnionType):
             hint = typing.get_args(hint)[0]
+        if typing.get_origin(hint) is list and dataclasses.is_dataclass(typing.get_args(hint)[0]):
+            values[f.name] = [_example(typing.get_args(hint)[0])] * 2      # VerifyBatch's commands
+            continue
         values[f.name] = GREEDY if hint is Sampling else {
             int: 3, str: "x", float: 0.5, bool: True, dict: {"a": [1]}}.get(typing.get_origin(hint) or hint, [1, 2])
     return cls(**values)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -176,3 +177,19 @@ def test_hetspec_bench_paced_writes_a_report_checked_against_the_traces(tmp_path
     bad = subprocess.run([*command[:3], "--paced", "gpu-40ms", "--prompts", str(empty)], capture_output=True,
                          text=True, timeout=120, check=False)
     assert bad.returncode == 2 and "prompts.jsonl" in bad.stderr
+
+
+def test_concurrent_requests_are_one_paced_pass_a_step_and_each_the_trace(traces):
+    """Requests at once step together: each pass is charged once for all their tokens
+    (a GPU batch), and each request's output is still its trace."""
+    with hetspec.launch(_config(DRAFTS["agrees"], traces["folder"])) as engine:
+        results = {}
+        threads = [threading.Thread(target=lambda k=k: results.__setitem__(k, engine.generate(
+            PROMPTS[k], max_new_tokens=NEW_TOKENS, temperature=0.0)), daemon=True) for k in PROMPTS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for k, ids in PROMPTS.items():
+            assert results[k].token_ids == traces["tokens"][tuple(ids)][:len(results[k].token_ids)]
+        assert sum(r.stats["batched_rounds"] for r in results.values()) > 0

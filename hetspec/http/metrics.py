@@ -39,6 +39,8 @@ class Metrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.running = Gauge("vllm:num_requests_running", "Requests being decoded", label, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests queued in the engine", label, registry=r)
+        self.batch = Gauge("hetspec:batch_size", "Requests in the last step of several at once (one target pass)",
+                           label, registry=r)
         self.restarts = Gauge("hetspec:worker_restarts", "Worker restarts since the engine started",
                               [*label, "worker"], registry=r)
         self.scheduler_restarts = Gauge("hetspec:scheduler_restarts", "Scheduler restarts since the engine started",
@@ -66,6 +68,7 @@ class Metrics:
         if info is not None:
             self.running.labels(self.model).set(info.get("running", 0))
             self.waiting.labels(self.model).set(info.get("waiting", 0))
+            self.batch.labels(self.model).set(info.get("batch", 0))
             for worker, count in info.get("restarts", {"draft": 0, "target": 0}).items():
                 self.restarts.labels(self.model, worker).set(count)
             self.scheduler_restarts.labels(self.model).set(info.get("scheduler", {}).get("restarts", 0))

@@ -1,5 +1,5 @@
 """The scheduler's side of its clients: one ROUTER socket, the queue of requests
-waiting to be admitted, the admitted ones (they take turns: turns.py), cancels,
+waiting to be admitted, the admitted ones (turns.py), cancels,
 deadlines, and the count of how requests ended.
 
 A client is gone when a send to it fails (ipc.channel.Router): its request is

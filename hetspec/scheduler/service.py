@@ -1,6 +1,7 @@
 """The scheduler process: owns the workers' links and shared memory, measures
 the draft budget, queues requests from any number of clients and runs them
-through the decoding loop, in turns (turns.py).
+through the decoding loop: alone, a request runs its own rounds (turns.py);
+beside others, they step together, one target pass a step (batch.py).
 
 python -m hetspec.scheduler RUN_FILE   (the run file is written by the launcher)
 """
@@ -19,12 +20,14 @@ from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import EngineInfo, Finished, InfoRequest, RequestFailed, StopEngine, TokensEvent
 from hetspec.ipc.specs import RunSpec
 from hetspec.scheduler import startup
+from hetspec.scheduler.batch import Batch, Part, commit
 from hetspec.scheduler.clients import Clients, Pending
 from hetspec.scheduler.decoding.acceptance_prior import AcceptancePrior
 from hetspec.scheduler.decoding.bridge import BridgedDraft
 from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.gate import memories
-from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerLost
+from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerError, WorkerLost
+from hetspec.scheduler.decoding.round import Verification
 from hetspec.scheduler.resolve import Resolver
 from hetspec.scheduler.supervisor import Crew, State
 from hetspec.scheduler.tokenizer import Tokenizer
@@ -78,9 +81,9 @@ class Scheduler:
         differ = startup.check_vocabularies(tokenizer, draft_tokenizer, hellos, spec.draft_model)
         self.kv_buffer = startup.attach_buffers(self.config, spec.run_id, *links, hellos)
         gamma, budget, self.costs = startup.calibrate(self.config, *links)
-        alone, alone_pace = startup.alone_borrows_cores(self.config, self.target, hellos["target"].device)
+        alone, alone_pace, batch = startup.borrows_cores(self.config, self.target, hellos["target"].device)
         self.caps = startup.capabilities(self.config, hellos, kv_handover=self.kv_buffer is not None,
-                                         alone_borrows=alone)
+                                         alone_borrows=alone, batch_borrows=batch)
         if self.costs:      # the target alone's token, which speculation must beat: on both workers' cores
             self.costs.alone_pace = alone_pace   # where it takes them
         self.memories = memories(target_s=self.costs.alone_s() if self.costs else None)
@@ -90,6 +93,8 @@ class Scheduler:
                                  frozenset(hellos["target"].eos_token_ids) | tokenizer.eos_token_ids, gamma,
                                  measured=self.costs is not None, cross_vocab=bool(differ),
                                  decoding=self.config.decoding, server=self.config.server, acceptance=self.acceptance)
+        server = self.config.server
+        self.batch = Batch(self.target, min(server.batch_tokens, server.max_context), startup.answer_rows(self.config))
         self.info = startup.describe(self.config, self.clients.endpoint, gamma, budget, self.caps, differ, hellos, spec)
 
     # ---- serving ---------------------------------------------------------------
@@ -116,8 +121,12 @@ class Scheduler:
         self._read_clients(timeout_ms=0 if self._can_run() else 100)
         self._sweep()
         self._admit()
-        if self._target_up() and (running := self.turns.next()) is not None:
-            self._turn(running)
+        if not self._target_up() or not self.turns.running:
+            return
+        if len(self.turns.running) > 1:
+            self._batch_step()
+        else:
+            self._turn(self.turns.running[0])
 
     def _can_run(self) -> bool:
         """Requests run once the target is up (or given up: then they are answered at
@@ -146,7 +155,8 @@ class Scheduler:
         workers = self.crew.info()
         for role in ("draft", "target"):
             self.info[role]["pid"] = workers[role]["pid"]
-        return {**self.info, "running": len(self.turns.running), "waiting": len(self.clients.queue),
+        return {**self.info, "running": len(self.turns.running), "batch": self.batch.size,
+                "waiting": len(self.clients.queue),
                 "requests": dict(self.counts), "workers": workers, "restarts": self.crew.restarts(),
                 "dead": self._dead()}
 
@@ -155,10 +165,10 @@ class Scheduler:
         target = self.crew.workers["target"]
         return target.failure if target.state is State.FAILED else None
 
-    # ---- one request at a time, in turns (turns.py) -----------------------------------
+    # ---- admission, then a request alone (turns.py) or a batch (batch.py) ----------------
 
     def _admit(self) -> None:
-        """Queued requests join the turns while there is room (and the target is up)."""
+        """Queued requests join the running ones while there is room (and the target is up)."""
         while self.turns.has_room() and self._target_up() and (pending := self.clients.admit()):
             if dead := self._dead():
                 self.clients.done(pending)
@@ -182,42 +192,105 @@ class Scheduler:
         return decoder, decoder.rounds(lambda ids, text: self._emit(pending, TokensEvent(pending.id, ids, text)))
 
     def _turn(self, running: Running) -> None:
-        """Rounds of one request, until it ends or its turn is over: the fault boundary
-        of one request. Whatever it raises ends it alone, with an answer to its client."""
-        started, out = time.monotonic(), running.decoder.out
+        """Rounds of a request alone, until it ends or another request is admitted to
+        join it."""
+        started = time.monotonic()
         try:
-            if running.target_starts != self._target_starts():
-                raise WorkerLost("target", "the target worker was restarted while this request waited for its "
-                                           "turn (its cache went with it)")
+            self._check_cache(running)
             self.turns.begin(running)
             for _ in running.rounds:
                 if self.turns.over(started, queued=bool(self.clients.queue)):
-                    running.decoder.emit_round()   # its tokens so far go out before the others' turns
-                    self.turns.end(running)
+                    running.decoder.emit_round()   # its tokens so far go out before the batch's first step
                     return
-            self.counts["completed"] += 1
-            self.acceptance.learn(running.decoder.request, running.decoder.stats)
-            self._finished(running)
-        except Stopped as stop:            # both workers may be mid-round: collect their replies first
-            self._drain()
-            self.counts[stop.reason] += 1
-            out.cancel(stop.reason)
-            self._finished(running)
-        except WorkerLost as lost:         # the target died (a lost draft never gets here: Decoder.rounds)
+            self._completed(running)
+        except Exception as exc:  # noqa: BLE001 - this request's fault boundary
+            self._end(running, exc)
+
+    def _batch_step(self) -> None:
+        """One target pass for every admitted request (batch.py). Each request's part of
+        it has its own fault boundary; one that ends leaves the batch. Its client hears
+        its last step's tokens while the target computes."""
+        self.turns.batching()
+        parts = self.batch.plan(self.turns.running, self._end)
+        try:
+            for part in parts:
+                self._check_cache(part.running)
+            self.batch.start(parts, borrow_cores=self.caps.batch_borrows_cores and not self.draft_link.busy)
+        except Exception as exc:  # noqa: BLE001 - before the pass: every part ends as the first check did
+            for part in parts:
+                self._end(part.running, exc)
+            return
+        gone = [not self._send_round(part.running) for part in parts]
+        self.crew.check()
+        self._read_clients(timeout_ms=0)
+        try:
+            verdicts = self.batch.finish()
+        except WorkerLost as lost:
             self._drain()
             self._target_lost(lost)
             return
-        except EngineDeadError as exc:     # the engine is stopping
-            self.clients.send(running.pending.identity, RequestFailed(running.pending.id, "dead", str(exc)))
-        except RequestError as exc:
+        except WorkerError as exc:         # the worker dropped every cache of the pass
+            for part in parts:
+                self._end(part.running, exc)
+            return
+        for part, verdict, client_gone in zip(parts, verdicts, gone):
+            try:
+                self._commit_part(part, verdict, client_gone)
+            except Exception as exc:  # noqa: BLE001 - this request's fault boundary
+                self._end(part.running, exc)
+
+    def _commit_part(self, part: Part, verdict: Verification, client_gone: bool) -> None:
+        """A request's tokens from a step of the batch; it ends if it is done or must stop."""
+        running = part.running
+        commit(part, verdict)
+        if self.stopping or os.getppid() != self.parent:
+            raise EngineDeadError("the engine was stopped while this request was running")
+        if reason := "cancelled" if client_gone else self.clients.must_stop(running.pending):
+            raise Stopped(reason)
+        if running.decoder.out.done:
+            self._completed(running)
+
+    def _send_round(self, running: Running) -> bool:
+        """A request's tokens since its last step, to its client; False if it has gone."""
+        ids, text = running.decoder.out.take_round()
+        return not (ids or text) or self.clients.send(running.pending.identity,
+                                                      TokensEvent(running.pending.id, ids, text))
+
+    def _check_cache(self, running: Running) -> None:
+        if running.target_starts != self._target_starts():
+            raise WorkerLost("target", "the target worker was restarted while this request waited for its "
+                                       "turn (its cache went with it)")
+
+    def _completed(self, running: Running) -> None:
+        self.counts["completed"] += 1
+        self.acceptance.learn(running.decoder.request, running.decoder.stats)
+        self._finished(running)
+        self._retire(running)
+
+    def _end(self, running: Running, exc: Exception) -> None:
+        """The fault boundary of one request: whatever it raised ends it alone, with an
+        answer to its client (the other requests go on)."""
+        pending, out = running.pending, running.decoder.out
+        if isinstance(exc, Stopped):       # both workers may be mid-round: collect their replies first
+            self._drain()
+            self.counts[exc.reason] += 1
+            out.cancel(exc.reason)
+            self._finished(running)
+        elif isinstance(exc, WorkerLost):  # the target died (a lost draft never gets here: Decoder.rounds)
+            self._drain()
+            self._target_lost(exc)
+            return
+        elif isinstance(exc, EngineDeadError):   # the engine is stopping
+            self.clients.send(pending.identity, RequestFailed(pending.id, "dead", str(exc)))
+        elif isinstance(exc, RequestError):
             self._drain()
             self.counts["refused"] += 1
-            self.clients.send(running.pending.identity, RequestFailed(running.pending.id, "request", str(exc)))
-        except Exception as exc:  # noqa: BLE001 - a bug, a worker's failure: this request's fault boundary
-            traceback.print_exc()
+            self.clients.send(pending.identity, RequestFailed(pending.id, "request", str(exc)))
+        else:                              # a bug, a worker's failure
+            traceback.print_exception(exc)
             self._drain()
             self.counts["failed"] += 1
-            self.clients.send(running.pending.identity, RequestFailed(running.pending.id, "internal", _internal(exc)))
+            self.clients.send(pending.identity, RequestFailed(pending.id, "internal", _internal(exc)))
         self._retire(running)
 
     def _sweep(self, current: Pending | None = None) -> None:

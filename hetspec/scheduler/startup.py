@@ -5,6 +5,7 @@ calibrate the draft budget, fix the capabilities, and describe the engine.
 from __future__ import annotations
 
 import filecmp
+import math
 import os
 
 import numpy as np
@@ -23,7 +24,7 @@ from hetspec.scheduler.tokenizer import Tokenizer, kept_tokenizer
 
 CALIBRATION_CONTEXT = 128
 CALIBRATION_BUDGET_S = 4.0  # verify passes timed at start-up, at most about this long (larger sizes extrapolated)
-ALONE_CONTEXT = 16        # tokens before the timed token of alone_borrows_cores
+ALONE_CONTEXT = 16        # tokens before the timed passes of borrows_cores
 VERIFY_SIZES = [1, 2, 4, 6, 8, 10, 12, 16, 24, 32]
 
 
@@ -81,11 +82,17 @@ def check_vocabularies(target: Tokenizer, draft: Tokenizer | None, hellos: dict[
     return differ or None
 
 
+def answer_rows(config: EngineConfig) -> int:
+    """Rows of answers a verify pass may ask for: a window of max_gamma and the bonus
+    token, and one more; a step of a batch (batch.py), at least one each."""
+    return max(config.decoding.max_gamma + 2, config.server.max_running)
+
+
 def attach_buffers(config: EngineConfig, run_id: str, draft: DraftLink, target: TargetLink,
                    hellos: dict[str, WorkerHello]) -> SharedArray | None:
     """Create each worker's shared buffers and have it map them; returns the buffer a
     prompt's KV cache crosses in, when the draft can take the target's (else None)."""
-    rows = config.decoding.max_gamma + 2
+    rows = answer_rows(config)
     max_tokens = config.server.max_context + rows
     # The draft reports a cache shape only with [draft] prompt_kv = "auto": one it
     # can take from the target when the target's has the same (a quantized copy).
@@ -123,28 +130,33 @@ def calibrate(config: EngineConfig, draft: DraftLink, target: TargetLink) -> tup
     return gamma, info, CostModel(draft_s, verify_s, prefill_s)
 
 
-def alone_borrows_cores(config: EngineConfig, target: TargetLink, device: str) -> tuple[bool, float]:
-    """Whether the target decoding alone also takes the draft's cores: as configured, or
-    ("auto") if one token is at least 5% faster so (the draft idle), after a short context:
-    a token's cost is its weights'. On a small CPU a second thread can cost more in
-    synchronisation than it gains. Also how much faster a token alone is than on the
-    target's own cores (1.0 where not measured): the gate's first figure for the target
-    alone, which speculation must beat (gate.Memory)."""
+def borrows_cores(config: EngineConfig, target: TargetLink, device: str) -> tuple[bool, float, bool]:
+    """(alone, pace, batch): whether the target decoding alone also takes the draft's
+    cores, and whether a batch's pass does (batch.py; the draft idles in both): as
+    configured, or ("auto") each if its pass is at least 5% faster so (the draft idle),
+    after a short context: one token for decoding alone, max_running tokens for a
+    batch, whose rows split among threads better. On a small CPU a second thread can
+    cost more in synchronisation than it gains. Also how much faster a token alone is
+    than on the target's own cores (1.0 where not measured): the gate's first figure
+    for the target alone, which speculation must beat (gate.Memory)."""
     choice = config.target.alone_borrows_draft_cores
     if choice != AUTO or device != "cpu" or not set(config.draft.cores) - set(config.target.cores):
-        return choice is True and device == "cpu", 1.0
-    context = min(ALONE_CONTEXT, config.server.max_context // 2)
+        return choice is True and device == "cpu", 1.0, choice is True and device == "cpu"
+    context, n = min(ALONE_CONTEXT, config.server.max_context // 2), min(config.server.max_running, 64)
+    sizes = [1, 1, 1] + ([n, n, n] if n > 1 else [])
 
-    def fastest(borrow: bool) -> float:
-        target.send(CalibrateTarget(context, [1, 1, 1], borrow_cores=borrow))
-        return min(target.wait().seconds)
+    def fastest(borrow: bool) -> tuple[float, float]:
+        target.send(CalibrateTarget(context, sizes, borrow_cores=borrow))
+        seconds = target.wait().seconds
+        return min(seconds[:3]), min(seconds[3:], default=math.inf)
 
-    borrowed, own = fastest(True), fastest(False)
-    return (True, borrowed / own) if borrowed < 0.95 * own else (False, 1.0)
+    (borrowed, batch_borrowed), (own, batch_own) = fastest(True), fastest(False)
+    alone = borrowed < 0.95 * own
+    return alone, borrowed / own if alone else 1.0, batch_borrowed < 0.95 * batch_own
 
 
 def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handover: bool,
-                 alone_borrows: bool) -> Capabilities:
+                 alone_borrows: bool, batch_borrows: bool) -> Capabilities:
     keep = config.decoding.keep_drafting
     # On a CPU target both workers share the memory bus: a draft that never
     # rests slows verification more than its extra tokens gain (docs/performance.md).
@@ -153,7 +165,7 @@ def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handov
     return Capabilities(
         max_gamma=config.decoding.max_gamma, max_sequences=config.decoding.max_sequences,
         borrow_cores=config.target.prefill_borrows_draft_cores,
-        alone_borrows_cores=alone_borrows,
+        alone_borrows_cores=alone_borrows, batch_borrows_cores=batch_borrows,
         draft_borrows_cores=config.draft.prefill_borrows_target_cores and hellos["draft"].prefill_threads,
         keep_drafting=keep_drafting, kv_handover=kv_handover, lookup=config.decoding.lookup)
 
@@ -167,7 +179,7 @@ def describe(config: EngineConfig, endpoint: str, gamma: int, budget: dict, caps
         "scheduler": {"restarts": spec.restarts, "deaths": spec.deaths}, "gamma": gamma, "budget": budget,
         "keep_drafting": caps.keep_drafting, "lookup": caps.lookup,
         "prompt_kv": "target" if caps.kv_handover else "own",
-        "alone_borrows_draft_cores": caps.alone_borrows_cores,
+        "alone_borrows_draft_cores": caps.alone_borrows_cores, "batch_borrows_draft_cores": caps.batch_borrows_cores,
         "n_vocab": n_target, "vocabulary": _vocabulary(differ, n_target, n_draft),
         "config": _redacted(config.to_dict()),
         "draft": _worker_info(hellos["draft"]), "target": _worker_info(hellos["target"]),

@@ -43,15 +43,25 @@ class GGUFTarget:
         self.loan = CoreLoan(spec.cores, spec.borrow_cores, self.model.set_threads, spec.threads,
                              getattr(self.model, "thread_ids", None))
         self.n_vocab, self.eos = self.model.n_vocab, self.model.eos_token_ids
-        self.last_cache = 0
+        self.last_caches = [0]            # what the last command ran on: a failed one's caches go (forget)
 
     def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> np.ndarray:
-        self.last_cache = cache
+        self.last_caches = [cache]
         self.loan.hold(borrow)
         return self.model.forward(cache, tokens, keep, rows)
+
+    def run_batch(self, windows: list[tuple], borrow: bool) -> list[np.ndarray]:
+        """Several requests' (cache, tokens, keep, rows): the native kernels run them in one
+        pass (NativeTarget.forward_batch); llama.cpp's target runs them one after another."""
+        self.last_caches = [window[0] for window in windows]
+        self.loan.hold(borrow)
+        if hasattr(self.model, "forward_batch"):
+            return self.model.forward_batch(windows)
+        return [self.model.forward(*window) for window in windows]
 
     def geometry(self) -> list[int]:
         return []       # its cache is its own: no draft takes it over
 
     def forget(self) -> None:
-        self.model.forget(self.last_cache)
+        for cache in self.last_caches:
+            self.model.forget(cache)

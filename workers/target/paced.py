@@ -17,7 +17,15 @@ import numpy as np
 
 from hetspec.core.gpu_profiles import profile
 from hetspec.core.sampling import Rule
-from hetspec.ipc.messages import CalibrateTarget, RanAhead, TargetCalibration, Verified, VerifyCommand, WorkerHello
+from hetspec.ipc.messages import (
+    CalibrateTarget,
+    RanAhead,
+    TargetCalibration,
+    Verified,
+    VerifyBatch,
+    VerifyCommand,
+    WorkerHello,
+)
 from hetspec.ipc.specs import TargetSpec
 from hetspec.workers.common import gguf_vocab
 from hetspec.workers.kernels.gguf_tensors import read_gguf
@@ -100,6 +108,20 @@ def verify(state: PacedTarget, cmd: VerifyCommand, buffers):
     return reply, run_ahead(state, cmd, int(choice[-1]))
 
 
+def verify_batch(state: PacedTarget, cmd: VerifyBatch, buffers) -> Verified:
+    """Several requests' verdicts, after the profile's time for one pass of all their
+    tokens: a GPU batch is charged by its tokens, as one request's window is."""
+    start, first, row = time.perf_counter(), 0, 0
+    for c in cmd.commands:
+        if c.sampling.rule is not Rule.GREEDY:
+            raise ValueError("the paced target replays greedy traces: it answers greedy requests only (temperature 0)")
+        tokens = buffers["input"].array[first:first + c.n_tokens]
+        buffers["choice"].array[row:row + c.rows] = state.choices(c.cache, tokens, c.keep, c.rows)
+        first, row = first + c.n_tokens, row + c.rows
+    state.wait(start, state.profile.pass_s(first, row))
+    return Verified(cmd.commands[0].request_id, time.perf_counter() - start)
+
+
 def run_ahead(state: PacedTarget, cmd: VerifyCommand, token: int):
     """One paced pass a step, each after the last choice, until the next command (as the
     real worker's run_ahead) or the trace's end."""
@@ -126,4 +148,4 @@ def recover(state: PacedTarget) -> None:
     state.held = [np.zeros(0, np.int64) for _ in state.held]
 
 
-HANDLERS = {VerifyCommand: verify, CalibrateTarget: calibrate}
+HANDLERS = {VerifyCommand: verify, VerifyBatch: verify_batch, CalibrateTarget: calibrate}

@@ -45,6 +45,7 @@ class TransformersTarget:
         self.kernels += why
         self.eos = eos_token_ids(self.kv.lm)
         self.n_vocab = self.kv.n_vocab
+        self.last_caches = [0]            # what the last command ran on: a failed one's caches go (forget)
 
     def _kv_model(self, lm, spec: TargetSpec, device: str):
         """The KV model that runs self.passes, and what the kernels line says of it."""
@@ -72,18 +73,29 @@ class TransformersTarget:
 
     def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
         """The logits of the last `rows` tokens, run after the cache's first `keep` positions."""
+        self.last_caches = [cache]
         self.loan.hold(borrow)
         self.kv.use(cache)
         return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
+
+    def run_batch(self, windows: list[tuple], borrow: bool) -> list[torch.Tensor]:
+        """Several requests' (cache, tokens, keep, rows), one pass each: each request's cache
+        is its own object, so one pass over all of them needs a batched cache (not built)."""
+        logits = [self.run(*window, borrow) for window in windows]
+        self.last_caches = [window[0] for window in windows]
+        return logits
 
     def geometry(self) -> list[int]:
         return self.kv.geometry()
 
     def forget(self) -> None:
-        self.kv.forget()
+        for cache in self.last_caches:
+            self.kv.use(cache)
+            self.kv.forget()
 
     def export_kv(self, cache: int, length: int, kv: np.ndarray) -> None:
         """Cache `cache`'s first `length` positions into kv (2, layers, kv_heads, T, head_dim), float16."""
+        self.last_caches = [cache]
         self.kv.use(cache)
         for i, (keys, values) in enumerate(self.kv.layer_kv(length)):
             kv[0, i, :, :length] = keys.to(torch.float16).cpu().numpy()

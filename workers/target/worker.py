@@ -18,6 +18,7 @@ from hetspec.ipc.messages import (
     RanAhead,
     TargetCalibration,
     Verified,
+    VerifyBatch,
     VerifyCommand,
     WorkerHello,
 )
@@ -89,17 +90,38 @@ def load(spec: TargetSpec):
 def verify(state, cmd: VerifyCommand, buffers):
     """The verdict on a window; then, where the command asks, tokens decoded ahead."""
     start = time.perf_counter()
-    tokens = buffers["input"].array[:cmd.n_tokens]
-    rows, s, choice = cmd.rows, cmd.sampling, buffers["choice"].array
-    logits = state.run(cmd.cache, tokens, cmd.keep, rows, cmd.borrow_cores)
-    if s.rule is Rule.UNKEYED:
-        buffers["probs"].array[:rows] = _probabilities(logits, s)
-    else:                              # row i chooses the token at position keep + n_tokens - rows + 1 + i
-        choice[:rows] = _choose(logits, s, cmd.keep + cmd.n_tokens - rows + 1)
+    logits = state.run(cmd.cache, buffers["input"].array[:cmd.n_tokens], cmd.keep, cmd.rows, cmd.borrow_cores)
+    _answer(logits, cmd, buffers, 0)
     reply = Verified(cmd.request_id, time.perf_counter() - start)
-    if cmd.ahead <= 0 or s.rule is Rule.UNKEYED:
+    if cmd.ahead <= 0 or cmd.sampling.rule is Rule.UNKEYED:
         return reply
-    return reply, run_ahead(state, cmd, int(choice[rows - 1]))
+    return reply, run_ahead(state, cmd, int(buffers["choice"].array[cmd.rows - 1]))
+
+
+def verify_batch(state, cmd: VerifyBatch, buffers) -> Verified:
+    """Several requests' verdicts from one pass over all their windows (state.run_batch),
+    each request's rows written after the previous one's (VerifyBatch)."""
+    caches = [c.cache for c in cmd.commands]
+    if len(set(caches)) < len(caches):
+        raise ValueError(f"a batch runs each cache once, got caches {caches}")
+    start, inputs, first, windows = time.perf_counter(), buffers["input"].array, 0, []
+    for c in cmd.commands:
+        windows.append((c.cache, inputs[first:first + c.n_tokens], c.keep, c.rows))
+        first += c.n_tokens
+    row = 0
+    for c, logits in zip(cmd.commands, state.run_batch(windows, cmd.borrow_cores)):
+        _answer(logits, c, buffers, row)
+        row += c.rows
+    return Verified(cmd.commands[0].request_id, time.perf_counter() - start)
+
+
+def _answer(logits, cmd: VerifyCommand, buffers, at: int) -> None:
+    """A command's answer rows from `at` on: its choices, or its laws (the unkeyed rule)."""
+    rows, s = cmd.rows, cmd.sampling
+    if s.rule is Rule.UNKEYED:
+        buffers["probs"].array[at:at + rows] = _probabilities(logits, s)
+    else:                              # row i chooses the token at position keep + n_tokens - rows + 1 + i
+        buffers["choice"].array[at:at + rows] = _choose(logits, s, cmd.keep + cmd.n_tokens - rows + 1)
 
 
 def run_ahead(state, cmd: VerifyCommand, token: int):
@@ -191,8 +213,8 @@ def calibrate(state, cmd: CalibrateTarget, buffers) -> TargetCalibration:
 
 
 def recover(state) -> None:
-    """After a command failed: the cache it ran on may be half written, so it goes (the
-    request it belonged to has failed; the next one given that cache starts afresh)."""
+    """After a command failed: the caches it ran on may be half written, so they go (the
+    requests they belonged to have failed; the next ones given those caches start afresh)."""
     state.forget()
 
 
@@ -202,6 +224,6 @@ def main(argv=None) -> int:
         from hetspec.workers.target import paced
 
         return serve("target", endpoint, spec, paced.load, paced.HANDLERS, paced.recover)
-    return serve("target", endpoint, spec, load, {VerifyCommand: verify, CalibrateTarget: calibrate, ExportKV: export_kv},
-                 recover)
+    return serve("target", endpoint, spec, load, {VerifyCommand: verify, VerifyBatch: verify_batch,
+                                                  CalibrateTarget: calibrate, ExportKV: export_kv}, recover)
 

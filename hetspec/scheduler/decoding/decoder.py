@@ -1,5 +1,5 @@
-"""The decoding loop of one request, round by round (requests take turns between
-rounds: scheduler/turns.py), in one of three explicit modes (core.params.Mode):
+"""The decoding loop of one request, round by round, in one of three explicit modes
+(core.params.Mode), while it runs alone (scheduler/turns.py):
 
   duodec      DuoDecoding: the draft drafts the next window while the target
               verifies the current one (duodec_round);
@@ -15,6 +15,10 @@ guess (lookup.py); in mode target it is the plain target, one token a pass.
 The draft is a DraftLink, or a BridgedDraft for another vocabulary (bridge.py):
 same methods. Every window length comes from budget.Windows. What a round passes
 around, and the words for it (window, branch, accepted, bonus token): round.py.
+
+Beside other requests, a request takes steps of a batch instead (scheduler/batch.py):
+one target pass for all of them, a chunk of its prompt (read) or a target-only step
+(guess, commit_target_step), the draft idle.
 
 Invariant: the target's KV cache holds every committed token but the last,
 so each verify pass feeds [last committed token] + pending window W and reads
@@ -68,6 +72,7 @@ class Decoder:
         self.stats = Stats(prior=request.prior, fallback=without_draft)
         self.gate = Gate(memory or Memory(None), forced=request.speculation is Speculation.ALWAYS)
         self.draft_ready = False               # the draft's cache holds this request's context
+        self.read = 0                          # prompt tokens in the target's cache, until its first token
         self.emit = None
 
     @property
@@ -182,6 +187,12 @@ class Decoder:
             self.start_verify(guess, borrow=alone and self.caps.alone_borrows_cores, ahead=self.ahead(alone))
             self.emit_round()                  # the last round's tokens, while the target computes
             verdict = self.target.finish_verify(len(guess) + 1)
+        kept = self.commit_target_step(guess, verdict)
+        return time.perf_counter() - started, max(kept, 1)
+
+    def commit_target_step(self, guess: Window, verdict: Verification) -> int:
+        """A target-only round's tokens: as many of the guess as the target agrees with,
+        then its own; returns the tokens committed."""
         n_accepted, _, kept = self.accept_and_commit(guess, verdict)
         if len(guess):
             self.lookup.verified(len(guess), n_accepted)
@@ -189,7 +200,7 @@ class Decoder:
             self.stats.lookup_accepted += min(n_accepted, kept)
         self.stats.rounds += 1
         self.stats.target_only_rounds += 1
-        return time.perf_counter() - started, max(kept, 1)
+        return kept
 
     def ahead(self, alone: bool) -> int:
         """Tokens the target may decode ahead after a target-only step, each then a step
@@ -202,12 +213,12 @@ class Decoder:
         left = self.out.remaining - 1 if self.mode is Mode.TARGET else min(self.out.remaining, self.gate.rest) - 1
         return max(0, min(left, AHEAD))
 
-    def guess(self) -> Window:
+    def guess(self, limit: int | None = None) -> Window:
         """A lookup guess for a target-only round (lookup.py), as long as its hit rate
-        makes pay; none in mode target."""
-        if self.lookup is None:
+        makes pay, of at most `limit` tokens; none in mode target."""
+        if self.lookup is None or limit == 0:
             return EMPTY
-        room = self.out.remaining - 1
+        room = self.out.remaining - 1 if limit is None else min(self.out.remaining - 1, limit)
         return Window(self.lookup.guess(self.out.context, lambda hit_rate: self.windows.lookup(hit_rate, room)))
 
     def rest_step(self) -> None:
@@ -298,16 +309,23 @@ class Decoder:
         """The prompt through the target; its first token is the time to first token.
         A long prompt borrows the draft's cores (the draft prefills afterwards); a
         short one leaves them, and the draft prefills at the same time."""
-        long_prompt = len(self.out.context) >= LONG_PROMPT
+        context = self.out.context
+        long_prompt = len(context) - self.read >= LONG_PROMPT
         borrow = self.caps.borrow_cores and long_prompt
-        self.target.start_verify(self.id, self.cache, self.out.context, 0, 1, self.request.sampling, borrow)
+        self.target.start_verify(self.id, self.cache, context[self.read:], self.read, 1, self.request.sampling,
+                                 borrow)       # (the rest of it, if a batch began it: batch.part_of)
         if self.mode is not Mode.TARGET and not borrow and self.gate.speculate and self.drafting_pays():
-            self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
+            self.draft.start_prefill(self.id, context, self.params.seed, self.params.cache_prompt,
                                      borrow_cores=False)
-        self.out.commit([self.choose(self.target.finish_verify(1))])
+        self.first_token(self.target.finish_verify(1))
+        self.emit_round()
+
+    def first_token(self, verdict: Verification) -> None:
+        """The prompt is read: the target's token after it is the first."""
+        self.read = len(self.out.context)
+        self.out.commit([self.choose(verdict)])
         self.stats.ttft_s = time.perf_counter() - self.stats.start
         self.gate.start()
-        self.emit_round()
 
     def draft_catches_up(self) -> None:
         """Speculation starts once the draft holds the context: plan its prefill (or

@@ -30,6 +30,7 @@ from hetspec.ipc.messages import (
     RanAhead,
     Shutdown,
     Verified,
+    VerifyBatch,
     VerifyCommand,
     WorkerFailed,
     WorkerHello,
@@ -174,6 +175,7 @@ class TargetLink(WorkerLink):
     with_probs = False    # the last verify writes probability rows
     run = 0               # the last VerifyCommand's number
     ahead: tuple | None = None   # (request_id, cache, tokens still to come) of a run ahead under way
+    batch: tuple = ()            # the last VerifyBatch's commands
 
     def start_verify(self, request_id: int, cache: int, tokens, keep: int, rows: int, sampling: Sampling,
                      borrow_cores: bool = False, ahead: int = 0) -> None:
@@ -193,6 +195,27 @@ class TargetLink(WorkerLink):
         choice = self.buffers["choice"].array[:rows].copy()
         probs = self.buffers["probs"].array[:rows] if self.with_probs else None
         return Verification(choice, probs, reply.seconds)
+
+    def start_batch(self, commands: list[VerifyCommand], tokens: list[np.ndarray], borrow_cores: bool) -> None:
+        """Several requests' start_verify as one pass (VerifyBatch): command i runs tokens[i]
+        in its own cache; finish_batch collects every answer."""
+        self.buffers["input"].array[:sum(map(len, tokens))] = np.concatenate(tokens)
+        self.batch = tuple(commands)
+        self.send(VerifyBatch(commands, borrow_cores))
+
+    def finish_batch(self) -> list[Verification]:
+        """Each command's verification, in order; its rows are where finish_verify reads a
+        lone command's, one command's after another's."""
+        reply = self.wait()
+        assert isinstance(reply, Verified), reply
+        answers, row = [], 0
+        for c in self.batch:
+            unkeyed = c.sampling.rule is Rule.UNKEYED
+            answers.append(Verification(self.buffers["choice"].array[row:row + c.rows].copy(),
+                                        self.buffers["probs"].array[row:row + c.rows] if unkeyed else None,
+                                        reply.seconds))
+            row += c.rows
+        return answers
 
     def running_ahead(self, request_id: int, cache: int) -> bool:
         """The target is decoding ahead in this request's cache (start_verify's `ahead`)."""

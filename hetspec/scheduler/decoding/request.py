@@ -38,3 +38,4 @@ class Capabilities:
     keep_drafting: bool        # the draft grows the next window until the target's verdict is in
     kv_handover: bool          # the draft takes the target's cache of a long prompt instead of prefilling it
     lookup: int = 0            # tokens a target-only round of a speculative mode may guess (lookup.py); 0: none
+    batch_borrows_cores: bool = False   # a pass of several requests (scheduler/batch.py) runs on the draft's cores too

@@ -19,6 +19,7 @@ class Stats:
     spec_rounds: int = 0        # ... of which verified a draft window
     target_only_rounds: int = 0  # ... decoded by the target alone (target mode, or while the draft prefilled)
     ran_ahead: int = 0          # ... of which the target had decoded ahead, unasked (Decoder.ahead)
+    batched_rounds: int = 0     # ... of which were steps of a batch, beside other requests (scheduler/batch.py)
     rested: int = 0             # tokens committed in target-only rounds because speculating did not pay (gate.py)
     probes: int = 0             # times speculation was tried again after such a rest
     drafts: int = 0             # draft windows verified (vLLM's num_drafts)
@@ -75,7 +76,7 @@ class Stats:
             "sequences": request.sequences, "rule": request.rule,
             "seed": request.params.seed if request.rule is Rule.KEYED else None,   # it gives these tokens again
             "rounds": self.rounds, "spec_rounds": spec, "target_only_rounds": self.target_only_rounds,
-            "ran_ahead": self.ran_ahead,
+            "ran_ahead": self.ran_ahead, "batched_rounds": self.batched_rounds,
             "rested": self.rested, "probes": self.probes,
             "drafts": self.drafts, "drafted": self.drafted, "accepted": self.accepted,
             "accepted_per_pos": list(self.accepted_per_pos),
