@@ -158,7 +158,7 @@ class _Client:
         summary = summarize(done, alone, max(r["done"] for r in records) - start)
         self.log(f"{self.name} {n} at once: {summary['aggregate_tokens_per_s']:.1f} tok/s aggregate, "
                  f"{summary['vs_sequential']:.2f}x sequential, outputs equal alone {summary['equal_alone']}/{n}, "
-                 f"other processes' load {cpu['others_cores']} cores")
+                 f"other processes' load {cpu['others_cores']} cores, steal {cpu['steal_cores']}")
         return {**summary, "cpu": cpu, "requests": done}
 
 
@@ -270,7 +270,7 @@ def report(doc: dict) -> str:
               "tokens after a gap g counting as k gaps of g/k; p50 and p99 over every request of the pass. "
               "Equal alone: outputs whose text equals the same request served alone. Others' load: the cores' busy "
               "time during the pass not spent by the server's processes or the benchmark's, over the wall time "
-              "(a shared machine's other work). Definitions: "
+              "(a shared machine's other work); steal: the hypervisor's time for other guests, in cores. Definitions: "
               "benchmarks/README.md, \"Many clients at once\".")]
     if doc["leftovers"]:
         lines += ["", f"**Left behind (removed):** {', '.join(doc['leftovers'])}"]
@@ -285,9 +285,10 @@ def _engine_section(name: str, engine: dict) -> list[str]:
          f"on cores {engine['target']['cores']}; server {engine['server']}")
     head = "| N | tokens | wall s | aggregate tok/s | sequential tok/s | ratio | summed decode tok/s | "
     head += "Σ predicted_per_second (alone) | " if llama else ""
-    alone_load = (engine.get("alone_cpu") or {}).get("others_cores")
-    lines = [f"## {name}", "", where + f"; other processes' load while served alone: {alone_load} cores", "",
-             head + "TTFT mean / max s | ITL p50 / p99 ms | equal alone | others' load |",
+    alone = engine.get("alone_cpu") or {}
+    lines = [f"## {name}", "", where + f"; while served alone, other processes' load {alone.get('others_cores')} "
+                                       f"cores, steal {alone.get('steal_cores')}", "",
+             head + "TTFT mean / max s | ITL p50 / p99 ms | equal alone | others' load / steal |",
              "|" + "---|" * (12 if llama else 11)]
     for n, p in engine["passes"].items():
         row = (f"| {n} | {p['tokens']} | {p['wall_s']:.2f} | {p['aggregate_tokens_per_s']:.1f} | "
@@ -297,7 +298,7 @@ def _engine_section(name: str, engine: dict) -> list[str]:
                     if "summed_predicted_per_second" in p else "- | ")
         row += (f"{_s(p['ttft_mean_s'])} / {_s(p['ttft_max_s'])} | {_ms(p['itl_p50_ms'])} / {_ms(p['itl_p99_ms'])} "
                 f"(alone {_ms(p['alone_itl_p50_ms'])} / {_ms(p['alone_itl_p99_ms'])}) | {p['equal_alone']}/{p['n']} | "
-                f"{p['cpu']['others_cores']} |")
+                f"{p['cpu']['others_cores']} / {p['cpu'].get('steal_cores')} |")
         lines.append(row)
     return lines + [""]
 

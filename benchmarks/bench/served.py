@@ -154,11 +154,12 @@ class LlamaServer(Served):
 
 class CpuWatch:
     """CPU seconds the whole machine spent busy over a span, and how much of it was not the server's
-    processes' or this one's: on a shared machine, someone else's load shows here."""
+    processes' or this one's: on a shared machine, someone else's load shows here; and the time the
+    hypervisor gave to other guests (steal)."""
 
     def __init__(self, processes: list[psutil.Process]):
         self.processes = [psutil.Process(), *processes]
-        self.start = (time.perf_counter(), _machine_busy_s(), self._ours())
+        self.start = (time.perf_counter(), *_machine_s(), self._ours())
 
     def _ours(self) -> float:
         total = 0.0
@@ -171,18 +172,22 @@ class CpuWatch:
         return total
 
     def done(self) -> dict:
-        wall, busy, ours = (a - b for a, b in zip((time.perf_counter(), _machine_busy_s(), self._ours()), self.start))
+        now = (time.perf_counter(), *_machine_s(), self._ours())
+        wall, busy, steal, ours = (a - b for a, b in zip(now, self.start))
         return {"wall_s": round(wall, 3), "machine_busy_s": round(busy, 3), "ours_s": round(ours, 3),
-                "others_cores": round(max(0.0, busy - ours) / wall, 3) if wall > 0 else None}
+                "others_cores": round(max(0.0, busy - ours) / wall, 3) if wall > 0 else None,
+                "steal_cores": round(steal / wall, 3) if wall > 0 else None}
 
 
-def _machine_busy_s() -> float:
-    """/proc/stat's busy time of every core (user, nice, system, irq, softirq), in seconds; 0 elsewhere."""
+def _machine_s() -> tuple[float, float]:
+    """/proc/stat, every core, in seconds: busy (user, nice, system, irq, softirq) and stolen by the
+    hypervisor (a VM's neighbours); zeros elsewhere."""
     try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    except OSError:
-        return 0.0
-    return sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / os.sysconf("SC_CLK_TCK")
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum(fields[i] for i in (0, 1, 2, 5, 6)) / tick, (fields[7] if len(fields) > 7 else 0) / tick
 
 
 def _running(process: psutil.Process) -> bool:
