@@ -279,8 +279,8 @@ def report(doc: dict) -> str:
 
 def _engine_section(name: str, engine: dict) -> list[str]:
     llama = name == "llama-server"
-    where = (f"cores {engine['cores']}, {engine['threads']} threads" + (f", draft `{Path(engine['draft']).name}`"
-             if engine.get("draft") else "")) if llama else \
+    where = (f"cores {engine['cores']}, {engine['threads']} threads, {engine.get('settings')}"
+             + (f", draft `{Path(engine['draft']).name}`" if engine.get("draft") else "")) if llama else \
         (f"draft {engine['draft']['backend']} on cores {engine['draft']['cores']}, target {engine['target']['backend']} "
          f"on cores {engine['target']['cores']}; server {engine['server']}")
     head = "| N | tokens | wall s | aggregate tok/s | sequential tok/s | ratio | summed decode tok/s | "
