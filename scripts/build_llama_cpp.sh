@@ -13,6 +13,11 @@
 #                                        -DGGML_NATIVE=ON, static (about 16 CPU-minutes)
 #   scripts/build_llama_cpp.sh --python  (setup.sh --dev) install llama-cpp-python from its
 #                                        sources, keeping them and the build tree for the above
+#   scripts/build_llama_cpp.sh --server  the same binaries and llama-server (the concurrency
+#                                        benchmark's peer: benchmarks/concurrency.py), opt-in:
+#                                        setup.sh and CI never build it (its HTTP stack and the
+#                                        multimodal library it links cost minutes on 2 cores).
+#                                        Its web UI is left out (no download, an empty page)
 #
 # Cached: when the binaries are there it builds nothing. Safe to run again (and
 # at once from two shells: the second waits for the first). The last line of
@@ -31,6 +36,14 @@ if [ -z "$root" ] || [ "${root,,}" = off ]; then     # "off" keeps no model copi
     root=${XDG_CACHE_HOME:-$HOME/.cache}/hetspec
 fi
 targets=(llama-bench llama-completion llama-speculative-simple)
+server=OFF
+if [ "${1:-}" = --server ]; then
+    server=ON
+    targets+=(llama-server)
+elif [ -n "${1:-}" ] && [ "$1" != --python ]; then
+    echo "usage: scripts/build_llama_cpp.sh [--python | --server]" >&2
+    exit 2
+fi
 installed() { "$python" -c "import llama_cpp; print(llama_cpp.__version__)" 2>/dev/null; }
 
 # download the source distribution that a pip requirement names into $1; prints its path
@@ -84,7 +97,7 @@ build_in_kept_tree() {
     local tree="$dest/python-build"
     echo "building ${targets[*]} in llama-cpp-python's build tree ..." >&2
     cmake -S "$dest/python-src" -B "$tree" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=ON \
-        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+        -DLLAMA_BUILD_SERVER=$server -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
         >"$dest/configure.log" 2>&1 || { tail -30 "$dest/configure.log" >&2; exit 1; }
     cmake --build "$tree" -j"$(nproc)" --target "${targets[@]}" >"$dest/build.log" 2>&1 \
         || { tail -40 "$dest/build.log" >&2; exit 1; }
@@ -104,7 +117,7 @@ build_whole() {
     [ -f "$src/CMakeLists.txt" ] || { echo "no vendor/llama.cpp in $sdist" >&2; exit 1; }
     echo "configuring llama.cpp (Release, GGML_NATIVE=ON) ..." >&2
     cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=$server -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
         -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF >"$work/configure.log" 2>&1 \
         || { tail -30 "$work/configure.log" >&2; exit 1; }
     echo "building ${targets[*]} with $(nproc) jobs (minutes) ..." >&2
@@ -124,6 +137,7 @@ info() {
         echo "llama.cpp $("$1/llama-bench" --version 2>&1 | head -1)"
         echo "built $(date -u +%FT%TZ) on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs) in $((SECONDS - started)) s"
         echo "$2"
+        echo "tools: ${targets[*]}"
     } >"$1/BUILD_INFO"
 }
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from hetspec.models import cache_home
 
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
+SERVER = "llama-server"              # opt-in: `scripts/build_llama_cpp.sh --server` (benchmarks/concurrency.py)
 BUILD = "scripts/build_llama_cpp.sh"
 BENCH_REPS = 3                       # llama-bench repetitions per prompt (their mean)
 DRAFT_LENGTHS = (3, 8, 16)           # --spec-draft-n-max tried for the draft-model row
@@ -35,6 +36,21 @@ def find_binaries() -> Path | None:
     version = llama_cpp_version()
     folder = os.environ.get("HETSPEC_LLAMA_BIN") or (version and cache_home() / f"llama.cpp-{version}" / "bin")
     return Path(folder) if folder and all(os.access(Path(folder) / t, os.X_OK) for t in TOOLS) else None
+
+
+def find_server() -> Path | None:
+    """llama-server: in HETSPEC_LLAMA_BIN, else where `build_llama_cpp.sh --server` put it; None when absent."""
+    version = llama_cpp_version()
+    folder = os.environ.get("HETSPEC_LLAMA_BIN") or (version and cache_home() / f"llama.cpp-{version}" / "bin")
+    path = Path(folder) / SERVER if folder else None
+    return path if path is not None and os.access(path, os.X_OK) else None
+
+
+def server_missing_line() -> str:
+    cost = ("about 2.5 minutes on 2 cores, in llama-cpp-python's kept build tree" if kept_tree()
+            else "llama.cpp whole: some 20 CPU-minutes")
+    where = os.environ.get("HETSPEC_LLAMA_BIN") or "llama-cpp-python's llama.cpp build folder"
+    return f"llama-server is not built ({where}): `{BUILD} --server` builds it ({cost})"
 
 
 def kept_tree() -> Path | None:
@@ -86,6 +102,17 @@ def completion_command(bin_dir: Path, model: str, threads: int, cores: list[int]
     """One token after a short prompt: for llama.cpp's own `load time` line."""
     command = [*pinned(cores), str(Path(bin_dir) / "llama-completion"), "-m", model, "-p", "Hello", "-n", "1",
                "-t", str(threads), "--temp", "0", "-no-cnv"]
+    return command + ([] if repack else ["--no-repack"])
+
+
+def server_command(binary: Path, model: str, slots: int, slot_context: int, threads: int, cores: list[int],
+                   port: int, draft: str | None = None, repack: bool = True) -> list[str]:
+    """llama-server with `slots` parallel slots sharing a context of slots x slot_context, on loopback;
+    `draft`: speculative with that GGUF file; repack False where llama.cpp's repacked weights die (repacks())."""
+    command = [*pinned(cores), str(binary), "-m", model, "-np", str(slots), "-c", str(slots * slot_context),
+               "-t", str(threads), "--host", "127.0.0.1", "--port", str(port)]
+    if draft:
+        command += ["-md", draft, "-td", str(threads)]
     return command + ([] if repack else ["--no-repack"])
 
 
@@ -217,7 +244,7 @@ def open_binaries(rows: list, target: str, draft: str | None, tokenizer, shared_
     bin_dir = find_binaries()
     if bin_dir is None:
         return None, {"missing": missing_line(), "methods": {}, "runs": []}
-    cpp = LlamaBinaries(bin_dir, target, draft, cores, _detokenizer(tokenizer), repack=_repacks(target))
+    cpp = LlamaBinaries(bin_dir, target, draft, cores, _detokenizer(tokenizer), repack=repacks(target))
     section = {"binaries": str(bin_dir), "build_info": cpp.build_info, "cores": cores, "methods": {}, "skipped": {},
                "runs": [], "load_ms": {}}
     for m in rows:
@@ -235,7 +262,7 @@ def open_binaries(rows: list, target: str, draft: str | None, tokenizer, shared_
     return cpp, section
 
 
-def _repacks(path: str) -> bool:
+def repacks(path: str) -> bool:
     """Whether llama.cpp's repacked weights run here (llama_handles probes a CPU with AMX)."""
     try:
         from hetspec.workers.common.llama_handles import repacked_weights_run

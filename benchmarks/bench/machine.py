@@ -12,7 +12,8 @@ import psutil
 PACKAGES = ("hetspec", "torch", "transformers", "llama_cpp_python", "numpy", "pyzmq")
 
 
-def describe_machine() -> dict:
+def describe_machine(gpu: bool = True) -> dict:
+    """gpu False: no probe (it imports torch: a second and more)."""
     return {
         "hostname": platform.node(),
         "platform": platform.platform(),
@@ -25,7 +26,7 @@ def describe_machine() -> dict:
         "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "packages": {name: _version(name) for name in PACKAGES},
         "git_commit": _git_commit(),
-        "gpu": _gpu(),
+        "gpu": _gpu() if gpu else "not probed",
     }
 
 
