@@ -181,8 +181,11 @@ def test_hetspec_bench_paced_writes_a_report_checked_against_the_traces(tmp_path
 
 def test_concurrent_requests_are_one_paced_pass_a_step_and_each_the_trace(traces):
     """Requests at once step together: each pass is charged once for all their tokens
-    (a GPU batch), and each request's output is still its trace."""
-    with hetspec.launch(_config(DRAFTS["agrees"], traces["folder"])) as engine:
+    (a GPU batch), and each request's output is still its trace; batch_tokens 4 reads a
+    prompt that joins in chunks, whose answers the paced target cannot know (nor need)."""
+    config = _config(DRAFTS["agrees"], traces["folder"])
+    config["server"] = {**config["server"], "batch_tokens": 4}
+    with hetspec.launch(config) as engine:
         results = {}
         threads = [threading.Thread(target=lambda k=k: results.__setitem__(k, engine.generate(
             PROMPTS[k], max_new_tokens=NEW_TOKENS, temperature=0.0)), daemon=True) for k in PROMPTS]

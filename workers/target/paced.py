@@ -55,10 +55,13 @@ class PacedTarget:
         """The target's token at each of the last `rows` positions after cache `cache`'s
         first `keep` tokens and `tokens`. Rows after a draft token the target would not
         choose are never committed (greedy acceptance stops at the first); past the
-        trace's end they get FILLER, but the first row must be in it."""
+        trace's end they get FILLER, but the first row must be in it; so do the rows of a
+        prompt's chunk short of its end."""
         context = np.concatenate([self.held[cache][:keep], tokens])
         self.held[cache] = context
         known = len(context) - rows + 1          # row i chooses the token at index known + i
+        if self.traces.inside_a_prompt(context[:known]):
+            return np.full(rows, FILLER, np.int32)   # a chunk of a prompt: its answer is never read
         full = self.traces.full(cache, context[:known])
         if known >= len(full):
             raise ValueError(f"position {known} is past the recorded trace ({len(full)} tokens with the prompt)")

@@ -78,6 +78,12 @@ class Traces:
             self.following[cache] = current
         return current
 
+    def inside_a_prompt(self, context: np.ndarray) -> bool:
+        """Whether context is a chunk of a recorded prompt, short of its end (a prompt read
+        in chunks beside other requests: scheduler/batch.py, which reads no answer there)."""
+        n = len(context)
+        return any(n < len(prompt) and np.array_equal(prompt[:n], context) for prompt, _, _ in self.traces)
+
     def _why_not(self, context: np.ndarray) -> str:
         for prompt, full, _ in self.traces:
             if len(prompt) <= len(context) and np.array_equal(context[:len(prompt)], prompt):
