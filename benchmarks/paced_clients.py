@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import hetspec
+from hetspec.benchmarks import concurrency
 from hetspec.benchmarks.bench.data import load_prompts
 from hetspec.benchmarks.bench.machine import describe_machine
 from hetspec.benchmarks.bench.paced import paced_config, record_missing
@@ -36,21 +37,14 @@ def run(config: str, profile: str, clients: list[int], max_tokens: int, traces: 
     prompts = load_prompts(("stubs", "code"))[:max(clients)]
     ids = {p.key: tokenizer.encode_chat([{"role": "user", "content": p.text}]) for p in prompts}
     record_missing(engine_config, ids, dict.fromkeys(ids, max_tokens), traces, log=log)
-    count = lambda text: len(tokenizer.encode_text(text))        # noqa: E731 - concurrency._metrics's counter
+    count = concurrency._counter(tokenizer)
     doc = {"config": config, "profile": profile, "max_tokens": max_tokens, "machine": describe_machine(gpu=False),
            "passes": []}
     with hetspec.launch(paced_config(engine_config, profile, traces)) as engine:
         doc["kernels"] = engine.get_info()["target"]["kernels"]
         alone = {k: _metrics(_request(engine, k, ids[k], max_tokens), count) for k in ids}
         for n in clients:
-            barrier, records = threading.Barrier(n), [None] * n
-            keys = list(ids)[:n]
-            threads = [threading.Thread(target=lambda i=i: records.__setitem__(
-                i, _request(engine, keys[i], ids[keys[i]], max_tokens, barrier))) for i in range(n)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            records = _at_once(engine, {k: ids[k] for k in list(ids)[:n]}, max_tokens)
             start = min(r["sent"] for r in records)
             summary = summarize([_metrics(r, count) for r in records], alone, max(r["done"] for r in records) - start)
             summary.pop("requests", None)
@@ -61,6 +55,21 @@ def run(config: str, profile: str, clients: list[int], max_tokens: int, traces: 
     for p in doc["passes"]:
         p["summed_decode_vs_first"] = p["summed_decode_tokens_per_s"] / one
     return doc
+
+
+def _at_once(engine, ids: dict[str, list[int]], max_tokens: int) -> list[dict]:
+    """The requests sent together, a thread each (released by a barrier); their records."""
+    barrier, records = threading.Barrier(len(ids)), [None] * len(ids)
+
+    def client(i: int, key: str) -> None:
+        records[i] = _request(engine, key, ids[key], max_tokens, barrier)
+
+    threads = [threading.Thread(target=client, args=(i, key)) for i, key in enumerate(ids)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return records
 
 
 def _request(engine, key: str, ids: list[int], max_tokens: int, start: threading.Barrier | None = None) -> dict:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
 import zmq
+from test_turns import run_all
 
 import hetspec
 from hetspec.core.sampling import GREEDY, Rule, Sampling
@@ -25,7 +25,7 @@ from hetspec.ipc.specs import TargetSpec
 from hetspec.models import resolve_model
 from hetspec.scheduler.decoding.links import TargetLink, WorkerError
 
-from helpers import DEADLINE_S, TARGET, random_engine_config
+from helpers import TARGET, random_engine_config
 
 ROWS, N_CTX = 16, 256
 KEYED, UNKEYED = Sampling(Rule.KEYED, 0.8, seed=5), Sampling(Rule.UNKEYED, 0.9, top_k=50)
@@ -104,23 +104,11 @@ REQUESTS = [("The first", {"max_new_tokens": 40}),
             ("Fourth, sampled", {"max_new_tokens": 30, "temperature": 0.8, "top_p": 0.9, "seed": 7})]
 
 
-def _together(engine, requests):
-    results = [None] * len(requests)
-    threads = [threading.Thread(target=lambda i=i, r=r: results.__setitem__(i, engine.generate(r[0], **r[1])),
-                                daemon=True) for i, r in enumerate(requests)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(DEADLINE_S)
-    assert not any(t.is_alive() for t in threads), "a request hung"
-    return results
-
-
 def test_concurrent_requests_step_together_each_with_its_output_alone():
     config = random_engine_config(lookup=4)
     with hetspec.launch(config) as engine:
         alone = [engine.generate(prompt, **params) for prompt, params in REQUESTS]
-        together = _together(engine, REQUESTS)
+        together = run_all(engine, REQUESTS)
         assert [r.token_ids for r in together] == [r.token_ids for r in alone]
         assert sum(r.stats["batched_rounds"] for r in together) > 0
         assert all(r.stats["batched_rounds"] == 0 for r in alone)

@@ -1,7 +1,7 @@
-"""Requests take turns (hetspec/scheduler/turns.py): a short request is not kept waiting
-behind a long one, and switching between requests, every round if need be, changes no
-request's output. Nothing here asserts a wall-clock speed: only which request finished
-first, and tokens."""
+"""Requests at once (hetspec/scheduler/turns.py, batch.py): a short request is not kept
+waiting behind a long one, and moving between a request alone and a batch, every round if
+need be, changes no request's output. Nothing here asserts a wall-clock speed: only which
+request finished first, and tokens."""
 from __future__ import annotations
 
 import threading
@@ -44,8 +44,9 @@ def run_all(engine, requests) -> list:
 
 @pytest.mark.parametrize("draft", full_only("same", "weak", keep=["weak"]))
 def test_switching_every_round_changes_no_output(draft):
-    """turn_s so short that requests switch after every round: each has its own cache in the
-    target (a slot), and the draft catches up with whichever request's turn it is."""
+    """turn_s so short that a request alone hands over after every round: each has its own
+    cache in the target (a slot), requests step together, and the draft catches up with
+    whichever request runs alone again."""
     config = random_engine_config(**({"draft": WEAK_DRAFT} if draft == "weak" else {}))
     config["server"] = {"turn_s": 0.001, "max_running": 4}   # 6 requests: 2 wait for a slot
     with hetspec.launch(config) as engine:
@@ -59,8 +60,8 @@ def test_switching_every_round_changes_no_output(draft):
 
 @pytest.mark.parametrize("max_running", full_only(1, 4, keep=[1]))
 def test_a_short_request_behind_a_long_one(max_running):
-    """With turns (max_running 4, the default) the short request ends while the long one is
-    still decoding; one at a time (max_running 1) it waits for all of the long one's tokens."""
+    """Stepped together (max_running 4, the default) the short request ends while the long one
+    is still decoding; one at a time (max_running 1) it waits for all of the long one's tokens."""
     config = random_engine_config()
     config["server"] = {"max_running": max_running}
     with hetspec.launch(config) as engine:
