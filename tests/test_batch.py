@@ -1,8 +1,7 @@
 """Several requests in one target pass (scheduler/batch.py, VerifyBatch).
 
 A real target worker answers a batch of windows, each in its own cache, exactly as it
-answers each window alone (native kernels, transformers; greedy, keyed and unkeyed
-rows); engines step concurrent requests together and give each its output alone,
+answers each window alone (the native kernels; greedy, keyed and unkeyed rows); engines step concurrent requests together and give each its output alone,
 read a joining prompt in chunks beside the others' steps, and let one request leave a
 batch (cancelled, timed out) without disturbing the rest."""
 from __future__ import annotations
@@ -25,27 +24,29 @@ from hetspec.ipc.specs import TargetSpec
 from hetspec.models import resolve_model
 from hetspec.scheduler.decoding.links import TargetLink, WorkerError
 
-from helpers import TARGET, random_engine_config
+from helpers import random_engine_config
 
 ROWS, N_CTX = 16, 256
 KEYED, UNKEYED = Sampling(Rule.KEYED, 0.8, seed=5), Sampling(Rule.UNKEYED, 0.9, top_k=50)
 
 
-@pytest.fixture(scope="module", params=["native", "transformers"])
-def target(request, tmp_path_factory):
-    """A real target worker process with 3 caches, on this process's end of a TargetLink."""
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """A real native SmolLM2 target worker process with 3 caches, on this process's end of a
+    TargetLink (a transformers target runs a batch's windows one after another: the engine
+    tests below, on random models, run it)."""
     folder = tmp_path_factory.mktemp("batch")
-    model = resolve_model("builtin:smollm2" if request.param == "native" else TARGET, "target")
+    model = resolve_model("builtin:smollm2", "target")
     context = zmq.Context()
     endpoint = ipc_endpoint(str(folder), "target")
     link = TargetLink("target", Channel(context, endpoint, bind=True))
     spec = TargetSpec(model=model, dtype="float32", device="cpu", cores=sorted(os.sched_getaffinity(0))[:1],
-                      threads=1, backend=request.param, n_ctx=N_CTX, caches=3)
+                      threads=1, backend="native", n_ctx=N_CTX, caches=3)
     process = subprocess.Popen([sys.executable, "-m", "hetspec.workers.target", "--endpoint", endpoint,
                                 "--spec", spec.to_json()])
     try:
         link.hello = link.wait(120)
-        assert isinstance(link.hello, WorkerHello) and link.hello.backend == request.param, link.hello
+        assert isinstance(link.hello, WorkerHello) and link.hello.backend == "native", link.hello
         link.attach(new_run_id(), {"input": ((N_CTX,), np.int32), "choice": ((ROWS,), np.int32),
                                    "probs": ((ROWS, link.hello.n_vocab), np.float32)})
         yield link
@@ -104,43 +105,46 @@ REQUESTS = [("The first", {"max_new_tokens": 40}),
             ("Fourth, sampled", {"max_new_tokens": 30, "temperature": 0.8, "top_p": 0.9, "seed": 7})]
 
 
-def test_concurrent_requests_step_together_each_with_its_output_alone():
+@pytest.fixture(scope="module")
+def engine():
+    """One engine for the tests below: random models, lookup on, a step holding 8 tokens."""
     config = random_engine_config(lookup=4)
+    config["server"] = {"batch_tokens": 8}
     with hetspec.launch(config) as engine:
-        alone = [engine.generate(prompt, **params) for prompt, params in REQUESTS]
-        together = run_all(engine, REQUESTS)
-        assert [r.token_ids for r in together] == [r.token_ids for r in alone]
-        assert sum(r.stats["batched_rounds"] for r in together) > 0
-        assert all(r.stats["batched_rounds"] == 0 for r in alone)
+        yield engine
 
 
-def test_a_joining_prompt_is_read_in_chunks_beside_the_running_request():
+def test_concurrent_requests_step_together_each_with_its_output_alone(engine):
+    alone = [engine.generate(prompt, **params) for prompt, params in REQUESTS]
+    together = run_all(engine, REQUESTS)
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert sum(r.stats["batched_rounds"] for r in together) > 0
+    assert all(r.stats["batched_rounds"] == 0 for r in alone)
+
+
+def test_a_joining_prompt_is_read_in_chunks_beside_the_running_request(engine):
     """batch_tokens 8: a 150-token prompt joins a decoding request and takes many steps to
     read, in each of which the running request decodes a token."""
-    config = random_engine_config()
-    config["server"] = {"batch_tokens": 8}
     long_prompt = " ".join(["word"] * 150)
-    with hetspec.launch(config) as engine:
-        expected = [engine.generate("Hello", max_new_tokens=300, mode="target").token_ids,
-                    engine.generate(long_prompt, max_new_tokens=4).token_ids]
-        running = engine.stream("Hello", max_new_tokens=300, mode="target")
-        next(running)
-        joined = engine.generate(long_prompt, max_new_tokens=4)
-        list(running)
-        assert [running.result.token_ids, joined.token_ids] == expected
-        n_prompt = joined.stats["prompt_tokens"]
-        assert n_prompt >= 150 and running.result.stats["batched_rounds"] >= n_prompt // 8
+    expected = [engine.generate("Hello", max_new_tokens=300, mode="target").token_ids,
+                engine.generate(long_prompt, max_new_tokens=4).token_ids]
+    running = engine.stream("Hello", max_new_tokens=300, mode="target")
+    next(running)
+    joined = engine.generate(long_prompt, max_new_tokens=4)
+    list(running)
+    assert [running.result.token_ids, joined.token_ids] == expected
+    n_prompt = joined.stats["prompt_tokens"]
+    assert n_prompt >= 150 and running.result.stats["batched_rounds"] >= n_prompt // 8
 
 
-def test_a_request_leaves_the_batch_without_disturbing_the_others():
-    with hetspec.launch(random_engine_config()) as engine:
-        expected = [engine.generate(p, max_new_tokens=60, mode="target").token_ids for p in ("one", "two")]
-        streams = [engine.stream(p, max_new_tokens=60, mode="target") for p in ("one", "two")]
-        leaving = engine.stream("three", max_new_tokens=2000, mode="target")
-        timed = engine.generate("four", max_new_tokens=2000, mode="target", timeout_s=1.0)
-        next(leaving)
-        engine.cancel(leaving.request_id)
-        list(leaving)
-        assert leaving.result.finish_reason == "cancelled" and timed.finish_reason == "timeout"
-        assert [list(s) and s.result.token_ids for s in streams] == expected
-        assert max(s.result.stats["batched_rounds"] for s in streams) > 0
+def test_a_request_leaves_the_batch_without_disturbing_the_others(engine):
+    expected = [engine.generate(p, max_new_tokens=60, mode="target").token_ids for p in ("one", "two")]
+    streams = [engine.stream(p, max_new_tokens=60, mode="target") for p in ("one", "two")]
+    leaving = engine.stream("three", max_new_tokens=2000, mode="target")
+    timed = engine.generate("four", max_new_tokens=2000, mode="target", timeout_s=1.0)
+    next(leaving)
+    engine.cancel(leaving.request_id)
+    list(leaving)
+    assert leaving.result.finish_reason == "cancelled" and timed.finish_reason == "timeout"
+    assert [list(s) and s.result.token_ids for s in streams] == expected
+    assert max(s.result.stats["batched_rounds"] for s in streams) > 0
