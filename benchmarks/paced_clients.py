@@ -41,16 +41,20 @@ def run(config: str, profile: str, clients: list[int], max_tokens: int, traces: 
     doc = {"config": config, "profile": profile, "max_tokens": max_tokens, "machine": describe_machine(gpu=False),
            "passes": []}
     with hetspec.launch(paced_config(engine_config, profile, traces)) as engine:
-        doc["kernels"] = engine.get_info()["target"]["kernels"]
+        info = engine.get_info()
+        doc["kernels"], doc["budget"] = info["target"]["kernels"], info["budget"]
         alone = {k: _metrics(_request(engine, k, ids[k], max_tokens), count) for k in ids}
         for n in clients:
             records = _at_once(engine, {k: ids[k] for k in list(ids)[:n]}, max_tokens)
             start = min(r["sent"] for r in records)
             summary = summarize([_metrics(r, count) for r in records], alone, max(r["done"] for r in records) - start)
             summary.pop("requests", None)
+            for key in ("spec_rounds", "batched_rounds", "drafted", "accepted"):   # how the batch drafted
+                summary[key] = sum(r["hetspec"].get(key, 0) for r in records)
             doc["passes"].append(summary)
             log(f"{n} at once: summed decode {summary['summed_decode_tokens_per_s']:.1f} tok/s, aggregate "
-                f"{summary['aggregate_tokens_per_s']:.1f} tok/s, equal alone {summary['equal_alone']}/{n}")
+                f"{summary['aggregate_tokens_per_s']:.1f} tok/s, equal alone {summary['equal_alone']}/{n}; "
+                f"{summary['drafted']} tokens drafted, {summary['accepted']} accepted")
     one = doc["passes"][0]["summed_decode_tokens_per_s"]
     for p in doc["passes"]:
         p["summed_decode_vs_first"] = p["summed_decode_tokens_per_s"] / one

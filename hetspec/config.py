@@ -155,6 +155,7 @@ class DecodingConfig:
     speculation: Speculation = Speculation.AUTO   # auto: target-only rounds while speculating does not pay
     lookup: int = 4                     # tokens a target-only round of a speculative mode may guess by prompt
                                         # lookup (the costs pick fewer where that pays); 0: none
+    batch_drafts: bool = True           # requests stepped together draft too, where it pays (scheduler/batch.py)
 
     BOUNDS: ClassVar[dict] = {"max_sequences": (1, 64), "max_gamma": (1, 256), "lookup": (0, 64)}
 
@@ -395,6 +396,4 @@ def assign_cores(draft: tuple[int, ...] | Auto, target: tuple[int, ...] | Auto,
     if target == AUTO:
         rest = [x for x in cores if x not in draft] or cores
         target = tuple(rest) if target_on_host else (rest[0],)
-    if scheduler == AUTO:
-        scheduler = target
-    return tuple(draft), tuple(target), tuple(scheduler)
+    return tuple(draft), tuple(target), tuple(target if scheduler == AUTO else scheduler)

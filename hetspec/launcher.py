@@ -77,6 +77,7 @@ class Launcher:
                           threads=draft_threads, measure_threads=c.draft.threads == 0,
                           n_ctx=c.draft.n_ctx, weights=c.draft.weights,
                           prefill_weights=c.draft.prefill_weights, prompt_kv=c.draft.prompt_kv, vocab=c.draft.vocab,
+                          caches=c.server.max_running if c.decoding.batch_drafts else 1,
                           scratch_dir=self.runtime_dir,
                           borrow_cores=list(c.target.cores) if c.draft.prefill_borrows_target_cores else [])
         target = TargetSpec(model=target_model, dtype=c.target.dtype, device=c.target.device,

@@ -22,8 +22,10 @@ from hetspec.ipc.messages import (
     CalibrateDraft,
     CalibrateTarget,
     CancelRequest,
+    DraftBatch,
     DraftCalibration,
     Drafted,
+    DraftedBatch,
     DraftExtended,
     DraftWindow,
     EngineInfo,
@@ -55,7 +57,7 @@ TYPES = [
     PrefillDraft, Prefilled, DraftWindow, Drafted, DraftExtended, Idle, CalibrateDraft, DraftCalibration,
     VerifyCommand, Verified, ExportKV, KVExported, CalibrateTarget, TargetCalibration,
     GenerateRequest, TokensEvent, Finished, RequestFailed, InfoRequest, EngineInfo, StopEngine, CancelRequest,
-    RanAhead, VerifyBatch,
+    RanAhead, VerifyBatch, DraftBatch, DraftedBatch,
 ]
 TAG_OF = {cls: bytes([i]) for i, cls in enumerate(TYPES)}   # each message type's tag
 _CLASS_OF = {tag: cls for cls, tag in TAG_OF.items()}

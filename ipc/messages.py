@@ -133,16 +133,48 @@ class Idle:
 
 
 @dataclass
+class BatchWindow:
+    """One request's part of a DraftBatch: its context is row `cache` of the "contexts"
+    buffer, its first `context_len` tokens."""
+    request_id: int
+    cache: int                 # the request's own draft cache (its target cache's number)
+    context_len: int
+    sampling: Sampling         # greedy or keyed (an unkeyed window needs probability rows: none in a batch)
+
+
+@dataclass
+class DraftBatch:
+    """Several requests stepped together (scheduler/batch.py): each request's cache first
+    takes its context, at most `catch_up` tokens of it; those whose cache then holds the
+    whole context get `gamma` tokens drafted, one pass of the model for all of them a
+    token, into their row of the "drafts" buffer. gamma 0: the caches only catch up
+    (beside the target's pass). Answered by DraftedBatch."""
+    windows: list[BatchWindow]
+    gamma: int
+    catch_up: int
+
+
+@dataclass
+class DraftedBatch:
+    lengths: list[int]         # tokens drafted for each window (0: its cache was still catching up)
+    cached: list[int]          # tokens each window's cache now holds of its context
+    seconds: float
+
+
+@dataclass
 class CalibrateDraft:
     context_len: int
     n_tokens: int              # per timed draft
     repeats: int = 1           # timed drafts; the fastest counts
+    batch: int = 0             # > 1: also time a batched draft step (DraftBatch) of 2, 4, ... up to this many
 
 
 @dataclass
 class DraftCalibration:
     seconds_per_token: float            # a drafted token
     prefill_seconds_per_token: float    # a token of the context, read in one feed first
+    batch_seconds: dict = field(default_factory=dict)   # requests -> a batched draft step (str keys: JSON);
+                                                        # {} where the draft cannot draft a batch
 
 
 # ---- target worker ---------------------------------------------------------

@@ -42,6 +42,7 @@ class DraftSpec:
     measure_threads: bool = False  # native: time 1, 2, 4, ... threads up to len(cores) at start-up, keep
                                    # the fastest (threads is then len(cores), for the other backends)
     vocab: int = 0             # native: score only the first `vocab` token ids (0: all)
+    caches: int = 1            # native, > 1: a cache for each request stepped in a batch ([server] max_running)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -1,9 +1,12 @@
-"""Several requests in one target pass (scheduler/batch.py, VerifyBatch).
+"""Several requests in one target pass (scheduler/batch.py, VerifyBatch), and the draft's
+windows for them (DraftBatch).
 
 A real target worker answers a batch of windows, each in its own cache, exactly as it
-answers each window alone (the native kernels; greedy, keyed and unkeyed rows); engines step concurrent requests together and give each its output alone,
-read a joining prompt in chunks beside the others' steps, and let one request leave a
-batch (cancelled, timed out) without disturbing the rest."""
+answers each window alone (the native kernels; greedy, keyed and unkeyed rows); engines
+step concurrent requests together and give each its output alone, read a joining prompt
+in chunks beside the others' steps, and let one request leave a batch (cancelled, timed
+out) without disturbing the rest. The native draft drafts a batch's windows as it drafts
+each alone, and the default pair's concurrent requests keep their outputs with them."""
 from __future__ import annotations
 
 import os
@@ -20,9 +23,12 @@ from hetspec.core.sampling import GREEDY, Rule, Sampling
 from hetspec.ipc.channel import Channel, ipc_endpoint
 from hetspec.ipc.messages import VerifyCommand, WorkerHello
 from hetspec.ipc.shm import new_run_id
-from hetspec.ipc.specs import TargetSpec
+from hetspec.ipc.specs import DraftSpec, TargetSpec
 from hetspec.models import resolve_model
+from hetspec.scheduler.decoding.budget import CostModel
 from hetspec.scheduler.decoding.links import TargetLink, WorkerError
+from hetspec.workers.draft.batch import BatchDrafter
+from hetspec.workers.draft.models import load_draft_model
 
 from helpers import random_engine_config
 
@@ -148,3 +154,71 @@ def test_a_request_leaves_the_batch_without_disturbing_the_others(engine):
     assert leaving.result.finish_reason == "cancelled" and timed.finish_reason == "timeout"
     assert [list(s) and s.result.token_ids for s in streams] == expected
     assert max(s.result.stats["batched_rounds"] for s in streams) > 0
+
+
+# ---- a batch's drafts (Drafts, workers/draft/batch.py) -------------------------------
+
+@pytest.fixture(scope="module")
+def native_draft():
+    """SmolLM2's native draft model, as the default pair's draft worker loads it."""
+    spec = DraftSpec(backend="native", model=resolve_model("builtin:smollm2", "draft"), cores=[0], threads=1,
+                     n_ctx=N_CTX, weights="q4_1")
+    model, backend, _ = load_draft_model(spec)
+    assert backend == "native"
+    yield model
+    model.close()
+
+
+def test_a_batch_drafts_each_request_as_it_drafts_it_alone(native_draft):
+    """Each window's tokens do not depend on the others in the batch (the batch-invariant
+    window kernels), greedy and keyed; a cache kept from a step before, caught up by
+    longest common prefix, drafts what a fresh cache does; a far-behind cache catches up
+    `catch_up` tokens a call and drafts nothing until it holds its context."""
+    rng = np.random.default_rng(3)
+    contexts = [rng.integers(1, 2000, n).astype(np.int32) for n in (40, 9, 25)]
+    samplings = [GREEDY, KEYED, GREEDY]
+    together = BatchDrafter(native_draft, 3)
+    tokens, lengths, cached = together.draft([(c, contexts[c], samplings[c]) for c in range(3)], 5, 64)
+    assert lengths == [5, 5, 5] and cached == [40, 9, 25]
+    for c in range(3):
+        alone = BatchDrafter(native_draft, 1).draft([(0, contexts[c], samplings[c])], 5, 64)[0]
+        np.testing.assert_array_equal(tokens[c], alone[0])
+    # the next step: two accepted, a bonus token of the target's own, and a rollback in cache 2
+    later = [np.concatenate([contexts[0], tokens[0, :2], [7]]), np.concatenate([contexts[1], [11]]),
+             contexts[2][:20]]
+    again = together.draft([(c, later[c], samplings[c]) for c in range(3)], 4, 64)[0]
+    fresh = BatchDrafter(native_draft, 3).draft([(c, later[c], samplings[c]) for c in range(3)], 4, 64)[0]
+    np.testing.assert_array_equal(again, fresh)
+    slow = BatchDrafter(native_draft, 1)
+    assert slow.draft([(0, later[0], GREEDY)], 3, 16)[1:] == ([0], [16])
+    assert slow.draft([(0, later[0], GREEDY)], 3, 16)[1:] == ([0], [32])
+    np.testing.assert_array_equal(slow.draft([(0, later[0], GREEDY)], 4, 16)[0][0], fresh[0])
+
+
+def test_a_batch_window_shrinks_as_the_batch_pass_stops_being_free():
+    """The cost model's window for a batch: drafting pays where the pass is flat (a GPU) and
+    the batch small; as the pass grows with its tokens (a CPU), or the batch's draft steps
+    grow, the window shrinks, down to none unless forced."""
+    flat = CostModel(0.01, {1: 0.04, 32: 0.04})
+    flat.batch_draft_s = {1: 0.01, 2: 0.013, 4: 0.024, 8: 0.05}
+    windows = [flat.batch_window([0.9] * n, 0, 8) for n in (1, 2, 4, 8)]
+    assert windows[0] >= 2 and windows == sorted(windows, reverse=True) and windows[-1] == 0
+    steep = CostModel(0.01, {1: 0.01, 2: 0.02, 8: 0.08})
+    steep.batch_draft_s = {1: 0.01, 4: 0.024}
+    assert steep.batch_window([0.9] * 4, 0, 8) == 0 and steep.batch_window([0.9] * 4, 0, 8, forced=True) == 1
+
+
+def test_the_default_pair_drafts_for_concurrent_requests_each_with_its_output_alone():
+    """The default pair (native SmolLM2 draft and target), speculation forced: concurrent
+    requests step together with a window drafted for each (greedy and keyed), and each
+    request's output is its output alone."""
+    requests = [(p, {"max_new_tokens": 24, "speculation": "always", **extra})
+                for p, extra in [("def fibonacci(n):", {}), ("The capital of France is", {}),
+                                 ("Once upon a time", {"temperature": 0.8, "seed": 3})]]
+    with hetspec.launch("smollm2") as engine:
+        assert engine.get_info()["batch_drafts"] is True
+        alone = [engine.generate(prompt, **params) for prompt, params in requests]
+        together = run_all(engine, requests)
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert sum(r.stats["batched_rounds"] for r in together) > 0
+    assert sum(r.stats["drafted"] for r in together if r.stats["batched_rounds"]) > 0

@@ -20,7 +20,7 @@ from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import EngineInfo, Finished, InfoRequest, RequestFailed, StopEngine, TokensEvent
 from hetspec.ipc.specs import RunSpec
 from hetspec.scheduler import startup
-from hetspec.scheduler.batch import Batch, Part, commit
+from hetspec.scheduler.batch import Batch, Drafts, Part, commit
 from hetspec.scheduler.clients import Clients, Pending
 from hetspec.scheduler.decoding.acceptance_prior import AcceptancePrior
 from hetspec.scheduler.decoding.bridge import BridgedDraft
@@ -83,7 +83,7 @@ class Scheduler:
         gamma, budget, self.costs = startup.calibrate(self.config, *links)
         alone, alone_pace, batch = startup.borrows_cores(self.config, self.target, hellos["target"].device)
         self.caps = startup.capabilities(self.config, hellos, kv_handover=self.kv_buffer is not None,
-                                         alone_borrows=alone, batch_borrows=batch)
+                                         alone_borrows=alone, batch_borrows=batch, differ=differ)
         if self.costs:      # the target alone's token, which speculation must beat: on both workers' cores
             self.costs.alone_pace = alone_pace   # where it takes them
         self.memories = memories(target_s=self.costs.alone_s() if self.costs else None)
@@ -94,7 +94,10 @@ class Scheduler:
                                  measured=self.costs is not None, cross_vocab=bool(differ),
                                  decoding=self.config.decoding, server=self.config.server, acceptance=self.acceptance)
         server = self.config.server
-        self.batch = Batch(self.target, min(server.batch_tokens, server.max_context), startup.answer_rows(self.config))
+        drafts = Drafts(self.draft_link, self.costs, self.caps.max_gamma,
+                        lambda: self.crew.unavailable("draft") is None) if self.caps.batch_drafts else None
+        self.batch = Batch(self.target, min(server.batch_tokens, server.max_context), startup.answer_rows(self.config),
+                           drafts)
         self.info = startup.describe(self.config, self.clients.endpoint, gamma, budget, self.caps, differ, hellos, spec)
 
     # ---- serving ---------------------------------------------------------------
@@ -126,6 +129,8 @@ class Scheduler:
         if len(self.turns.running) > 1:
             self._batch_step()
         else:
+            if self.batch.drafts is not None:
+                self.batch.drafts.settle()     # a batch's draft caches caught up in the background
             self._turn(self.turns.running[0])
 
     def _can_run(self) -> bool:
@@ -224,7 +229,7 @@ class Scheduler:
         self.crew.check()
         self._read_clients(timeout_ms=0)
         try:
-            verdicts = self.batch.finish()
+            verdicts = self.batch.finish(parts)
         except WorkerLost as lost:
             self._drain()
             self._target_lost(lost)

@@ -107,7 +107,10 @@ def attach_buffers(config: EngineConfig, run_id: str, draft: DraftLink, target: 
     draft.attach(run_id, {"context": ((max(max_tokens, config.draft.n_ctx),), np.int32),
                           "tokens": ((2, branch_rows), np.int32),
                           "probs": ((2, branch_rows, hellos["draft"].n_vocab), np.float32),
-                          "halt": ((1,), np.int32)}, shared)      # DraftLink.halt
+                          "halt": ((1,), np.int32),               # DraftLink.halt
+                          # a batch's drafts (batch.py): a row each of the requests' caches
+                          "contexts": ((config.server.max_running, max(max_tokens, config.draft.n_ctx)), np.int32),
+                          "drafts": ((config.server.max_running, config.decoding.max_gamma), np.int32)}, shared)
     return kv_buffer
 
 
@@ -119,15 +122,19 @@ def calibrate(config: EngineConfig, draft: DraftLink, target: TargetLink) -> tup
         return decoding.gamma, {"source": "config"}, None
     sizes = [n for n in VERIFY_SIZES if n <= decoding.max_gamma + 1]
     context = min(CALIBRATION_CONTEXT, config.server.max_context // 2)
-    draft.send(CalibrateDraft(context, 8, repeats=6))
+    batch = config.server.max_running if config.decoding.batch_drafts else 0
+    draft.send(CalibrateDraft(context, 8, repeats=6, batch=batch))
     target.send(CalibrateTarget(context, sizes, budget_s=CALIBRATION_BUDGET_S))
     verify_s = monotone(dict(zip(sizes, target.wait().seconds)))
     timed = draft.wait()
     draft_s, prefill_s = timed.seconds_per_token, timed.prefill_seconds_per_token
     gamma = choose_gamma(draft_s, verify_s, decoding.max_gamma)
     info = {"source": "measured", "context": context, "draft_s_per_token": draft_s,
-            "draft_prefill_s_per_token": prefill_s, "verify_s": {str(k): v for k, v in verify_s.items()}}
-    return gamma, info, CostModel(draft_s, verify_s, prefill_s)
+            "draft_prefill_s_per_token": prefill_s, "verify_s": {str(k): v for k, v in verify_s.items()},
+            "batch_draft_s": timed.batch_seconds}
+    costs = CostModel(draft_s, verify_s, prefill_s)
+    costs.batch_draft_s = {int(n): seconds for n, seconds in timed.batch_seconds.items()}
+    return gamma, info, costs
 
 
 def borrows_cores(config: EngineConfig, target: TargetLink, device: str) -> tuple[bool, float, bool]:
@@ -156,7 +163,7 @@ def borrows_cores(config: EngineConfig, target: TargetLink, device: str) -> tupl
 
 
 def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handover: bool,
-                 alone_borrows: bool, batch_borrows: bool) -> Capabilities:
+                 alone_borrows: bool, batch_borrows: bool, differ: str | None) -> Capabilities:
     keep = config.decoding.keep_drafting
     # On a CPU target both workers share the memory bus: a draft that never
     # rests slows verification more than its extra tokens gain (docs/performance.md).
@@ -167,7 +174,10 @@ def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handov
         borrow_cores=config.target.prefill_borrows_draft_cores,
         alone_borrows_cores=alone_borrows, batch_borrows_cores=batch_borrows,
         draft_borrows_cores=config.draft.prefill_borrows_target_cores and hellos["draft"].prefill_threads,
-        keep_drafting=keep_drafting, kv_handover=kv_handover, lookup=config.decoding.lookup)
+        keep_drafting=keep_drafting, kv_handover=kv_handover, lookup=config.decoding.lookup,
+        # a batch's drafts: the native draft's (workers/draft/batch.py), in the target's own tokens
+        batch_drafts=config.decoding.batch_drafts and config.server.max_running > 1 and not differ
+        and hellos["draft"].backend == "native")
 
 
 def describe(config: EngineConfig, endpoint: str, gamma: int, budget: dict, caps: Capabilities, differ: str | None,
@@ -180,6 +190,7 @@ def describe(config: EngineConfig, endpoint: str, gamma: int, budget: dict, caps
         "keep_drafting": caps.keep_drafting, "lookup": caps.lookup,
         "prompt_kv": "target" if caps.kv_handover else "own",
         "alone_borrows_draft_cores": caps.alone_borrows_cores, "batch_borrows_draft_cores": caps.batch_borrows_cores,
+        "batch_drafts": caps.batch_drafts,
         "n_vocab": n_target, "vocabulary": _vocabulary(differ, n_target, n_draft),
         "config": _redacted(config.to_dict()),
         "draft": _worker_info(hellos["draft"]), "target": _worker_info(hellos["target"]),

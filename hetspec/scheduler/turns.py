@@ -5,7 +5,8 @@ each keeps its own cache in the target (numbered: Running.cache), so moving
 between them costs the target nothing. More than one: they step together, a
 target pass for all (batch.py). One alone: it runs its own rounds, with the draft,
 and once a request waits to join it, hands over after [server] turn_s (whole
-rounds). The draft has one cache: a request alone again brings it up to date first
+rounds). The draft has one cache for the request that runs alone (a batch's are
+others, batch.py): a request alone again brings it up to date first
 (Decoder.draft_catches_up: the target's cache of the same model, or a prefill of
 what differs).
 """

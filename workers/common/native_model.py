@@ -169,6 +169,26 @@ class NativeModel:
                                       norms.ctypes.data) != 0:
             raise RuntimeError(f"the native forward refused a batch at positions {positions.tolist()}")
 
+    def new_cache(self) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and values for another cache shaped as the model's own (forward_batch's), zero:
+        np.zeros, so its pages are only taken as a request fills them."""
+        return np.zeros(self._kcache.shape, self._kcache.dtype), np.zeros(self._vcache.shape, self._vcache.dtype)
+
+    def window_logits(self, norms: np.ndarray) -> np.ndarray:
+        """The logits of final-norm rows (forward_batch's), through the whole output layer
+        with the window products: (rows, n_vocab) float32."""
+        norms = np.ascontiguousarray(norms, np.float32)
+        logits = np.empty((len(norms), self.n_vocab), np.float32)
+        for start in range(0, len(norms), self.max_window):
+            n = min(self.max_window, len(norms) - start)
+            self._lib.hs_window_logits(ctypes.byref(self._model), norms[start:].ctypes.data, n,
+                                       logits[start:].ctypes.data)
+        return logits
+
+    @property
+    def n_embd(self) -> int:
+        return self._model.n_embd
+
     def kv_geometry(self) -> list[int]:
         """[layers, kv_heads, head_dim, full-attention layers]."""
         m = self._model

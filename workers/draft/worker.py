@@ -10,11 +10,13 @@ import time
 import numpy as np
 
 from hetspec.core.branches import to_slot
-from hetspec.core.sampling import GREEDY
+from hetspec.core.sampling import GREEDY, Rule
 from hetspec.ipc.messages import (
     CalibrateDraft,
+    DraftBatch,
     DraftCalibration,
     Drafted,
+    DraftedBatch,
     DraftExtended,
     DraftWindow,
     PrefillDraft,
@@ -24,6 +26,7 @@ from hetspec.ipc.messages import (
 from hetspec.ipc.specs import DraftSpec
 from hetspec.workers.common.pinning import borrowed_cores, pin, pin_threads, set_torch_threads
 from hetspec.workers.common.process import parse_args, serve
+from hetspec.workers.draft.batch import BatchDrafter
 from hetspec.workers.draft.drafter import Drafter
 from hetspec.workers.draft.models import load_draft_model
 from hetspec.workers.draft.thread_choice import fastest_threads
@@ -46,6 +49,8 @@ class DraftState:
             self.kernels += self._native_threads()
         # the cores its threads use: a native draft measured at fewer threads than cores keeps the first ones
         self.cores = spec.cores[:self.threads] if self.native else spec.cores
+        # drafts for several requests at once (batch.py): the native model only
+        self.batch = BatchDrafter(self.model, spec.caches, spec.vocab) if self.native and spec.caches > 1 else None
 
     def _native_threads(self) -> str:
         """Set the native step's thread count: measured where the config leaves it to the
@@ -142,6 +147,20 @@ def _extension(state: DraftState, cmd: DraftWindow, buffers, total: int, limit: 
     state.rest()
 
 
+def draft_batch(state: DraftState, cmd: DraftBatch, buffers) -> DraftedBatch:
+    """Windows for several requests at once, each from its own cache (batch.py)."""
+    if state.batch is None:
+        raise ValueError("this draft drafts no batch: only the native backend does, with [decoding] batch_drafts")
+    start = time.perf_counter()
+    contexts = buffers["contexts"].array
+    windows = [(w.cache, contexts[w.cache, :w.context_len], w.sampling) for w in cmd.windows]
+    if any(w.sampling.rule is Rule.UNKEYED for w in cmd.windows) or len({w.cache for w in cmd.windows}) < len(windows):
+        raise ValueError("a draft batch takes greedy and keyed windows, a cache at most once")
+    tokens, lengths, cached = state.batch.draft(windows, cmd.gamma, cmd.catch_up)
+    buffers["drafts"].array[[w.cache for w in cmd.windows], :cmd.gamma] = tokens
+    return DraftedBatch(lengths, cached, time.perf_counter() - start)
+
+
 def calibrate(state: DraftState, cmd: CalibrateDraft, buffers) -> DraftCalibration:
     """Time per drafted token after a context of context_len tokens (greedy): the
     fastest of `repeats` drafts, spread over the target's own calibration; and per
@@ -158,7 +177,9 @@ def calibrate(state: DraftState, cmd: CalibrateDraft, buffers) -> DraftCalibrati
         state.drafter.draft(context, cmd.n_tokens, GREEDY)
         best = min(best, (time.perf_counter() - start) / cmd.n_tokens)
     state.rest()
-    return DraftCalibration(best, prefill_s)
+    sizes = sorted({min(n, cmd.batch) for n in (1, 2, 4, 8, 16, 32, 64)}) if cmd.batch > 1 else []
+    batch = state.batch.time_steps(sizes) if state.batch is not None and sizes else {}
+    return DraftCalibration(best, prefill_s, batch)
 
 
 def recover(state: DraftState) -> None:
@@ -169,5 +190,5 @@ def recover(state: DraftState) -> None:
 
 def main(argv=None) -> int:
     endpoint, spec = parse_args(argv, DraftSpec)
-    return serve("draft", endpoint, spec, load, {PrefillDraft: prefill, DraftWindow: draft, CalibrateDraft: calibrate},
-                 recover)
+    return serve("draft", endpoint, spec, load, {PrefillDraft: prefill, DraftWindow: draft, DraftBatch: draft_batch,
+                                                 CalibrateDraft: calibrate}, recover)

@@ -7,6 +7,9 @@ import math
 CONTENTION = 1.3    # a target step beside a draft prefill takes this much longer: they share the memory bus
 LONG_PROMPT = 16    # tokens: a shorter prompt prefills fast, so neither worker borrows the other's cores for it,
                     # and a draft prefill as short costs too little to weigh (prefill_pays) or to time
+BATCH_MARGIN = 1.1  # a batch drafts only where the cost model expects this many times the tokens a second of its
+                    # steps without drafts: their lookup guesses (uncounted) commit some too, and a batch's draft
+                    # step costs more than its calibration (catch-up tokens, a round trip)
 WORTH_GUESSING = 0.1  # without measured costs, a lookup token is guessed while it is kept at least this often
                       # (a CPU target's window costs about a tenth of a token more per token)
 
@@ -90,6 +93,9 @@ class CostModel:
         self._best_pipelined: tuple = (None, 0)      # (question, answer) of the last best_pipelined
         self.prefill_s = prefill_s_per_token or draft_s_per_token   # per draft prompt token (untimed: a step)
         self.alone_pace = alone_pace    # a token of the target alone over one on its own cores (it may take the draft's)
+        self.batch_draft_s: dict[int, float] = {}   # requests -> a batched draft step (DraftBatch), calibrated
+        self.batch_draft_scale = 1.0    # ... as the batches' own drafts since found it
+        self.batch_scale = 1.0          # a batch's pass over the verify curve's pass of as many tokens
 
     def observe(self, n_draft: int, draft_s: float, n_verify: int, verify_s: float) -> None:
         if n_draft > 0 and draft_s > 0:
@@ -97,6 +103,35 @@ class CostModel:
         if n_verify > 0 and verify_s > 0:
             ratio = verify_s / self.measured(n_verify)
             self.verify_scale += self.SMOOTHING * (ratio - self.verify_scale)
+
+    def observe_batch(self, n_tokens: int, seconds: float, n_drafting: int = 0, gamma: int = 0,
+                      draft_s: float = 0.0) -> None:
+        """A batch's step: its pass of n_tokens, and the gamma batched draft steps for
+        n_drafting requests before it, if any."""
+        if n_tokens > 0 and seconds > 0:
+            self.batch_scale += self.SMOOTHING * (seconds / self.measured(n_tokens) - self.batch_scale)
+        if gamma > 0 and draft_s > 0 and self.batch_draft_s:
+            ratio = draft_s / (gamma * interpolate(self.batch_draft_s, n_drafting))
+            self.batch_draft_scale += self.SMOOTHING * (ratio - self.batch_draft_scale)
+
+    def batch_window(self, acceptances: list[float], others: int, max_gamma: int, forced: bool = False) -> int:
+        """The window each of a batch's drafting requests gets, at their per-token
+        acceptances (one length for all: each draft token is one batched draft step for
+        all of them): the one of most committed tokens a second over the step, the
+        gamma draft steps and then a pass that also holds `others` requests' next tokens,
+        which commit one each. 0 (no drafting: every request steps target-only) where
+        none beats that by BATCH_MARGIN, unless forced (at least 1). A batch's pass
+        stops being free as it grows, so the window shrinks with the batch, down to none."""
+        n = len(acceptances)
+        if not n or not self.batch_draft_s or max_gamma < 1:
+            return 0
+        step_s = self.batch_draft_scale * interpolate(self.batch_draft_s, n)
+
+        def rate(gamma: int) -> float:
+            tokens = sum(_committed(a, gamma) for a in acceptances) + others
+            return tokens / (gamma * step_s + self.batch_scale * self.measured(others + n * (gamma + 1)))
+        best = max(range(1, max_gamma + 1), key=rate)
+        return best if forced or rate(best) >= BATCH_MARGIN * rate(0) else 0
 
     def observe_prefill(self, n_tokens: int, seconds: float) -> None:
         if n_tokens >= LONG_PROMPT and seconds > 0:

@@ -17,8 +17,8 @@ same methods. Every window length comes from budget.Windows. What a round passes
 around, and the words for it (window, branch, accepted, bonus token): round.py.
 
 Beside other requests, a request takes steps of a batch instead (scheduler/batch.py):
-one target pass for all of them, a chunk of its prompt (read) or a target-only step
-(guess, commit_target_step), the draft idle.
+a chunk of its prompt (read), a window drafted for the batch (commit_drafted_step)
+or a target-only step (guess, commit_target_step).
 
 Invariant: the target's KV cache holds every committed token but the last,
 so each verify pass feeds [last committed token] + pending window W and reads
@@ -200,6 +200,18 @@ class Decoder:
             self.stats.lookup_accepted += min(n_accepted, kept)
         self.stats.rounds += 1
         self.stats.target_only_rounds += 1
+        return kept
+
+    def drafts_in_batch(self) -> bool:
+        """Whether a batch's step may draft for it: a speculative mode it does not rest from,
+        not the unkeyed rule (a batch's draft returns no probability rows)."""
+        return (self.caps.batch_drafts and self.mode is not Mode.TARGET and self.gate.speculate
+                and self.request.rule is not Rule.UNKEYED)
+
+    def commit_drafted_step(self, window: Window, verdict: Verification, draft_s: float) -> int:
+        n_accepted, _, kept = self.accept_and_commit(window, verdict)   # drafted before a batch's pass (SpS)
+        self.stats.spec_round(draft_s + verdict.seconds, draft_s, verdict.seconds, len(window),
+                              min(n_accepted, kept), kept, parallel=False)
         return kept
 
     def ahead(self, alone: bool) -> int:

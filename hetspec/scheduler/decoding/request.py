@@ -39,3 +39,4 @@ class Capabilities:
     kv_handover: bool          # the draft takes the target's cache of a long prompt instead of prefilling it
     lookup: int = 0            # tokens a target-only round of a speculative mode may guess (lookup.py); 0: none
     batch_borrows_cores: bool = False   # a pass of several requests (scheduler/batch.py) runs on the draft's cores too
+    batch_drafts: bool = False          # the draft drafts for requests stepped together (scheduler/batch.py)
