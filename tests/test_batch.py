@@ -10,6 +10,7 @@ each alone, and the default pair's concurrent requests keep their outputs with t
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -201,17 +202,21 @@ def test_a_batch_window_shrinks_as_the_batch_pass_stops_being_free():
     grow, the window shrinks, down to none unless forced."""
     flat = CostModel(0.01, {1: 0.04, 32: 0.04})
     flat.batch_draft_s = {1: 0.01, 2: 0.013, 4: 0.024, 8: 0.05}
-    windows = [flat.batch_window([0.9] * n, 0, 8) for n in (1, 2, 4, 8)]
+    windows = [flat.batch_window([0.9] * n, [1.0] * n, [], 8) for n in (1, 2, 4, 8)]
     assert windows[0] >= 2 and windows == sorted(windows, reverse=True) and windows[-1] == 0
+    # steps without drafts that commit three tokens each with their lookup guesses: drafting for 2 no longer pays
+    assert flat.batch_window([0.9] * 2, [1.0] * 2, [], 8) > 0 == flat.batch_window([0.9] * 2, [3.0] * 2, [], 8)
     steep = CostModel(0.01, {1: 0.01, 2: 0.02, 8: 0.08})
     steep.batch_draft_s = {1: 0.01, 4: 0.024}
-    assert steep.batch_window([0.9] * 4, 0, 8) == 0 and steep.batch_window([0.9] * 4, 0, 8, forced=True) == 1
+    assert steep.batch_window([0.9] * 4, [1.0] * 4, [], 8) == 0
+    assert steep.batch_window([0.9] * 4, [1.0] * 4, [], 8, forced=True) == 2
 
 
 def test_the_default_pair_drafts_for_concurrent_requests_each_with_its_output_alone():
     """The default pair (native SmolLM2 draft and target), speculation forced: concurrent
     requests step together with a window drafted for each (greedy and keyed), and each
-    request's output is its output alone."""
+    request's output is its output alone; so too when the draft is killed while they step
+    (its batch under way is lost: they step on with their lookup guesses)."""
     requests = [(p, {"max_new_tokens": 24, "speculation": "always", **extra})
                 for p, extra in [("def fibonacci(n):", {}), ("The capital of France is", {}),
                                  ("Once upon a time", {"temperature": 0.8, "seed": 3})]]
@@ -219,6 +224,12 @@ def test_the_default_pair_drafts_for_concurrent_requests_each_with_its_output_al
         assert engine.get_info()["batch_drafts"] is True
         alone = [engine.generate(prompt, **params) for prompt, params in requests]
         together = run_all(engine, requests)
-    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
-    assert sum(r.stats["batched_rounds"] for r in together) > 0
-    assert sum(r.stats["drafted"] for r in together if r.stats["batched_rounds"]) > 0
+        assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+        assert sum(r.stats["batched_rounds"] for r in together) > 0
+        assert sum(r.stats["spec_rounds"] for r in together if r.stats["batched_rounds"]) > 0
+        long = [(prompt, {**params, "max_new_tokens": 200}) for prompt, params in requests]
+        expected = [engine.generate(prompt, **params).token_ids for prompt, params in long]
+        streams = [engine.stream(prompt, **params) for prompt, params in long]
+        next(streams[0])
+        os.kill(engine.get_info()["draft"]["pid"], signal.SIGKILL)
+        assert [list(s) and s.result.token_ids for s in streams] == expected

@@ -14,18 +14,17 @@ others' steps instead of stalling them (vLLM's chunked prefill). The answer rows
 of a step are shared out so that they fit the target's buffers: a request's guess
 shrinks as the batch grows.
 
-The draft drafts for a batch too (Drafts): each request in a cache of its own
-in the draft worker (workers/draft/batch.py), each draft token one batched step for
-all of them, before the pass (SpS: not pipelined). The cost model picks one window
-for all (CostModel.batch_window): it shrinks as the batch's pass stops being free,
-down to none, where every request steps target-only with its lookup guess. A
-request's draft cache catches up with its context beside the target's passes (a
+The draft drafts for a batch too (Drafts), beside the target's pass as DuoDecoding's
+rounds are: each request in a cache of its own in the draft worker
+(workers/draft/batch.py), each draft token one batched step for all of them. The cost
+model picks one window for all (CostModel.batch_window): it shrinks as the batch's pass
+stops being free, down to none, where every request steps target-only with its lookup
+guess. A request's draft cache catches up with its context in the same draft passes (a
 prompt just read, a rest just over), a chunk a step, before it drafts.
 """
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,6 +50,8 @@ class Part:
     guess: Window
     drafted: bool = False
     draft_s: float = 0.0
+    shadow: Window | None = None   # a drafting request's lookup guess, never verified: what a step without
+                                   # drafts would have kept of it is weighed against drafting (shadow_step)
 
     @property
     def rows(self) -> int:
@@ -92,13 +93,15 @@ class Batch:
         return parts
 
     def start(self, parts: list[Part], borrow_cores: bool) -> None:
-        """One pass for all the parts (finish collects it); beside it, the draft caches
-        that lag catch up (Drafts.catch_up), the draft's cores then not borrowed."""
+        """One pass for all the parts (finish collects it); beside it, the draft drafts the
+        next step's windows (Drafts), the draft's cores then not borrowed."""
         commands = [VerifyCommand(p.running.decoder.id, p.keep, len(p.tokens), p.rows,
                                   p.running.decoder.request.sampling, cache=p.running.cache) for p in parts]
         self.size = len(parts)
-        catching_up = self.drafts is not None and self.drafts.catch_up([p.running for p in parts])
-        self.target.start_batch(commands, [p.tokens for p in parts], borrow_cores and not catching_up)
+        predicted, gamma = self.drafts.plan(parts) if self.drafts is not None else ([], 0)
+        self.target.start_batch(commands, [p.tokens for p in parts], borrow_cores and not predicted)
+        if predicted:
+            self.drafts.start(predicted, gamma)
 
     def finish(self, parts: list[Part]) -> list[Verification]:
         verdicts = self.target.finish_batch()
@@ -108,135 +111,155 @@ class Batch:
 
 
 class Drafts:
-    """The draft's part in a batch's steps: a window for each request whose speculation
-    may pay, from its own draft cache, all drafted together before the pass."""
+    """The draft's part in a batch's steps, pipelined as DuoDecoding's rounds are: while
+    the target verifies a step, the draft drafts each request's next window as if the
+    step's window will be kept whole, the first drafted token guessing the target's
+    bonus token after it. Where it does, the rest is the request's window in the next
+    step; where not, the request takes a bare step (its next token), and the draft
+    drafts from its new context meanwhile. A request's draft cache that lags (a prompt
+    just read, a rest just over) catches up in the same passes of the draft."""
 
     def __init__(self, draft: DraftLink, costs: CostModel | None, max_gamma: int, available: Callable[[], bool]):
         self.draft, self.costs, self.max_gamma = draft, costs, max_gamma
         self.available = available         # the draft worker is up (not restarting)
         self.held: dict[int, int] = {}     # request id -> tokens of its context its draft cache holds
-        self.catching: list[Running] = []  # requests whose caches catch up beside the pass under way
-        self.gamma = 0                     # the last step's window
+        self.sent: list[tuple[Running, np.ndarray]] = []   # the draft's batch under way: each request's
+                                                           # predicted context
+        self.gamma = 0                     # ... and its window (0: it only catches caches up)
+        self.pending: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}   # request id -> (predicted
+                                           # context, tokens drafted after it, the draft's seconds)
+        self.drafting: list[Running] = []  # the requests drafted for in this step
+        self.next_gamma = 0                # ... and their next window
 
     def windows(self, decoding: list[Running], room: int) -> list[Part]:
-        """Drafted parts for the decoding requests whose draft cache is (nearly) up to date,
-        if the cost model finds a window that pays, in at most `room` tokens in all."""
-        self.gamma = 0
-        if not self.caught_up() or not self.available():
+        """The parts of the requests the draft drafts for in this step, in at most `room`
+        tokens: those whose draft cache holds their context, where the cost model finds a
+        window that pays (0: none, they step with their lookup guesses). Each one's
+        window is the one drafted beside the last pass, where its prediction came true
+        (its context is the predicted one and the window's first token: the rest is the
+        window), else none: a bare step, whose next token the draft guesses meanwhile."""
+        self.caught_up(block=self.gamma > 0)   # windows under way are waited for; a catch-up is not
+        pending, self.pending, self.drafting = self.pending, {}, []
+        if self.draft.busy or not self.available():
             return []
         ready = [r for r in decoding if r.decoder.drafts_in_batch() and self._lag(r) <= READY_LAG]
-        gamma = self._window(ready, len(decoding) - len(ready), room)
-        if gamma < 1:
+        self.next_gamma = self._window(ready, [r for r in decoding if r not in ready], room)
+        if self.next_gamma < 1:
             return []
-        started = time.perf_counter()
-        reply = self._send(ready, gamma, READY_LAG)
-        if reply is None:
-            return []
-        seconds = time.perf_counter() - started
-        self.gamma = gamma
         parts = []
-        for r, n in zip(ready, reply.lengths):
+        for r in ready:
             context = r.decoder.out.context
-            window = Window(self.draft.buffers["drafts"].array[r.cache, :min(n, r.decoder.out.remaining - 1)].copy())
-            if len(window):
-                parts.append(Part(r, np.concatenate([context[-1:], window.tokens]), len(context) - 1, window,
-                                  drafted=True, draft_s=seconds))
+            predicted, tokens, seconds = pending.get(r.decoder.id, (None, None, 0.0))
+            window = EMPTY
+            if predicted is not None and len(context) == len(predicted) + 1 and context[-1] == tokens[0] \
+                    and np.array_equal(context[:-1], predicted):
+                window = Window(tokens[1:min(len(tokens), r.decoder.out.remaining, self.next_gamma)])
+            parts.append(Part(r, np.concatenate([context[-1:], window.tokens]), len(context) - 1, window,
+                              drafted=len(window) > 0, draft_s=seconds, shadow=r.decoder.guess(self.next_gamma)))
+        self.drafting = ready
         return parts
 
-    def catch_up(self, stepping: list[Running]) -> bool:
-        """Start the draft caches of the requests that could draft but lag reading their
-        context, together as much as the draft reads in about one pass, beside the pass;
-        not where no window would pay even with every cache ready. It runs on in the
-        background (caught_up). Whether the draft is busy now."""
-        if not self.caught_up(block=False) or not self.available():
-            return self.draft.busy
+    def plan(self, parts: list[Part]) -> tuple[list[tuple[Running, np.ndarray]], int]:
+        """What the draft does beside this step's pass: the next window of each request it
+        drafts for, after its context and its part's window (its predicted context), and
+        a chunk of the context of each that could draft but whose cache lags, where
+        drafting could pay with every cache caught up; ([], 0) where it has nothing to do."""
+        if not self.caught_up() or not self.available():
+            return [], 0
+        predicted = [(p.running, np.concatenate([p.running.decoder.out.context, p.guess.tokens]))
+                     for p in parts if p.running in self.drafting]
+        lagging = [(r, r.decoder.out.context) for r in self._lagging([p.running for p in parts])]
+        return predicted + lagging, self.next_gamma if predicted else 0
+
+    def _lagging(self, stepping: list[Running]) -> list[Running]:
+        """The decoding requests that could draft but whose cache lags, where drafting could
+        pay with every cache caught up."""
         decoding = [r for r in stepping if r.decoder.out.length > r.decoder.out.n_prompt]
         could = [r for r in decoding if r.decoder.drafts_in_batch()]
-        lagging = [r for r in could if self._lag(r) > READY_LAG]
-        if not lagging or self._window(could, len(decoding) - len(could), len(decoding) * (self.max_gamma + 1)) < 1:
-            return False
-        tokens = MIN_CATCH_UP * len(lagging)
+        lagging = [r for r in could if r not in self.drafting and self._lag(r) > READY_LAG]
+        pays = lagging and self._window(could, [r for r in decoding if r not in could],
+                                        len(decoding) * (self.max_gamma + 1)) > 0
+        return lagging if pays else []
+
+    def start(self, predicted: list[tuple[Running, np.ndarray]], gamma: int) -> None:
+        """Send the draft its batch (plan's), to run beside the target's pass."""
+        contexts, windows = self.draft.buffers["contexts"].array, []
+        for r, context in predicted:
+            contexts[r.cache, :len(context)] = context
+            windows.append(BatchWindow(r.decoder.id, r.cache, len(context), r.decoder.request.sampling))
+        catch_up = MIN_CATCH_UP
         if self.costs is not None:
-            tokens = int(self.costs.batch_scale * self.costs.measured(len(decoding)) / self.costs.prefill_s)
-        if self._start(lagging, 0, max(MIN_CATCH_UP, tokens // len(lagging))):
-            self.catching = lagging
-        return bool(self.catching)
+            catch_up = max(catch_up, int(self.costs.batch_scale * self.costs.measured(len(predicted))
+                                         / self.costs.prefill_s) // len(predicted))
+        try:
+            self.draft.send(DraftBatch(windows, gamma, catch_up))
+        except WorkerLost:                 # the supervisor restarts it; its caches are gone
+            self.held.clear()
+            return
+        self.sent, self.gamma = predicted, gamma
 
     def caught_up(self, block: bool = False) -> bool:
-        """Whether the draft is free: a catch-up under way is collected once done (or now,
+        """Whether the draft is free: the batch under way is collected once done (or now,
         blocking); one whose reply was dropped (a request's end drains both links) is over."""
-        if self.catching and self.draft.busy:
+        if self.sent and self.draft.busy:
             try:
                 done = block or self.draft.poll()
             except WorkerLost:             # (poll: the link forgets the command)
                 self.held.clear()
                 done = False
             if done:
-                self._finish(self.catching)
+                self._collect()
         if not self.draft.busy:
-            self.catching = []
+            self.sent = []
         return not self.draft.busy
 
     def settle(self) -> None:
         """The batch is over (a request runs alone): the draft's link is the lone request's again."""
         self.caught_up(block=True)
-
+        self.pending = {}
 
     def observe(self, parts: list[Part], verdicts: list[Verification]) -> None:
-        """The step's timings, for the cost model; the caches of requests no longer stepping are forgotten."""
+        """The pass's time, for the cost model; the caches of requests no longer stepping are forgotten."""
         if self.costs is not None and verdicts:
-            drafted = [p for p in parts if p.drafted]
-            self.costs.observe_batch(sum(len(p.tokens) for p in parts), verdicts[0].seconds, len(drafted),
-                                     self.gamma if drafted else 0, drafted[0].draft_s if drafted else 0.0)
+            self.costs.observe_batch(sum(len(p.tokens) for p in parts), verdicts[0].seconds)
         ids = {p.running.decoder.id for p in parts}
         self.held = {i: n for i, n in self.held.items() if i in ids}
 
-    def _window(self, ready: list[Running], others: int, room: int) -> int:
-        """One window for the ready requests: the cost model's (forced to 1 or more where
-        every one of them is), without one the smallest of their configured gammas;
-        never more than fits in `room` tokens beside the others' next tokens."""
-        if not ready:
-            return 0
-        top = min(self.max_gamma, (room - others) // len(ready) - 1)
-        if self.costs is None:
-            return min(min(r.decoder.request.gamma for r in ready), top)
-        forced = all(r.decoder.gate.forced for r in ready)
-        return self.costs.batch_window([r.decoder.stats.acceptance for r in ready], others, top, forced)
-
-    def _lag(self, r: Running) -> int:
-        return len(r.decoder.out.context) - self.held.get(r.decoder.id, 0)
-
-    def _send(self, requests: list[Running], gamma: int, catch_up: int) -> DraftedBatch | None:
-        return self._finish(requests) if self._start(requests, gamma, catch_up) else None
-
-    def _start(self, requests: list[Running], gamma: int, catch_up: int) -> bool:
-        """Send the draft its DraftBatch; False if it is gone (the step goes on without it)."""
-        contexts = self.draft.buffers["contexts"].array
-        windows = []
-        for r in requests:
-            context = r.decoder.out.context
-            contexts[r.cache, :len(context)] = context
-            windows.append(BatchWindow(r.decoder.id, r.cache, len(context), r.decoder.request.sampling))
-        try:
-            self.draft.send(DraftBatch(windows, gamma, catch_up))
-        except WorkerLost:                 # the supervisor restarts it; its caches are gone
-            self.held.clear()
-            return False
-        return True
-
-    def _finish(self, requests: list[Running]) -> DraftedBatch | None:
-        """The draft's reply; None where it failed or died: the requests step target-only
-        (a draft's fault never costs a request its tokens)."""
+    def _collect(self) -> None:
+        """The draft's reply to the batch under way: each window drafted is pending for the
+        next step; None where the draft failed or died: its requests step target-only (a
+        draft's fault never costs a request its tokens)."""
         try:
             reply = self.draft.wait()
         except (WorkerError, WorkerLost) as exc:
             print(f"hetspec: a batch's draft failed, its requests step target-only: {exc}", file=sys.stderr)
             self.held.clear()
-            return None
+            return
         assert isinstance(reply, DraftedBatch), reply
-        for r, n in zip(requests, reply.cached):
-            self.held[r.decoder.id] = n
-        return reply
+        buffers = self.draft.buffers["drafts"].array
+        for (r, context), n, cached in zip(self.sent, reply.lengths, reply.cached):
+            self.held[r.decoder.id] = cached
+            if n:
+                self.pending[r.decoder.id] = (context, buffers[r.cache, :n].copy(), reply.seconds)
+        if self.costs is not None and all(reply.lengths):      # (a batch's catch-up would weigh on its steps)
+            self.costs.observe_batch(0, 0.0, len(reply.lengths), self.gamma, reply.seconds)
+
+    def _lag(self, r: Running) -> int:
+        return len(r.decoder.out.context) - self.held.get(r.decoder.id, 0)
+
+    def _window(self, ready: list[Running], others: list[Running], room: int) -> int:
+        """One window for the ready requests: the cost model's (forced to 1 or more where
+        every one of them is), without one the smallest of their configured gammas;
+        never more than fits in `room` tokens beside the others' next tokens."""
+        if not ready:
+            return 0
+        top = min(self.max_gamma, (room - len(others)) // len(ready))
+        if self.costs is None:
+            return min(min(r.decoder.request.gamma for r in ready), top)
+        forced = all(r.decoder.gate.forced for r in ready)
+        return self.costs.batch_window([r.decoder.stats.acceptance for r in ready],
+                                       [r.decoder.stats.target_step_yield for r in ready],
+                                       [r.decoder.stats.target_step_yield for r in others], top, forced)
 
 
 def part_of(running: Running, room: int) -> Part:
@@ -254,6 +277,8 @@ def part_of(running: Running, room: int) -> Part:
 def commit(part: Part, verdict: Verification) -> None:
     """The step's verdict on a request's part: its tokens, or how far its prompt is read."""
     decoder = part.running.decoder
+    if part.shadow is not None:
+        shadow_step(part, verdict)
     if part.drafted:
         decoder.commit_drafted_step(part.guess, verdict, part.draft_s)
         decoder.stats.batched_rounds += 1
@@ -264,3 +289,27 @@ def commit(part: Part, verdict: Verification) -> None:
         decoder.read += len(part.tokens)       # a chunk of the prompt: its answer is not needed
     else:
         decoder.first_token(verdict)
+
+
+def shadow_step(part: Part, verdict: Verification) -> None:
+    """How many tokens of a drafting request's lookup guess the target's own tokens in this
+    step would have kept (its choices: greedy or keyed, so a guess is judged without being
+    verified), for the lookup's hit rates and the yield of a step without drafts
+    (Stats.target_step_yield) that the budget weighs drafting against."""
+    guess, decoder = part.shadow.tokens, part.running.decoder
+    targets = _target_path(part.guess.tokens, verdict.choice)
+    n = len(guess)
+    mismatch = np.flatnonzero(guess[:len(targets)] != targets[:n])
+    kept = int(mismatch[0]) if len(mismatch) else min(n, len(targets))
+    if n:
+        decoder.lookup.verified(n, kept)
+    decoder.stats.shadow_rounds += 1
+    decoder.stats.shadow_accepted += kept
+
+
+def _target_path(window: np.ndarray, choice: np.ndarray) -> np.ndarray:
+    """The target's own tokens after the context, as far as this step shows them: the
+    window's tokens it agrees with, then its choice where it first disagrees (or after)."""
+    agree = np.flatnonzero(window != choice[:len(window)])
+    k = int(agree[0]) if len(agree) else len(window)
+    return np.append(window[:k], choice[k])

@@ -114,23 +114,32 @@ class CostModel:
             ratio = draft_s / (gamma * interpolate(self.batch_draft_s, n_drafting))
             self.batch_draft_scale += self.SMOOTHING * (ratio - self.batch_draft_scale)
 
-    def batch_window(self, acceptances: list[float], others: int, max_gamma: int, forced: bool = False) -> int:
+    def batch_window(self, acceptances: list[float], yields: list[float], others: list[float], max_gamma: int,
+                     forced: bool = False) -> int:
         """The window each of a batch's drafting requests gets, at their per-token
         acceptances (one length for all: each draft token is one batched draft step for
-        all of them): the one of most committed tokens a second over the step, the
-        gamma draft steps and then a pass that also holds `others` requests' next tokens,
-        which commit one each. 0 (no drafting: every request steps target-only) where
-        none beats that by BATCH_MARGIN, unless forced (at least 1). A batch's pass
-        stops being free as it grows, so the window shrinks with the batch, down to none."""
+        all of them), drafted beside a pass (batch.py's Drafts): the one of most committed
+        tokens a second. A step lasts the longer of the gamma draft steps and a pass that
+        holds every drafting request's gamma tokens (its last token and the window after
+        the first drafted one, the bonus token's guess) and the others' next tokens. A
+        request's window is there in a step with probability a**gamma (its last one kept
+        whole, the bonus token guessed), else it takes a bare step. yields, others: the
+        tokens a target-only step commits with its lookup guess, for each drafting request
+        (were it not drafting) and each other one. 0 (no drafting) where no window beats steps without drafts by
+        BATCH_MARGIN, unless forced (then at least 2, a window of one token). A batch's pass stops being free as
+        it grows, and its draft steps grow too: the window shrinks, down to none."""
         n = len(acceptances)
         if not n or not self.batch_draft_s or max_gamma < 1:
             return 0
         step_s = self.batch_draft_scale * interpolate(self.batch_draft_s, n)
 
         def rate(gamma: int) -> float:
-            tokens = sum(_committed(a, gamma) for a in acceptances) + others
-            return tokens / (gamma * step_s + self.batch_scale * self.measured(others + n * (gamma + 1)))
-        best = max(range(1, max_gamma + 1), key=rate)
+            if gamma == 0:
+                return (sum(yields) + sum(others)) / (self.batch_scale * self.measured(len(others) + n))
+            tokens = sum(a ** gamma * _committed(a, gamma - 1) + 1 - a ** gamma for a in acceptances)
+            seconds = max(gamma * step_s, self.batch_scale * self.measured(len(others) + n * gamma))
+            return (tokens + sum(others)) / seconds
+        best = max(range(min(2, max_gamma), max_gamma + 1), key=rate)   # (1: the bonus token's guess alone)
         return best if forced or rate(best) >= BATCH_MARGIN * rate(0) else 0
 
     def observe_prefill(self, n_tokens: int, seconds: float) -> None:

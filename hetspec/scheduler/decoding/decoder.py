@@ -209,9 +209,9 @@ class Decoder:
                 and self.request.rule is not Rule.UNKEYED)
 
     def commit_drafted_step(self, window: Window, verdict: Verification, draft_s: float) -> int:
-        n_accepted, _, kept = self.accept_and_commit(window, verdict)   # drafted before a batch's pass (SpS)
-        self.stats.spec_round(draft_s + verdict.seconds, draft_s, verdict.seconds, len(window),
-                              min(n_accepted, kept), kept, parallel=False)
+        n_accepted, _, kept = self.accept_and_commit(window, verdict)   # drafted beside a batch's last pass
+        self.stats.spec_round(verdict.seconds, draft_s, verdict.seconds, len(window),
+                              min(n_accepted, kept), kept, parallel=True)
         return kept
 
     def ahead(self, alone: bool) -> int:

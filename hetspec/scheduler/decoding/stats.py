@@ -30,6 +30,8 @@ class Stats:
     branch_hits: int = 0        # pipelined windows whose branch the target's token picked
     lookup_guessed: int = 0     # lookup guess tokens verified in target-only rounds (lookup.py)
     lookup_accepted: int = 0    # ... and accepted
+    shadow_rounds: int = 0      # a batch's drafted or bare steps, beside which a lookup guess was judged unverified
+    shadow_accepted: int = 0    # ... and the guessed tokens the target's own would have kept (batch.shadow_step)
     draft_s: float = 0.0
     verify_s: float = 0.0
     round_s: float = 0.0        # wall time of speculative rounds
@@ -45,6 +47,12 @@ class Stats:
     def acceptance(self) -> float:
         """Per-token acceptance so far (accepted / tokens decided), from the prior."""
         return (self.accepted + PRIOR_WEIGHT * self.prior) / (self.accepted + self.rejections + PRIOR_WEIGHT)
+
+    @property
+    def target_step_yield(self) -> float:
+        """Tokens a target-only step commits, its lookup guess's kept ones included, so far
+        (from one, as a step without a guess commits), its unverified guesses' too."""
+        return 1 + (self.lookup_accepted + self.shadow_accepted) / (self.target_only_rounds + self.shadow_rounds + 1)
 
     def spec_round(self, wall: float, draft_s: float, verify_s: float, drafted: int, accepted: int,
                    committed: int, parallel: bool, serial_draft_s: float = 0.0) -> None:
