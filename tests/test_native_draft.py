@@ -15,7 +15,7 @@ from hetspec.scheduler.tokenizer import Tokenizer
 from hetspec.workers.common.block_layouts import as_q8_0
 from hetspec.workers.common.hf_loading import load_causal_lm
 from hetspec.workers.common.kv_model import KVModel
-from hetspec.workers.common.native_model import WINDOW_FILL, NativeModel, Unsupported
+from hetspec.workers.common.native_model import WINDOW_FILL, NativeModel, Unsupported, load_library
 from hetspec.workers.draft.worker import DraftState
 from hetspec.workers.kernels.gguf_tensors import GGUFTensor
 
@@ -159,6 +159,7 @@ def test_another_architecture_is_refused(tmp_path):
 
 def test_without_a_compiler_the_worker_falls_back_to_llama_cpp(smollm2, tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "no-such-compiler")
+    load_library.cache_clear()     # a native model loaded earlier in this process (test_batch's) keeps its library
     state = DraftState(DraftSpec(backend="native", model=smollm2, cores=[0], threads=1, n_ctx=256,
                                  scratch_dir=str(tmp_path)))
     assert state.backend == "llama.cpp"
