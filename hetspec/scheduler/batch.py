@@ -227,8 +227,8 @@ class Drafts:
 
     def _collect(self) -> None:
         """The draft's reply to the batch under way: each window drafted is pending for the
-        next step; None where the draft failed or died: its requests step target-only (a
-        draft's fault never costs a request its tokens)."""
+        next step. Where the draft failed or died there is none, and its requests step
+        without drafts (a draft's fault never costs a request its tokens)."""
         try:
             reply = self.draft.wait()
         except (WorkerError, WorkerLost) as exc:
@@ -248,7 +248,7 @@ class Drafts:
         return len(r.decoder.out.context) - self.held.get(r.decoder.id, 0)
 
     def _window(self, ready: list[Running], others: list[Running], room: int) -> int:
-        """One window for the ready requests: the cost model's (forced to 1 or more where
+        """One window for the ready requests: the cost model's (forced to 2 or more where
         every one of them is), without one the smallest of their configured gammas;
         never more than fits in `room` tokens beside the others' next tokens."""
         if not ready:

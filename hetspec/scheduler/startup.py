@@ -139,7 +139,7 @@ def calibrate(config: EngineConfig, draft: DraftLink, target: TargetLink) -> tup
 
 def borrows_cores(config: EngineConfig, target: TargetLink, device: str) -> tuple[bool, float, bool]:
     """(alone, pace, batch): whether the target decoding alone also takes the draft's
-    cores, and whether a batch's pass does (batch.py; the draft idles in both): as
+    cores, and whether a batch's pass does (batch.py: where its draft idles): as
     configured, or ("auto") each if its pass is at least 5% faster so (the draft idle),
     after a short context: one token for decoding alone, max_running tokens for a
     batch, whose rows split among threads better. On a small CPU a second thread can
