@@ -242,7 +242,7 @@ class Drafts:
             if n:
                 self.pending[r.decoder.id] = (context, buffers[r.cache, :n].copy(), reply.seconds)
         if self.costs is not None and all(reply.lengths):      # (a batch's catch-up would weigh on its steps)
-            self.costs.observe_batch(0, 0.0, len(reply.lengths), self.gamma, reply.seconds)
+            self.costs.observe_batch_draft(len(reply.lengths), self.gamma, reply.seconds)
 
     def _lag(self, r: Running) -> int:
         return len(r.decoder.out.context) - self.held.get(r.decoder.id, 0)

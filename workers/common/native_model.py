@@ -169,6 +169,19 @@ class NativeModel:
                                       norms.ctypes.data) != 0:
             raise RuntimeError(f"the native forward refused a batch at positions {positions.tolist()}")
 
+    def forward_rows(self, tokens: np.ndarray, positions: np.ndarray, kcaches: np.ndarray, vcaches: np.ndarray,
+                     wanted: np.ndarray) -> np.ndarray:
+        """forward_batch over any number of tokens, in passes of up to max_window: the norms
+        of the tokens where the bool mask `wanted` is set, (wanted.sum(), n_embd)."""
+        norms, filled = np.empty((int(wanted.sum()), self.n_embd), np.float32), 0
+        for start in range(0, tokens.size, self.max_window):
+            part = slice(start, min(start + self.max_window, tokens.size))
+            self.forward_batch(tokens[part], positions[part], kcaches[part], vcaches[part], self._window_norms)
+            kept = self._window_norms[:part.stop - start][wanted[part]]
+            norms[filled:filled + len(kept)] = kept
+            filled += len(kept)
+        return norms
+
     def new_cache(self) -> tuple[np.ndarray, np.ndarray]:
         """Keys and values for another cache shaped as the model's own (forward_batch's), zero:
         np.zeros, so its pages are only taken as a request fills them."""

@@ -25,7 +25,6 @@ class BatchDrafter:
         self.caches = [model.new_cache() for _ in range(caches)]
         self.held = [np.zeros(0, np.int32) for _ in range(caches)]   # the tokens each cache holds
         self.vocab = vocab if 0 < vocab < model.n_vocab else model.n_vocab   # [draft] vocab: the rest never drafted
-        self.norms = np.zeros((model.max_window, model.n_embd), np.float32)
 
     def draft(self, windows: list[tuple[int, np.ndarray, Sampling]], gamma: int, catch_up: int
               ) -> tuple[np.ndarray, list[int], list[int]]:
@@ -73,15 +72,9 @@ class BatchDrafter:
         positions = np.concatenate([np.arange(p, p + len(t)) for _, t, p in fed]).astype(np.int32)
         kcaches, vcaches = (np.concatenate([np.full(len(t), self.caches[c][i].ctypes.data, np.uint64)
                                             for c, t, _ in fed]) for i in (0, 1))
-        ends = np.cumsum([len(t) for _, t, _ in fed]) - 1
-        last_norms = np.zeros((len(fed), self.norms.shape[1]), np.float32)
-        width = self.model.max_window
-        for start in range(0, len(tokens), width):
-            part = slice(start, min(start + width, len(tokens)))
-            self.model.forward_batch(tokens[part], positions[part], kcaches[part], vcaches[part], self.norms)
-            inside = (ends >= start) & (ends < part.stop)
-            last_norms[inside] = self.norms[ends[inside] - start]
-        rows = self.model.window_logits(last_norms)
+        lasts = np.zeros(len(tokens), bool)
+        lasts[np.cumsum([len(t) for _, t, _ in fed]) - 1] = True
+        rows = self.model.window_logits(self.model.forward_rows(tokens, positions, kcaches, vcaches, lasts))
         rows[:, self.vocab:] = -np.inf
         for (cache, t, p) in fed:
             self.held[cache] = np.concatenate([self.held[cache], t])

@@ -16,7 +16,6 @@ threads (pool.h), each row computed as on one thread.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Sequence
 
@@ -34,13 +33,10 @@ class NativeTarget:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"GGUF model file not found: {path}")
         self._net = NativeModel(path, n_ctx, cache_root, fast_head=False, exact_kquants=True, window_layout=True)
-        lib, model = self._net._lib, self._net._model
-        self._lib, self._model, self._ref = lib, model, ctypes.byref(model)
+        self._lib, model = self._net._lib, self._net._model
         self.max_window = self._net.max_window
         first = (self._net._kcache, self._net._vcache)
-        # np.zeros, not zeros_like (which writes its zeros): a cache's pages are taken as a request fills them
-        self._caches = [first] + [tuple(np.zeros(a.shape, a.dtype) for a in first) for _ in range(caches - 1)]
-        self._norms = np.zeros((self.max_window, model.n_embd), np.float32)
+        self._caches = [first] + [self._net.new_cache() for _ in range(caches - 1)]
         self.n_vocab, self.n_ctx, self.caches = model.n_vocab, n_ctx, caches
         self.set_threads(threads)
         self.lengths = [0] * caches
@@ -70,18 +66,7 @@ class NativeTarget:
         wanted = np.concatenate([np.arange(n.size) >= n.size - window[3] for window, n in zip(windows, ids)])
         for cache, _, keep, _ in windows:
             self.lengths[cache] = keep      # a failed pass leaves it here
-        norms = np.empty((int(wanted.sum()), self._norms.shape[1]), np.float32)
-        filled = 0
-        for start in range(0, tokens.size, self.max_window):
-            part = slice(start, min(start + self.max_window, tokens.size))
-            self._net.forward_batch(tokens[part], positions[part], kcaches[part], vcaches[part], self._norms)
-            kept = self._norms[:part.stop - start][wanted[part]]
-            norms[filled:filled + len(kept)] = kept
-            filled += len(kept)
-        logits = np.empty((len(norms), self.n_vocab), dtype=np.float32)
-        for start in range(0, len(norms), self.max_window):
-            m = min(self.max_window, len(norms) - start)
-            self._lib.hs_window_logits(self._ref, norms[start:].ctypes.data, m, logits[start:].ctypes.data)
+        logits = self._net.window_logits(self._net.forward_rows(tokens, positions, kcaches, vcaches, wanted))
         self._lib.hs_pool_rest()
         for (cache, _, keep, _), n in zip(windows, ids):
             self.lengths[cache] = keep + n.size

@@ -104,14 +104,15 @@ class CostModel:
             ratio = verify_s / self.measured(n_verify)
             self.verify_scale += self.SMOOTHING * (ratio - self.verify_scale)
 
-    def observe_batch(self, n_tokens: int, seconds: float, n_drafting: int = 0, gamma: int = 0,
-                      draft_s: float = 0.0) -> None:
-        """A batch's step: its pass of n_tokens, and the gamma batched draft steps for
-        n_drafting requests before it, if any."""
+    def observe_batch(self, n_tokens: int, seconds: float) -> None:
+        """A batch's pass of n_tokens."""
         if n_tokens > 0 and seconds > 0:
             self.batch_scale += self.SMOOTHING * (seconds / self.measured(n_tokens) - self.batch_scale)
-        if gamma > 0 and draft_s > 0 and self.batch_draft_s:
-            ratio = draft_s / (gamma * interpolate(self.batch_draft_s, n_drafting))
+
+    def observe_batch_draft(self, n_requests: int, gamma: int, seconds: float) -> None:
+        """A batch's draft: gamma batched draft steps for n_requests."""
+        if gamma > 0 and seconds > 0 and self.batch_draft_s:
+            ratio = seconds / (gamma * interpolate(self.batch_draft_s, n_requests))
             self.batch_draft_scale += self.SMOOTHING * (ratio - self.batch_draft_scale)
 
     def batch_window(self, acceptances: list[float], yields: list[float], others: list[float], max_gamma: int,
