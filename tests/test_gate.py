@@ -82,6 +82,19 @@ def test_a_request_that_begins_by_speculating_pays_back_its_first_probe():
     assert forced.probe_began is None
 
 
+def test_rounds_of_one_token_never_pay_against_a_target_timed_slow():
+    """A target alone timed at a slow moment (50 ms a token) is never timed again while
+    a request speculates: rounds that commit one token each rest all the same, and a
+    draft that is accepted at all is judged by the clock."""
+    memory = Memory(target_s=0.050)
+    gate = Gate(memory, forced=False)
+    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)
+    assert not gate.speculate and gate.rest == FIRST_REST
+    accepted = Gate(Memory(target_s=0.050), forced=False)
+    _judged(accepted, 1 + MIN_ROUNDS, 0.024, 2)
+    assert accepted.speculate
+
+
 def test_gate_never_rests_a_forced_request_and_times_the_target_first():
     forced = Gate(Memory(target_s=0.010), forced=True)
     _judged(forced, 20, 1.0, 1)

@@ -2,9 +2,10 @@
 make the engine slower than the target alone.
 
 A request speculates, and its recent rounds are judged against what the target
-alone takes per token. When speculating commits tokens more slowly, the request
-rests: it decodes target-only for a while, then probes again with a few
-speculative rounds. Each failed probe doubles the rest (up to MAX_REST), and
+alone takes per token. When speculating commits tokens more slowly, or no more
+than one a round (what the target alone commits a pass), the request rests: it
+decodes target-only for a while, then probes again with a few speculative
+rounds. Each failed probe doubles the rest (up to MAX_REST), and
 makes it long enough that the probe's cost (the draft catching up with the
 text, its slower rounds) is at most PROBE_SHARE of the rest's time; one that
 pays resets it. The rest carries over to the engine's next request in
@@ -122,5 +123,9 @@ class Gate:
         return min(MAX_PROBE_REST, max(0, math.ceil(lost / (PROBE_SHARE * self.memory.target_s))))
 
     def _pays(self) -> bool:
-        seconds = sum(s for s, _ in self.recent)
-        return seconds / sum(c for _, c in self.recent) < self.memory.target_s
+        """Faster per token than the target alone, and more than a token a round: a round
+        that commits one token takes a target pass, as the target alone does, so it can
+        only seem to pay against a target_s timed at a slow moment, never corrected while
+        the request speculates."""
+        seconds, committed = sum(s for s, _ in self.recent), sum(c for _, c in self.recent)
+        return committed > len(self.recent) and seconds / committed < self.memory.target_s
