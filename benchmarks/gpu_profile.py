@@ -1,6 +1,7 @@
 """A target on a GPU, measured: what a pass costs the host and the GPU, run eagerly, on a static
-cache and captured (CUDA graphs); the engine's rounds around it with a CPU draft, its passes eager
-and captured; the same model's plain `generate`; and a paced profile (hetspec.core.gpu_profiles)
+cache and captured (CUDA graphs); several requests' windows in one packed pass against their
+captured passes one after another; the engine's rounds around it with a CPU draft, its passes
+eager and captured; the same model's plain `generate`; and a paced profile (hetspec.core.gpu_profiles)
 drawn from the captured curve, so that the paced target can charge measured numbers.
 
     python -m hetspec.benchmarks.gpu_profile [--device cuda|cpu] [--target SPEC] [--draft SPEC]
@@ -32,6 +33,8 @@ SHAPES = {   # device: target, draft, dtype, context, tokens, prompts, repeats
             "float32", 32, 12, 2, 3),
 }
 SIZES = (1, 2, 4, 8, 16, 32)     # the windows timed after the context (the engine pads to these)
+BATCHES = (1, 2, 4, 8)           # requests in a packed pass (batch_curve)
+BATCH_WINDOW = 5                 # each one's window: a speculative round's of gamma 4
 FLAT = 1.10                      # a size costs "the same" as one token within 10%
 GAMMA = 4                        # the forced speculative rounds' window
 MODES = [("target", "auto"), ("duodec", "always")]
@@ -96,6 +99,33 @@ def curve(kv, device: str, context: list[int], repeats: int, eager: dict | None 
     return out
 
 
+def batch_curve(lm, args, context: list[int]) -> dict:
+    """Per batch size: wall ms [median, fastest] of that many requests' BATCH_WINDOW-token windows
+    after `context`, as one packed pass over their eager caches (workers/target/packed_pass.py)
+    and as their captured passes replayed one after another (what a captured target runs)."""
+    from hetspec.workers.common.kv_model import KVModel
+    from hetspec.workers.target.captured import CapturedKVModel
+    from hetspec.workers.target.packed_pass import forward_batch
+
+    eager = KVModel(lm, args.device)
+    captured = CapturedKVModel(lm, args.device, len(context) + 2 * SIZES[-1], SIZES[-1])
+    window, keep = list(range(1, BATCH_WINDOW + 1)), len(context)
+    for kv in (eager, captured):
+        for cache in range(BATCHES[-1]):
+            kv.use(cache)
+            kv.forward(context, 0, all_logits=False)
+    out = {"window": BATCH_WINDOW}
+    for batch in BATCHES:
+        windows = [(cache, window, keep, BATCH_WINDOW) for cache in range(batch)]
+        packed = lambda windows=windows: forward_batch(eager, windows)
+        replays = lambda windows=windows: [(captured.use(c), captured.forward(t, k)) for c, t, k, _ in windows]
+        for run in (packed, replays, packed, replays):      # warm-up: recordings, cuBLAS's choices
+            run()
+        out[str(batch)] = {"packed_ms": wall_ms(packed, args.device, args.repeats),
+                           "replays_ms": wall_ms(replays, args.device, args.repeats)}
+    return out
+
+
 def paced_profile(captured: dict, context: int, name: str, where: str) -> dict:
     """A GpuProfile's fields from the captured curve. A pass can be padded to a longer one, so a size
     costs at most what any longer one does (that evens out noise); flat_to is the largest size within
@@ -147,6 +177,8 @@ def in_process(args, ids: list[list[int]], doc: dict) -> None:
         if passes == "captured":
             doc["curve"][passes]["graphs"] = kv.fallback or ("CUDA graphs" if kv.graphs else "run eagerly (no CUDA)")
         del kv
+    if due(args, doc, "batch"):
+        doc["batch"] = batch_curve(lm, args, ids[0])
     if due(args, doc, "generate eager"):
         doc["generate"]["eager"] = generate(lm, ids, args.tokens, args.device)
     del lm
@@ -244,6 +276,10 @@ def report(doc: dict) -> str:
              "|---" * (len(SIZES) + 2) + "|"]
     lines += [f"| {passes} | " + " | ".join(f"{c[str(n)]['wall_ms'][0]} / {c[str(n)]['kernel_ms']}" for n in SIZES)
               + f" | {c['prompt_ms'][0]} |" for passes, c in doc["curve"].items()]
+    if doc["batch"]:
+        lines += ["", f"| requests x {doc['batch']['window']} tokens | packed pass ms | captured replays ms |",
+                  "|---|---|---|"]
+        lines += [f"| {b} | {v['packed_ms'][0]} | {v['replays_ms'][0]} |" for b, v in doc["batch"].items() if b != "window"]
     lines += ["", "| engine passes | mode | tok/s | ms a spec round: draft / verify / round / overhead |",
               "|---|---|---|---|"]
     lines += [f"| {passes} | {mode} | {e[mode]['tokens_per_s']} | "
@@ -255,7 +291,7 @@ def report(doc: dict) -> str:
 
 
 NAMES = ("target", "draft", "dtype", "context", "tokens", "prompts", "repeats")   # SHAPES' fields
-STEPS = {"curve", "engine", "generate"}
+STEPS = {"curve", "batch", "engine", "generate"}
 
 
 def parse(argv) -> argparse.Namespace:
@@ -264,7 +300,8 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     for name, value in zip(NAMES, SHAPES["cuda"]):
         p.add_argument(f"--{name}", type=type(value), help="default: the device's (SHAPES)")
-    p.add_argument("--steps", default="curve,engine,generate", help="which of curve, engine, generate (default: all)")
+    p.add_argument("--steps", default="curve,batch,engine,generate",
+                   help="which of curve, batch, engine, generate (default: all)")
     p.add_argument("--budget-s", type=float, default=300, help="no step starts after this many seconds")
     p.add_argument("--compile-limit-s", type=float, default=90, help="static-cache generate's limit, compiling included")
     p.add_argument("--out", help="write the JSON here (and print its summary, not the JSON)")
@@ -297,9 +334,9 @@ def main(argv=None) -> int:
     args.deadline = start + args.budget_s
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     doc = {"device_name": name, "torch": torch.__version__, **{k: getattr(args, k) for k in NAMES}, "gamma": GAMMA,
-           "curve": {}, "engine": {}, "generate": {}, "skipped": []}
+           "curve": {}, "batch": {}, "engine": {}, "generate": {}, "skipped": []}
     ids = prompts(args)
-    if args.steps & {"curve", "generate"}:
+    if args.steps & {"curve", "batch", "generate"}:
         in_process(args, ids, doc)
     doc["paced_profile"] = (paced_profile(doc["curve"]["captured"], args.context,
                                           re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + "-captured",

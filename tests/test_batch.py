@@ -40,8 +40,8 @@ KEYED, UNKEYED = Sampling(Rule.KEYED, 0.8, seed=5), Sampling(Rule.UNKEYED, 0.9, 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     """A real native SmolLM2 target worker process with 3 caches, on this process's end of a
-    TargetLink (a transformers target runs a batch's windows one after another: the engine
-    tests below, on random models, run it)."""
+    TargetLink (the transformers target's packed pass: tests/test_packed_pass.py, and the
+    engine tests below, on random models)."""
     folder = tmp_path_factory.mktemp("batch")
     model = resolve_model("builtin:smollm2", "target")
     context = zmq.Context()
@@ -155,6 +155,19 @@ def test_a_request_leaves_the_batch_without_disturbing_the_others(engine):
     assert leaving.result.finish_reason == "cancelled" and timed.finish_reason == "timeout"
     assert [list(s) and s.result.token_ids for s in streams] == expected
     assert max(s.result.stats["batched_rounds"] for s in streams) > 0
+
+
+def test_a_static_cache_target_steps_a_batch_in_one_pass_each_output_alone():
+    """The transformers target's static passes packed into one (packed_pass.py), in an engine
+    on a Gemma 3 past its sliding window, greedy and keyed."""
+    config = random_engine_config(target="random:arch=gemma3,seed=0", draft="random:arch=gemma3,seed=0")
+    config["target"]["passes"] = "static"
+    requests = REQUESTS[:2] + [("Fourth, sampled", {"max_new_tokens": 30, "temperature": 0.8, "seed": 7})]
+    with hetspec.launch(config) as engine:
+        alone = [engine.generate(prompt, **params) for prompt, params in requests]
+        together = run_all(engine, requests)
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert sum(r.stats["batched_rounds"] for r in together) > 0
 
 
 # ---- a batch's drafts (Drafts, workers/draft/batch.py) -------------------------------

@@ -29,7 +29,7 @@ class KVModel:
         self.length = 0
         self.cache = None
         self.number = 0               # which cache forward() works on: each admitted request has one
-        self._cache_arg = cache_keyword(lm)
+        self.cache_arg = cache_keyword(lm)
         self._kept: dict[int, tuple] = {}   # the others' (cache, length)
 
     def use(self, number: int) -> None:
@@ -49,7 +49,7 @@ class KVModel:
 
         return growing_cache()
 
-    def _layer_types(self) -> list[str]:
+    def layer_types(self) -> list[str]:
         config = self.lm.config.get_text_config()
         return list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
 
@@ -57,7 +57,7 @@ class KVModel:
         """[layers, kv_heads, head_dim, full-attention layers] of the cache as
         layer_kv hands it over; [] when some layers attend in another way."""
         config = self.lm.config.get_text_config()
-        types = self._layer_types()
+        types = self.layer_types()
         if set(types) - {"full_attention", "sliding_attention"}:
             return []
         heads = config.num_attention_heads
@@ -71,7 +71,7 @@ class KVModel:
         keeps them in two caches), each in model order."""
         if length > self.length:
             raise ValueError(f"{length} positions asked for, {self.length} cached")
-        types = self._layer_types()
+        types = self.layer_types()
         order = sorted(range(len(types)), key=lambda i: types[i] != "full_attention")
         for i in order:
             layer = self.cache.layers[i]
@@ -84,17 +84,21 @@ class KVModel:
         if pos > self.length or pos < 0:
             raise ValueError(f"position {pos} is beyond the {self.length} cached tokens")
 
-    @torch.inference_mode()
-    def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
-        """Logits (n, vocab) for every token (or only the last one), float32."""
+    def prepare(self, tokens, pos: int) -> None:
+        """The current cache made ready for tokens at pos: new, or cropped to pos."""
         self._check(tokens, pos)
         if pos == 0 or self.cache is None:
             self.cache = self._new_cache()
         elif pos < self.length:
             self.cache.crop(pos - self.length)
+
+    @torch.inference_mode()
+    def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
+        """Logits (n, vocab) for every token (or only the last one), float32."""
+        self.prepare(tokens, pos)
         ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
         out = self.lm(input_ids=ids, use_cache=True, logits_to_keep=0 if all_logits else 1,
-                      **{self._cache_arg: self.cache})
+                      **{self.cache_arg: self.cache})
         self.length = pos + len(tokens)
         return out.logits[0].float()
 
@@ -128,7 +132,7 @@ class StaticKVModel(KVModel):
         from transformers.cache_utils import Cache, StaticLayer
 
         capacity = self.n_ctx + self.sizes[-1]            # room for the last window's padding
-        return Cache(layers=[StaticLayer(capacity) for _ in self._layer_types()])
+        return Cache(layers=[StaticLayer(capacity) for _ in self.layer_types()])
 
     def _rewind(self, pos) -> None:
         """Every layer's length to pos (an int, or a device scalar): where this pass
@@ -146,6 +150,11 @@ class StaticKVModel(KVModel):
         return next((s for s in self.sizes if s >= len(tokens)), len(tokens))
 
     @torch.inference_mode()
+    def prepare(self, tokens, pos: int) -> None:
+        self._size(tokens, pos)
+        self._rewind(pos)
+
+    @torch.inference_mode()
     def forward(self, tokens, pos: int, all_logits: bool = True) -> torch.Tensor:
         size, n = self._size(tokens, pos), len(tokens)
         self._rewind(pos)
@@ -156,7 +165,7 @@ class StaticKVModel(KVModel):
         else:
             ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).view(1, -1)
         keep = 0 if all_logits or size > n else 1
-        out = self.lm(input_ids=ids, use_cache=True, logits_to_keep=keep, **{self._cache_arg: self.cache})
+        out = self.lm(input_ids=ids, use_cache=True, logits_to_keep=keep, **{self.cache_arg: self.cache})
         self.length = pos + n
         logits = out.logits[0, :n]                         # the window's rows, not its padding's
         return (logits if all_logits else logits[-1:]).float()

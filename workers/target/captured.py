@@ -55,7 +55,7 @@ class CapturedKVModel(StaticKVModel):
         """What is recorded: a padded pass from the staged start and ids, its rows' float32 logits."""
         self._rewind(self._staged[0])
         ids = self._staged[1:1 + size].view(1, size)
-        return self.lm(input_ids=ids, use_cache=True, logits_to_keep=0, **{self._cache_arg: self.cache}).logits[0].float()
+        return self.lm(input_ids=ids, use_cache=True, logits_to_keep=0, **{self.cache_arg: self.cache}).logits[0].float()
 
     def _record(self, size: int) -> Callable[[], torch.Tensor]:
         """The replay of a pass of `size` over the current cache: a CUDA graph where one can

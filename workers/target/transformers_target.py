@@ -16,6 +16,7 @@ from hetspec.workers.target.captured import CapturedKVModel
 from hetspec.workers.target.devices import resolve_device
 from hetspec.workers.target.gguf_linear import use_gguf_blocks
 from hetspec.workers.target.packed_linear import pack_linears
+from hetspec.workers.target.packed_pass import forward_batch
 
 
 class TransformersTarget:
@@ -79,11 +80,15 @@ class TransformersTarget:
         return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
 
     def run_batch(self, windows: list[tuple], borrow: bool) -> list[torch.Tensor]:
-        """Several requests' (cache, tokens, keep, rows), one pass each: each request's cache
-        is its own object, so one pass over all of them needs a batched cache (not built)."""
-        logits = [self.run(*window, borrow) for window in windows]
+        """Several requests' (cache, tokens, keep, rows) in one pass (packed_pass.py), except
+        where passes are captured: there each replays its own recording."""
+        if len(windows) == 1 or self.passes == "captured":
+            logits = [self.run(*window, borrow) for window in windows]
+            self.last_caches = [window[0] for window in windows]
+            return logits
         self.last_caches = [window[0] for window in windows]
-        return logits
+        self.loan.hold(borrow)
+        return forward_batch(self.kv, windows)
 
     def geometry(self) -> list[int]:
         return self.kv.geometry()
