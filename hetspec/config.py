@@ -38,6 +38,7 @@ DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_
 CPU_KERNELS = ("gguf", "onednn", "torch")
 PASSES = ("auto", "eager", "static", "captured")
 DTYPES = ("float32", "bfloat16", "float16")
+MAX_RUNNING, PACED_RUNNING = 64, 8   # [server] max_running at most, and "auto" on the paced target
 
 
 @dataclass(frozen=True)
@@ -88,11 +89,9 @@ class DraftConfig:
 
 @dataclass(frozen=True)
 class TargetConfig:
-    backend: str = "auto"               # "transformers" (float32 or another dtype; CPU or CUDA), "llama.cpp" or
-                                        # "native" (a GGUF file's own weights on the CPU, batch-invariant, run by
-                                        # llama.cpp or by hetspec's kernels: docs/design.md); "auto": native for
-                                        # a GGUF file in float32 on the CPU, else transformers (the target
-                                        # worker decides: resolve_backend)
+    backend: str = "auto"               # "transformers" (any dtype; CPU or CUDA), "llama.cpp" or "native" (a GGUF
+                                        # file's own weights on the CPU, batch-invariant: docs/design.md); "auto": native
+                                        # for a GGUF file in float32 on the CPU, else transformers (resolve_backend)
     model: str = "builtin:smollm2"
     device: str = "auto"                # "auto", "cpu", "cuda", "cuda:N"
     dtype: str = "float32"
@@ -160,9 +159,7 @@ class DecodingConfig:
     BOUNDS: ClassVar[dict] = {"max_sequences": (1, 64), "max_gamma": (1, 256), "lookup": (0, 64)}
 
     def checked(self) -> DecodingConfig:
-        if self.gamma != AUTO and not (_is_int(self.gamma) and 1 <= self.gamma <= self.max_gamma):
-            raise ConfigError(f"[decoding] gamma must be 'auto' or an integer in 1..{self.max_gamma}, "
-                              f"got {show(self.gamma)}")
+        _auto_or_in("decoding", "gamma", self.gamma, 1, self.max_gamma)
         if not (self.keep_drafting == AUTO or isinstance(self.keep_drafting, bool)):
             raise ConfigError(f"[decoding] keep_drafting must be 'auto', true or false, got {show(self.keep_drafting)}")
         _choice("decoding", "speculation", self.speculation, Speculation.values())
@@ -183,7 +180,7 @@ class ServerConfig:
     max_context: int = 4096             # prompt + new tokens
     max_new_tokens: int = 0             # a request's new tokens at most (a larger max_new_tokens is capped to it);
                                         # 0: [server] max_context
-    max_running: int = 4                # requests admitted at once, stepped together (a cache each in the target)
+    max_running: int | Auto = AUTO      # requests stepped together, a cache each; auto: 4 on a CPU, on CUDA what fits
     batch_tokens: int = 64              # tokens a step of several requests holds: their next tokens and guesses,
                                         # then prompt chunks (vLLM's max_num_batched_tokens)
     turn_s: float = 0.05                # a request alone keeps the engine this long at least once another waits
@@ -194,12 +191,12 @@ class ServerConfig:
     cores: tuple[int, ...] | Auto = AUTO   # the scheduler's; "auto": the target's (see assign_cores)
 
     BOUNDS: ClassVar[dict] = {"port": (0, 65535), "max_context": (16, 2**24), "max_new_tokens": (0, 2**31 - 1),
-                              "max_running": (1, 64), "batch_tokens": (1, 2**20),
-                              "turn_s": (0.001, 3600), "max_queue": (0, 10**6),
+                              "batch_tokens": (1, 2**20), "turn_s": (0.001, 3600), "max_queue": (0, 10**6),
                               "startup_timeout_s": (0.001, 86400)}
 
     def checked(self) -> ServerConfig:
         _choice("server", "transport", self.transport, ("ipc", "tcp"))
+        _auto_or_in("server", "max_running", self.max_running, 1, MAX_RUNNING)
         return dataclasses.replace(self, max_new_tokens=self.max_new_tokens or self.max_context)
 
 
@@ -222,8 +219,7 @@ class ReplicasConfig:
         if self.max_replicas < self.min_replicas:
             raise ConfigError(f"[replicas] max_replicas ({self.max_replicas}) is below min_replicas "
                               f"({self.min_replicas})")
-        if not (self.gpus == AUTO or (_is_int(self.gpus) and 0 <= self.gpus <= 64)):
-            raise ConfigError(f"[replicas] gpus must be 'auto' or an integer in 0..64, got {show(self.gpus)}")
+        _auto_or_in("replicas", "gpus", self.gpus, 0, 64)
         return self
 
 
@@ -241,7 +237,8 @@ class EngineConfig:
 
 _SECTIONS = {"draft": DraftConfig, "target": TargetConfig, "decoding": DecodingConfig, "server": ServerConfig,
              "replicas": ReplicasConfig}
-_WORD_OR_NUMBERS = {"cores", "gamma", "sequences", "keep_drafting", "gpus", "speculation", "alone_borrows_draft_cores"}   # checked()
+_WORD_OR_NUMBERS = {"cores", "gamma", "sequences", "keep_drafting", "gpus", "speculation", "alone_borrows_draft_cores",
+                    "max_running"}   # each section's checked() checks these
 _KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
 
 
@@ -369,6 +366,11 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _auto_or_in(section: str, key: str, value, low: int, high: int) -> None:
+    if not (value == AUTO or (_is_int(value) and low <= value <= high)):
+        raise ConfigError(f"[{section}] {key} must be 'auto' or an integer in {low}..{high}, got {show(value)}")
+
+
 def _key(key) -> str:
     """A key as a message names it: as written, its odd characters escaped."""
     return show(key)[1:-1] if isinstance(key, str) and len(key) < 60 else show(key)
@@ -376,17 +378,16 @@ def _key(key) -> str:
 
 def assign_cores(draft: tuple[int, ...] | Auto, target: tuple[int, ...] | Auto,
                  scheduler: tuple[int, ...] | Auto = AUTO, target_on_host: bool = True) -> tuple[tuple[int, ...], ...]:
-    """Resolve "auto": the draft owns the first core, the target the rest
-    (on a 2-core machine: draft on core 0, target on core 1), and the scheduler
-    shares the target's. A target on a GPU (or paced as one) needs a core only to
-    drive it: it shares the first with the scheduler, and the draft may take every
-    core, the first last: its threads are measured at start-up (thread_choice.py),
-    so it spreads onto the scheduler's core only where that makes its step faster.
+    """Resolve "auto": the draft owns the first core, the target the rest (on a
+    2-core machine: draft on core 0, target on core 1), and the scheduler shares the
+    target's. A target on a GPU (or paced as one) needs a core only to drive it: it
+    shares the first with the scheduler, and the draft may take every core, the first
+    last: its threads are measured at start-up (thread_choice.py), so it spreads onto
+    the scheduler's core only where that makes its step faster.
 
-    The scheduler's own work (starting both workers, streaming, bookkeeping)
-    runs while both compute, so it must sit beside the side with time to
-    spare; the budget makes the draft the longer side, so beside the target
-    (docs/performance.md, "Where the scheduler sits")."""
+    The scheduler's own work (starting both workers, streaming, bookkeeping) runs
+    while both compute, so it sits beside the side with time to spare, which the
+    budget makes the target (docs/performance.md, "Where the scheduler sits")."""
     cores = sorted(psutil.Process().cpu_affinity())
     for name, value in (("draft", draft), ("target", target), ("server", scheduler)):
         if value != AUTO:

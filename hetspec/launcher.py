@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 
-from hetspec.config import EngineConfig
+from hetspec.config import AUTO, MAX_RUNNING, PACED_RUNNING, EngineConfig
 from hetspec.core.errors import EngineStartError
 from hetspec.ipc.channel import ipc_endpoint, make_runtime_dir
 from hetspec.ipc.shm import new_run_id, remove_leftovers
@@ -71,13 +71,15 @@ class Launcher:
     def run_spec(self) -> RunSpec:
         """What the scheduler starts from: the config, the endpoints and both workers' commands."""
         c = self.config
+        fit = c.server.max_running == AUTO and c.target.backend != "paced"   # the target keeps what it holds
+        running = c.server.max_running if c.server.max_running != AUTO else MAX_RUNNING if fit else PACED_RUNNING
         draft_model, target_model = resolve_model(c.draft.model, "draft"), resolve_model(c.target.model, "target")
         draft_threads = c.draft.threads or len(c.draft.cores)      # 0: the native draft measures
         draft = DraftSpec(backend=c.draft.backend, model=draft_model, cores=list(c.draft.cores),
                           threads=draft_threads, measure_threads=c.draft.threads == 0,
                           n_ctx=c.draft.n_ctx, weights=c.draft.weights,
                           prefill_weights=c.draft.prefill_weights, prompt_kv=c.draft.prompt_kv, vocab=c.draft.vocab,
-                          caches=c.server.max_running if c.decoding.batch_drafts else 1,
+                          caches=running if c.decoding.batch_drafts else 1,
                           scratch_dir=self.runtime_dir,
                           borrow_cores=list(c.target.cores) if c.draft.prefill_borrows_target_cores else [])
         target = TargetSpec(model=target_model, dtype=c.target.dtype, device=c.target.device,
@@ -85,7 +87,7 @@ class Launcher:
                             borrow_cores=list(c.draft.cores) if c.target.prefill_borrows_draft_cores
                             or c.target.alone_borrows_draft_cores is not False else [],
                             backend=c.target.backend, n_ctx=c.server.max_context + c.decoding.max_gamma + 1,
-                            caches=c.server.max_running, profile=c.target.profile, traces=c.target.traces,
+                            caches=running, fit_caches=fit, profile=c.target.profile, traces=c.target.traces,
                             passes=c.target.passes, max_window=c.decoding.max_gamma + 1)
         return RunSpec(
             run_id=self.run_id, config=c.to_dict(), endpoints=self.endpoints, runtime_dir=self.runtime_dir,

@@ -31,6 +31,8 @@ class WorkerHello:
                                                           # taken (draft); [] if not
     prefill_threads: bool = True  # the model prefills faster on more threads (borrowed cores): every
                                   # draft backend does now (the native one splits its window products)
+    caches: int = 1           # target: the caches it keeps, the requests stepped together at most
+                              # ([server] max_running; "auto": what its device holds)
 
 
 @dataclass

@@ -66,7 +66,8 @@ class TargetSpec:
     borrow_cores: list[int] = field(default_factory=list)   # the draft's, lent for prefills
     backend: str = "transformers"   # or one of GGUF_TARGET_BACKENDS, or "paced" (a simulated GPU target)
     n_ctx: int = 0             # llama.cpp: positions a cache holds
-    caches: int = 1            # llama.cpp, native, captured passes: caches (one per request admitted at once)
+    caches: int = 1            # caches, one per request admitted at once ([server] max_running)...
+    fit_caches: bool = False   # ...or, max_running "auto", the most: the worker keeps what its device holds
     profile: str = ""          # backend "paced": the GPU profile it charges (hetspec.core.gpu_profiles)
     traces: str = ""           # backend "paced": the folder of recorded traces ("": hetspec's cache)
     passes: str = "auto"       # transformers: "eager", "static" or "captured" ([target] passes; auto: by device)

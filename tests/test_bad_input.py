@@ -301,7 +301,7 @@ BAD_CONFIGS = {
     "max-context-huge": (config(server={"max_context": 2**40}), r"\[server\] max_context must be in 16\.\.16777216"),
     "timeout-nan": (config(server={"startup_timeout_s": math.nan}), r"startup_timeout_s must be in .*got nan"),
     "turn-infinite": (config(server={"turn_s": math.inf}), r"\[server\] turn_s must be in .*got inf"),
-    "max-running-zero": (config(server={"max_running": 0}), r"\[server\] max_running must be in 1\.\.64"),
+    "max-running-zero": (config(server={"max_running": 0}), r"\[server\] max_running must be .auto. or an integer in 1\.\.64"),
     "threads-huge": (config(draft={"threads": 10**30}), r"\[draft\] threads must be in 0\.\.1024"),
     "model-with-nul": (config(target={"model": "/models/a\x00b.gguf"}), r"\[target\] model"),
     "random-field-huge": (config(target={"model": "random:vocab=99999999999"}), r"bad random model field"),

@@ -234,7 +234,9 @@ def test_the_default_pair_drafts_for_concurrent_requests_each_with_its_output_al
                 for p, extra in [("def fibonacci(n):", {}), ("The capital of France is", {}),
                                  ("Once upon a time", {"temperature": 0.8, "seed": 3})]]
     with hetspec.launch("smollm2") as engine:
-        assert engine.get_info()["batch_drafts"] is True
+        info = engine.get_info()
+        assert info["batch_drafts"] is True
+        assert info["config"]["server"]["max_running"] == 4          # "auto" on a CPU target
         alone = [engine.generate(prompt, **params) for prompt, params in requests]
         together = run_all(engine, requests)
         assert [r.token_ids for r in together] == [r.token_ids for r in alone]

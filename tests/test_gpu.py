@@ -43,6 +43,7 @@ def test_float32_greedy_equals_the_targets_generate_on_the_gpu(draft, passes):
         info = engine.get_info()
         assert info["target"]["device"] == "cuda" and info["keep_drafting"] is True
         assert ("each recorded as a CUDA graph" in info["target"]["kernels"]) == (passes == "captured")
+        assert 4 < info["config"]["server"]["max_running"] <= 64   # "auto": a tiny model's caches, what the GPU holds
         for prompt in PROMPTS:
             expected = reference_greedy(model, prompt, 40)
             for settings in SETTINGS:

@@ -55,6 +55,7 @@ def test_greedy_output_is_the_trace_in_every_mode(traces, draft):
         info = engine.get_info()
         assert info["target"]["backend"] == "paced" and info["target"]["device"] == "paced"
         assert info["keep_drafting"] is True                 # a target off the CPU: the draft never rests
+        assert info["config"]["server"]["max_running"] == 8  # "auto" on the paced target
         for ids in PROMPTS.values():
             for mode in ("target", "sequential", "duodec"):
                 result = engine.generate(ids, max_new_tokens=NEW_TOKENS, mode=mode, temperature=0.0)

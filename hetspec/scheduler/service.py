@@ -60,7 +60,7 @@ class Scheduler:
         self.crew = Crew(spec, {"draft": self.draft_link, "target": self.target})
         server = self.config.server
         self.clients = Clients(self.context, spec.endpoints.client, server.max_queue, server.api_key)
-        self.turns = Turns(server.max_running, server.turn_s)
+        self.turns: Turns | None = None       # once the target says how many requests it holds (start)
         for link in (self.draft_link, self.target):
             link.channel.socket.setsockopt(zmq.SNDTIMEO, WORKER_SEND_TIMEOUT_MS)
         self.counts = self.clients.counts     # requests by how they ended
@@ -78,6 +78,8 @@ class Scheduler:
         tokenizer = Tokenizer(spec.target_model)
         draft_tokenizer = startup.draft_tokenizer(spec.draft_model, spec.target_model, tokenizer)
         hellos = startup.wait_for_workers(self.crew, links, self.config.server.startup_timeout_s)
+        self.config = startup.with_running(self.config, hellos["target"])
+        self.turns = Turns(self.config.server.max_running, self.config.server.turn_s)
         differ = startup.check_vocabularies(tokenizer, draft_tokenizer, hellos, spec.draft_model)
         self.kv_buffer = startup.attach_buffers(self.config, spec.run_id, *links, hellos)
         gamma, budget, self.costs = startup.calibrate(self.config, *links)

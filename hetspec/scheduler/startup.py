@@ -4,6 +4,7 @@ calibrate the draft budget, fix the capabilities, and describe the engine.
 """
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import math
 import os
@@ -80,6 +81,12 @@ def check_vocabularies(target: Tokenizer, draft: Tokenizer | None, hellos: dict[
     if differ:
         check_expressible(draft, draft_model.file or "random")
     return differ or None
+
+
+def with_running(config: EngineConfig, target: WorkerHello) -> EngineConfig:
+    """The config with [server] max_running as the target holds it: as configured, or
+    for "auto" what its device holds (workers/target/devices.py, running_caches)."""
+    return dataclasses.replace(config, server=dataclasses.replace(config.server, max_running=target.caches))
 
 
 def answer_rows(config: EngineConfig) -> int:

@@ -7,6 +7,25 @@ import os
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 
 
+CPU_RUNNING = 4          # [server] max_running "auto" on a CPU (as llama-server's slots): docs/performance.md
+GPU_MEMORY_SHARE = 0.5   # ...on CUDA: the requests whose caches, at full context, fill this share of the free memory
+
+
+def running_caches(spec, device: str, cache_bytes: int = 0) -> int:
+    """The caches to keep (requests stepped together): spec.caches, or where [server]
+    max_running is "auto" (spec.fit_caches; spec.caches the most) 4 on a CPU, and on
+    CUDA as many as GPU_MEMORY_SHARE of the memory free after loading holds, a cache
+    `cache_bytes` at full context."""
+    if not spec.fit_caches:
+        return spec.caches
+    if device.startswith("cuda") and cache_bytes:
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return max(1, min(spec.caches, int(GPU_MEMORY_SHARE * free) // cache_bytes))
+    return min(spec.caches, CPU_RUNNING)
+
+
 def resolve_device(configured: str) -> str:
     if configured == "auto":
         return "cuda" if cuda_available() else "cpu"

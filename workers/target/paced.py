@@ -91,7 +91,7 @@ def load(spec: TargetSpec):
     state = PacedTarget(spec)
     hello = WorkerHello(role="target", pid=os.getpid(), n_vocab=state.n_vocab, device="paced", cores=spec.cores,
                         threads=1, load_s=time.perf_counter() - start, eos_token_ids=state.eos, backend="paced",
-                        kernels=state.kernels)
+                        kernels=state.kernels, caches=spec.caches)
     return hello, state
 
 

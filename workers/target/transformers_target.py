@@ -13,7 +13,7 @@ from hetspec.workers.common.hf_loading import eos_token_ids, load_causal_lm
 from hetspec.workers.common.kv_model import KVModel, StaticKVModel
 from hetspec.workers.common.pinning import CoreLoan, set_torch_threads
 from hetspec.workers.target.captured import CapturedKVModel
-from hetspec.workers.target.devices import resolve_device
+from hetspec.workers.target.devices import resolve_device, running_caches
 from hetspec.workers.target.gguf_linear import use_gguf_blocks
 from hetspec.workers.target.packed_linear import pack_linears
 from hetspec.workers.target.packed_pass import forward_batch
@@ -41,6 +41,7 @@ class TransformersTarget:
         elif blocks:
             self.kernels += f"; {blocks}"
         self.passes = spec.passes if spec.passes != "auto" else "captured" if device != "cpu" else "eager"
+        self.caches = running_caches(spec, device, self._cache_bytes(lm, spec))
         self.kv, passes_line = self._kv_model(lm, spec, device)
         self.kernels += passes_line
         self.kernels += why
@@ -55,10 +56,16 @@ class TransformersTarget:
         kv = (CapturedKVModel if self.passes == "captured" else StaticKVModel)(lm, device, spec.n_ctx, spec.max_window)
         line = f"; static KV cache, windows padded to {', '.join(map(str, kv.sizes))} tokens"
         if self.passes == "captured":
-            self._record_passes(kv, spec.caches)
+            self._record_passes(kv, self.caches)
             line += (f", {kv.fallback}" if kv.fallback else
                      ", each recorded as a CUDA graph" if kv.graphs else ", recorded passes run eagerly (no CUDA)")
         return kv, line
+
+    @staticmethod
+    def _cache_bytes(lm, spec: TargetSpec) -> int:
+        """A request's keys and values at full context (n_ctx and a window's padding)."""
+        layers, kv_heads, head_dim, _ = KVModel(lm).geometry() or (0, 0, 0, 0)
+        return 2 * layers * kv_heads * head_dim * (spec.n_ctx + spec.max_window) * lm.dtype.itemsize
 
     @staticmethod
     def _record_passes(kv: CapturedKVModel, caches: int) -> None:
