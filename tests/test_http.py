@@ -312,6 +312,9 @@ def test_a_killed_worker_or_scheduler_is_started_again(tmp_path):
         assert httpx.get(f"{server.url}/health", timeout=DEADLINE_S).json() == {"status": "ok"}
         assert 'hetspec:worker_restarts{model_name="random",worker="target"} 1.0' in \
             httpx.get(f"{server.url}/metrics", timeout=DEADLINE_S).text
+        args = _engine_process(server, "hetspec.workers.target").cmdline()
+        spec = json.loads(args[args.index("--spec") + 1])
+        assert (spec["caches"], spec["fit_caches"]) == (4, False)   # max_running "auto": the first one's, not fitted anew
 
         # The scheduler killed under a streaming request: that request ends with an error event,
         # the launcher (the server's process) starts a new scheduler, and the next request is served.

@@ -78,7 +78,7 @@ class Scheduler:
         tokenizer = Tokenizer(spec.target_model)
         draft_tokenizer = startup.draft_tokenizer(spec.draft_model, spec.target_model, tokenizer)
         hellos = startup.wait_for_workers(self.crew, links, self.config.server.startup_timeout_s)
-        self.config = startup.with_running(self.config, hellos["target"])
+        self.config = startup.with_running(self.config, hellos["target"], self.crew.workers["target"])
         self.turns = Turns(self.config.server.max_running, self.config.server.turn_s)
         differ = startup.check_vocabularies(tokenizer, draft_tokenizer, hellos, spec.draft_model)
         self.kv_buffer = startup.attach_buffers(self.config, spec.run_id, *links, hellos)

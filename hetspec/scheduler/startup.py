@@ -15,12 +15,12 @@ from hetspec.config import AUTO, EngineConfig
 from hetspec.core.errors import ConfigError, EngineStartError
 from hetspec.ipc.messages import CalibrateDraft, CalibrateTarget, WorkerHello
 from hetspec.ipc.shm import SharedArray, segment_name
-from hetspec.ipc.specs import ModelSpec, RunSpec
+from hetspec.ipc.specs import ModelSpec, RunSpec, TargetSpec
 from hetspec.scheduler.decoding.bridge import check_expressible, describe_vocabularies
 from hetspec.scheduler.decoding.budget import CostModel, choose_gamma, monotone
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerLost
 from hetspec.scheduler.decoding.request import Capabilities
-from hetspec.scheduler.supervisor import Crew
+from hetspec.scheduler.supervisor import Crew, Worker
 from hetspec.scheduler.tokenizer import Tokenizer, kept_tokenizer
 
 CALIBRATION_CONTEXT = 128
@@ -83,9 +83,14 @@ def check_vocabularies(target: Tokenizer, draft: Tokenizer | None, hellos: dict[
     return differ or None
 
 
-def with_running(config: EngineConfig, target: WorkerHello) -> EngineConfig:
+def with_running(config: EngineConfig, target: WorkerHello, worker: Worker) -> EngineConfig:
     """The config with [server] max_running as the target holds it: as configured, or
-    for "auto" what its device holds (workers/target/devices.py, running_caches)."""
+    for "auto" what its device holds (workers/target/devices.py, running_caches). The
+    target is started again with that many, not fitted anew: free memory may have
+    shrunk meanwhile, and the running requests' caches must all be there."""
+    at = worker.args.index("--spec") + 1
+    spec = TargetSpec.from_json(worker.args[at])
+    worker.args[at] = dataclasses.replace(spec, caches=target.caches, fit_caches=False).to_json()
     return dataclasses.replace(config, server=dataclasses.replace(config.server, max_running=target.caches))
 
 
