@@ -7,7 +7,8 @@ the activations to int16 per block, plus float32 summation.
 
 hs_window_matmat, the target's: against llama.cpp's rounding of the activations,
 up to float32 summation; and Q8_0 laid out for it at load (FMT_W8), like Q5_0 read at
-its own size (FMT_Q5), gives the same bits as the Q8_0 it equals."""
+its own size (FMT_Q5), gives the same bits as the Q8_0 it equals, as Q4_K and Q6_K in 4
+and 6 bits (FMT_N4, FMT_N6) give their int8 expansion's (FMT_I8)."""
 import ctypes
 import os
 import shutil
@@ -16,11 +17,11 @@ import gguf
 import numpy as np
 import pytest
 
-from hetspec.workers.common.block_layouts import as_q5, as_q8_0, window_int8
+from hetspec.workers.common.block_layouts import as_i8, as_nibbles, as_q5, as_q8_0, window_int8
 from hetspec.workers.common.native_model import SOURCES
 from hetspec.workers.common.native_weights import FORMATS, HsMat
 from hetspec.workers.kernels.build import KernelUnavailable, _build_key, built
-from hetspec.workers.kernels.formats import EXPANDED_FORMAT, Q5_FORMAT, WINDOW_INT8
+from hetspec.workers.kernels.formats import EXPANDED_FORMAT, NIBBLE_FORMATS, Q5_FORMAT, WINDOW_INT8
 from hetspec.workers.kernels.gguf_tensors import GGUFTensor
 
 
@@ -226,3 +227,35 @@ def test_q5_0_at_its_own_size_gives_the_bits_of_its_q8_0(library, rows, cols):
         library.hs_matvec(ctypes.byref(mat), x[0].ctypes.data, out.ctypes.data, work.ctypes.data)
     assert np.array_equal(y[0].view(np.uint32), y[1].view(np.uint32))
 
+
+
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("rows, cols", [(9, 768), (6, 256)])
+def test_k_quants_in_nibbles_give_the_bits_of_their_int8_expansion(library, fmt, rows, cols):
+    """FMT_N4 and FMT_N6 (Q4_K's and Q6_K's quants in 4 and 6 bits, float scales) against
+    FMT_I8 (the same values as int8, a scale per 16), for windows of 1-11 tokens; and the
+    same weights when a row is dequantized (the token embedding's path)."""
+    window_matmat(library)
+    if library.hs_pair_layout() != 1:
+        pytest.skip("FMT_N4 and FMT_N6 are made only where the window products use AVX-512 VNNI")
+    rng = np.random.default_rng(11)
+    size, scale_at = {"Q4_K": (144, (0, 2)), "Q6_K": (210, (208,))}[fmt]
+    blocks = rng.integers(0, 256, (rows * cols // 256, size), dtype=np.uint8)      # every bit pattern of quants
+    for at in scale_at:                                                            # finite d (dmin) of either sign
+        d = rng.uniform(1e-3, 1e-1, len(blocks)) * rng.choice([-1, 1], len(blocks))
+        blocks[:, at:at + 2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    tensor = GGUFTensor("w", fmt, gguf.GGMLQuantizationType[fmt].value, (cols, rows), blocks.reshape(rows, -1))
+    q, scales, offsets = as_i8(tensor, rows, cols)
+    qs, scales_n, offsets_n, top = as_nibbles(tensor, rows, cols)
+    pointer = lambda a: a.ctypes.data if a is not None else None
+    expanded = HsMat(q.ctypes.data, None, None, EXPANDED_FORMAT, rows, cols, scales.ctypes.data, pointer(offsets))
+    packed = HsMat(qs.ctypes.data, None, None, NIBBLE_FORMATS[fmt], rows, cols, scales_n.ctypes.data,
+                   pointer(offsets_n), pointer(top))
+    sizes = [sum(a.nbytes for a in arrays if a is not None) for arrays in ((q, scales, offsets), (qs, scales_n, offsets_n, top))]
+    assert sizes[1] <= {"Q4_K": 0.55, "Q6_K": 0.8}[fmt] * sizes[0]
+    assert_same_window_bits(library, expanded, packed, 11, rng)
+    library.hs_dequantize_row.argtypes = [ctypes.POINTER(HsMat), ctypes.c_int, ctypes.c_void_p]
+    rows_out = [np.zeros(cols, np.float32) for _ in range(2)]
+    for mat, out in zip((expanded, packed), rows_out):
+        library.hs_dequantize_row(ctypes.byref(mat), rows - 1, out.ctypes.data)
+    assert np.array_equal(rows_out[0].view(np.uint32), rows_out[1].view(np.uint32))

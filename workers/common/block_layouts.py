@@ -104,6 +104,27 @@ def as_i8(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     return q.view(np.int8).reshape(rows, cols), scales.reshape(rows, cols // 16), offsets.reshape(rows, cols // 32)
 
 
+def as_nibbles(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(nibbles, float32 scales, float32 offsets or None, top bits or None) of a Q4_K or
+    Q6_K tensor for FMT_N4 or FMT_N6 (formats.h): as_i8's exact values, the quants' low
+    four bits two a byte as Q4_0 lays them out (byte j of a block: weights j and j + 16).
+    Q4_K: its scales once per 32 (a sub-block's two halves share one). Q6_K: as_i8's
+    q + 32's top two bits, 16 bytes a pair of blocks, and its scales per 16."""
+    if tensor.type_name not in ("Q4_K", "Q6_K"):
+        raise Unsupported(f"{tensor.name} is {tensor.type_name}; only Q4_K and Q6_K are held in nibbles")
+    q, scales, offsets = as_i8(tensor, rows, cols)
+    u = (q.astype(np.int16) + (32 if offsets is None else 0)).astype(np.uint8).reshape(rows, cols // 32, 32)
+    nibbles = ((u[:, :, :16] & 15) | ((u[:, :, 16:] & 15) << 4)).reshape(rows, cols // 2)
+    if offsets is not None:
+        return nibbles, np.ascontiguousarray(scales[:, ::2]), offsets, None
+    top = u >> 4
+    if top.shape[1] % 2:                     # a last block without a partner: zeros beside it
+        top = np.concatenate([top, np.zeros_like(top[:, :1])], axis=1)
+    b, partner = top[:, 0::2], top[:, 1::2]  # (rows, pairs, 32): byte k holds b's k, partner's k, b's 16 + k, partner's
+    bits = b[:, :, :16] | partner[:, :, :16] << 2 | b[:, :, 16:] << 4 | partner[:, :, 16:] << 6
+    return nibbles, scales, None, np.ascontiguousarray(bits.reshape(rows, -1))
+
+
 def as_k(lib, tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(quants, integer sub-block scales, float scales) of a Q4_K or Q6_K tensor in
     FMT_K4 or FMT_K6's layout (formats.h), laid out by the C side (hs_pack_q4_k,

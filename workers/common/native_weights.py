@@ -8,7 +8,8 @@ Q8_0 (exactly for Q5_0, to within half a step of an 8-bit grid for the others); 
 target (exact) keeps every value exactly: Q4_K, Q6_K and Q5_0 at their own size
 (FMT_K4, FMT_K6, FMT_Q5) where its window products read them, other K-quants and Q5_1
 as int8 quants with float scales (FMT_I8), F16 and F32 as the file stores them; and
-with the window layout (AVX-512) its Q8_0 values are laid out for those products (FMT_W8).
+with the window layout (AVX-512) its Q8_0 values are laid out for those products (FMT_W8)
+and its Q4_K and Q6_K values in 4 and 6 bits with float scales (FMT_N4, FMT_N6).
 """
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hetspec.workers.common.block_layouts import Unsupported, as_i8, as_k, as_q5, as_q8_0, window_int8
+from hetspec.workers.common.block_layouts import Unsupported, as_i8, as_k, as_nibbles, as_q5, as_q8_0, window_int8
 from hetspec.workers.kernels.formats import (
     BLOCK,
     EXPANDED_FORMAT,
     FLOAT_FORMATS,
     K_FORMATS,
     KERNEL_FORMATS,
+    NIBBLE_FORMATS,
     Q5_FORMAT,
     WINDOW_INT8,
 )
@@ -327,11 +329,20 @@ def _int8(w: Weights, tensor, rows: int, cols: int) -> HsMat:
                  offsets.ctypes.data if offsets is not None else None)
 
 
+def _nibbles(w: Weights, tensor, rows: int, cols: int) -> HsMat:
+    """Q4_K and Q6_K as FMT_I8's values in 4 and 6 bits (FMT_N4, FMT_N6)."""
+    qs, scales, offsets, top = as_nibbles(tensor, rows, cols)
+    w.keep.extend(a for a in (qs, scales, offsets, top) if a is not None)
+    w.count(f"{tensor.type_name} exact")
+    return HsMat(qs.ctypes.data, None, None, NIBBLE_FORMATS[tensor.type_name], rows, cols, scales.ctypes.data,
+                 offsets.ctypes.data if offsets is not None else None, top.ctypes.data if top is not None else None)
+
+
 # A target's layouts by block type (exact values); a draft holds FORMATS as stored, the rest rounded to Q8_0.
 EXACT_LAYOUTS = {"Q8_0": _as_stored, "Q4_0": _as_stored, "Q4_1": _as_stored, "Q5_0": _q5_blocks, "Q5_1": _int8,
                  "Q4_K": _k_blocks, "Q5_K": _int8, "Q6_K": _k_blocks, "F16": _as_floats, "F32": _as_floats}
 # With the window layout (AVX-512), whose products read neither FMT_K4, FMT_K6 nor FMT_Q5.
-WINDOW_LAYOUTS = {**EXACT_LAYOUTS, "Q5_0": _rounded_to_q8_0, "Q4_K": _int8, "Q6_K": _int8}
+WINDOW_LAYOUTS = {**EXACT_LAYOUTS, "Q5_0": _rounded_to_q8_0, "Q4_K": _nibbles, "Q6_K": _nibbles}
 
 
 def _mat(w: Weights, name: str, body: bool = False) -> HsMat:

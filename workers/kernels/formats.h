@@ -23,6 +23,15 @@ enum { FMT_Q5 = 7 };
 /* Float matrices as the file stores them, row after row (F16 and F32 files): read by
    the target's window products only, never rounded to blocks. */
 enum { FMT_F16 = 8, FMT_F32 = 9 };
+/* Nor these: Q4_K and Q6_K for the target's window products with AVX-512 VNNI
+   (window_avx512.c), FMT_I8's exact values in fewer bytes. Their quants' low four bits
+   as Q4_0 lays them out (16 bytes a block). FMT_N4 (Q4_K): a float32 scale per 32
+   weights in `scales` (a sub-block's two 16-halves share one), a float32 offset per 32
+   in `offsets`. FMT_N6 (Q6_K, its quants q - 32 stored as q): in `sub` 16 bytes a pair
+   of blocks b, b + 1 of each value's top two bits, byte k holding those of b's value k,
+   b + 1's k, b's 16 + k and b + 1's 16 + k from its low bits up; FMT_I8's float32
+   scale per 16 in `scales`. */
+enum { FMT_N4 = 10, FMT_N6 = 11 };
 enum { BLOCK = 32 };                                          /* weights per block */
 enum { Q8_0_BYTES = 34, Q4_0_BYTES = 18, Q4_1_BYTES = 20 };   /* bytes per block in a GGUF file */
 

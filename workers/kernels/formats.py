@@ -52,3 +52,6 @@ Q5_FORMAT = 7
 # formats.h's FMT_F16 and FMT_F32: float matrices as the file stores them (the target's
 # window products only).
 FLOAT_FORMATS = {"F16": 8, "F32": 9}
+# formats.h's FMT_N4 and FMT_N6: Q4_K and Q6_K as FMT_I8's exact values in 4 and 6 bits
+# (the target's window products with AVX-512 VNNI).
+NIBBLE_FORMATS = {"Q4_K": 10, "Q6_K": 11}

@@ -23,9 +23,11 @@ typedef struct {
     const uint16_t *d, *m;
     int fmt, rows, cols;
     const float *scales, *offsets;   /* FMT_I8: per 16 weights, per 32 (NULL: none); FMT_W8: per 32;
+                                        FMT_N4: both per 32; FMT_N6: per 16, none;
                                         FMT_K4: d and dmin per 256 weights; FMT_K6: d per 256 */
     const uint8_t *sub;              /* FMT_K4: per 256 weights 8 scales then 8 mins (uint8);
-                                        FMT_K6: a scale per 16 weights (int8) */
+                                        FMT_K6: a scale per 16 weights (int8);
+                                        FMT_N6: 16 bytes of top bits a pair of blocks */
 } hs_mat;
 
 /* FMT_W8: where row r's pair of blocks p starts, in pairs (a row holds (blocks + 1) / 2). */
@@ -98,6 +100,20 @@ static inline __attribute__((always_inline)) void prefetch_rows(const hs_mat *w,
     for (int i = 0; i < n * row_bytes; i += 64) _mm_prefetch(rows + i, _MM_HINT_T0);
     if (w->fmt == FMT_I8) {
         for (int i = 0; i < n * nb * 8; i += 64) _mm_prefetch((const char *)(w->scales + (size_t)r * nb * 2) + i, _MM_HINT_T0);
+        return;
+    }
+    if (w->fmt == FMT_N6) {
+        for (int i = 0; i < n * nb * 8; i += 64) {
+            _mm_prefetch((const char *)(w->scales + (size_t)r * nb * 2) + i, _MM_HINT_T0);
+            _mm_prefetch((const char *)(w->sub + (size_t)r * nb * 8) + i, _MM_HINT_T0);
+        }
+        return;
+    }
+    if (w->fmt == FMT_N4) {
+        for (int i = 0; i < n * nb * 4; i += 64) {
+            _mm_prefetch((const char *)(w->scales + (size_t)r * nb) + i, _MM_HINT_T0);
+            _mm_prefetch((const char *)(w->offsets + (size_t)r * nb) + i, _MM_HINT_T0);
+        }
         return;
     }
     if (w->fmt == FMT_K4 || w->fmt == FMT_K6) {     /* 2 bytes of sub-block scales a block; the floats are few */

@@ -445,9 +445,11 @@ static void window_matmat(const hs_mat *w, const window_act *x, int T, float *y,
 int hs_pair_layout(void) { return WINDOW_AVX512; }
 
 /* Whether the window products read w's format: window_avx512.c reads neither the K-quants'
-   own layouts (FMT_K4, FMT_K6) nor FMT_Q5, which only a draft holding them exactly has. */
+   own layouts (FMT_K4, FMT_K6) nor FMT_Q5, which only a draft holding them exactly has;
+   FMT_N4 and FMT_N6 only window_avx512.c reads. */
 static int window_reads(const hs_mat *w) {
-    return !WINDOW_AVX512 || !(w->fmt == FMT_K4 || w->fmt == FMT_K6 || w->fmt == FMT_Q5);
+    return WINDOW_AVX512 ? !(w->fmt == FMT_K4 || w->fmt == FMT_K6 || w->fmt == FMT_Q5)
+                         : !(w->fmt == FMT_N4 || w->fmt == FMT_N6);
 }
 
 /* A float matrix's (FMT_F16, FMT_F32) row r times n <= 4 tokens of x (stride floats
@@ -572,6 +574,22 @@ static void dequantize_row(const hs_mat *w, int r, float *y) {
             memcpy(yb, (const float *)w->qs + at * BLOCK, sizeof(float) * BLOCK);
             continue;
         }
+        if (w->fmt == FMT_N4) {
+            const uint8_t *q = w->qs + at * 16;
+            for (int j = 0; j < 16; j++) {
+                yb[j] = fmaf(w->scales[at], (float)(q[j] & 15), w->offsets[at]);
+                yb[j + 16] = fmaf(w->scales[at], (float)(q[j] >> 4), w->offsets[at]);
+            }
+            continue;
+        }
+        if (w->fmt == FMT_N6) {     /* FMT_I8's q: the nibble, its top bits (formats.h), less 32 */
+            const uint8_t *q = w->qs + at * 16, *top = w->sub + 16 * ((size_t)r * ((nb + 1) / 2) + b / 2);
+            for (int j = 0; j < BLOCK; j++) {
+                const int nibble = j < 16 ? q[j] & 15 : q[j - 16] >> 4, bits = (top[j % 16] >> (2 * (b & 1) + 4 * (j / 16))) & 3;
+                yb[j] = fmaf(w->scales[2 * at + j / 16], (float)((nibble | bits << 4) - 32), 0.0f);
+            }
+            continue;
+        }
         if (w->fmt == FMT_I8) {
             const int8_t *q = (const int8_t *)w->qs + at * 32;
             const float off = w->offsets ? w->offsets[at] : 0.0f;
@@ -598,6 +616,9 @@ static void dequantize_row(const hs_mat *w, int r, float *y) {
         }
     }
 }
+
+/* The same, exported: a layout's values, which tests compare between layouts. */
+void hs_dequantize_row(const hs_mat *w, int r, float *y) { dequantize_row(w, r, y); }
 
 /* ---- the output layer ------------------------------------------------------------ */
 

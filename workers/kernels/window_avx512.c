@@ -26,6 +26,11 @@
    multiplies a pair in a few instructions. The same integers and scales, so the
    same bits. A window's last 1-3 tokens take four rows at a time (tile8).
 
+   Q4_K comes as FMT_N4: FMT_I8's quants (0-15) as nibbles, met as Q4_0's are, with its
+   scales and offsets as floats per block; Q6_K as FMT_N6, its nibbles and top bits made
+   FMT_I8's signed quants in registers. The integer sums, the scales and the float steps
+   are FMT_I8's, so the bits are too, from 0.75 and 1.0 bytes a weight (FMT_I8: 1.375, 1.25).
+
    Batch invariance: a token's float operations are the same sequence whatever
    the window, chunk or token next to it; only the integer sums and the unpacking
    are shared, and integers are exact. */
@@ -36,7 +41,7 @@
 #if WINDOW_AVX512
 
 int window_act_kind(const hs_mat *w) {
-    return w->fmt == FMT_I8 ? ACT_Q8_K : w->fmt == FMT_Q4_1 ? ACT_Q8_1 : ACT_Q8_0;
+    return w->fmt == FMT_I8 || w->fmt == FMT_N4 || w->fmt == FMT_N6 ? ACT_Q8_K : w->fmt == FMT_Q4_1 ? ACT_Q8_1 : ACT_Q8_0;
 }
 
 static inline float round_half(float x) { return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT)); }
@@ -111,16 +116,31 @@ static inline __attribute__((always_inline)) __m512i pair_weights(const hs_mat *
         *scales = _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_load_sd((const double *)(w->scales + 2 * pair))));
         return _mm512_loadu_si512(w->qs + 64 * pair);
     }
-    if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
+    if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_N4 || fmt == FMT_N6) {
         /* a block's byte j holds values j and j + 16: the low nibbles in the lower
            half, the high ones in the upper, then dwords b 0-15, b+1 0-15, b 16-31, b+1 16-31 */
         const __m512i v = whole ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w->qs + at * 16)))
                                 : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(w->qs + at * 16)));
         const __m512i shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
         __m512i q = _mm512_and_si512(_mm512_srlv_epi64(v, shift), _mm512_set1_epi8(15));
+        if (fmt == FMT_N6) {        /* each 128-bit quarter's top bits 2 * quarter up in the pair's bytes */
+            const __m512i top = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(w->sub + 16 * ((size_t)r * ((nb + 1) / 2) + p))));
+            const __m512i bits = _mm512_and_si512(_mm512_srlv_epi64(top, _mm512_set_epi64(6, 6, 4, 4, 2, 2, 0, 0)), _mm512_set1_epi8(3));
+            q = _mm512_sub_epi8(_mm512_or_si512(q, _mm512_slli_epi16(bits, 4)), _mm512_set1_epi8(32));
+        }
         q = _mm512_permutexvar_epi32(_mm512_set_epi32(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0), q);
         if (!whole) q = _mm512_maskz_mov_epi32(0x5555, q);
-        *scales = block_scales(w->d + at, whole);
+        if (fmt == FMT_N6) {        /* FMT_I8's scales */
+            const __m128 s = whole ? _mm_loadu_ps(w->scales + 2 * at) : _mm_castpd_ps(_mm_load_sd((const double *)(w->scales + 2 * at)));
+            *scales = _mm512_permutexvar_ps(_mm512_set_epi32(3, 1, 3, 1, 3, 1, 3, 1, 2, 0, 2, 0, 2, 0, 2, 0),
+                                            _mm512_castps128_ps512(s));
+            return q;
+        }
+        /* FMT_N4's float32 scales, b's in the even lanes as block_scales places them: the
+           lanes FMT_I8's per-16 scales fill with the same value twice */
+        *scales = fmt != FMT_N4 ? block_scales(w->d + at, whole)
+                                : _mm512_castpd_ps(_mm512_broadcastsd_pd(whole ? _mm_load_sd((const double *)(w->scales + at))
+                                                                              : _mm_castps_pd(_mm_load_ss(w->scales + at))));
         return q;
     }
     const int8_t *qs = (const int8_t *)w->qs + at * 32;      /* Q8_0 and FMT_I8: 32 int8 a block */
@@ -154,7 +174,7 @@ enum { CHUNK = 8 };     /* accumulators a tile keeps in registers: rows x tokens
 static inline __attribute__((always_inline)) void tile8(const hs_mat *w, const int fmt, int r, const int R,
                                                         const window_act *x, const int n, float *y, int ystride) {
     const int nb = w->cols / BLOCK, pairs = (nb + 1) / 2;
-    const int nibbles = fmt == FMT_Q4_0 || fmt == FMT_Q4_1, biased = fmt == FMT_W8;
+    const int nibbles = fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_N4, biased = fmt == FMT_W8;
     const int has_offsets = nibbles || (fmt == FMT_I8 && w->offsets);
     const uint8_t *xq[CHUNK];       /* two pointers a token: with more a tile of 8 runs out of registers */
     const float *xs[CHUNK];
@@ -232,6 +252,8 @@ void window_rows(const hs_mat *w, const window_act *x, int T, float *y, int ystr
     case FMT_Q8_0: matmat8_fmt(w, FMT_Q8_0, x, T, y, ystride, next, r0, r1); break;
     case FMT_Q4_0: matmat8_fmt(w, FMT_Q4_0, x, T, y, ystride, next, r0, r1); break;
     case FMT_Q4_1: matmat8_fmt(w, FMT_Q4_1, x, T, y, ystride, next, r0, r1); break;
+    case FMT_N4: matmat8_fmt(w, FMT_N4, x, T, y, ystride, next, r0, r1); break;
+    case FMT_N6: matmat8_fmt(w, FMT_N6, x, T, y, ystride, next, r0, r1); break;
     default: matmat8_fmt(w, FMT_I8, x, T, y, ystride, next, r0, r1); break;
     }
 }
