@@ -19,6 +19,7 @@ from hetspec.workers.kernels.formats import (
     GGML_TYPES,
     K_FORMATS,
     KERNEL_FORMATS,
+    NIBBLE_FORMATS,
     Q5_FORMAT,
     WINDOW_INT8,
 )
@@ -83,8 +84,10 @@ def test_python_and_c_agree_on_the_block_formats():
     assert constants["FMT_Q5"] == Q5_FORMAT
     assert {name: constants[f"FMT_{name}"] for name in FLOAT_FORMATS} == FLOAT_FORMATS
     assert {name: constants[f"FMT_K{name[1]}"] for name in K_FORMATS} == K_FORMATS    # Q4_K: FMT_K4
+    assert {name: constants[f"FMT_N{name[1]}"] for name in NIBBLE_FORMATS} == NIBBLE_FORMATS    # Q4_K: FMT_N4
     assert sorted(k for k in constants if k.startswith("FMT_")) == sorted(
-        [*(f"FMT_{n}" for n in KERNEL_FORMATS), "FMT_I8", "FMT_W8", "FMT_K4", "FMT_K6", "FMT_Q5", "FMT_F16", "FMT_F32"])
+        [*(f"FMT_{n}" for n in KERNEL_FORMATS), "FMT_I8", "FMT_W8", "FMT_K4", "FMT_K6", "FMT_Q5", "FMT_F16", "FMT_F32",
+         "FMT_N4", "FMT_N6"])
     assert constants["BLOCK"] == BLOCK
 
 
