@@ -17,11 +17,11 @@ import gguf
 import numpy as np
 import pytest
 
-from hetspec.workers.common.block_layouts import as_i8, as_nibbles, as_q5, as_q8_0, window_int8
+from hetspec.workers.common.block_layouts import as_i8, as_nibbles, as_q5, as_q8_0, rows16, window_int8
 from hetspec.workers.common.native_model import SOURCES
 from hetspec.workers.common.native_weights import FORMATS, HsMat
 from hetspec.workers.kernels.build import KernelUnavailable, _build_key, built
-from hetspec.workers.kernels.formats import EXPANDED_FORMAT, NIBBLE_FORMATS, Q5_FORMAT, WINDOW_INT8
+from hetspec.workers.kernels.formats import EXPANDED_FORMAT, NIBBLE_FORMATS, Q5_FORMAT, ROW_TILED, WINDOW_INT8
 from hetspec.workers.kernels.gguf_tensors import GGUFTensor
 
 
@@ -259,3 +259,43 @@ def test_k_quants_in_nibbles_give_the_bits_of_their_int8_expansion(library, fmt,
     for mat, out in zip((expanded, packed), rows_out):
         library.hs_dequantize_row(ctypes.byref(mat), rows - 1, out.ctypes.data)
     assert np.array_equal(rows_out[0].view(np.uint32), rows_out[1].view(np.uint32))
+
+
+@pytest.mark.parametrize("rows, cols", [(48, 576), (16, 96)])
+def test_q4_1_in_tiles_of_16_rows(library, rows, cols):
+    """FMT_R16 (Q4_1 in tiles of 16 rows, a row a lane of the products) against the Q4_1
+    blocks it was made from: the same weights when a row is dequantized; a token's rows the
+    same bits in windows of 1-11 tokens as alone, whatever tokens are beside it; and the
+    products within float32's rounding of the stored blocks' (their float steps differ)."""
+    window_matmat(library)
+    if library.hs_pair_layout() != 1:
+        pytest.skip("FMT_R16 is made only where the window products use AVX-512 VNNI")
+    rng = np.random.default_rng(13)
+    (qs, d, m), weights = random_matrix("Q4_1", rows, cols, rng)
+    stored = HsMat(qs.ctypes.data, d.ctypes.data, m.ctypes.data, FORMATS["Q4_1"], rows, cols)
+    t_qs, t_d, t_m = rows16(qs.reshape(rows, cols // 32, 16), d.view(np.uint16), m.view(np.uint16))
+    tiled = HsMat(t_qs.ctypes.data, t_d.ctypes.data, t_m.ctypes.data, ROW_TILED["Q4_1"], rows, cols)
+    assert t_qs.nbytes + t_d.nbytes + t_m.nbytes == qs.nbytes + d.nbytes + m.nbytes
+    library.hs_dequantize_row.argtypes = [ctypes.POINTER(HsMat), ctypes.c_int, ctypes.c_void_p]
+    for r in range(rows):
+        pair = [np.zeros(cols, np.float32) for _ in range(2)]
+        for mat, out in zip((stored, tiled), pair):
+            library.hs_dequantize_row(ctypes.byref(mat), r, out.ctypes.data)
+        assert np.array_equal(pair[0].view(np.uint32), pair[1].view(np.uint32)), r
+
+    def products(mat: HsMat, x: np.ndarray) -> np.ndarray:
+        y = np.zeros((len(x), rows), np.float32)
+        work = np.zeros(len(x) * library.hs_window_act_floats(cols), np.float32)
+        assert library.hs_window_matmat(ctypes.byref(mat), x.ctypes.data, len(x), y.ctypes.data, work.ctypes.data) == 0
+        return y
+
+    x = rng.standard_normal((11, cols)).astype(np.float32)
+    alone = np.concatenate([products(tiled, x[t:t + 1]) for t in range(len(x))])
+    for T in range(1, len(x) + 1):
+        start = T % 3                        # windows that start at other tokens too
+        window = np.ascontiguousarray(x[start:start + T]) if start + T <= len(x) else x[:T]
+        first = start if start + T <= len(x) else 0
+        got = products(tiled, window)
+        assert np.array_equal(got.view(np.uint32), alone[first:first + T].view(np.uint32)), T
+        bound = 4 * cols * 2.0 ** -24 * (np.abs(window) @ np.abs(weights).T) + 1e-6
+        assert (np.abs(got - products(stored, window)) <= bound).all(), T

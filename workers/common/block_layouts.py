@@ -142,3 +142,16 @@ def as_k(lib, tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.
     pack = lib.hs_pack_q4_k if q4 else lib.hs_pack_q6_k
     pack(blocks.ctypes.data, n, qs.ctypes.data, sub.ctypes.data, scales.ctypes.data)
     return qs, sub, scales
+
+
+def rows16(quants: np.ndarray, d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(nibbles, d, m) of Q4_1 blocks (quants: rows x blocks x 16 bytes; d, m: rows x blocks
+    float16 bits) in FMT_R16's tiles of 16 rows (formats.h): per tile and block, the rows'
+    dword j of nibbles side by side for j = 0..3, then the tile's 16 d and 16 m."""
+    rows, nb = d.shape
+    if rows % 16:
+        raise Unsupported(f"FMT_R16 tiles 16 rows; this matrix has {rows}")
+    dwords = np.ascontiguousarray(quants).view(np.uint32).reshape(rows // 16, 16, nb, 4)
+    tiled = np.ascontiguousarray(dwords.transpose(0, 2, 3, 1)).view(np.uint8)
+    per_tile = lambda a: np.ascontiguousarray(np.asarray(a, np.uint16).reshape(rows // 16, 16, nb).transpose(0, 2, 1))
+    return tiled.reshape(rows, -1), per_tile(d), per_tile(m)

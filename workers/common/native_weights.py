@@ -8,8 +8,9 @@ Q8_0 (exactly for Q5_0, to within half a step of an 8-bit grid for the others); 
 target (exact) keeps every value exactly: Q4_K, Q6_K and Q5_0 at their own size
 (FMT_K4, FMT_K6, FMT_Q5) where its window products read them, other K-quants and Q5_1
 as int8 quants with float scales (FMT_I8), F16 and F32 as the file stores them; and
-with the window layout (AVX-512) its Q8_0 values are laid out for those products (FMT_W8)
-and its Q4_K and Q6_K values in 4 and 6 bits with float scales (FMT_N4, FMT_N6).
+with the window layout (AVX-512) its Q8_0 values are laid out for those products (FMT_W8),
+its Q4_K and Q6_K values in 4 and 6 bits with float scales (FMT_N4, FMT_N6) and its Q4_1
+blocks in tiles of 16 rows (FMT_R16).
 """
 from __future__ import annotations
 
@@ -20,7 +21,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hetspec.workers.common.block_layouts import Unsupported, as_i8, as_k, as_nibbles, as_q5, as_q8_0, window_int8
+from hetspec.workers.common.block_layouts import (
+    Unsupported,
+    as_i8,
+    as_k,
+    as_nibbles,
+    as_q5,
+    as_q8_0,
+    rows16,
+    window_int8,
+)
 from hetspec.workers.kernels.formats import (
     BLOCK,
     EXPANDED_FORMAT,
@@ -29,6 +39,7 @@ from hetspec.workers.kernels.formats import (
     KERNEL_FORMATS,
     NIBBLE_FORMATS,
     Q5_FORMAT,
+    ROW_TILED,
     WINDOW_INT8,
 )
 
@@ -249,6 +260,8 @@ def _as_stored(w: Weights, tensor, rows: int, cols: int) -> HsMat:
     if w.window and fmt == "Q8_0":
         return _window_q8_0(w, quants, scales, rows, cols)
     offsets = [blocks[:, :, 2:4].view(np.uint16)] if fmt == "Q4_1" else []
+    if w.window and w.exact and fmt == "Q4_1" and rows % 16 == 0:
+        return _rows16(w, quants, scales, offsets[0], rows, cols)
     return _split_blocks(w, fmt, [quants, scales, *offsets], rows, cols)
 
 
@@ -291,6 +304,13 @@ def _window_q8_0(w: Weights, q: np.ndarray, d: np.ndarray, rows: int, cols: int)
     qs, scales = window_int8(q.reshape(rows, cols // BLOCK, BLOCK), d.reshape(rows, cols // BLOCK))
     w.keep.extend((qs, scales))
     return HsMat(qs.ctypes.data, None, None, WINDOW_INT8, rows, cols, scales.ctypes.data, None)
+
+
+def _rows16(w: Weights, quants: np.ndarray, d: np.ndarray, m: np.ndarray, rows: int, cols: int) -> HsMat:
+    """Q4_1 in the window products' tiles of 16 rows (FMT_R16, block_layouts.rows16)."""
+    qs, d16, m16 = rows16(quants, d.reshape(rows, -1), m.reshape(rows, -1))
+    w.keep.extend((qs, d16, m16))
+    return HsMat(qs.ctypes.data, d16.ctypes.data, m16.ctypes.data, ROW_TILED["Q4_1"], rows, cols)
 
 
 def _as_floats(w: Weights, tensor, rows: int, cols: int) -> HsMat:

@@ -32,6 +32,11 @@ enum { FMT_F16 = 8, FMT_F32 = 9 };
    b + 1's k, b's 16 + k and b + 1's 16 + k from its low bits up; FMT_I8's float32
    scale per 16 in `scales`. */
 enum { FMT_N4 = 10, FMT_N6 = 11 };
+/* Nor this: Q4_1 for the target's window products with AVX-512 VNNI, its rows in tiles of
+   16 (window_avx512.c, rows16): per tile and block, 4 x 64 bytes, the j-th holding each
+   row's bytes 4j..4j+3 of the block's nibbles (row i's in dword i), then the tile's 16
+   float16 scales d and offsets m per block in `d` and `m`. The file's values and sizes. */
+enum { FMT_R16 = 12 };
 enum { BLOCK = 32 };                                          /* weights per block */
 enum { Q8_0_BYTES = 34, Q4_0_BYTES = 18, Q4_1_BYTES = 20 };   /* bytes per block in a GGUF file */
 

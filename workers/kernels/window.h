@@ -25,6 +25,7 @@ typedef struct {
     uint8_t *u;      /* 64 bytes a pair: xq + 128 */
     float *scale;    /* per block (x ~ scale * xq), a pair's two side by side */
     float *sum;      /* per block: what the weights' offsets multiply (see window_quantize) */
+    int8_t *q;       /* 32 bytes a block: xq in order (FMT_R16's tiles broadcast its dwords) */
 } window_act;
 #else
 #define WINDOW_AVX512 0
