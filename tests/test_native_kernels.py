@@ -261,27 +261,35 @@ def test_k_quants_in_nibbles_give_the_bits_of_their_int8_expansion(library, fmt,
     assert np.array_equal(rows_out[0].view(np.uint32), rows_out[1].view(np.uint32))
 
 
-@pytest.mark.parametrize("rows, cols", [(48, 576), (16, 96)])
-def test_q4_1_in_tiles_of_16_rows(library, rows, cols):
-    """FMT_R16 (Q4_1 in tiles of 16 rows, a row a lane of the products) against the Q4_1
-    blocks it was made from: the same weights when a row is dequantized; a token's rows the
-    same bits in windows of 1-11 tokens as alone, whatever tokens are beside it; and the
-    products within float32's rounding of the stored blocks' (their float steps differ)."""
-    window_matmat(library)
-    if library.hs_pair_layout() != 1:
-        pytest.skip("FMT_R16 is made only where the window products use AVX-512 VNNI")
-    rng = np.random.default_rng(13)
-    (qs, d, m), weights = random_matrix("Q4_1", rows, cols, rng)
-    stored = HsMat(qs.ctypes.data, d.ctypes.data, m.ctypes.data, FORMATS["Q4_1"], rows, cols)
-    t_qs, t_d, t_m = rows16(qs.reshape(rows, cols // 32, 16), d.view(np.uint16), m.view(np.uint16))
-    tiled = HsMat(t_qs.ctypes.data, t_d.ctypes.data, t_m.ctypes.data, ROW_TILED["Q4_1"], rows, cols)
-    assert t_qs.nbytes + t_d.nbytes + t_m.nbytes == qs.nbytes + d.nbytes + m.nbytes
+def assert_same_rows(library, a: HsMat, b: HsMat) -> None:
+    """Every row of a and b dequantized (the token embedding's path) gives the same bits."""
     library.hs_dequantize_row.argtypes = [ctypes.POINTER(HsMat), ctypes.c_int, ctypes.c_void_p]
-    for r in range(rows):
-        pair = [np.zeros(cols, np.float32) for _ in range(2)]
-        for mat, out in zip((stored, tiled), pair):
+    for r in range(a.rows):
+        pair = [np.zeros(a.cols, np.float32) for _ in range(2)]
+        for mat, out in zip((a, b), pair):
             library.hs_dequantize_row(ctypes.byref(mat), r, out.ctypes.data)
         assert np.array_equal(pair[0].view(np.uint32), pair[1].view(np.uint32)), r
+
+
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("rows, cols", [(48, 576), (16, 96)])
+def test_row_tiles_of_16(library, fmt, rows, cols):
+    """FMT_R16 and FMT_R8 (Q4_1 and Q8_0 in tiles of 16 rows, a row a lane of the products)
+    against the blocks they were made from: the same weights when a row is dequantized; a
+    token's rows the same bits in windows of 1-11 tokens as alone, whatever tokens are beside
+    it; and the products within float32's rounding of the stored blocks' (their float steps
+    differ)."""
+    window_matmat(library)
+    if library.hs_pair_layout() != 1:
+        pytest.skip("the row tiles are made only where the window products use AVX-512 VNNI")
+    rng = np.random.default_rng(13)
+    (qs, d, m), weights = random_matrix(fmt, rows, cols, rng)
+    stored = HsMat(qs.ctypes.data, d.ctypes.data, m.ctypes.data if m is not None else None, FORMATS[fmt], rows, cols)
+    tiles = rows16(qs.reshape(rows, cols // 32, -1), d.view(np.uint16), m.view(np.uint16) if m is not None else None)
+    pointers = [a.ctypes.data for a in tiles] + [None]
+    tiled = HsMat(*pointers[:3], ROW_TILED[fmt], rows, cols)
+    assert sum(a.nbytes for a in tiles) == sum(a.nbytes for a in (qs, d, m) if a is not None)
+    assert_same_rows(library, stored, tiled)
 
     def products(mat: HsMat, x: np.ndarray) -> np.ndarray:
         y = np.zeros((len(x), rows), np.float32)

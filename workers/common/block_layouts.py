@@ -144,14 +144,18 @@ def as_k(lib, tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.
     return qs, sub, scales
 
 
-def rows16(quants: np.ndarray, d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(nibbles, d, m) of Q4_1 blocks (quants: rows x blocks x 16 bytes; d, m: rows x blocks
-    float16 bits) in FMT_R16's tiles of 16 rows (formats.h): per tile and block, the rows'
-    dword j of nibbles side by side for j = 0..3, then the tile's 16 d and 16 m."""
+def rows16(quants: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """Q4_1 or Q8_0 blocks (quants: rows x blocks x 16 or 32 bytes; d, m: rows x blocks
+    float16 bits) in FMT_R16's or FMT_R8's tiles of 16 rows (formats.h): per tile and block,
+    the rows' dword j of quants side by side for each j, then the tile's 16 d (and 16 m).
+    Q8_0's quants + 128, unsigned."""
     rows, nb = d.shape
     if rows % 16:
-        raise Unsupported(f"FMT_R16 tiles 16 rows; this matrix has {rows}")
-    dwords = np.ascontiguousarray(quants).view(np.uint32).reshape(rows // 16, 16, nb, 4)
-    tiled = np.ascontiguousarray(dwords.transpose(0, 2, 3, 1)).view(np.uint8)
+        raise Unsupported(f"the row tiles take 16 rows; this matrix has {rows}")
+    q = np.ascontiguousarray(quants).view(np.uint8).reshape(rows, nb, -1)
+    if m is None:
+        q = q ^ np.uint8(0x80)
+    dwords = np.ascontiguousarray(q).view(np.uint32).reshape(rows // 16, 16, nb, -1)
+    tiled = np.ascontiguousarray(dwords.transpose(0, 2, 3, 1)).view(np.uint8).reshape(rows, -1)
     per_tile = lambda a: np.ascontiguousarray(np.asarray(a, np.uint16).reshape(rows // 16, 16, nb).transpose(0, 2, 1))
-    return tiled.reshape(rows, -1), per_tile(d), per_tile(m)
+    return (tiled, per_tile(d)) if m is None else (tiled, per_tile(d), per_tile(m))

@@ -300,7 +300,12 @@ def _rounded_to_q4_1(w: Weights, tensor, rows: int, cols: int) -> HsMat:
 
 
 def _window_q8_0(w: Weights, q: np.ndarray, d: np.ndarray, rows: int, cols: int) -> HsMat:
-    """Q8_0 values in the window products' layout (FMT_W8, block_layouts.window_int8)."""
+    """Q8_0 values in the window products' tiles of 16 rows (FMT_R8, block_layouts.rows16), or
+    where the rows are not whole tiles in pairs of blocks (FMT_W8, block_layouts.window_int8)."""
+    if rows % 16 == 0:
+        qs, d16 = rows16(q.reshape(rows, cols // BLOCK, BLOCK), d.reshape(rows, -1))
+        w.keep.extend((qs, d16))
+        return HsMat(qs.ctypes.data, d16.ctypes.data, None, ROW_TILED["Q8_0"], rows, cols)
     qs, scales = window_int8(q.reshape(rows, cols // BLOCK, BLOCK), d.reshape(rows, cols // BLOCK))
     w.keep.extend((qs, scales))
     return HsMat(qs.ctypes.data, None, None, WINDOW_INT8, rows, cols, scales.ctypes.data, None)

@@ -37,6 +37,9 @@ enum { FMT_N4 = 10, FMT_N6 = 11 };
    row's bytes 4j..4j+3 of the block's nibbles (row i's in dword i), then the tile's 16
    float16 scales d and offsets m per block in `d` and `m`. The file's values and sizes. */
 enum { FMT_R16 = 12 };
+/* Nor this: Q8_0 likewise, its quants + 128 (unsigned) in 8 x 64 bytes a tile and block,
+   the j-th holding each row's values 4j..4j+3, then the tile's 16 float16 scales in `d`. */
+enum { FMT_R8 = 13 };
 enum { BLOCK = 32 };                                          /* weights per block */
 enum { Q8_0_BYTES = 34, Q4_0_BYTES = 18, Q4_1_BYTES = 20 };   /* bytes per block in a GGUF file */
 

@@ -446,10 +446,10 @@ int hs_pair_layout(void) { return WINDOW_AVX512; }
 
 /* Whether the window products read w's format: window_avx512.c reads neither the K-quants'
    own layouts (FMT_K4, FMT_K6) nor FMT_Q5, which only a draft holding them exactly has;
-   FMT_N4, FMT_N6 and FMT_R16 only window_avx512.c reads. */
+   FMT_N4, FMT_N6, FMT_R16 and FMT_R8 only window_avx512.c reads. */
 static int window_reads(const hs_mat *w) {
     return WINDOW_AVX512 ? !(w->fmt == FMT_K4 || w->fmt == FMT_K6 || w->fmt == FMT_Q5)
-                         : !(w->fmt == FMT_N4 || w->fmt == FMT_N6 || w->fmt == FMT_R16);
+                         : !(w->fmt == FMT_N4 || w->fmt == FMT_N6 || w->fmt == FMT_R16 || w->fmt == FMT_R8);
 }
 
 /* A float matrix's (FMT_F16, FMT_F32) row r times n <= 4 tokens of x (stride floats
@@ -588,6 +588,13 @@ static void dequantize_row(const hs_mat *w, int r, float *y) {
                 const int nibble = j < 16 ? q[j] & 15 : q[j - 16] >> 4, bits = (top[j % 16] >> (2 * (b & 1) + 4 * (j / 16))) & 3;
                 yb[j] = fmaf(w->scales[2 * at + j / 16], (float)((nibble | bits << 4) - 32), 0.0f);
             }
+            continue;
+        }
+        if (w->fmt == FMT_R8) {     /* row r is lane r % 16 of its tile (formats.h) */
+            const size_t tile = (size_t)(r / 16) * nb + b;
+            const uint8_t *q = w->qs + tile * 512 + 4 * (r % 16);
+            const float dr = _cvtsh_ss(w->d[tile * 16 + r % 16]);
+            for (int j = 0; j < BLOCK; j++) yb[j] = dr * (float)(q[64 * (j / 4) + j % 4] - 128);
             continue;
         }
         if (w->fmt == FMT_R16) {    /* row r is lane r % 16 of its tile (formats.h) */
