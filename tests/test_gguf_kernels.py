@@ -86,10 +86,10 @@ def test_python_and_c_agree_on_the_block_formats():
     assert {name: constants[f"FMT_{name}"] for name in FLOAT_FORMATS} == FLOAT_FORMATS
     assert {name: constants[f"FMT_K{name[1]}"] for name in K_FORMATS} == K_FORMATS    # Q4_K: FMT_K4
     assert {name: constants[f"FMT_N{name[1]}"] for name in NIBBLE_FORMATS} == NIBBLE_FORMATS    # Q4_K: FMT_N4
-    assert (constants["FMT_R16"], constants["FMT_R8"]) == (ROW_TILED["Q4_1"], ROW_TILED["Q8_0"])
+    assert {name: constants[f"FMT_T{name[1:]}"] for name in ROW_TILED} == ROW_TILED       # Q4_1: FMT_T4_1
     assert sorted(k for k in constants if k.startswith("FMT_")) == sorted(
         [*(f"FMT_{n}" for n in KERNEL_FORMATS), "FMT_I8", "FMT_W8", "FMT_K4", "FMT_K6", "FMT_Q5", "FMT_F16", "FMT_F32",
-         "FMT_N4", "FMT_N6", "FMT_R16", "FMT_R8"])
+         "FMT_N4", "FMT_N6", *(f"FMT_T{name[1:]}" for name in ROW_TILED)])
     assert constants["BLOCK"] == BLOCK
 
 

@@ -17,7 +17,7 @@ import gguf
 import numpy as np
 import pytest
 
-from hetspec.workers.common.block_layouts import as_i8, as_nibbles, as_q5, as_q8_0, rows16, window_int8
+from hetspec.workers.common.block_layouts import as_i8, as_nibbles, as_q5, as_q8_0, k_row_tiles, row_tiles, window_int8
 from hetspec.workers.common.native_model import SOURCES
 from hetspec.workers.common.native_weights import FORMATS, HsMat
 from hetspec.workers.kernels.build import KernelUnavailable, _build_key, built
@@ -271,24 +271,48 @@ def assert_same_rows(library, a: HsMat, b: HsMat) -> None:
         assert np.array_equal(pair[0].view(np.uint32), pair[1].view(np.uint32)), r
 
 
-@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
-@pytest.mark.parametrize("rows, cols", [(48, 576), (16, 96)])
+def random_k_quants(fmt: str, rows: int, cols: int, rng) -> GGUFTensor:
+    """A Q4_K or Q6_K tensor of random blocks: every bit pattern of quants, finite scales of both signs."""
+    size, scale_at = {"Q4_K": (144, (0, 2)), "Q6_K": (210, (208,))}[fmt]
+    blocks = rng.integers(0, 256, (rows * cols // 256, size), dtype=np.uint8)
+    for at in scale_at:
+        d = rng.uniform(1e-3, 1e-1, len(blocks)) * rng.choice([-1, 1], len(blocks))
+        blocks[:, at:at + 2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return GGUFTensor("w", fmt, gguf.GGMLQuantizationType[fmt].value, (cols, rows), blocks.reshape(rows, -1))
+
+
+def stored_and_tiled(fmt: str, rows: int, cols: int, rng) -> tuple[HsMat, HsMat, np.ndarray, list]:
+    """(the blocks as stored, or FMT_I8 for K-quants; the same in row tiles; the weights; the arrays)."""
+    pointer = lambda a: a.ctypes.data if a is not None else None
+    if fmt in ("Q4_K", "Q6_K"):
+        tensor = random_k_quants(fmt, rows, cols, rng)
+        q, scales, offsets = as_i8(tensor, rows, cols)
+        stored = HsMat(q.ctypes.data, None, None, EXPANDED_FORMAT, rows, cols, scales.ctypes.data, pointer(offsets))
+        tiles = k_row_tiles(tensor, rows, cols)
+        tiled = HsMat(tiles[0].ctypes.data, None, None, ROW_TILED[fmt], rows, cols, tiles[1].ctypes.data, pointer(tiles[2]))
+        weights = np.repeat(scales, 16, axis=1) * q + (np.repeat(offsets, 32, axis=1) if offsets is not None else 0)
+        return stored, tiled, weights, [q, scales, offsets, *tiles]
+    (qs, d, m), weights = random_matrix(fmt, rows, cols, rng)
+    stored = HsMat(qs.ctypes.data, d.ctypes.data, pointer(m), FORMATS[fmt], rows, cols)
+    tiles = row_tiles(qs.reshape(rows, cols // 32, -1), d.view(np.uint16), m.view(np.uint16) if m is not None else None)
+    assert sum(a.nbytes for a in tiles) == sum(a.nbytes for a in (qs, d, m) if a is not None)
+    tiled = HsMat(*[a.ctypes.data for a in tiles], *[None] * (3 - len(tiles)), ROW_TILED[fmt], rows, cols)
+    return stored, tiled, weights, [qs, d, m, *tiles]
+
+
+@pytest.mark.parametrize("fmt", sorted(ROW_TILED))
+@pytest.mark.parametrize("rows, cols", [(48, 512), (16, 256)])
 def test_row_tiles_of_16(library, fmt, rows, cols):
-    """FMT_R16 and FMT_R8 (Q4_1 and Q8_0 in tiles of 16 rows, a row a lane of the products)
-    against the blocks they were made from: the same weights when a row is dequantized; a
-    token's rows the same bits in windows of 1-11 tokens as alone, whatever tokens are beside
-    it; and the products within float32's rounding of the stored blocks' (their float steps
-    differ)."""
+    """The row tiles (FMT_T4_1, FMT_T8_0, FMT_T4_K, FMT_T6_K: a row a lane of the products)
+    against the blocks they were made from (K-quants: their int8 expansion, FMT_I8): the
+    same weights when a row is dequantized; a token's rows the same bits in windows of 1-11
+    tokens as alone, whatever tokens are beside it; and the products within float32's
+    rounding of the blocks' (their float steps differ)."""
     window_matmat(library)
     if library.hs_pair_layout() != 1:
         pytest.skip("the row tiles are made only where the window products use AVX-512 VNNI")
     rng = np.random.default_rng(13)
-    (qs, d, m), weights = random_matrix(fmt, rows, cols, rng)
-    stored = HsMat(qs.ctypes.data, d.ctypes.data, m.ctypes.data if m is not None else None, FORMATS[fmt], rows, cols)
-    tiles = rows16(qs.reshape(rows, cols // 32, -1), d.view(np.uint16), m.view(np.uint16) if m is not None else None)
-    pointers = [a.ctypes.data for a in tiles] + [None]
-    tiled = HsMat(*pointers[:3], ROW_TILED[fmt], rows, cols)
-    assert sum(a.nbytes for a in tiles) == sum(a.nbytes for a in (qs, d, m) if a is not None)
+    stored, tiled, weights, _arrays = stored_and_tiled(fmt, rows, cols, rng)
     assert_same_rows(library, stored, tiled)
 
     def products(mat: HsMat, x: np.ndarray) -> np.ndarray:

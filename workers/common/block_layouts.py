@@ -144,18 +144,44 @@ def as_k(lib, tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.
     return qs, sub, scales
 
 
-def rows16(quants: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-    """Q4_1 or Q8_0 blocks (quants: rows x blocks x 16 or 32 bytes; d, m: rows x blocks
-    float16 bits) in FMT_R16's or FMT_R8's tiles of 16 rows (formats.h): per tile and block,
-    the rows' dword j of quants side by side for each j, then the tile's 16 d (and 16 m).
-    Q8_0's quants + 128, unsigned."""
+def _tiled(per_row: np.ndarray) -> np.ndarray:
+    """(rows, blocks, k) arrays of a row's values per block as a tile of 16 rows per block:
+    (tiles, blocks, k, 16) where k counts dwords (uint32) or scales, row i's at [..., i]."""
+    rows, nb, k = per_row.shape
+    return np.ascontiguousarray(per_row.reshape(rows // 16, 16, nb, k).transpose(0, 2, 3, 1))
+
+
+def row_tiles(quants: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """(quants, d[, m]) of Q4_1 (with m) or Q8_0 blocks (quants: rows x blocks x 16 or 32
+    bytes; d, m: rows x blocks float16 bits) in FMT_T4_1's or FMT_T8_0's tiles of 16 rows
+    (formats.h). Q8_0's quants + 128, unsigned."""
     rows, nb = d.shape
     if rows % 16:
         raise Unsupported(f"the row tiles take 16 rows; this matrix has {rows}")
     q = np.ascontiguousarray(quants).view(np.uint8).reshape(rows, nb, -1)
     if m is None:
         q = q ^ np.uint8(0x80)
-    dwords = np.ascontiguousarray(q).view(np.uint32).reshape(rows // 16, 16, nb, -1)
-    tiled = np.ascontiguousarray(dwords.transpose(0, 2, 3, 1)).view(np.uint8).reshape(rows, -1)
-    per_tile = lambda a: np.ascontiguousarray(np.asarray(a, np.uint16).reshape(rows // 16, 16, nb).transpose(0, 2, 1))
-    return (tiled, per_tile(d)) if m is None else (tiled, per_tile(d), per_tile(m))
+    tiles = _tiled(np.ascontiguousarray(q).view(np.uint32)).view(np.uint8).reshape(rows, -1)
+    scales = [_tiled(np.asarray(a, np.uint16).reshape(rows, nb, 1)) for a in ((d,) if m is None else (d, m))]
+    return (tiles, *scales)
+
+
+def k_row_tiles(tensor, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(quants, float32 scales, float32 offsets or None) of a Q4_K or Q6_K tensor in
+    FMT_T4_K's or FMT_T6_K's tiles of 16 rows (formats.h): as_i8's exact values, Q6_K's
+    quants + 32 as nibbles and top bits, its scales per 16."""
+    if rows % 16:
+        raise Unsupported(f"the row tiles take 16 rows; {tensor.name} has {rows}")
+    q, scales, offsets = as_i8(tensor, rows, cols)
+    nb = cols // BLOCK
+    u = (q.astype(np.int16) + (32 if offsets is None else 0)).astype(np.uint8).reshape(rows, nb, 32)
+    nibbles = _tiled(np.ascontiguousarray((u[:, :, :16] & 15) | ((u[:, :, 16:] & 15) << 4)).view(np.uint32))
+    if offsets is not None:             # Q4_K: a scale per 32 (its halves share one), an offset per 32
+        per_block = [_tiled(np.ascontiguousarray(a).reshape(rows, nb, 1)) for a in (scales[:, ::2], offsets)]
+        return nibbles.view(np.uint8).reshape(rows, -1), *per_block
+    top = (u >> 4).reshape(rows, nb, 2, 4, 4)          # [half, dword vector in the half, byte]
+    packed = (top << (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 1, 4, 1)).sum(axis=3, dtype=np.uint8)
+    bits = _tiled(np.ascontiguousarray(packed).view(np.uint32).reshape(rows, nb, 2))
+    quants = np.concatenate([nibbles.reshape(rows // 16, nb, -1).view(np.uint8),
+                             bits.reshape(rows // 16, nb, -1).view(np.uint8)], axis=2)
+    return quants.reshape(rows, -1), _tiled(scales.reshape(rows, nb, 2)), None

@@ -9,8 +9,9 @@ target (exact) keeps every value exactly: Q4_K, Q6_K and Q5_0 at their own size
 (FMT_K4, FMT_K6, FMT_Q5) where its window products read them, other K-quants and Q5_1
 as int8 quants with float scales (FMT_I8), F16 and F32 as the file stores them; and
 with the window layout (AVX-512) its Q8_0 values are laid out for those products (FMT_W8),
-its Q4_K and Q6_K values in 4 and 6 bits with float scales (FMT_N4, FMT_N6) and its Q4_1
-blocks in tiles of 16 rows (FMT_R16).
+and its Q4_1, Q8_0, Q4_K and Q6_K values in tiles of 16 rows (FMT_T*), or where a matrix's
+rows are not whole tiles, Q8_0 in pairs of blocks (FMT_W8) and Q4_K and Q6_K in 4 and 6 bits
+with float scales (FMT_N4, FMT_N6).
 """
 from __future__ import annotations
 
@@ -21,29 +22,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hetspec.workers.common.block_layouts import (
-    Unsupported,
-    as_i8,
-    as_k,
-    as_nibbles,
-    as_q5,
-    as_q8_0,
-    rows16,
-    window_int8,
-)
-from hetspec.workers.kernels.formats import (
-    BLOCK,
-    EXPANDED_FORMAT,
-    FLOAT_FORMATS,
-    K_FORMATS,
-    KERNEL_FORMATS,
-    NIBBLE_FORMATS,
-    Q5_FORMAT,
-    ROW_TILED,
-    WINDOW_INT8,
-)
+from hetspec.workers.common import block_layouts as layouts
+from hetspec.workers.common.block_layouts import Unsupported
+from hetspec.workers.kernels import formats
+from hetspec.workers.kernels.formats import BLOCK
 
-FORMATS = {name: fmt.code for name, fmt in KERNEL_FORMATS.items()}   # name -> the C side's FMT_* code
+FORMATS = {name: fmt.code for name, fmt in formats.KERNEL_FORMATS.items()}   # name -> the C side's FMT_* code
 LAYER_MATRICES = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output", "gate": "ffn_gate",
                   "up": "ffn_up", "down": "ffn_down"}
 QK_NORMS = {"q_norm": "attn_q_norm", "k_norm": "attn_k_norm"}
@@ -144,7 +128,7 @@ class FileEmbedding:
             mapping.madvise(mmap.MADV_DONTNEED)
 
     def mat(self) -> HsMat:
-        return HsMat(self.buffer.ctypes.data, None, None, FLOAT_FORMATS["F32"], len(self.buffer), self.buffer.shape[1])
+        return HsMat(self.buffer.ctypes.data, None, None, formats.FLOAT_FORMATS["F32"], *self.buffer.shape)
 
     def rows(self, tokens) -> np.ndarray:
         """Fills a row per token (at most len(buffer)); returns the tokens' row numbers."""
@@ -261,7 +245,7 @@ def _as_stored(w: Weights, tensor, rows: int, cols: int) -> HsMat:
         return _window_q8_0(w, quants, scales, rows, cols)
     offsets = [blocks[:, :, 2:4].view(np.uint16)] if fmt == "Q4_1" else []
     if w.window and w.exact and fmt == "Q4_1" and rows % 16 == 0:
-        return _rows16(w, quants, scales, offsets[0], rows, cols)
+        return _q4_1_tiles(w, quants, scales, offsets[0], rows, cols)
     return _split_blocks(w, fmt, [quants, scales, *offsets], rows, cols)
 
 
@@ -275,7 +259,7 @@ def _split_blocks(w: Weights, fmt: str, parts: list, rows: int, cols: int) -> Hs
 
 def _rounded_to_q8_0(w: Weights, tensor, rows: int, cols: int) -> HsMat:
     """Another block type as Q8_0 (block_layouts.as_q8_0: exact for Q5_0)."""
-    q, d = as_q8_0(tensor, rows, cols)
+    q, d = layouts.as_q8_0(tensor, rows, cols)
     w.count(f"Q8_0 from {tensor.type_name}")
     if w.window:
         return _window_q8_0(w, q, d, rows, cols)
@@ -290,7 +274,7 @@ def _rounded_to_q4_1(w: Weights, tensor, rows: int, cols: int) -> HsMat:
         blocks = tensor.data.reshape(rows, cols // BLOCK, -1)
         q, d = np.ascontiguousarray(blocks[:, :, 2:]), np.ascontiguousarray(blocks[:, :, :2]).view(np.uint16)
     else:
-        q, d = as_q8_0(tensor, rows, cols)
+        q, d = layouts.as_q8_0(tensor, rows, cols)
     n = rows * (cols // BLOCK)
     qs, d4, m4 = np.empty((n, 16), np.uint8), np.empty(n, np.uint16), np.empty(n, np.uint16)
     w.lib.hs_q4_1_from_q8_0(q.ctypes.data, d.ctypes.data, n, qs.ctypes.data, d4.ctypes.data, m4.ctypes.data)
@@ -300,22 +284,22 @@ def _rounded_to_q4_1(w: Weights, tensor, rows: int, cols: int) -> HsMat:
 
 
 def _window_q8_0(w: Weights, q: np.ndarray, d: np.ndarray, rows: int, cols: int) -> HsMat:
-    """Q8_0 values in the window products' tiles of 16 rows (FMT_R8, block_layouts.rows16), or
-    where the rows are not whole tiles in pairs of blocks (FMT_W8, block_layouts.window_int8)."""
+    """Q8_0 values in the window products' tiles of 16 rows (FMT_T8_0, block_layouts.row_tiles),
+    or where the rows are not whole tiles in pairs of blocks (FMT_W8, block_layouts.window_int8)."""
     if rows % 16 == 0:
-        qs, d16 = rows16(q.reshape(rows, cols // BLOCK, BLOCK), d.reshape(rows, -1))
+        qs, d16 = layouts.row_tiles(q.reshape(rows, cols // BLOCK, BLOCK), d.reshape(rows, -1))
         w.keep.extend((qs, d16))
-        return HsMat(qs.ctypes.data, d16.ctypes.data, None, ROW_TILED["Q8_0"], rows, cols)
-    qs, scales = window_int8(q.reshape(rows, cols // BLOCK, BLOCK), d.reshape(rows, cols // BLOCK))
+        return HsMat(qs.ctypes.data, d16.ctypes.data, None, formats.ROW_TILED["Q8_0"], rows, cols)
+    qs, scales = layouts.window_int8(q.reshape(rows, cols // BLOCK, BLOCK), d.reshape(rows, cols // BLOCK))
     w.keep.extend((qs, scales))
-    return HsMat(qs.ctypes.data, None, None, WINDOW_INT8, rows, cols, scales.ctypes.data, None)
+    return HsMat(qs.ctypes.data, None, None, formats.WINDOW_INT8, rows, cols, scales.ctypes.data, None)
 
 
-def _rows16(w: Weights, quants: np.ndarray, d: np.ndarray, m: np.ndarray, rows: int, cols: int) -> HsMat:
-    """Q4_1 in the window products' tiles of 16 rows (FMT_R16, block_layouts.rows16)."""
-    qs, d16, m16 = rows16(quants, d.reshape(rows, -1), m.reshape(rows, -1))
+def _q4_1_tiles(w: Weights, quants: np.ndarray, d: np.ndarray, m: np.ndarray, rows: int, cols: int) -> HsMat:
+    """Q4_1 in the window products' tiles of 16 rows (FMT_T4_1, block_layouts.row_tiles)."""
+    qs, d16, m16 = layouts.row_tiles(quants, d.reshape(rows, -1), m.reshape(rows, -1))
     w.keep.extend((qs, d16, m16))
-    return HsMat(qs.ctypes.data, d16.ctypes.data, m16.ctypes.data, ROW_TILED["Q4_1"], rows, cols)
+    return HsMat(qs.ctypes.data, d16.ctypes.data, m16.ctypes.data, formats.ROW_TILED["Q4_1"], rows, cols)
 
 
 def _as_floats(w: Weights, tensor, rows: int, cols: int) -> HsMat:
@@ -325,49 +309,61 @@ def _as_floats(w: Weights, tensor, rows: int, cols: int) -> HsMat:
     data = np.ascontiguousarray(tensor.data)
     w.keep.append(data)
     w.count(tensor.type_name)
-    return HsMat(data.ctypes.data, None, None, FLOAT_FORMATS[tensor.type_name], rows, cols)
+    return HsMat(data.ctypes.data, None, None, formats.FLOAT_FORMATS[tensor.type_name], rows, cols)
 
 
 def _k_blocks(w: Weights, tensor, rows: int, cols: int) -> HsMat:
     """Q4_K and Q6_K at their own size (FMT_K4, FMT_K6)."""
-    qs, sub, scales = as_k(w.lib, tensor, rows, cols)
+    qs, sub, scales = layouts.as_k(w.lib, tensor, rows, cols)
     w.keep.extend((qs, sub, scales))
     w.count(tensor.type_name)
-    return HsMat(qs.ctypes.data, None, None, K_FORMATS[tensor.type_name], rows, cols, scales.ctypes.data, None,
+    return HsMat(qs.ctypes.data, None, None, formats.K_FORMATS[tensor.type_name], rows, cols, scales.ctypes.data, None,
                  sub.ctypes.data)
 
 
 def _q5_blocks(w: Weights, tensor, rows: int, cols: int) -> HsMat:
     """Q5_0 at its own size (FMT_Q5)."""
-    qs, d = as_q5(tensor, rows, cols)
+    qs, d = layouts.as_q5(tensor, rows, cols)
     w.keep.extend((qs, d))
     w.count(tensor.type_name)
-    return HsMat(qs.ctypes.data, d.ctypes.data, None, Q5_FORMAT, rows, cols)
+    return HsMat(qs.ctypes.data, d.ctypes.data, None, formats.Q5_FORMAT, rows, cols)
 
 
 def _int8(w: Weights, tensor, rows: int, cols: int) -> HsMat:
     """Q5_1 and K-quants as int8 quants with a float scale per 16 and offset per 32 (FMT_I8)."""
-    q, scales, offsets = as_i8(tensor, rows, cols)
+    q, scales, offsets = layouts.as_i8(tensor, rows, cols)
     w.keep.extend(a for a in (q, scales, offsets) if a is not None)
     w.count(f"{tensor.type_name} exact")
-    return HsMat(q.ctypes.data, None, None, EXPANDED_FORMAT, rows, cols, scales.ctypes.data,
+    return HsMat(q.ctypes.data, None, None, formats.EXPANDED_FORMAT, rows, cols, scales.ctypes.data,
                  offsets.ctypes.data if offsets is not None else None)
 
 
 def _nibbles(w: Weights, tensor, rows: int, cols: int) -> HsMat:
     """Q4_K and Q6_K as FMT_I8's values in 4 and 6 bits (FMT_N4, FMT_N6)."""
-    qs, scales, offsets, top = as_nibbles(tensor, rows, cols)
+    qs, scales, offsets, top = layouts.as_nibbles(tensor, rows, cols)
     w.keep.extend(a for a in (qs, scales, offsets, top) if a is not None)
     w.count(f"{tensor.type_name} exact")
-    return HsMat(qs.ctypes.data, None, None, NIBBLE_FORMATS[tensor.type_name], rows, cols, scales.ctypes.data,
+    return HsMat(qs.ctypes.data, None, None, formats.NIBBLE_FORMATS[tensor.type_name], rows, cols, scales.ctypes.data,
                  offsets.ctypes.data if offsets is not None else None, top.ctypes.data if top is not None else None)
+
+
+def _k_tiles(w: Weights, tensor, rows: int, cols: int) -> HsMat:
+    """Q4_K and Q6_K in the window products' tiles of 16 rows (FMT_T4_K, FMT_T6_K), or in 4
+    and 6 bits (_nibbles) where the rows are not whole tiles."""
+    if rows % 16:
+        return _nibbles(w, tensor, rows, cols)
+    qs, scales, offsets = layouts.k_row_tiles(tensor, rows, cols)
+    w.keep.extend(a for a in (qs, scales, offsets) if a is not None)
+    w.count(f"{tensor.type_name} exact")
+    return HsMat(qs.ctypes.data, None, None, formats.ROW_TILED[tensor.type_name], rows, cols, scales.ctypes.data,
+                 offsets.ctypes.data if offsets is not None else None)
 
 
 # A target's layouts by block type (exact values); a draft holds FORMATS as stored, the rest rounded to Q8_0.
 EXACT_LAYOUTS = {"Q8_0": _as_stored, "Q4_0": _as_stored, "Q4_1": _as_stored, "Q5_0": _q5_blocks, "Q5_1": _int8,
                  "Q4_K": _k_blocks, "Q5_K": _int8, "Q6_K": _k_blocks, "F16": _as_floats, "F32": _as_floats}
 # With the window layout (AVX-512), whose products read neither FMT_K4, FMT_K6 nor FMT_Q5.
-WINDOW_LAYOUTS = {**EXACT_LAYOUTS, "Q5_0": _rounded_to_q8_0, "Q4_K": _nibbles, "Q6_K": _nibbles}
+WINDOW_LAYOUTS = {**EXACT_LAYOUTS, "Q5_0": _rounded_to_q8_0, "Q4_K": _k_tiles, "Q6_K": _k_tiles}
 
 
 def _mat(w: Weights, name: str, body: bool = False) -> HsMat:

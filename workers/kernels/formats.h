@@ -32,14 +32,18 @@ enum { FMT_F16 = 8, FMT_F32 = 9 };
    b + 1's k, b's 16 + k and b + 1's 16 + k from its low bits up; FMT_I8's float32
    scale per 16 in `scales`. */
 enum { FMT_N4 = 10, FMT_N6 = 11 };
-/* Nor this: Q4_1 for the target's window products with AVX-512 VNNI, its rows in tiles of
-   16 (window_avx512.c, rows16): per tile and block, 4 x 64 bytes, the j-th holding each
-   row's bytes 4j..4j+3 of the block's nibbles (row i's in dword i), then the tile's 16
-   float16 scales d and offsets m per block in `d` and `m`. The file's values and sizes. */
-enum { FMT_R16 = 12 };
-/* Nor this: Q8_0 likewise, its quants + 128 (unsigned) in 8 x 64 bytes a tile and block,
-   the j-th holding each row's values 4j..4j+3, then the tile's 16 float16 scales in `d`. */
-enum { FMT_R8 = 13 };
+/* Nor these: Q4_1, Q8_0, Q4_K and Q6_K for the target's window products with AVX-512 VNNI,
+   their rows in tiles of 16, a row a lane of the products (window_avx512.c, tiles16), the
+   file's values. Per tile and block of 32 (a tile's block), the rows' dwords side by side:
+   FMT_T4_1, FMT_T4_K: 4 x 64 bytes, the j-th holding each row's bytes 4j..4j+3 of the
+   block's nibbles (Q4_0's order: values 4j.. low, 16 + 4j.. high; row i's in dword i);
+   FMT_T6_K: those nibbles of its quants q + 32, then 2 x 64 bytes of their top two bits,
+   vector h's byte holding those of nibble vector j's same byte (j = 4h..4h+3) at bit
+   2 (j - 4h); FMT_T8_0: 8 x 64 bytes of quants + 128 (unsigned), the j-th values 4j..4j+3.
+   Scales a tile's block: 16 float16 d (and FMT_T4_1's m) in `d` (`m`); FMT_T4_K 16 float32
+   scales and offsets in `scales` and `offsets` (as FMT_N4's); FMT_T6_K 2 x 16 float32, the
+   rows' first 16 values' scales then the last 16's, in `scales`. */
+enum { FMT_T4_1 = 12, FMT_T8_0 = 13, FMT_T4_K = 14, FMT_T6_K = 15 };
 enum { BLOCK = 32 };                                          /* weights per block */
 enum { Q8_0_BYTES = 34, Q4_0_BYTES = 18, Q4_1_BYTES = 20 };   /* bytes per block in a GGUF file */
 

@@ -55,6 +55,6 @@ FLOAT_FORMATS = {"F16": 8, "F32": 9}
 # formats.h's FMT_N4 and FMT_N6: Q4_K and Q6_K as FMT_I8's exact values in 4 and 6 bits
 # (the target's window products with AVX-512 VNNI).
 NIBBLE_FORMATS = {"Q4_K": 10, "Q6_K": 11}
-# formats.h's FMT_R16 and FMT_R8: Q4_1 and Q8_0 in tiles of 16 rows (a row a lane of the
-# VNNI products), the file's values, for the target's window products with AVX-512 VNNI.
-ROW_TILED = {"Q4_1": 12, "Q8_0": 13}
+# formats.h's FMT_T4_1, FMT_T8_0, FMT_T4_K and FMT_T6_K: those blocks' values in tiles of 16
+# rows (a row a lane of the VNNI products), for the target's window products with AVX-512 VNNI.
+ROW_TILED = {"Q4_1": 12, "Q8_0": 13, "Q4_K": 14, "Q6_K": 15}

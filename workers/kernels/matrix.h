@@ -82,9 +82,13 @@ static inline __attribute__((always_inline)) __m256i q5_quants(const uint8_t *qs
 #define AHEAD 16
 #endif
 
+/* Whether fmt holds its rows in tiles of 16 (formats.h, FMT_T*). */
+static inline int is_tile(int fmt) { return fmt == FMT_T4_1 || fmt == FMT_T8_0 || fmt == FMT_T4_K || fmt == FMT_T6_K; }
+
 /* Bytes of quants a block of 32 weights takes in a matrix of format fmt (not FMT_W8). */
 static inline int block_bytes(int fmt) {
-    return fmt == FMT_Q8_0 || fmt == FMT_I8 ? 32 : fmt == FMT_K6 ? 24 : fmt == FMT_Q5 ? 20 : 16;
+    return fmt == FMT_Q8_0 || fmt == FMT_I8 || fmt == FMT_T8_0 ? 32 : fmt == FMT_K6 || fmt == FMT_T6_K ? 24
+         : fmt == FMT_Q5 ? 20 : 16;
 }
 
 static inline __attribute__((always_inline)) void prefetch_rows(const hs_mat *w, int r, int n) {
@@ -98,6 +102,7 @@ static inline __attribute__((always_inline)) void prefetch_rows(const hs_mat *w,
     }
     const char *rows = (const char *)(w->qs + (size_t)r * row_bytes);
     for (int i = 0; i < n * row_bytes; i += 64) _mm_prefetch(rows + i, _MM_HINT_T0);
+    if (is_tile(w->fmt)) return;        /* the tiles' scales are few: a tile's kernel fetches ahead */
     if (w->fmt == FMT_I8) {
         for (int i = 0; i < n * nb * 8; i += 64) _mm_prefetch((const char *)(w->scales + (size_t)r * nb * 2) + i, _MM_HINT_T0);
         return;

@@ -446,10 +446,10 @@ int hs_pair_layout(void) { return WINDOW_AVX512; }
 
 /* Whether the window products read w's format: window_avx512.c reads neither the K-quants'
    own layouts (FMT_K4, FMT_K6) nor FMT_Q5, which only a draft holding them exactly has;
-   FMT_N4, FMT_N6, FMT_R16 and FMT_R8 only window_avx512.c reads. */
+   FMT_N4, FMT_N6 and the row tiles (FMT_T*) only window_avx512.c reads. */
 static int window_reads(const hs_mat *w) {
     return WINDOW_AVX512 ? !(w->fmt == FMT_K4 || w->fmt == FMT_K6 || w->fmt == FMT_Q5)
-                         : !(w->fmt == FMT_N4 || w->fmt == FMT_N6 || w->fmt == FMT_R16 || w->fmt == FMT_R8);
+                         : !(w->fmt == FMT_N4 || w->fmt == FMT_N6 || is_tile(w->fmt));
 }
 
 /* A float matrix's (FMT_F16, FMT_F32) row r times n <= 4 tokens of x (stride floats
@@ -550,6 +550,31 @@ static void dequantize_k(const hs_mat *w, int r, int b, float *y) {
     }
 }
 
+/* Block b of row r of a row-tile matrix (formats.h, FMT_T*), as float32 values: row r is
+   lane r % 16 of its tile, value j byte j % 4 of its dword vector. */
+static void dequantize_tile(const hs_mat *w, int r, int b, float *y) {
+    const int nb = w->cols / BLOCK, lane = 4 * (r % 16);
+    const size_t tile = (size_t)(r / 16) * nb + b;
+    if (w->fmt == FMT_T8_0) {
+        const uint8_t *q = w->qs + tile * 512 + lane;
+        const float d = _cvtsh_ss(w->d[tile * 16 + r % 16]);
+        for (int j = 0; j < BLOCK; j++) y[j] = d * (float)(q[64 * (j / 4) + j % 4] - 128);
+        return;
+    }
+    const uint8_t *q = w->qs + tile * (w->fmt == FMT_T6_K ? 384 : 256) + lane;
+    for (int j = 0; j < BLOCK; j++) {
+        const int at = 64 * (j % 16 / 4) + j % 4, nibble = j < 16 ? q[at] & 15 : q[at] >> 4;
+        if (w->fmt == FMT_T4_1) {
+            y[j] = fmaf(_cvtsh_ss(w->d[tile * 16 + r % 16]), (float)nibble, _cvtsh_ss(w->m[tile * 16 + r % 16]));
+        } else if (w->fmt == FMT_T4_K) {
+            y[j] = fmaf(w->scales[tile * 16 + r % 16], (float)nibble, w->offsets[tile * 16 + r % 16]);
+        } else {    /* FMT_T6_K: value j's top bits in vector j / 16, at 2 (j % 16 / 4) */
+            const int bits = (q[256 + 64 * (j / 16) + j % 4] >> (2 * (j % 16 / 4))) & 3;
+            y[j] = fmaf(w->scales[tile * 32 + 16 * (j / 16) + r % 16], (float)((nibble | bits << 4) - 32), 0.0f);
+        }
+    }
+}
+
 /* Row r of W, as float32 values (the token embedding). */
 static void dequantize_row(const hs_mat *w, int r, float *y) {
     const int nb = w->cols / BLOCK;
@@ -590,22 +615,8 @@ static void dequantize_row(const hs_mat *w, int r, float *y) {
             }
             continue;
         }
-        if (w->fmt == FMT_R8) {     /* row r is lane r % 16 of its tile (formats.h) */
-            const size_t tile = (size_t)(r / 16) * nb + b;
-            const uint8_t *q = w->qs + tile * 512 + 4 * (r % 16);
-            const float dr = _cvtsh_ss(w->d[tile * 16 + r % 16]);
-            for (int j = 0; j < BLOCK; j++) yb[j] = dr * (float)(q[64 * (j / 4) + j % 4] - 128);
-            continue;
-        }
-        if (w->fmt == FMT_R16) {    /* row r is lane r % 16 of its tile (formats.h) */
-            const size_t tile = (size_t)(r / 16) * nb + b;
-            const uint8_t *q = w->qs + tile * 256 + 4 * (r % 16);
-            const float dr = _cvtsh_ss(w->d[tile * 16 + r % 16]), mr = _cvtsh_ss(w->m[tile * 16 + r % 16]);
-            for (int j = 0; j < 16; j++) {
-                const uint8_t byte = q[64 * (j / 4) + j % 4];
-                yb[j] = fmaf(dr, (float)(byte & 15), mr);
-                yb[j + 16] = fmaf(dr, (float)(byte >> 4), mr);
-            }
+        if (is_tile(w->fmt)) {
+            dequantize_tile(w, r, b, yb);
             continue;
         }
         if (w->fmt == FMT_I8) {

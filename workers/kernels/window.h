@@ -25,8 +25,8 @@ typedef struct {
     uint8_t *u;      /* 64 bytes a pair: xq + 128 */
     float *scale;    /* per block (x ~ scale * xq), a pair's two side by side */
     float *sum;      /* per block: what the weights' offsets multiply (see window_quantize) */
-    int8_t *q;       /* 32 bytes a block: xq in order (FMT_R16's and FMT_R8's tiles broadcast its dwords) */
-    int *qsum;       /* per block: sum(xq) (FMT_R8's quants + 128 add 128 times it) */
+    int8_t *q;       /* 32 bytes a block: xq in order (the row tiles, FMT_T*, broadcast its dwords) */
+    int *qsum;       /* per 16 values: sum(xq) (FMT_T8_0's and FMT_T6_K's biased quants add it) */
 } window_act;
 #else
 #define WINDOW_AVX512 0

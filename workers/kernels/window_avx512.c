@@ -41,8 +41,9 @@
 #if WINDOW_AVX512
 
 int window_act_kind(const hs_mat *w) {
-    return w->fmt == FMT_I8 || w->fmt == FMT_N4 || w->fmt == FMT_N6 ? ACT_Q8_K
-         : w->fmt == FMT_Q4_1 || w->fmt == FMT_R16 ? ACT_Q8_1 : ACT_Q8_0;     /* FMT_R8: Q8_0's */
+    const int f = w->fmt;
+    return f == FMT_I8 || f == FMT_N4 || f == FMT_N6 || f == FMT_T4_K || f == FMT_T6_K ? ACT_Q8_K
+         : f == FMT_Q4_1 || f == FMT_T4_1 ? ACT_Q8_1 : ACT_Q8_0;
 }
 
 static inline float round_half(float x) { return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT)); }
@@ -83,8 +84,9 @@ void window_quantize(const float *x, int n, int kind, window_act *out) {
             bytes[2 * h + 1] = _mm512_cvtepi32_epi8(q1);
             _mm_storeu_si128((__m128i *)(out->q + b * BLOCK), bytes[2 * h]);
             _mm_storeu_si128((__m128i *)(out->q + b * BLOCK + 16), bytes[2 * h + 1]);
-            out->qsum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-            const float qsum = (float)out->qsum[b];
+            out->qsum[2 * b] = _mm512_reduce_add_epi32(q0);
+            out->qsum[2 * b + 1] = _mm512_reduce_add_epi32(q1);
+            const float qsum = (float)(out->qsum[2 * b] + out->qsum[2 * b + 1]);
             const float d = top[b] / 127.0f;
             out->scale[b] = kind == ACT_Q8_K ? (inv > 0.0f ? 1.0f / inv : 0.0f) : round_half(d);
             out->sum[b] = kind == ACT_Q8_1 ? round_half(d * qsum) : out->scale[b] * qsum;
@@ -249,63 +251,97 @@ static inline __attribute__((always_inline)) void matmat8_fmt(const hs_mat *w, c
     }
 }
 
-/* FMT_R16 and FMT_R8: tile g (rows 16g..16g+15) for n <= 4 tokens. A block's quants
+/* A row tile's block (formats.h, FMT_T*): its quants as 8 vectors of 16 rows' dwords,
+   wq[k] holding each row's values 4k..4k+3 (unsigned: FMT_T8_0's + 128, FMT_T6_K's + 32). */
+static inline __attribute__((always_inline)) void tile_quants(const uint8_t *q, const int fmt, __m512i *wq) {
+    const __m512i low = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
+    for (int j = 0; j < 8; j++) {
+        if (fmt == FMT_T8_0) wq[j] = _mm512_loadu_si512(q + 64 * j);
+        else if (j < 4) {
+            const __m512i v = _mm512_loadu_si512(q + 64 * j);
+            wq[j] = _mm512_and_si512(v, low);
+            wq[4 + j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+    }
+    if (fmt == FMT_T6_K)        /* nibble vector j's top bits at 2 (j % 4) of vector j / 4: moved to bits 4-5 */
+        for (int h = 0; h < 2; h++) {
+            const __m512i v = _mm512_loadu_si512(q + 256 + 64 * h);
+            wq[4 * h] = _mm512_or_si512(wq[4 * h], _mm512_and_si512(_mm512_slli_epi16(v, 4), top));
+            wq[4 * h + 1] = _mm512_or_si512(wq[4 * h + 1], _mm512_and_si512(_mm512_slli_epi16(v, 2), top));
+            wq[4 * h + 2] = _mm512_or_si512(wq[4 * h + 2], _mm512_and_si512(v, top));
+            wq[4 * h + 3] = _mm512_or_si512(wq[4 * h + 3], _mm512_and_si512(_mm512_srli_epi16(v, 2), top));
+        }
+}
+
+/* The row tiles (FMT_T*): tile g (rows 16g..16g+15) for n <= 4 tokens. A block's quants
    are unpacked once for the tokens; each product of 4 values broadcasts one dword of a
-   token's xq against 16 rows, so a lane is a row and a block's integer sum for 16 rows
-   takes 8 VNNI products, with no lanes to fold. FMT_R8's quants + 128 add 128 * sum(xq),
-   taken off in the first product's start. Float steps, per row, token and block in
-   order: acc += isum * (d * xscale), then (FMT_R16) acc += m * xsum; the same in any
+   token's xq against 16 rows, so a lane is a row and a block's integer sums for 16 rows
+   take 8 VNNI products, with no lanes to fold. Biased quants (q + 128, q + 32) add the
+   bias times sum(xq), taken off in the products' starting values. Float steps, per row,
+   token and block in order: acc += isum * (d * xscale) (FMT_T6_K: for each 16-value half
+   with its own scale), then acc += offset * xsum where there are offsets; the same in any
    tile, so a token's rows do not depend on the tokens beside it. */
-static inline __attribute__((always_inline)) void rows16_tile(const hs_mat *w, const int fmt, int g, const window_act *x,
-                                                              const int n, float *y, int ystride) {
-    const int nb = w->cols / BLOCK, chains = n <= 2 ? 4 : 2;     /* independent sums: a chain of 8 waits */
-    const int bytes = fmt == FMT_R8 ? 512 : 256;                /* a tile's block */
-    const uint8_t *q = w->qs + (size_t)g * nb * bytes;
-    const uint16_t *d = w->d + (size_t)g * nb * 16, *m = w->m + (size_t)g * nb * 16;
-    const __m512i low = _mm512_set1_epi8(15);
+static inline __attribute__((always_inline)) void tile16(const hs_mat *w, const int fmt, int g, const window_act *x,
+                                                         const int n, float *y, int ystride) {
+    const int nb = w->cols / BLOCK, bytes = fmt == FMT_T8_0 ? 512 : fmt == FMT_T6_K ? 384 : 256;
+    const int halves = fmt == FMT_T6_K, chains = halves || n <= 2 ? 4 : 2;   /* a chain of 8 products waits */
+    const size_t tb = (size_t)g * nb;      /* the tile's first block */
     __m512 acc[4];
     for (int t = 0; t < n; t++) acc[t] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        for (int k = 0; k < bytes; k += 64) _mm_prefetch((const char *)(q + bytes * (b + 8) + k), _MM_HINT_T0);
-        __m512i wq[8];      /* wq[k]: values 4k..4k+3 of each row (FMT_R16: wq[4 + j] the high nibbles of wq[j]'s) */
-        for (int j = 0; j < 8; j++) {
-            if (fmt == FMT_R8) wq[j] = _mm512_loadu_si512(q + bytes * b + 64 * j);
-            else if (j < 4) {
-                const __m512i v = _mm512_loadu_si512(q + bytes * b + 64 * j);
-                wq[j] = _mm512_and_si512(v, low);
-                wq[4 + j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            }
+        const uint8_t *q = w->qs + (tb + b) * bytes;
+        for (int k = 0; k < bytes; k += 64) _mm_prefetch((const char *)(q + 8 * bytes + k), _MM_HINT_T0);
+        __m512i wq[8];
+        tile_quants(q, fmt, wq);
+        __m512 ds, hs, os;      /* scales (FMT_T6_K: the first half's, then hs the second's), offsets */
+        if (fmt == FMT_T4_1 || fmt == FMT_T8_0) {
+            ds = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + 16 * (tb + b))));
+            os = fmt == FMT_T4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + 16 * (tb + b)))) : ds;
+        } else {
+            ds = _mm512_loadu_ps(w->scales + (halves ? 32 : 16) * (tb + b));
+            hs = halves ? _mm512_loadu_ps(w->scales + 32 * (tb + b) + 16) : ds;
+            os = halves ? ds : _mm512_loadu_ps(w->offsets + 16 * (tb + b));
         }
-        const __m512 ds = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + 16 * b)));
-        const __m512 ms = fmt == FMT_R8 ? ds : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m + 16 * b)));
         for (int t = 0; t < n; t++) {
             int xq[8];      /* dword k: the token's values 4k..4k+3 of the block, wq[k]'s */
             memcpy(xq, x[t].q + b * BLOCK, sizeof xq);
-            __m512i c[4];
-            for (int k = 0; k < chains; k++)
-                c[k] = _mm512_dpbusd_epi32(fmt == FMT_R8 && k == 0 ? _mm512_set1_epi32(-128 * x[t].qsum[b]) : _mm512_setzero_si512(),
-                                           wq[k], _mm512_set1_epi32(xq[k]));
-            for (int k = chains; k < 8; k++)
-                c[k % chains] = _mm512_dpbusd_epi32(c[k % chains], wq[k], _mm512_set1_epi32(xq[k]));
+            const int *sum16 = x[t].qsum + 2 * b;
+            __m512i c[4];   /* FMT_T6_K: c[0], c[1] the first half's (k < 4), c[2], c[3] the second's */
+            for (int k = 0; k < chains; k++) {
+                const int at = halves ? (k & 1) + 4 * (k >> 1) : k;
+                const int bias = fmt == FMT_T8_0 && k == 0 ? -128 * (sum16[0] + sum16[1])
+                               : halves && (k & 1) == 0 ? -32 * sum16[k >> 1] : 0;
+                c[k] = _mm512_dpbusd_epi32(_mm512_set1_epi32(bias), wq[at], _mm512_set1_epi32(xq[at]));
+            }
+            for (int k = 0; k < 8; k++) {
+                const int chain = halves ? (k & 1) + 2 * (k >> 2) : k % chains;
+                if (halves ? (k & 3) >= 2 : k >= chains)
+                    c[chain] = _mm512_dpbusd_epi32(c[chain], wq[k], _mm512_set1_epi32(xq[k]));
+            }
+            const __m512 xs = _mm512_set1_ps(x[t].scale[b]);
+            if (halves) {
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(c[0], c[1])), _mm512_mul_ps(ds, xs), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(c[2], c[3])), _mm512_mul_ps(hs, xs), acc[t]);
+                continue;
+            }
             if (chains == 4) c[0] = _mm512_add_epi32(c[0], c[2]), c[1] = _mm512_add_epi32(c[1], c[3]);
-            const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(c[0], c[1]));
-            acc[t] = _mm512_fmadd_ps(isum, _mm512_mul_ps(ds, _mm512_set1_ps(x[t].scale[b])), acc[t]);
-            if (fmt == FMT_R16) acc[t] = _mm512_fmadd_ps(ms, _mm512_set1_ps(x[t].sum[b]), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(c[0], c[1])), _mm512_mul_ps(ds, xs), acc[t]);
+            if (fmt == FMT_T4_1 || fmt == FMT_T4_K) acc[t] = _mm512_fmadd_ps(os, _mm512_set1_ps(x[t].sum[b]), acc[t]);
         }
     }
     for (int t = 0; t < n; t++) _mm512_storeu_ps(y + (size_t)t * ystride + 16 * g, acc[t]);
 }
 
-/* Rows r0..r1-1 (multiples of 16) of Y = W X for T tokens of FMT_R16 or FMT_R8, four tokens a tile. */
-static inline __attribute__((always_inline)) void rows16(const hs_mat *w, const int fmt, const window_act *x, int T,
-                                                         float *y, int ystride, int r0, int r1) {
+/* Rows r0..r1-1 (multiples of 16) of Y = W X for T tokens of a row-tile format, four tokens a tile. */
+static inline __attribute__((always_inline)) void tiles16(const hs_mat *w, const int fmt, const window_act *x, int T,
+                                                          float *y, int ystride, int r0, int r1) {
     for (int g = r0 / 16; g < r1 / 16; g++) {
         int t = 0;
-        for (; t + 4 <= T; t += 4) rows16_tile(w, fmt, g, x + t, 4, y + (size_t)t * ystride, ystride);
+        for (; t + 4 <= T; t += 4) tile16(w, fmt, g, x + t, 4, y + (size_t)t * ystride, ystride);
         float *yt = y + (size_t)t * ystride;
-        if (T - t == 3) rows16_tile(w, fmt, g, x + t, 3, yt, ystride);
-        else if (T - t == 2) rows16_tile(w, fmt, g, x + t, 2, yt, ystride);
-        else if (T - t == 1) rows16_tile(w, fmt, g, x + t, 1, yt, ystride);
+        if (T - t == 3) tile16(w, fmt, g, x + t, 3, yt, ystride);
+        else if (T - t == 2) tile16(w, fmt, g, x + t, 2, yt, ystride);
+        else if (T - t == 1) tile16(w, fmt, g, x + t, 1, yt, ystride);
     }
 }
 
@@ -318,15 +354,17 @@ void window_rows(const hs_mat *w, const window_act *x, int T, float *y, int ystr
     case FMT_Q4_1: matmat8_fmt(w, FMT_Q4_1, x, T, y, ystride, next, r0, r1); break;
     case FMT_N4: matmat8_fmt(w, FMT_N4, x, T, y, ystride, next, r0, r1); break;
     case FMT_N6: matmat8_fmt(w, FMT_N6, x, T, y, ystride, next, r0, r1); break;
-    case FMT_R16: rows16(w, FMT_R16, x, T, y, ystride, r0, r1); break;
-    case FMT_R8: rows16(w, FMT_R8, x, T, y, ystride, r0, r1); break;
+    case FMT_T4_1: tiles16(w, FMT_T4_1, x, T, y, ystride, r0, r1); break;
+    case FMT_T8_0: tiles16(w, FMT_T8_0, x, T, y, ystride, r0, r1); break;
+    case FMT_T4_K: tiles16(w, FMT_T4_K, x, T, y, ystride, r0, r1); break;
+    case FMT_T6_K: tiles16(w, FMT_T6_K, x, T, y, ystride, r0, r1); break;
     default: matmat8_fmt(w, FMT_I8, x, T, y, ystride, next, r0, r1); break;
     }
 }
 
 
 long window_act_floats(int widest) {
-    return (widest / BLOCK + 1) / 2 * 66 + 2 * (widest / BLOCK) + 36;    /* 16 to align qc */
+    return (widest / BLOCK + 1) / 2 * 68 + 2 * (widest / BLOCK) + 36;    /* 16 to align qc */
 }
 
 void window_act_at(window_act *a, float *work, int widest) {
