@@ -91,6 +91,7 @@ class Weights(NamedTuple):
     exact: bool               # every value exactly (a target): see EXACT_LAYOUTS
     window: bool              # Q8_0 laid out for AVX-512's window products (FMT_W8)
     four_bit: bool = False    # a draft's layers in 4 bits: every matrix not Q4_0 as Q4_1 (_rounded_to_q4_1)
+    tiles: bool = False       # a draft's layers' Q4_1 in row tiles (FMT_T4_1), which its steps read (AVX-512)
 
     def count(self, kind: str) -> None:
         self.formats[kind] = self.formats.get(kind, 0) + 1
@@ -233,9 +234,10 @@ def _check_shapes(model: HsModel, layers) -> None:
 # ---- a matrix's layout: one function per layout, chosen by EXACT_LAYOUTS and WINDOW_LAYOUTS ----
 
 
-def _as_stored(w: Weights, tensor, rows: int, cols: int) -> HsMat:
+def _as_stored(w: Weights, tensor, rows: int, cols: int, tiled: bool = False) -> HsMat:
     """Q8_0, Q4_0 or Q4_1 blocks taken apart into quants, scales and offsets (one array
-    each, row by row): the kernel then reads eight blocks' scales at once."""
+    each, row by row): the kernel then reads eight blocks' scales at once. A target's Q4_1
+    (or with `tiled` a draft's) in row tiles instead."""
     fmt = tensor.type_name
     blocks = tensor.data.reshape(rows, cols // BLOCK, -1)
     first = 4 if fmt == "Q4_1" else 2                  # d (and m) come before the quants
@@ -244,7 +246,7 @@ def _as_stored(w: Weights, tensor, rows: int, cols: int) -> HsMat:
     if w.window and fmt == "Q8_0":
         return _window_q8_0(w, quants, scales, rows, cols)
     offsets = [blocks[:, :, 2:4].view(np.uint16)] if fmt == "Q4_1" else []
-    if w.window and w.exact and fmt == "Q4_1" and rows % 16 == 0:
+    if (tiled or w.window and w.exact) and fmt == "Q4_1" and rows % 16 == 0:
         return _q4_1_tiles(w, quants, scales, offsets[0], rows, cols)
     return _split_blocks(w, fmt, [quants, scales, *offsets], rows, cols)
 
@@ -278,8 +280,10 @@ def _rounded_to_q4_1(w: Weights, tensor, rows: int, cols: int) -> HsMat:
     n = rows * (cols // BLOCK)
     qs, d4, m4 = np.empty((n, 16), np.uint8), np.empty(n, np.uint16), np.empty(n, np.uint16)
     w.lib.hs_q4_1_from_q8_0(q.ctypes.data, d.ctypes.data, n, qs.ctypes.data, d4.ctypes.data, m4.ctypes.data)
-    w.keep.extend((qs, d4, m4))
     w.count(f"Q4_1 from {tensor.type_name}")
+    if w.tiles and rows % 16 == 0:
+        return _q4_1_tiles(w, qs.reshape(rows, -1, 16), d4, m4, rows, cols)
+    w.keep.extend((qs, d4, m4))
     return HsMat(qs.ctypes.data, d4.ctypes.data, m4.ctypes.data, FORMATS["Q4_1"], rows, cols)
 
 
@@ -377,7 +381,9 @@ def _mat(w: Weights, name: str, body: bool = False) -> HsMat:
     if not w.exact and body and w.four_bit and fmt not in ("Q4_0", "Q4_1"):
         return _rounded_to_q4_1(w, tensor, rows, cols)
     if not w.exact:
-        return (_as_stored if fmt in FORMATS else _rounded_to_q8_0)(w, tensor, rows, cols)
+        if fmt in FORMATS:
+            return _as_stored(w, tensor, rows, cols, tiled=body and w.tiles)
+        return _rounded_to_q8_0(w, tensor, rows, cols)
     layout = (WINDOW_LAYOUTS if w.window else EXACT_LAYOUTS).get(fmt)
     if layout is None:
         raise Unsupported(f"{name} is {fmt}, which hetspec's kernels cannot hold exactly (they read Q4_0, Q4_1, "

@@ -52,7 +52,7 @@ def load_draft_model(spec: DraftSpec) -> tuple[DraftModel, str, str]:
         cache = spec.model.cache_dir
         try:
             native = NativeModel(spec.model.file, spec.n_ctx, os.path.dirname(cache) if cache else "",
-                                 four_bit=spec.weights == "q4_1", vocab=spec.vocab)
+                                 four_bit=spec.weights == "q4_1", vocab=spec.vocab, tiles=True)
             return native, "native", native.description
         except (KernelUnavailable, Unsupported) as exc:
             why_not = f" (no native draft: {exc})"

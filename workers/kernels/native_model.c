@@ -668,8 +668,14 @@ enum { HEAD_CHUNK = 4096 };   /* rows of the output layer between two looks at t
 static int halted(const volatile int *halt) { return halt && *halt != 0; }
 
 /* Logits from the output layer w, HEAD_CHUNK rows at a time: 1 where m->halt stopped it
-   (a large vocabulary's layer is much of a step), else 0. */
-static int head_rows(const hs_model *m, const hs_mat *w, const quantized *x, float *logits) {
+   (a large vocabulary's layer is much of a step), else 0. A row-tile layer (a draft's
+   Q4_1 copy) at once through the window products, from xw. */
+static int head_rows(const hs_model *m, const hs_mat *w, const quantized *x, const window_act *xw, float *logits) {
+    if (is_tile(w->fmt)) {
+        if (halted(m->halt)) return 1;
+        window_matmat(w, xw, 1, logits, w->rows, NULL);
+        return 0;
+    }
     for (int r = 0; r < w->rows; r += HEAD_CHUNK) {
         if (halted(m->halt)) return 1;
         matvec_rows(w, x, logits, NULL, r, r + HEAD_CHUNK < w->rows ? r + HEAD_CHUNK : w->rows);
@@ -678,9 +684,9 @@ static int head_rows(const hs_model *m, const hs_mat *w, const quantized *x, flo
 }
 
 /* The logits (see above); 1 where m->halt stopped it before they were all computed. */
-static int head(const hs_model *m, const quantized *x, float *logits) {
-    if (!m->out_fast.qs) return head_rows(m, &m->out, x, logits);
-    if (head_rows(m, &m->out_fast, x, logits)) return 1;
+static int head(const hs_model *m, const quantized *x, const window_act *xw, float *logits) {
+    if (!m->out_fast.qs) return head_rows(m, &m->out, x, xw, logits);
+    if (head_rows(m, &m->out_fast, x, xw, logits)) return 1;
     for (int i = m->out_fast.rows; i < m->n_vocab; i++) logits[i] = -INFINITY;   /* a draft's vocabulary cut */
     int top[REFINE], kept = 0, lowest = 0;
     float floor = -INFINITY;              /* the smallest kept logit once REFINE are kept */
@@ -1059,14 +1065,16 @@ enum { MAX_WINDOW = 64, MAX_HALF = 128 };   /* tokens a window; rope angles per 
 int hs_max_window(void) { return MAX_WINDOW; }
 
 /* How a pass multiplies a matrix: one token through the 16-bit one-token kernels
-   (matvec: the draft's step), or a window of tokens through the 8-bit window
-   products (the target, and the draft filling its cache). */
+   (matvec: the draft's step; a row-tile matrix, which only the window products read,
+   through those), or a window of tokens through the 8-bit window products (the
+   target, and the draft filling its cache). */
+enum { HELD_ONE = -2 };  /* products.held: x in the one-token rounding (the same for every matrix) */
 typedef struct {
     int window;          /* 0: one token, 16-bit activations; 1: the window products */
     quantized one;       /* the token's rounded activations (one token) */
-    window_act *acts;    /* each token's (a window) */
-    int held;            /* how the activations hold the current x (-1: not yet; the one-token
-                            rounding is the same for every matrix: 0) */
+    window_act *acts;    /* each token's (a window, or a step's one token for row tiles) */
+    int held;            /* how the activations hold the current x (-1: not yet; HELD_ONE; or
+                            the window products' rounding, ACT_*) */
     const volatile int *halt;   /* a step stops at its next product once *halt is not 0 (NULL: never) */
     int stopped;         /* it has: the pass's other products are skipped, its results are void */
 } products;
@@ -1076,13 +1084,13 @@ typedef struct {
 static void product(products *p, const hs_mat *w, const float *x, int stride, int T, float *y, int ystride,
                     const hs_mat *next) {
     if (p->stopped || (p->stopped = halted(p->halt))) return;
-    if (p->window && window_reads(w)) {
+    if ((p->window || is_tile(w->fmt)) && window_reads(w)) {
         window_products(w, x, stride, T, p->acts, &p->held, y, ystride, next);
         return;
     }
-    if (!p->window && p->held != 0) {
+    if (!p->window && p->held != HELD_ONE) {
         quantize(x, w->cols, &p->one);
-        p->held = 0;
+        p->held = HELD_ONE;
     }
     for (int t = 0; t < T; t++) {   /* a window's matrix its products cannot read: token by token */
         if (p->window) quantize(x + (size_t)t * stride, w->cols, &p->one);
@@ -1258,12 +1266,16 @@ int hs_forward(const hs_model *m, int token, int pos, float *logits) {
     const placed at = in_own_cache(m, 1, pos, &position, &kc, &vc);
     if (!fits(m, &token, 1, at.pos)) return -1;
     const scratch s = scratch_at(m, 1);
-    products p = {.window = 0, .one = quantized_at(s.acts, widest(m)), .halt = m->halt};
+    window_act act;         /* for row-tile matrices (a draft's with AVX-512 VNNI) */
+    window_act_at(&act, s.acts, widest(m));
+    products p = {.window = 0, .one = quantized_at(s.acts + window_act_floats(widest(m)), widest(m)), .acts = &act,
+                  .halt = m->halt};
     if (run_layers(m, &token, 1, &at, &s, &p, m->out_fast.qs ? &m->out_fast : &m->out)) return 1;
     if (!logits) return 0;
     rms_norm(s.x, m->out_norm, m->n_embd, m->eps, s.h);
     quantize(s.h, m->n_embd, &p.one);
-    return head(m, &p.one, logits);
+    if (is_tile(m->out_fast.fmt)) window_quantize(s.h, m->n_embd, window_act_kind(&m->out_fast), &act);
+    return head(m, &p.one, &act, logits);
 }
 
 /* A batch of requests' tokens through the window products in one pass: token t at

@@ -10,7 +10,7 @@ is, so the CPU tests run what a GPU replays.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
