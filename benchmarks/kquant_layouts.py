@@ -1,6 +1,6 @@
 """The native target's K-quant layouts on a real file, in one process: Q4_K and Q6_K in 4
-and 6 bits (FMT_N4, FMT_N6, what the target holds with AVX-512 VNNI) against the int8
-expansion they replaced (FMT_I8). Checks that both give the same logits bits, then times
+and 6 bits (FMT_N4, FMT_N6, what the target holds with AVX-512 VNNI where a matrix's rows
+are not whole row tiles) against the int8 expansion they replaced (FMT_I8). Checks that both give the same logits bits, then times
 their passes taking turns, so that the machine's drift falls on both alike.
 
     python -m hetspec.benchmarks.kquant_layouts [--model builtin:qwen2.5-coder-1.5b] [--threads 1]

@@ -49,10 +49,10 @@ class NativeModel:
         is not of an architecture (native_weights.ARCHITECTURES) and block types it reads.
         fast_head: read a Q8_0 output layer mostly in a Q4_1 copy (see head() in
         native_model.c); False reads all of it. exact_kquants: every weight at its exact
-        value (native_weights.EXACT_LAYOUTS) rather than rounded to Q8_0. window_layout: Q8_0
-        values laid out for the 8-bit window products (FMT_W8), Q4_K and Q6_K in 4 and 6
-        bits (FMT_N4, FMT_N6), where the CPU has those products; only hs_forward_window
-        reads these layouts. four_bit: a draft's layers in 4 bits (Q4_1), about half the
+        value (native_weights.EXACT_LAYOUTS) rather than rounded to Q8_0. window_layout: Q4_1,
+        Q8_0, Q4_K and Q6_K in the 8-bit window products' row tiles (FMT_T*; else FMT_W8,
+        FMT_N4, FMT_N6), where the CPU has those products; only hs_forward_window reads
+        these layouts. four_bit: a draft's layers in 4 bits (Q4_1), about half the
         bytes a step reads ([draft] weights = "q4_1"). vocab > 0: a draft's steps score
         only the first `vocab` token ids, the others' logits -inf ([draft] vocab): its
         output layer's copy holds those rows alone (needs fast_head). tiles: a draft's layers'

@@ -8,8 +8,8 @@ hs_forward_window unpacks each block of weights once for several tokens of the w
 float steps whatever window or prompt chunk it came in, so its logits are the same bits.
 The weights are the file's values exactly (native_weights.py, EXACT_LAYOUTS): Q8_0, Q4_0 and Q4_1 blocks
 as stored, Q5_0 as int8 quants beside its scales, Q4_K and Q6_K at their own size where
-the AVX2 products read them and in 4 and 6 bits with float scales where the AVX-512 ones
-do, other K-quants and Q5_1 as int8 quants with float scales.
+the AVX2 products read them; where the AVX-512 ones do, Q4_1, Q8_0, Q4_K and Q6_K in tiles
+of 16 rows (FMT_T*); other K-quants and Q5_1 as int8 quants with float scales.
 Activations are rounded to int8 as llama.cpp rounds them for each weight type. The
 output layer is one more window product.
 When the target runs alone on borrowed cores, every product's rows are split among
