@@ -31,6 +31,13 @@
    FMT_I8's signed quants in registers. The integer sums, the scales and the float steps
    are FMT_I8's, so the bits are too, from 0.75 and 1.0 bytes a weight (FMT_I8: 1.375, 1.25).
 
+   Row tiles (FMT_T4_1, FMT_T8_0, FMT_T4_K, FMT_T6_K; tile16): the target's matrices whose
+   rows are a multiple of 16 are held the other way round, a lane a row. A product then
+   broadcasts 4 values of a token against 16 rows' 4 weights, a block's integer sums for
+   16 rows take 8 products, and the float steps run once per 16 rows, with no lanes to
+   fold: the pair layouts spend those steps on every pair of blocks of every row, and a
+   token's products were bound by them rather than by the bytes read.
+
    Batch invariance: a token's float operations are the same sequence whatever
    the window, chunk or token next to it; only the integer sums and the unpacking
    are shared, and integers are exact. */
@@ -295,7 +302,7 @@ static inline __attribute__((always_inline)) void tile16(const hs_mat *w, const 
         tile_quants(q, fmt, wq);
         __m512 ds, hs, os;      /* scales (FMT_T6_K: the first half's, then hs the second's), offsets */
         if (fmt == FMT_T4_1 || fmt == FMT_T8_0) {
-            ds = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + 16 * (tb + b))));
+            ds = hs = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + 16 * (tb + b))));
             os = fmt == FMT_T4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->m + 16 * (tb + b)))) : ds;
         } else {
             ds = _mm512_loadu_ps(w->scales + (halves ? 32 : 16) * (tb + b));
