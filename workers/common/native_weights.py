@@ -8,10 +8,9 @@ Q8_0 (exactly for Q5_0, to within half a step of an 8-bit grid for the others); 
 target (exact) keeps every value exactly: Q4_K, Q6_K and Q5_0 at their own size
 (FMT_K4, FMT_K6, FMT_Q5) where its window products read them, other K-quants and Q5_1
 as int8 quants with float scales (FMT_I8), F16 and F32 as the file stores them; and
-with the window layout (AVX-512) its Q8_0 values are laid out for those products (FMT_W8),
-and its Q4_1, Q8_0, Q4_K and Q6_K values in tiles of 16 rows (FMT_T*), or where a matrix's
-rows are not whole tiles, Q8_0 in pairs of blocks (FMT_W8) and Q4_K and Q6_K in 4 and 6 bits
-with float scales (FMT_N4, FMT_N6).
+with the window layout (AVX-512) its Q4_1, Q8_0, Q4_K and Q6_K values in tiles of 16 rows
+for those products (FMT_T*), or where a matrix's rows are not whole tiles, Q8_0 in pairs of
+blocks (FMT_W8) and Q4_K and Q6_K in 4 and 6 bits with float scales (FMT_N4, FMT_N6).
 """
 from __future__ import annotations
 
@@ -89,7 +88,7 @@ class Weights(NamedTuple):
     keep: list                # the arrays the C side reads: held as long as the model
     formats: dict             # matrices counted by how they are held, for the description
     exact: bool               # every value exactly (a target): see EXACT_LAYOUTS
-    window: bool              # Q8_0 laid out for AVX-512's window products (FMT_W8)
+    window: bool              # a target's matrices laid out for AVX-512's window products (FMT_T*, ...)
     four_bit: bool = False    # a draft's layers in 4 bits: every matrix not Q4_0 as Q4_1 (_rounded_to_q4_1)
     tiles: bool = False       # a draft's layers' Q4_1 in row tiles (FMT_T4_1), which its steps read (AVX-512)
 
