@@ -91,9 +91,8 @@ def huge_kb(array: np.ndarray) -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's smaps")
 def test_a_kv_cache_takes_small_pages_as_it_is_filled():
-    """A request's first pass writes the start of each layer's region: in huge pages,
-    each write would take and clear 2 MB (np.zeros: 42 of these 47 MB; 0.3-0.6 s for a fresh
-    SmolLM2 cache on a VM)."""
+    """A request's first pass writes the start of each layer's region: in huge pages
+    (np.zeros's, where the kernel grants them), each write would take and clear 2 MB."""
     cache = lazy_zeros((30, 3, 4096, 64), np.float16)   # a 4K-token cache: 512 kB a layer and head
     assert cache.shape == (30, 3, 4096, 64) and cache.dtype == np.float16 and cache.flags.writeable
     assert not cache.any()

@@ -263,14 +263,14 @@ class NativeModel:
 def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     """A zero array whose memory is taken a small page at a time, as it is first written.
     A KV cache is one region per layer and head, and a request fills the start of each:
-    in huge pages (numpy asks for them on large arrays) its first pass would take and
-    clear 2 MB a region: on a VM, a 64-token pass of SmolLM2 then took 0.23-0.29 s in
-    a fresh cache against 0.08 s (docs/performance.md, "A cache's first pass")."""
-    size = max(1, math.prod(shape) * np.dtype(dtype).itemsize)
-    memory = mmap.mmap(-1, size)                     # anonymous: zero, untouched
+    in huge pages (numpy asks for them on large arrays) a fresh cache's first pass would
+    take and clear 2 MB a region, several times the pass itself (docs/performance.md,
+    "A cache's first pass")."""
+    count = math.prod(shape)
+    memory = mmap.mmap(-1, max(1, count * np.dtype(dtype).itemsize))   # anonymous: zero, untouched
     if hasattr(mmap, "MADV_NOHUGEPAGE"):             # (where the kernel makes huge pages unasked)
         memory.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(memory, dtype, math.prod(shape)).reshape(shape)
+    return np.frombuffer(memory, dtype, count).reshape(shape)
 
 
 @functools.cache
