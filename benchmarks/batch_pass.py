@@ -2,10 +2,12 @@
 tokens costs against one request's one-token step, i.e. how many more tokens a pass
 verifies in the same time (#60's premise). The native target (NativeTarget.forward_batch),
 or with --backend transformers a transformers model's eager or static passes packed into one
-(workers/target/packed_pass.py), there also against the same windows run one after another.
+(workers/target/packed_pass.py) or its captured passes' batch pass (captured.py: every
+cache's row, recorded as a CUDA graph on a GPU, run as it is here), there also against the
+same windows run one after another.
 
     python -m hetspec.benchmarks.batch_pass [--model builtin:smollm2] [--threads 1] [--batches 1 2 4 8]
-        [--windows 1 4] [--repeats 9] [--backend native|transformers] [--passes eager|static]
+        [--windows 1 4] [--repeats 9] [--backend native|transformers] [--passes eager|static|captured]
 
 Every request's cache holds a 128-token context; each setting's median pass over
 --repeats passes, the settings in turn. Pin it (taskset) for steady figures.
@@ -28,16 +30,20 @@ def transformers_passes(args, caches: int):
 
     from hetspec.workers.common.hf_loading import load_causal_lm
     from hetspec.workers.common.kv_model import KVModel, StaticKVModel
+    from hetspec.workers.target.captured import CapturedKVModel
     from hetspec.workers.target.packed_pass import forward_batch
 
     torch.set_num_threads(args.threads)
     lm = load_causal_lm(resolve_model(args.model, "target"), "float32", "cpu")
-    kv = KVModel(lm) if args.passes == "eager" else StaticKVModel(lm, "cpu", CONTEXT + 2 * max(args.windows), 8)
+    n_ctx = CONTEXT + 2 * max(args.windows)
+    kv = {"eager": lambda: KVModel(lm), "static": lambda: StaticKVModel(lm, "cpu", n_ctx, 8),
+          "captured": lambda: CapturedKVModel(lm, "cpu", n_ctx, 8, caches)}[args.passes]()
+    batch = kv.forward_batch if args.passes == "captured" else lambda windows: forward_batch(kv, windows)
 
     def forward(cache, tokens, keep, rows):
         kv.use(cache)
         return kv.forward(list(tokens), keep)[-rows:]
-    return forward, lambda windows: forward_batch(kv, [(c, list(t), k, r) for c, t, k, r in windows])
+    return forward, lambda windows: batch([(c, list(t), k, r) for c, t, k, r in windows])
 
 
 def main(argv=None) -> int:
@@ -49,7 +55,7 @@ def main(argv=None) -> int:
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--backend", choices=["native", "transformers"], default="native")
-    parser.add_argument("--passes", choices=["eager", "static"], default="eager")
+    parser.add_argument("--passes", choices=["eager", "static", "captured"], default="eager")
     args = parser.parse_args(argv)
     if args.backend == "native":
         from hetspec.workers.target.native_target import NativeTarget

@@ -101,14 +101,15 @@ def curve(kv, device: str, context: list[int], repeats: int, eager: dict | None 
 
 def batch_curve(lm, args, context: list[int]) -> dict:
     """Per batch size: wall ms [median, fastest] of that many requests' BATCH_WINDOW-token windows
-    after `context`, as one packed pass over their eager caches (workers/target/packed_pass.py)
-    and as their captured passes replayed one after another (what a captured target runs)."""
+    after `context`, as one packed pass over their eager caches (workers/target/packed_pass.py),
+    as their captured passes replayed one after another, and as the captured batch pass (over
+    all BATCHES[-1] caches' rows, what a captured target runs for a batch)."""
     from hetspec.workers.common.kv_model import KVModel
     from hetspec.workers.target.captured import CapturedKVModel
     from hetspec.workers.target.packed_pass import forward_batch
 
     eager = KVModel(lm, args.device)
-    captured = CapturedKVModel(lm, args.device, len(context) + 2 * SIZES[-1], SIZES[-1])
+    captured = CapturedKVModel(lm, args.device, len(context) + 2 * SIZES[-1], SIZES[-1], caches=BATCHES[-1])
     window, keep = list(range(1, BATCH_WINDOW + 1)), len(context)
     for kv in (eager, captured):
         for cache in range(BATCHES[-1]):
@@ -119,10 +120,12 @@ def batch_curve(lm, args, context: list[int]) -> dict:
         windows = [(cache, window, keep, BATCH_WINDOW) for cache in range(batch)]
         packed = lambda windows=windows: forward_batch(eager, windows)
         replays = lambda windows=windows: [(captured.use(c), captured.forward(t, k)) for c, t, k, _ in windows]
-        for run in (packed, replays, packed, replays):      # warm-up: recordings, cuBLAS's choices
+        batched = lambda windows=windows: captured.forward_batch(windows)
+        for run in (packed, replays, batched, packed, replays, batched):   # warm-up: recordings, cuBLAS's choices
             run()
         out[str(batch)] = {"packed_ms": wall_ms(packed, args.device, args.repeats),
-                           "replays_ms": wall_ms(replays, args.device, args.repeats)}
+                           "replays_ms": wall_ms(replays, args.device, args.repeats),
+                           "captured_batch_ms": wall_ms(batched, args.device, args.repeats)}
     return out
 
 
@@ -277,9 +280,10 @@ def report(doc: dict) -> str:
     lines += [f"| {passes} | " + " | ".join(f"{c[str(n)]['wall_ms'][0]} / {c[str(n)]['kernel_ms']}" for n in SIZES)
               + f" | {c['prompt_ms'][0]} |" for passes, c in doc["curve"].items()]
     if doc["batch"]:
-        lines += ["", f"| requests x {doc['batch']['window']} tokens | packed pass ms | captured replays ms |",
-                  "|---|---|---|"]
-        lines += [f"| {b} | {v['packed_ms'][0]} | {v['replays_ms'][0]} |" for b, v in doc["batch"].items() if b != "window"]
+        head = f"| requests x {doc['batch']['window']} tokens | packed pass ms | captured replays ms | captured batch pass ms |"
+        lines += ["", head, "|---|---|---|---|"]
+        lines += [f"| {b} | {v['packed_ms'][0]} | {v['replays_ms'][0]} | {v['captured_batch_ms'][0]} |"
+                  for b, v in doc["batch"].items() if b != "window"]
     lines += ["", "| engine passes | mode | tok/s | ms a spec round: draft / verify / round / overhead |",
               "|---|---|---|---|"]
     lines += [f"| {passes} | {mode} | {e[mode]['tokens_per_s']} | "

@@ -157,11 +157,13 @@ def test_a_request_leaves_the_batch_without_disturbing_the_others(engine):
     assert max(s.result.stats["batched_rounds"] for s in streams) > 0
 
 
-def test_a_static_cache_target_steps_a_batch_in_one_pass_each_output_alone():
-    """The transformers target's static passes packed into one (packed_pass.py), in an engine
-    on a Gemma 3 past its sliding window, greedy and keyed."""
+@pytest.mark.parametrize("passes", ["static", "captured"])
+def test_a_static_cache_target_steps_a_batch_in_one_pass_each_output_alone(passes):
+    """The transformers target's static passes packed into one (packed_pass.py), or its captured
+    passes' recorded batch pass (captured.py), in an engine on a Gemma 3 past its sliding
+    window, greedy and keyed."""
     config = random_engine_config(target="random:arch=gemma3,seed=0", draft="random:arch=gemma3,seed=0")
-    config["target"]["passes"] = "static"
+    config["target"]["passes"] = passes
     requests = REQUESTS[:2] + [("Fourth, sampled", {"max_new_tokens": 30, "temperature": 0.8, "seed": 7})]
     with hetspec.launch(config) as engine:
         alone = [engine.generate(prompt, **params) for prompt, params in requests]

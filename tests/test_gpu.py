@@ -5,11 +5,13 @@ float32: greedy output equals the target's own `generate` on the same GPU, in ev
 mode. bfloat16: a window of tokens is one product, which rounds otherwise than one
 token at a time, so the reference is the target's own batched pass over the output
 (teacher-forced): each token is its argmax there, but at near-ties. Sampling keeps
-the target's law."""
+the target's law. Concurrent requests batch, each with its output alone."""
 import numpy as np
 import pytest
 import torch
+from test_batch import REQUESTS
 from test_engine_greedy import PROMPTS, SETTINGS
+from test_turns import run_all
 
 import hetspec
 
@@ -49,6 +51,16 @@ def test_float32_greedy_equals_the_targets_generate_on_the_gpu(draft, passes):
             for settings in SETTINGS:
                 got = engine.generate(prompt, max_new_tokens=40, **settings).token_ids
                 assert got == expected, (settings, explain_mismatch(model.cpu(), prompt, got, expected))
+
+
+@pytest.mark.parametrize("passes", ["eager", "captured"])
+def test_concurrent_requests_step_together_on_the_gpu_each_with_its_output_alone(passes):
+    """A batch in one pass on the GPU: packed (eager), or the recorded batch pass (captured)."""
+    with hetspec.launch(cuda_config(passes=passes, lookup=4)) as engine:
+        alone = [engine.generate(prompt, **params) for prompt, params in REQUESTS]
+        together = run_all(engine, REQUESTS)
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert sum(r.stats["batched_rounds"] for r in together) > 0
 
 
 @torch.inference_mode()

@@ -53,7 +53,8 @@ class TransformersTarget:
         """The KV model that runs self.passes, and what the kernels line says of it."""
         if self.passes == "eager":
             return KVModel(lm, device), ""
-        kv = (CapturedKVModel if self.passes == "captured" else StaticKVModel)(lm, device, spec.n_ctx, spec.max_window)
+        kv = (CapturedKVModel(lm, device, spec.n_ctx, spec.max_window, self.caches) if self.passes == "captured"
+              else StaticKVModel(lm, device, spec.n_ctx, spec.max_window))
         line = f"; static KV cache, windows padded to {', '.join(map(str, kv.sizes))} tokens"
         if self.passes == "captured":
             self._record_passes(kv, self.caches)
@@ -71,12 +72,15 @@ class TransformersTarget:
     def _record_passes(kv: CapturedKVModel, caches: int) -> None:
         """Every cache's passes recorded now, at every padded size: a failure shows in the
         kernels line, the calibration that follows times replays, and no request's window
-        waits for a recording."""
+        waits for a recording. Then the batch passes, over each count of rows at each padded size."""
         for cache in range(caches):
             kv.use(cache)
             kv.forward([0], 0)
             for size in kv.sizes:
                 kv.forward([0] * size, 1)
+        for count in kv.row_counts[1:]:
+            for size in kv.sizes:
+                kv.forward_batch([(cache, [0] * size, 1, 1) for cache in range(count)])
         kv.use(0)
 
     def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
@@ -87,15 +91,13 @@ class TransformersTarget:
         return self.kv.forward(tokens, keep, all_logits=rows > 1)[-rows:]
 
     def run_batch(self, windows: list[tuple], borrow: bool) -> list[torch.Tensor]:
-        """Several requests' (cache, tokens, keep, rows) in one pass (packed_pass.py), except
-        where passes are captured: there each replays its own recording."""
-        if len(windows) == 1 or self.passes == "captured":
-            logits = [self.run(*window, borrow) for window in windows]
-            self.last_caches = [window[0] for window in windows]
-            return logits
+        """Several requests' (cache, tokens, keep, rows) in one pass: packed (packed_pass.py),
+        or where passes are captured, the recorded batch pass (captured.py)."""
+        if len(windows) == 1:
+            return [self.run(*windows[0], borrow)]
         self.last_caches = [window[0] for window in windows]
         self.loan.hold(borrow)
-        return forward_batch(self.kv, windows)
+        return self.kv.forward_batch(windows) if self.passes == "captured" else forward_batch(self.kv, windows)
 
     def geometry(self) -> list[int]:
         return self.kv.geometry()
