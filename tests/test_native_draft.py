@@ -299,6 +299,5 @@ def test_a_draft_vocabulary_cut_short_scores_its_first_tokens_only(tmp_path):
         assert "first 4096" in engine.info["draft"]["kernels"]
         request = dict(prompt="The three primary colours are", max_new_tokens=48)
         want = engine.generate(**request, mode="target")
-        engine.generate(**request, mode="sequential", speculation="always")    # the draft's first pass is slow:
-        got = engine.generate(**request, mode="sequential", speculation="always")    # the target may finish first
+        got = engine.generate(**request, mode="sequential", speculation="always")
     assert got.token_ids == want.token_ids and got.stats["accepted"] > 0, got.stats
