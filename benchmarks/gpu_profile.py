@@ -103,7 +103,7 @@ def batch_curve(lm, args, context: list[int]) -> dict:
     """Per batch size: wall ms [median, fastest] of that many requests' BATCH_WINDOW-token windows
     after `context`, as one packed pass over their eager caches (workers/target/packed_pass.py),
     as their captured passes replayed one after another, and as the captured batch pass (over
-    all BATCHES[-1] caches' rows, what a captured target runs for a batch)."""
+    their caches' rows: what a captured target runs for a batch)."""
     from hetspec.workers.common.kv_model import KVModel
     from hetspec.workers.target.captured import CapturedKVModel
     from hetspec.workers.target.packed_pass import forward_batch
