@@ -153,13 +153,13 @@ class CapturedKVModel(StaticKVModel):
         padded ids, with the masks each row's own pass would have; float32 logits (count, size, vocab)."""
         ids, starts = self._rows_staged[:count, 1:1 + size], self._rows_staged[:count, :1]
         positions = starts + torch.arange(size, device=self.device)                   # (caches, size)
-        seen = torch.arange(self.capacity, device=self.device) <= positions[..., None]  # (caches, size, capacity)
+        slots, query = torch.arange(self.capacity, device=self.device), positions[..., None]
+        seen = slots <= query                                                           # (caches, size, capacity)
         masks = {"full_attention": seen[:, None]}
         types = self.layer_types()
         if "sliding_attention" in types:
             window = self.lm.config.get_text_config().sliding_window
-            masks["sliding_attention"] = (seen & (torch.arange(self.capacity, device=self.device)
-                                                  > positions[..., None] - window))[:, None]
+            masks["sliding_attention"] = (seen & (slots > query - window))[:, None]
         mask = masks if len(set(types)) > 1 else masks[types[0]]
         out = self.lm(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, logits_to_keep=0,
                       **{self.cache_arg: Rows([(k[:count], v[:count]) for k, v in self.storage], positions)})
