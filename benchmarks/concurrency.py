@@ -30,7 +30,7 @@ import numpy as np
 
 from hetspec.benchmarks.bench import llama_bin
 from hetspec.benchmarks.bench.data import ALL_CATEGORIES, load_prompts
-from hetspec.benchmarks.bench.machine import describe_machine
+from hetspec.benchmarks.bench.machine import add_isa_option, describe_machine, use_isa
 from hetspec.benchmarks.bench.served import CpuWatch, HetspecServer, LlamaServer, free_port, stream_request
 from hetspec.config import load_config
 from hetspec.models import resolve_model
@@ -258,7 +258,8 @@ def report(doc: dict) -> str:
     s, m = doc["settings"], doc["machine"]
     lines = [f"# Many clients at once: {s['config']}", "",
              f"`{doc.get('command', '')}`", "",
-             f"{doc['created']}; {m['cpu']}, {m['logical_cores']} cores, {m['memory_gb']} GB; git {m['git_commit']}.",
+             (f"{doc['created']}; {m['cpu']}, {m['logical_cores']} cores, {m['memory_gb']} GB "
+              f"({m.get('isa', '?')}); git {m['git_commit']}."),
              (f"Target `{Path(s['target']).name}`; prompts: the first N of {', '.join(s['categories'])} "
              f"(benchmarks/data/continuation/), {s['api']} API, greedy, max_tokens {s['max_tokens']}, streamed."), ""]
     for name, engine in doc["engines"].items():
@@ -319,6 +320,7 @@ def write(doc: dict, out: Path) -> None:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    use_isa(args.isa)
     started = time.perf_counter()
     doc = run(args.config, args.clients, args.max_tokens, args.categories, args.api, args.peer, args.peer_draft,
               not args.no_hetspec, args.slot_context)
@@ -344,6 +346,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-hetspec", action="store_true", help="the peer alone (on this process's cores)")
     parser.add_argument("--slot-context", type=int, default=1024, help="llama-server's context per slot (-c is N x it)")
     parser.add_argument("--out", default="bench-out/concurrency")
+    add_isa_option(parser)
     return parser
 
 

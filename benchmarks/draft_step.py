@@ -2,6 +2,7 @@
 costs where it has the machine's cores (beside a GPU target, or a paced one).
 
     python -m hetspec.benchmarks.draft_step [--model builtin:qwen2.5-coder-0.5b] [--threads 1 2] [--repeats 3]
+        [--isa avx2]
 
 Each setting times 12 steps after a 128-token context, its threads pinned one a core
 (the first cores), the settings taking turns; prints each setting's median step, the
@@ -15,6 +16,7 @@ import time
 
 import numpy as np
 
+from hetspec.benchmarks.bench.machine import add_isa_option, use_isa
 from hetspec.models import resolve_model
 from hetspec.workers.common.native_model import NativeModel
 from hetspec.workers.common.pinning import pin_threads
@@ -29,10 +31,13 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=0, help="also 4-bit layers scoring only the first N tokens")
+    add_isa_option(parser)
     args = parser.parse_args(argv)
+    use_isa(args.isa)
     cores = sorted(os.sched_getaffinity(0))
     path = resolve_model(args.model, "draft").file
-    models = {"8-bit layers": NativeModel(path, 1024), "4-bit layers": NativeModel(path, 1024, four_bit=True)}
+    models = {"8-bit layers": NativeModel(path, 1024), "4-bit layers": NativeModel(path, 1024, four_bit=True),
+              "4-bit layers in row tiles": NativeModel(path, 1024, four_bit=True, tiles=True)}
     if args.vocab:
         models[f"4-bit layers, first {args.vocab} tokens"] = NativeModel(path, 1024, four_bit=True, vocab=args.vocab)
     rng = np.random.default_rng(0)

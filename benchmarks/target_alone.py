@@ -1,10 +1,13 @@
-"""The native target alone against llama-bench on the same GGUF file and cores: decode after
-a 150-token context, prefill, and verify windows of 4 and 8 tokens (scripts/gpu_check.sh runs it).
+"""The native target alone against llama-bench on the same GGUF file and cores: at each depth
+(a context of N tokens, 150 by default), the prompt of N tokens read (prefill), decode after
+it, and verify windows of 4 and 8 tokens there (scripts/gpu_check.sh runs it).
 
-    python -m hetspec.benchmarks.target_alone [--model builtin:smollm2 ...] [--threads 1 2] [--out DIR]
+    python -m hetspec.benchmarks.target_alone [--model builtin:smollm2 ...] [--threads 1 2]
+        [--depths 150 2048] [--isa avx2] [--out DIR]
 
-Per thread count the two take turns REPS times and each number is the median of its turns,
-so that both see the same drift of the machine. llama-bench: scripts/build_llama_cpp.sh.
+Per thread count and depth the two take turns REPS times and each number is the median of
+its turns, so that both see the same drift of the machine. llama-bench:
+scripts/build_llama_cpp.sh (with --isa avx2, the binaries built for AVX2 alone).
 """
 from __future__ import annotations
 
@@ -19,50 +22,47 @@ from pathlib import Path
 import numpy as np
 
 from hetspec.benchmarks.bench import llama_bin
-from hetspec.benchmarks.bench.machine import describe_machine
+from hetspec.benchmarks.bench.machine import add_isa_option, describe_machine, use_isa
 from hetspec.core.pinning import pin
 from hetspec.models import resolve_model
 from hetspec.workers.common.pinning import pin_threads
 
-DEPTH, DECODE, PREFILL, WINDOWS = 150, 32, 150, (4, 8)
+DEPTHS, DECODE, WINDOWS = (150,), 32, (4, 8)
 REPS = 3
 MODELS = ("builtin:smollm2", "builtin:gemma3-270m")
 
 
-def hetspec_turn(model, threads: int, cores: list[int]) -> dict:
-    """One turn of the native target: prefill, decode after DEPTH, window costs (ms); its threads
-    pinned a core each, as the worker pins them."""
+def hetspec_turn(model, threads: int, cores: list[int], depth: int) -> dict:
+    """One turn of the native target: prefill of `depth` tokens, decode after them, window
+    costs (ms); its threads pinned a core each, as the worker pins them."""
     model.set_threads(threads)
     pin_threads(cores, threads, model.thread_ids)
-    prompt = [int(t) for t in np.random.default_rng(0).integers(100, 5000, PREFILL)]
+    prompt = [int(t) for t in np.random.default_rng(0).integers(100, 5000, depth)]
     start = time.perf_counter()
     token = int(model.forward(0, prompt, 0, 1)[0].argmax())
-    out = {"prefill": PREFILL / (time.perf_counter() - start)}
+    out = {"prefill": depth / (time.perf_counter() - start)}
     start = time.perf_counter()
-    for pos in range(PREFILL, PREFILL + DECODE):
+    for pos in range(depth, depth + DECODE):
         token = int(model.forward(0, [token], pos, 1)[0].argmax())
     out["decode"] = DECODE / (time.perf_counter() - start)
     for w in WINDOWS:
         start = time.perf_counter()
-        model.forward(0, [token] * w, PREFILL + DECODE, w)
+        model.forward(0, [token] * w, depth + DECODE, w)
         out[f"window{w}_ms"] = (time.perf_counter() - start) * 1000
     model.set_threads(1)
     pin(cores)
     return out
 
 
-def llama_turn(bin_dir: Path, path: str, threads: int, cores: list[int]) -> dict:
-    """One turn of llama-bench: tg DECODE at depth DEPTH, then pp PREFILL, pp4 and pp8."""
-    decode = llama_bin.bench_command(bin_dir, path, threads, DEPTH, DECODE, cores, reps=1)
+def llama_turn(bin_dir: Path, path: str, threads: int, cores: list[int], depth: int) -> dict:
+    """One turn of llama-bench: tg DECODE at depth `depth`, pp `depth`, then pp4 and pp8 at that depth."""
+    decode = llama_bin.bench_command(bin_dir, path, threads, depth, DECODE, cores, reps=1)
     out = {"decode": llama_bin.parse_bench_json(_output(decode))[0]["tokens_per_s"]}
-    prefill = [*llama_bin.pinned(cores), str(bin_dir / "llama-bench"), "-m", path, "-t", str(threads),
-               "-p", ",".join(map(str, (PREFILL, *WINDOWS))), "-n", "0", "-r", "1", "-o", "json"]
-    for row in llama_bin.parse_bench_json(_output(prefill)):
-        n = row["n_prompt"]
-        if n == PREFILL:
-            out["prefill"] = row["tokens_per_s"]
-        else:
-            out[f"window{n}_ms"] = n / row["tokens_per_s"] * 1000
+    bench = [*llama_bin.pinned(cores), str(bin_dir / "llama-bench"), "-m", path, "-t", str(threads), "-n", "0",
+             "-r", "1", "-o", "json"]
+    out["prefill"] = llama_bin.parse_bench_json(_output([*bench, "-p", str(depth)]))[0]["tokens_per_s"]
+    for row in llama_bin.parse_bench_json(_output([*bench, "-p", ",".join(map(str, WINDOWS)), "-d", str(depth)])):
+        out[f"window{row['n_prompt']}_ms"] = row["n_prompt"] / row["tokens_per_s"] * 1000
     return out
 
 
@@ -84,7 +84,7 @@ def median_of(turns) -> dict:
     return {key: statistics.median(t[key] for t in turns) for key in turns[0]}
 
 
-def measure(spec: str, thread_counts: list[int], bin_dir: Path) -> dict:
+def measure(spec: str, thread_counts: list[int], depths: list[int], bin_dir: Path) -> dict:
     from hetspec.workers.common.native_model import load_library
     from hetspec.workers.target.native_target import NativeTarget
 
@@ -93,7 +93,8 @@ def measure(spec: str, thread_counts: list[int], bin_dir: Path) -> dict:
     cores = sorted(os.sched_getaffinity(0))
     load_library(cache_root)        # the kernels built before the load is timed
     start = time.perf_counter()
-    model = NativeTarget(path, n_ctx=512, caches=1, threads=1, cache_root=cache_root)
+    model = NativeTarget(path, n_ctx=max(depths) + DECODE + 2 * max(WINDOWS) + 64, caches=1, threads=1,
+                         cache_root=cache_root)
     result = {"model": spec, "file": os.path.basename(path), "bytes": os.path.getsize(path),
               "load_s": time.perf_counter() - start, "llama_load_s": llama_load_s(bin_dir, path, cores),
               "kernels": model.description, "threads": {}}
@@ -101,10 +102,12 @@ def measure(spec: str, thread_counts: list[int], bin_dir: Path) -> dict:
         for threads in thread_counts:
             use = cores[:threads]
             os.sched_setaffinity(0, use)
-            ours, theirs = zip(*[(hetspec_turn(model, threads, use), llama_turn(bin_dir, path, threads, use))
-                                 for _ in range(REPS)])
-            result["threads"][threads] = {"hetspec": median_of(ours), "llama.cpp": median_of(theirs)}
-            print(spec, threads, json.dumps(result["threads"][threads]), flush=True)
+            for depth in depths:
+                ours, theirs = zip(*[(hetspec_turn(model, threads, use, depth),
+                                      llama_turn(bin_dir, path, threads, use, depth)) for _ in range(REPS)])
+                row = {"hetspec": median_of(ours), "llama.cpp": median_of(theirs)}
+                result["threads"].setdefault(threads, {})[depth] = row
+                print(spec, threads, depth, json.dumps(row), flush=True)
     finally:
         os.sched_setaffinity(0, cores)
         model.close()
@@ -113,18 +116,19 @@ def measure(spec: str, thread_counts: list[int], bin_dir: Path) -> dict:
 
 def report(results: list[dict], machine: str) -> str:
     lines = [(f"# The native target alone against llama.cpp's own loop\n\nMachine: {machine}. "
-             f"Decode: {DECODE} tokens after {DEPTH} (llama-bench tg{DECODE} @ d{DEPTH}); prefill: {PREFILL} "
-             f"tokens (pp{PREFILL}); windows: one verify pass of 4 and 8 tokens (pp4, pp8). Medians of {REPS} "
-             "alternating turns.\n"),
-             ("| model | threads | decode tok/s (hetspec / llama.cpp) | ratio | prefill tok/s | ratio "
-             "| window 4 ms | window 8 ms |"), "|---|---|---|---|---|---|---|---|"]
+             f"At each depth N: prefill, a prompt of N tokens read (llama-bench pp N); decode, {DECODE} tokens "
+             f"after it (tg{DECODE} @ d N); windows, one verify pass of 4 and 8 tokens there (pp4, pp8 @ d N). "
+             f"Medians of {REPS} alternating turns.\n"),
+             ("| model | threads | depth | decode tok/s (hetspec / llama.cpp) | ratio | prefill tok/s | ratio "
+             "| window 4 ms | window 8 ms |"), "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        for threads, row in r["threads"].items():
-            a, b = row["hetspec"], row["llama.cpp"]
-            lines.append(f"| {r['file']} | {threads} | {a['decode']:.1f} / {b['decode']:.1f} | "
-                         f"**{a['decode'] / b['decode']:.2f}x** | {a['prefill']:.0f} / {b['prefill']:.0f} | "
-                         f"{a['prefill'] / b['prefill']:.2f}x | {a['window4_ms']:.0f} / {b['window4_ms']:.0f} | "
-                         f"{a['window8_ms']:.0f} / {b['window8_ms']:.0f} |")
+        for threads, by_depth in r["threads"].items():
+            for depth, row in by_depth.items():
+                a, b = row["hetspec"], row["llama.cpp"]
+                lines.append(f"| {r['file']} | {threads} | {depth} | {a['decode']:.1f} / {b['decode']:.1f} | "
+                             f"**{a['decode'] / b['decode']:.2f}x** | {a['prefill']:.0f} / {b['prefill']:.0f} | "
+                             f"{a['prefill'] / b['prefill']:.2f}x | {a['window4_ms']:.0f} / {b['window4_ms']:.0f} | "
+                             f"{a['window8_ms']:.0f} / {b['window8_ms']:.0f} |")
     lines += ["", "| model | file MB | hetspec load s | llama.cpp load s | kernels |", "|---|---|---|---|---|"]
     for r in results:
         theirs = f"{r['llama_load_s']:.2f}" if r["llama_load_s"] is not None else "?"
@@ -137,13 +141,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", help="a builtin:NAME or a GGUF path (repeatable)")
     parser.add_argument("--threads", type=int, nargs="+", default=sorted({t for t in (1, 2, cores) if t <= cores}))
+    parser.add_argument("--depths", type=int, nargs="+", default=list(DEPTHS),
+                        help="context lengths: the prompt read, then decode and windows after it (default: 150)")
     parser.add_argument("--out", help="folder for report.md and results.json")
+    add_isa_option(parser)
     args = parser.parse_args(argv)
+    use_isa(args.isa)
     bin_dir = llama_bin.find_binaries()
     if bin_dir is None:
         parser.error(llama_bin.missing_line())
-    machine = f"{describe_machine()['cpu']}, {cores} cores"
-    results = [measure(spec, args.threads, bin_dir) for spec in (args.model or MODELS)]
+    described = describe_machine()
+    machine = f"{described['cpu']}, {cores} cores ({described['isa']})"
+    results = [measure(spec, args.threads, args.depths, bin_dir) for spec in (args.model or MODELS)]
     text = report(results, machine)
     print(text)
     if args.out:

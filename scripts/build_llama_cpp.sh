@@ -18,6 +18,12 @@
 #                                        setup.sh and CI never build it (its HTTP stack and the
 #                                        multimodal library it links cost minutes on 2 cores).
 #                                        Its web UI is left out (no download, an empty page)
+#   scripts/build_llama_cpp.sh [--server] --isa avx2
+#                                        the same, built for AVX2, FMA, F16C and BMI2 alone
+#                                        (GGML_NATIVE=OFF, every AVX-512 and VNNI flag off), into
+#                                        bin-avx2: the peer of hetspec's kernels built with
+#                                        HETSPEC_ISA=avx2 on a machine that has more (whole,
+#                                        static: about 16 CPU-minutes). `--isa native`: the default
 #
 # Cached: when the binaries are there it builds nothing. Safe to run again (and
 # at once from two shells: the second waits for the first). The last line of
@@ -37,13 +43,26 @@ if [ -z "$root" ] || [ "${root,,}" = off ]; then     # "off" keeps no model copi
 fi
 targets=(llama-bench llama-completion llama-speculative-simple)
 server=OFF
-if [ "${1:-}" = --server ]; then
-    server=ON
-    targets+=(llama-server)
-elif [ -n "${1:-}" ] && [ "$1" != --python ]; then
-    echo "usage: scripts/build_llama_cpp.sh [--python | --server]" >&2
-    exit 2
-fi
+mode=
+isa=${HETSPEC_ISA:-native}
+usage() { echo "usage: scripts/build_llama_cpp.sh [--python | --server] [--isa native|avx2]" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --server) server=ON; targets+=(llama-server) ;;
+        --python) mode=python ;;
+        --isa) [ $# -ge 2 ] || usage; isa=$2; shift ;;
+        *) usage ;;
+    esac
+    shift
+done
+case "$isa" in
+    native) isa_flags=(-DGGML_NATIVE=ON); bin_name=bin ;;
+    avx2) isa_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+                     -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF
+                     -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+          bin_name=bin-avx2 ;;
+    *) echo "--isa $isa: not one of native, avx2" >&2; exit 2 ;;
+esac
 installed() { "$python" -c "import llama_cpp; print(llama_cpp.__version__)" 2>/dev/null; }
 
 # download the source distribution that a pip requirement names into $1; prints its path
@@ -54,7 +73,7 @@ download_sdist() {
 }
 
 # --python: install llama-cpp-python from sources kept in the cache, with its build tree
-if [ "${1:-}" = --python ]; then
+if [ "$mode" = python ]; then
     requirement=${LLAMA_CPP_REQUIREMENT:-llama-cpp-python}
     version=$(installed) || true
     if [ -n "$version" ] && [ -f "$root/llama.cpp-$version/python-build/CMakeCache.txt" ]; then
@@ -85,7 +104,7 @@ version=${LLAMA_CPP_VERSION:-}
 [ -n "$version" ] || version=$(installed) \
     || { echo "no llama-cpp-python in $python: install it first (its version picks the llama.cpp to build)" >&2; exit 1; }
 dest="$root/llama.cpp-$version"
-bin="$dest/bin"
+bin="$dest/$bin_name"
 
 built() {
     local t
@@ -107,16 +126,20 @@ build_in_kept_tree() {
 
 # llama.cpp whole, static, from the vendored sources alone
 build_whole() {
-    local work sdist src
+    local sdist src          # work: global, for the EXIT trap after this returns
     work=$(mktemp -d "$dest/build.XXXXXX")
     trap 'rm -rf "$work"' EXIT
-    sdist=${LLAMA_CPP_SDIST:-$(download_sdist "$work/sdist" "llama-cpp-python==$version")}
-    echo "unpacking $(basename "$sdist") ..." >&2
-    tar -xzf "$sdist" -C "$work" --wildcards '*/vendor/llama.cpp/*'
-    src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
-    [ -f "$src/CMakeLists.txt" ] || { echo "no vendor/llama.cpp in $sdist" >&2; exit 1; }
-    echo "configuring llama.cpp (Release, GGML_NATIVE=ON) ..." >&2
-    cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+    if [ -f "$dest/python-src/vendor/llama.cpp/CMakeLists.txt" ]; then     # the sources --python kept
+        src="$dest/python-src/vendor/llama.cpp"
+    else
+        sdist=${LLAMA_CPP_SDIST:-$(download_sdist "$work/sdist" "llama-cpp-python==$version")}
+        echo "unpacking $(basename "$sdist") ..." >&2
+        tar -xzf "$sdist" -C "$work" --wildcards '*/vendor/llama.cpp/*'
+        src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
+    fi
+    [ -f "$src/CMakeLists.txt" ] || { echo "no vendor/llama.cpp in $src" >&2; exit 1; }
+    echo "configuring llama.cpp (Release, ${isa_flags[*]}) ..." >&2
+    cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release "${isa_flags[@]}" -DBUILD_SHARED_LIBS=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=$server -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
         -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF >"$work/configure.log" 2>&1 \
         || { tail -30 "$work/configure.log" >&2; exit 1; }
@@ -125,7 +148,7 @@ build_whole() {
         || { tail -40 "$work/build.log" >&2; exit 1; }
     mkdir -p "$work/bin"
     for t in "${targets[@]}"; do cp "$work/build/bin/$t" "$work/bin/"; done
-    info "$work/bin" "cmake -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF"
+    info "$work/bin" "cmake -DCMAKE_BUILD_TYPE=Release ${isa_flags[*]} -DBUILD_SHARED_LIBS=OFF"
     rm -rf "$bin"
     mv "$work/bin" "$bin"
 }
@@ -154,7 +177,7 @@ if built; then
     exit 0
 fi
 started=$SECONDS
-if [ -f "$dest/python-build/CMakeCache.txt" ] && [ -d "$dest/python-src" ]; then
+if [ "$isa" = native ] && [ -f "$dest/python-build/CMakeCache.txt" ] && [ -d "$dest/python-src" ]; then
     build_in_kept_tree
 else
     build_whole

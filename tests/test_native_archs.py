@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hetspec.models import resolve_model
-from hetspec.workers.common import native_model, native_weights
+from hetspec.workers.common import file_embedding, native_model
 from hetspec.workers.target import llama_target
 from hetspec.workers.target.llama_target import LlamaTarget
 from hetspec.workers.target.native_target import NativeTarget
@@ -78,7 +78,7 @@ def test_every_architecture_follows_llama_cpps_logits(random_files, tmp_path, mo
 
 def test_token_embeddings_read_from_the_files_blocks_change_no_bit(tmp_path, monkeypatch):
     """With an output layer of its own, the embedding table is read a row at a time from
-    the file (native_weights.FileEmbedding) instead of held converted: the same logits, bit for
+    the file (file_embedding.FileEmbedding) instead of held converted: the same logits, bit for
     bit, in the target's windows and steps and in a draft holding K-quants exactly, and
     still batch-invariant. (A draft rounding K-quants to Q8_0 now reads its embeddings
     unrounded.)"""
@@ -99,7 +99,7 @@ def test_token_embeddings_read_from_the_files_blocks_change_no_bit(tmp_path, mon
 
     read = run()
     assert "token embeddings read from the file's blocks" in read[0] and "from the file's blocks" in read[3]
-    monkeypatch.setattr(native_weights.FileEmbedding, "of", classmethod(lambda cls, tensors, rows: None))
+    monkeypatch.setattr(file_embedding.FileEmbedding, "of", classmethod(lambda cls, tensors, rows: None))
     held = run()
     assert "from the file's blocks" not in held[0]
     for a, b in zip(read[1:], held[1:]):

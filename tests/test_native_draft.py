@@ -12,10 +12,11 @@ import hetspec
 from hetspec.ipc.specs import DraftSpec
 from hetspec.models import resolve_model
 from hetspec.scheduler.tokenizer import Tokenizer
+from hetspec.workers.common import native_model
 from hetspec.workers.common.block_layouts import as_q8_0
 from hetspec.workers.common.hf_loading import load_causal_lm
 from hetspec.workers.common.kv_model import KVModel
-from hetspec.workers.common.native_model import WINDOW_FILL, NativeModel, Unsupported, load_library
+from hetspec.workers.common.native_model import WINDOW_FILL, NativeModel, Unsupported
 from hetspec.workers.draft.worker import DraftState
 from hetspec.workers.kernels.gguf_tensors import GGUFTensor
 
@@ -159,7 +160,7 @@ def test_another_architecture_is_refused(tmp_path):
 
 def test_without_a_compiler_the_worker_falls_back_to_llama_cpp(smollm2, tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "no-such-compiler")
-    load_library.cache_clear()     # a native model loaded earlier in this process (test_batch's) keeps its library
+    native_model._load_library.cache_clear()     # a native model loaded earlier in this process (test_batch's) keeps its library
     state = DraftState(DraftSpec(backend="native", model=smollm2, cores=[0], threads=1, n_ctx=256,
                                  scratch_dir=str(tmp_path)))
     assert state.backend == "llama.cpp"
@@ -216,7 +217,7 @@ def test_the_native_gemma_draft_follows_the_target_past_the_sliding_window(gemma
     output layer recomputes in Q8_0, ~1.5% of their spread off on average:
     the K-quant matrices held as Q8_0)."""
     native, prompt, tokens, want, _, _ = gemma_run
-    assert len(prompt) == LONG and native.description.startswith("native, ")
+    assert len(prompt) == LONG and native.description.startswith("native (")
     assert "Q8_0 from Q5_0" in native.description
     got = _path_logits(native, prompt, tokens)
     assert [int(row.argmax()) for row in got[:-1]] == tokens

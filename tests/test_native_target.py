@@ -38,8 +38,16 @@ def random_f32(tmp_path_factory):
     return path
 
 
+@pytest.fixture(params=["native", "avx2"])
+def isa(request, monkeypatch):
+    """The kernels built for this CPU, then for AVX2 alone (HETSPEC_ISA): an AVX-512 machine
+    checks both instruction sets' products and row tiles."""
+    monkeypatch.setenv("HETSPEC_ISA", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("ftype", full_only(*FTYPES, keep=["MOSTLY_Q8_0", "MOSTLY_Q4_K_M", "MOSTLY_Q5_K_M"]))
-def test_every_block_type_is_batch_invariant(random_f32, tmp_path, ftype):
+def test_every_block_type_is_batch_invariant(random_f32, tmp_path, ftype, isa):
     path = quantize(random_f32, str(tmp_path / f"{ftype}.gguf"), ftype)
     assert FTYPES[ftype] <= tensor_types(path)
     assert_batch_invariant(path, NativeTarget)
@@ -71,7 +79,7 @@ def assert_a_batch_gives_each_request_its_own_bits(path: str) -> None:
         alone.close()
 
 
-def test_a_batch_gives_each_request_its_own_bits(random_f32, tmp_path):
+def test_a_batch_gives_each_request_its_own_bits(random_f32, tmp_path, isa):
     assert_a_batch_gives_each_request_its_own_bits(quantize(random_f32, str(tmp_path / "q4km.gguf"), "MOSTLY_Q4_K_M"))
 
 
@@ -118,7 +126,7 @@ def assert_threads_change_no_bit(path: str) -> None:
         model.close()
 
 
-def test_threads_change_no_bit(random_f32, tmp_path):
+def test_threads_change_no_bit(random_f32, tmp_path, isa):
     assert_threads_change_no_bit(quantize(random_f32, str(tmp_path / "q4_k_m.gguf"), "MOSTLY_Q4_K_M"))
 
 
@@ -231,7 +239,7 @@ def test_greedy_in_every_mode_is_the_target_alone(native_pair, mode, sequences):
     assert engine.get_info()["target"]["kernels"].startswith("native")
     for prompt in ["def fibonacci(n):\n    ", "Once upon a time", [5, 9, 200, 31]]:
         alone = engine.generate(prompt, max_new_tokens=40, mode="target")
-        got = engine.generate(prompt, max_new_tokens=40, mode=mode, sequences=sequences)
+        got = engine.generate(prompt, max_new_tokens=40, mode=mode, sequences=sequences, speculation="always")
         assert got.token_ids == alone.token_ids
         assert got.stats["spec_rounds"] > 0
 

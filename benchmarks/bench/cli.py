@@ -17,6 +17,7 @@ from pathlib import Path
 
 from hetspec.benchmarks.bench.checks import check_results, engine_stat_warnings
 from hetspec.benchmarks.bench.data import ALL_CATEGORIES
+from hetspec.benchmarks.bench.machine import add_isa_option, use_isa
 from hetspec.benchmarks.bench.methods import GROUPS, METHODS
 from hetspec.benchmarks.bench.plots import write_plots
 from hetspec.benchmarks.bench.report import write_report
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline-threads", type=int,
                    help="torch threads of vanilla and PLD (default 0: the faster of all cores and one, measured)")
     p.add_argument("--out", default="bench-out", help="output directory (default: bench-out)")
+    add_isa_option(p)
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up requests")
     p.add_argument("--no-ceiling", action="store_true", help="skip timing the draft model alone")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -75,6 +77,7 @@ def settings_from_args(args) -> BenchSettings:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    use_isa(args.isa)
     try:
         settings = settings_from_args(args)
     except (ValueError, FileNotFoundError, HetspecError) as exc:

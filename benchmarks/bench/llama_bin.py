@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from hetspec.models import cache_home
+from hetspec.workers.kernels.build import isa
 
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
 SERVER = "llama-server"              # opt-in: `scripts/build_llama_cpp.sh --server` (benchmarks/concurrency.py)
@@ -31,26 +32,39 @@ def llama_cpp_version() -> str | None:
     return __import__("llama_cpp").__version__ if find_spec("llama_cpp") else None
 
 
-def find_binaries() -> Path | None:
-    """HETSPEC_LLAMA_BIN, else what build_llama_cpp.sh built; None when a tool is missing."""
+def bin_folder() -> Path | None:
+    """HETSPEC_LLAMA_BIN, else where build_llama_cpp.sh puts the binaries for HETSPEC_ISA's
+    instruction set (`bin`, or `bin-avx2` for llama.cpp built for AVX2 alone), so that a run
+    compares hetspec and llama.cpp built for the same one."""
     version = llama_cpp_version()
-    folder = os.environ.get("HETSPEC_LLAMA_BIN") or (version and cache_home() / f"llama.cpp-{version}" / "bin")
-    return Path(folder) if folder and all(os.access(Path(folder) / t, os.X_OK) for t in TOOLS) else None
+    name = "bin" if isa() == "native" else f"bin-{isa()}"
+    folder = os.environ.get("HETSPEC_LLAMA_BIN") or (version and cache_home() / f"llama.cpp-{version}" / name)
+    return Path(folder) if folder else None
+
+
+def find_binaries() -> Path | None:
+    """bin_folder(), None when a tool is missing there."""
+    folder = bin_folder()
+    return folder if folder and all(os.access(folder / t, os.X_OK) for t in TOOLS) else None
 
 
 def find_server() -> Path | None:
-    """llama-server: in HETSPEC_LLAMA_BIN, else where `build_llama_cpp.sh --server` put it; None when absent."""
-    version = llama_cpp_version()
-    folder = os.environ.get("HETSPEC_LLAMA_BIN") or (version and cache_home() / f"llama.cpp-{version}" / "bin")
-    path = Path(folder) / SERVER if folder else None
+    """llama-server in bin_folder(), where `build_llama_cpp.sh --server` puts it; None when absent."""
+    folder = bin_folder()
+    path = folder / SERVER if folder else None
     return path if path is not None and os.access(path, os.X_OK) else None
 
 
+def build_command(*flags: str) -> str:
+    """The build script's command line for this run's instruction set."""
+    return " ".join([BUILD, *flags, *(["--isa", isa()] if isa() != "native" else [])])
+
+
 def server_missing_line() -> str:
-    cost = ("about 2.5 minutes on 2 cores, in llama-cpp-python's kept build tree" if kept_tree()
+    cost = ("about 2.5 minutes on 2 cores, in llama-cpp-python's kept build tree" if kept_tree() and isa() == "native"
             else "llama.cpp whole: some 20 CPU-minutes")
     where = os.environ.get("HETSPEC_LLAMA_BIN") or "llama-cpp-python's llama.cpp build folder"
-    return f"llama-server is not built ({where}): `{BUILD} --server` builds it ({cost})"
+    return f"llama-server is not built ({where}): `{build_command('--server')}` builds it ({cost})"
 
 
 def kept_tree() -> Path | None:
@@ -61,8 +75,8 @@ def kept_tree() -> Path | None:
 
 
 def missing_line() -> str:
-    cost = "a minute, in llama-cpp-python's kept build tree" if kept_tree() else "16 CPU-minutes"
-    return (f"llama.cpp's own binaries are not built ({BUILD} builds them: {cost}); the llama.cpp rows "
+    cost = "a minute, in llama-cpp-python's kept build tree" if kept_tree() and isa() == "native" else "16 CPU-minutes"
+    return (f"llama.cpp's own binaries are not built ({build_command()} builds them: {cost}); the llama.cpp rows "
             "are llama-cpp-python's Python loop only")
 
 

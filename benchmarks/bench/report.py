@@ -43,7 +43,8 @@ def write_report(doc: dict, out_dir: str | Path, plots: list[str] = ()) -> Path:
 def _header(doc: dict) -> list[str]:
     s, m, e = doc["settings"], doc["machine"], doc["engine"]
     budget = e.get("budget") or {}
-    cpu = f"{m['cpu']}, {m['logical_cores']} logical cores (affinity {m['affinity']}), {m['memory_gb']} GB"
+    cpu = (f"{m['cpu']}, {m['logical_cores']} logical cores (affinity {m['affinity']}), {m['memory_gb']} GB, "
+           f"{m.get('isa', 'instruction set not recorded')}")
     lines = [
         f"Run {doc['created']} in {doc['duration_s']:.0f} s: `{doc['command']}`",
         "",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import signal
 import subprocess
 import sys
 
@@ -60,14 +59,15 @@ def default_model_params(path: str):
 def repacked_weights_run(path: str) -> bool:
     """Whether llama.cpp's extra buffer types (weights repacked for its AMX or other
     kernels, on by default) can decode `path` here. Built for a CPU that reports AMX, its AMX
-    kernels have died of an illegal instruction in a VM whose CPU reports AMX (SIGILL at
-    tileloadd, a Sapphire Rapids, 2026-11-26), where plain AMX code runs: so a child process
-    tries them first. Elsewhere they are llama.cpp's defaults and run."""
+    kernels have died in VMs whose CPU reports AMX, where plain AMX code runs (SIGILL at
+    tileloadd on a Sapphire Rapids, 2026-11-26; SIGSEGV, a general protection fault in
+    libggml-cpu, on another Xeon, 2026-12-01): so a child process tries them first, and a
+    child killed by any signal means no. Elsewhere they are llama.cpp's defaults and run."""
     if b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info():
         return True
     done = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True, timeout=300, check=False,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
-    return done.returncode != -signal.SIGILL
+    return done.returncode >= 0
 
 
 def free(batch, ctx, model) -> None:

@@ -28,9 +28,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetspec.workers.common.block_layouts import Unsupported, row_tiles
-from hetspec.workers.common.native_weights import FORMATS, FileEmbedding, HsMat, HsModel, Weights, describe
+from hetspec.workers.common.file_embedding import FileEmbedding
+from hetspec.workers.common.native_weights import FORMATS, HsMat, HsModel, Weights, describe
 from hetspec.workers.common.rope_order import ROPE_NEOX, ROPE_NORM, to_llama_order
-from hetspec.workers.kernels.build import KernelUnavailable, built, kernel_source
+from hetspec.workers.kernels.build import KernelUnavailable, built, isa, kernel_source
 from hetspec.workers.kernels.formats import BLOCK, ROW_TILED
 from hetspec.workers.kernels.gguf_tensors import read_gguf
 
@@ -52,22 +53,22 @@ class NativeModel:
         fast_head: read a Q8_0 output layer mostly in a Q4_1 copy (see head() in
         native_model.c); False reads all of it. exact_kquants: every weight at its exact
         value (native_weights.EXACT_LAYOUTS) rather than rounded to Q8_0. window_layout: Q4_1,
-        Q8_0, Q4_K and Q6_K in the 8-bit window products' row tiles (FMT_T*; else FMT_W8,
-        FMT_N4, FMT_N6), where the CPU has those products; only hs_forward_window reads
-        these layouts. four_bit: a draft's layers in 4 bits (Q4_1), about half the
+        Q8_0, Q4_K and Q6_K in the 8-bit window products' row tiles (FMT_T*) where a matrix's
+        rows make whole tiles, else, with AVX-512 VNNI, in FMT_W8, FMT_N4, FMT_N6; only the
+        window products read these layouts. four_bit: a draft's layers in 4 bits (Q4_1), about half the
         bytes a step reads ([draft] weights = "q4_1"). vocab > 0: a draft's steps score
         only the first `vocab` token ids, the others' logits -inf ([draft] vocab): its
         output layer's copy holds those rows alone (needs fast_head). tiles: a draft's layers'
-        Q4_1 in row tiles (FMT_T4_1) where the CPU has AVX-512 VNNI; its steps read them
-        through the window products (activations in 8 bits), which spend fewer
-        instructions a weight than the one-token kernels."""
+        Q4_1 in row tiles (FMT_T4_1); its steps read them through the window products
+        (activations in 8 bits), which spend fewer instructions a weight than the
+        one-token kernels."""
         self._lib = load_library(cache_root)
         meta, tensors = read_gguf(path)
         self._arrays = []                            # what the C side reads: keep alive
         formats: dict[str, int] = {}
-        window_layout = window_layout and self._lib.hs_pair_layout() == 1
+        pairs = self._lib.hs_pair_layout() == 1
         weights = Weights(self._lib, tensors, self._arrays, formats, exact_kquants, window_layout, four_bit,
-                          tiles and self._lib.hs_pair_layout() == 1)
+                          tiles, window_layout and pairs)
         self.max_window = self._lib.hs_max_window()
         self._embedding = FileEmbedding.of(tensors, self.max_window)
         model, self._layers = describe(meta, weights, n_ctx, self._embedding)
@@ -78,7 +79,8 @@ class NativeModel:
         self.n_vocab, self.n_ctx = model.n_vocab, n_ctx
         self.n_cached = 0
         self.threads = 1                             # set_threads: the products' width
-        self.description = "native, " + ", ".join(f"{n} {kind}" for kind, n in sorted(formats.items()))
+        self.isa = self._lib.hs_isa().decode()
+        self.description = f"native ({self.isa}), " + ", ".join(f"{n} {kind}" for kind, n in sorted(formats.items()))
         if self._embedding is not None:
             self.description += ", token embeddings read from the file's blocks"
         if weights.tiles:
@@ -273,11 +275,16 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(memory, dtype, count).reshape(shape)
 
 
-@functools.cache
 def load_library(cache_root: str = ""):
-    """native_model.c and its window products, built here once (KernelUnavailable where
-    they cannot be), and loaded once per process: without a cache folder each load built
-    them anew (seconds)."""
+    """native_model.c and its window products for HETSPEC_ISA's instruction set, built here
+    once (KernelUnavailable where they cannot be), and loaded once per process and
+    instruction set: without a cache folder each load built them anew (seconds)."""
+    return _load_library(cache_root, isa())
+
+
+
+@functools.cache
+def _load_library(cache_root: str, instruction_set: str):
     with built(SOURCES, "native model kernels", cache_root) as library:
         return declare(ctypes.CDLL(library))
 
@@ -297,6 +304,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "hs_set_threads": (ctypes.c_int, [ctypes.c_int]),
         "hs_thread_ids": (ctypes.c_int, [pointer]),
         "hs_pool_rest": (None, []),
+        "hs_isa": (ctypes.c_char_p, []),
     }
     for name, (result, arguments) in signatures.items():
         function = getattr(lib, name)

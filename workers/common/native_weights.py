@@ -8,15 +8,14 @@ Q8_0 (exactly for Q5_0, to within half a step of an 8-bit grid for the others); 
 target (exact) keeps every value exactly: Q4_K, Q6_K and Q5_0 at their own size
 (FMT_K4, FMT_K6, FMT_Q5) where its window products read them, other K-quants and Q5_1
 as int8 quants with float scales (FMT_I8), F16 and F32 as the file stores them; and
-with the window layout (AVX-512) its Q4_1, Q8_0, Q4_K and Q6_K values in tiles of 16 rows
-for those products (FMT_T*), or where a matrix's rows are not whole tiles, Q8_0 in pairs of
-blocks (FMT_W8) and Q4_K and Q6_K in 4 and 6 bits with float scales (FMT_N4, FMT_N6).
+with the window layout its Q4_1, Q8_0, Q4_K and Q6_K values (Q5_0's as Q8_0) in tiles of 16
+rows for those products (FMT_T*), or where a matrix's rows are not whole tiles, with AVX-512,
+Q8_0 in pairs of blocks (FMT_W8) and Q4_K and Q6_K in 4 and 6 bits with float scales
+(FMT_N4, FMT_N6), with AVX2 as EXACT_LAYOUTS holds them.
 """
 from __future__ import annotations
 
 import ctypes
-import functools
-import mmap
 from typing import NamedTuple
 
 import numpy as np
@@ -88,57 +87,19 @@ class Weights(NamedTuple):
     keep: list                # the arrays the C side reads: held as long as the model
     formats: dict             # matrices counted by how they are held, for the description
     exact: bool               # every value exactly (a target): see EXACT_LAYOUTS
-    window: bool              # a target's matrices laid out for AVX-512's window products (FMT_T*, ...)
+    window: bool              # a target's matrices in the window products' row tiles (FMT_T*) where rows allow
     four_bit: bool = False    # a draft's layers in 4 bits: every matrix not Q4_0 as Q4_1 (_rounded_to_q4_1)
-    tiles: bool = False       # a draft's layers' Q4_1 in row tiles (FMT_T4_1), which its steps read (AVX-512)
+    tiles: bool = False       # a draft's layers' Q4_1 in row tiles (FMT_T4_1), which its steps read
+    pairs: bool = False       # the rest of a window target's matrices in AVX-512's pair layouts (FMT_W8, FMT_N4, FMT_N6)
 
     def count(self, kind: str) -> None:
         self.formats[kind] = self.formats.get(kind, 0) + 1
 
 
-class FileEmbedding:
-    """Token embeddings dequantized from the file's own blocks, a row per token as it
-    comes (gguf's dequantize, as llama.cpp's get_rows reads them), into rows the C side
-    reads as its embedding table (FMT_F32), the tokens renumbered to those rows. Only
-    where the output layer is a tensor of its own: nothing else reads the table, so a
-    converted copy of it would be memory for one row a token (docs/kernels.md)."""
-
-    def __init__(self, tensor, rows: int):
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-
-        self.data = tensor.data
-        self.dequantize = functools.partial(dequantize, qtype=GGMLQuantizationType[tensor.type_name])
-        self.buffer = np.zeros((rows, tensor.shape[0]), np.float32)
-        self.local = np.arange(rows, dtype=np.int32)
-
-    @classmethod
-    def of(cls, tensors: dict, rows: int) -> FileEmbedding | None:
-        embedding = tensors.get("token_embd.weight")
-        if "output.weight" not in tensors or embedding is None or not embedding.type_name or embedding.data is None:
-            return None
-        return cls(embedding, rows)
-
-    def drop_pages(self) -> None:
-        """Loading read every block through the file's memory map, which the rows keep
-        open: without this all of them would count as resident. They stay in the page
-        cache; a row read again comes back from there."""
-        mapping = getattr(self.data, "_mmap", None)
-        if mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
-            mapping.madvise(mmap.MADV_DONTNEED)
-
-    def mat(self) -> HsMat:
-        return HsMat(self.buffer.ctypes.data, None, None, formats.FLOAT_FORMATS["F32"], *self.buffer.shape)
-
-    def rows(self, tokens) -> np.ndarray:
-        """Fills a row per token (at most len(buffer)); returns the tokens' row numbers."""
-        self.buffer[:len(tokens)] = self.dequantize(self.data[np.asarray(tokens, np.int64)])
-        return self.local[:len(tokens)]
-
-
-def describe(meta: dict, w: Weights, n_ctx: int, embedding: FileEmbedding | None = None):
+def describe(meta: dict, w: Weights, n_ctx: int, embedding=None):
     """(the C side's model, its layers): its shape from the file's metadata, its matrices
-    and norms from its tensors; the token embeddings from `embedding`'s rows where given."""
+    and norms from its tensors; the token embeddings from `embedding`'s rows where given
+    (a file_embedding.FileEmbedding)."""
     model, arch = _shape(meta, n_ctx)
     model.embd = _mat(w, "token_embd.weight") if embedding is None else embedding.mat()
     model.out = _mat(w, "output.weight") if "output.weight" in w.tensors else model.embd
@@ -288,11 +249,14 @@ def _rounded_to_q4_1(w: Weights, tensor, rows: int, cols: int) -> HsMat:
 
 def _window_q8_0(w: Weights, q: np.ndarray, d: np.ndarray, rows: int, cols: int) -> HsMat:
     """Q8_0 values in the window products' tiles of 16 rows (FMT_T8_0, block_layouts.row_tiles),
-    or where the rows are not whole tiles in pairs of blocks (FMT_W8, block_layouts.window_int8)."""
+    or where the rows are not whole tiles in pairs of blocks (FMT_W8, block_layouts.window_int8;
+    AVX-512) or as stored (AVX2)."""
     if rows % 16 == 0:
         qs, d16 = layouts.row_tiles(q.reshape(rows, cols // BLOCK, BLOCK), d.reshape(rows, -1))
         w.keep.extend((qs, d16))
         return HsMat(qs.ctypes.data, d16.ctypes.data, None, formats.ROW_TILED["Q8_0"], rows, cols)
+    if not w.pairs:
+        return _split_blocks(w, "Q8_0", [q.reshape(rows, -1, BLOCK), d.reshape(rows, -1)], rows, cols)
     qs, scales = layouts.window_int8(q.reshape(rows, cols // BLOCK, BLOCK), d.reshape(rows, cols // BLOCK))
     w.keep.extend((qs, scales))
     return HsMat(qs.ctypes.data, None, None, formats.WINDOW_INT8, rows, cols, scales.ctypes.data, None)
@@ -351,10 +315,11 @@ def _nibbles(w: Weights, tensor, rows: int, cols: int) -> HsMat:
 
 
 def _k_tiles(w: Weights, tensor, rows: int, cols: int) -> HsMat:
-    """Q4_K and Q6_K in the window products' tiles of 16 rows (FMT_T4_K, FMT_T6_K), or in 4
-    and 6 bits (_nibbles) where the rows are not whole tiles."""
+    """Q4_K and Q6_K in the window products' tiles of 16 rows (FMT_T4_K, FMT_T6_K), or where
+    the rows are not whole tiles in 4 and 6 bits (_nibbles, AVX-512) or at their own size
+    (_k_blocks, AVX2)."""
     if rows % 16:
-        return _nibbles(w, tensor, rows, cols)
+        return _nibbles(w, tensor, rows, cols) if w.pairs else _k_blocks(w, tensor, rows, cols)
     qs, scales, offsets = layouts.k_row_tiles(tensor, rows, cols)
     w.keep.extend(a for a in (qs, scales, offsets) if a is not None)
     w.count(f"{tensor.type_name} exact")
@@ -365,8 +330,17 @@ def _k_tiles(w: Weights, tensor, rows: int, cols: int) -> HsMat:
 # A target's layouts by block type (exact values); a draft holds FORMATS as stored, the rest rounded to Q8_0.
 EXACT_LAYOUTS = {"Q8_0": _as_stored, "Q4_0": _as_stored, "Q4_1": _as_stored, "Q5_0": _q5_blocks, "Q5_1": _int8,
                  "Q4_K": _k_blocks, "Q5_K": _int8, "Q6_K": _k_blocks, "F16": _as_floats, "F32": _as_floats}
-# With the window layout (AVX-512), whose products read neither FMT_K4, FMT_K6 nor FMT_Q5.
-WINDOW_LAYOUTS = {**EXACT_LAYOUTS, "Q5_0": _rounded_to_q8_0, "Q4_K": _k_tiles, "Q6_K": _k_tiles}
+
+
+def _q5_window(w: Weights, tensor, rows: int, cols: int) -> HsMat:
+    """Q5_0 as Q8_0 (exactly) where its rows make tiles or AVX-512 reads it in pairs, else at its own size."""
+    return _rounded_to_q8_0(w, tensor, rows, cols) if rows % 16 == 0 or w.pairs else _q5_blocks(w, tensor, rows, cols)
+
+
+# With the window layout: row tiles where the rows allow (both instruction sets' products
+# read them); the rest in AVX-512's pair layouts, whose products read neither FMT_K4, FMT_K6
+# nor FMT_Q5, or (AVX2) in EXACT_LAYOUTS'.
+WINDOW_LAYOUTS = {**EXACT_LAYOUTS, "Q5_0": _q5_window, "Q4_K": _k_tiles, "Q6_K": _k_tiles}
 
 
 def _mat(w: Weights, name: str, body: bool = False) -> HsMat:

@@ -1,7 +1,9 @@
 """Build this package's C files for this machine's CPU, once.
 
 A library (one C file, or several: the native model's) is compiled on first use
-with the machine's C compiler (`CC`, else `cc`) and `-march=native`, and kept in
+with the machine's C compiler (`CC`, else `cc`) for the instruction set that
+`HETSPEC_ISA` names (ISAS: `native`, the default, everything this CPU has; `avx2`,
+AVX2, FMA and F16C alone, the path of the CPUs without AVX-512), and kept in
 the cache directory under a name made from its sources and the headers beside
 them (formats.h), the compiler and the CPU, so a change of any of them builds afresh. Without a
 compiler, or on a CPU the code is not written for, `built` says why and the
@@ -18,8 +20,23 @@ import tempfile
 from collections.abc import Sequence
 from contextlib import contextmanager
 
-FLAGS = ["-O3", "-march=native", "-std=c11", "-shared", "-fPIC", "-pthread"]
+FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-pthread"]
+# HETSPEC_ISA's values and their compiler flags: x86-64-v3 is AVX2, FMA, F16C and BMI2, no AVX-512 nor AVX-VNNI.
+ISAS = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3", "-mtune=native"]}
 FOLDER = os.path.dirname(os.path.abspath(__file__))
+
+
+def isa() -> str:
+    """The instruction set the kernels are built for (HETSPEC_ISA); KernelUnavailable names an unknown one."""
+    name = os.environ.get("HETSPEC_ISA", "").strip().lower() or "native"
+    if name not in ISAS:
+        raise KernelUnavailable(f"HETSPEC_ISA={name!r} is not one of {', '.join(ISAS)}")
+    return name
+
+
+def isa_flags() -> list[str]:
+    """The compiler's flags for HETSPEC_ISA."""
+    return [*FLAGS, *ISAS[isa()]]
 
 
 def kernel_source(name: str) -> str:
@@ -38,6 +55,7 @@ def built(source: str | Sequence[str], what: str, cache_root: str = ""):
     removed on leaving, when there is no cache); `what` names the kernels in
     errors. KernelUnavailable says why they cannot be had here."""
     sources = [source] if isinstance(source, str) else list(source)
+    isa()                                   # an unknown HETSPEC_ISA says so before anything is built
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise KernelUnavailable(f"no {what} for {platform.machine()} CPUs")
     compiler = os.environ.get("CC") or "cc"
@@ -62,7 +80,7 @@ def _compile(sources: list[str], what: str, compiler: str, folder: str, path: st
     """Into a private name, then renamed: a reader never loads half a library."""
     partial = os.path.join(folder, f".partial-{os.getpid()}.so")
     try:
-        done = subprocess.run([compiler, *FLAGS, *sources, "-o", partial, "-lm"], check=False,
+        done = subprocess.run([compiler, *isa_flags(), *sources, "-o", partial, "-lm"], check=False,
                               capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise KernelUnavailable(f"building the {what} failed: {done.stderr.strip()[-300:]}")
@@ -83,7 +101,7 @@ def _build_key(sources: list[str], compiler: str) -> str:
     for path in [*sources, *(os.path.join(folder, name) for name in headers)]:
         with open(path, "rb") as f:
             digest.update(f.read())
-    digest.update(" ".join([compiler, *FLAGS]).encode())
+    digest.update(" ".join([compiler, *isa_flags()]).encode())
     try:
         digest.update(subprocess.run([compiler, "--version"], check=False, capture_output=True, timeout=30).stdout)
     except (OSError, subprocess.TimeoutExpired):

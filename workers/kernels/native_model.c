@@ -444,12 +444,16 @@ static void window_matmat(const hs_mat *w, const window_act *x, int T, float *y,
    VNNI. Elsewhere they read Q4_K and Q6_K in FMT_K4 and FMT_K6. */
 int hs_pair_layout(void) { return WINDOW_AVX512; }
 
+/* The instruction set these kernels were built for (build.py, HETSPEC_ISA), for the kernels line. */
+const char *hs_isa(void) { return WINDOW_AVX512 ? "AVX-512 VNNI" : "AVX2"; }
+
 /* Whether the window products read w's format: window_avx512.c reads neither the K-quants'
    own layouts (FMT_K4, FMT_K6) nor FMT_Q5, which only a draft holding them exactly has;
-   FMT_N4, FMT_N6 and the row tiles (FMT_T*) only window_avx512.c reads. */
+   its pair layouts (FMT_W8, FMT_N4, FMT_N6) only window_avx512.c reads; both read the
+   row tiles (FMT_T*). */
 static int window_reads(const hs_mat *w) {
     return WINDOW_AVX512 ? !(w->fmt == FMT_K4 || w->fmt == FMT_K6 || w->fmt == FMT_Q5)
-                         : !(w->fmt == FMT_N4 || w->fmt == FMT_N6 || is_tile(w->fmt));
+                         : !(w->fmt == FMT_N4 || w->fmt == FMT_N6 || w->fmt == FMT_W8);
 }
 
 /* A float matrix's (FMT_F16, FMT_F32) row r times n <= 4 tokens of x (stride floats
@@ -879,6 +883,11 @@ static inline size_t key_stride(const hs_model *m) {
     return (size_t)((m->n_ctx + KEY_BLOCK - 1) / KEY_BLOCK) * KEY_BLOCK * m->head_dim;
 }
 
+/* Floats of attention scores a part of attend_positions takes: a group's heads over the context. */
+static inline size_t scores_floats(const hs_model *m) {
+    return (size_t)(m->n_head / m->n_kv) * (m->n_ctx + KEY_BLOCK);
+}
+
 /* out = sum over t of p[t] * v[t] (float16 rows `stride` apart), 32 values at a
    time kept in registers while the rows stream past. */
 static void weigh_values(const uint16_t *v, int stride, const float *p, int n, int hd, float *out) {
@@ -980,34 +989,34 @@ static void softmax(float *s, int n) {
     for (t = 0; t < n; t++) s[t] *= inv;
 }
 
-/* Attention of the query heads over positions first..end-1 of one layer's
-   cache; each key and value is read once for the whole group sharing it. */
+/* Attention of query heads h0..h1-1 of kv head g's group over positions first..end-1 of
+   one layer's cache; each key and value is read once for the heads together. A head's
+   float steps do not depend on which heads share the pass, so the heads may be split
+   among threads (attend_positions) without changing a bit. */
 static void attend(const hs_model *m, const float *q, const uint16_t *kc, const uint16_t *vc, int first, int end,
-                   float *scores, float *out) {
+                   int g, int h0, int h1, float *scores, float *out) {
     const int hd = m->head_dim, group = m->n_head / m->n_kv, n = end - first;
     const int b0 = first / KEY_BLOCK, b1 = (end + KEY_BLOCK - 1) / KEY_BLOCK, stride = (b1 - b0) * KEY_BLOCK;
     const int skip = first - b0 * KEY_BLOCK;             /* positions of the first block before `first` */
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int g = 0; g < m->n_kv; g++) {
-        const uint16_t *keys = kc + (size_t)g * key_stride(m), *values = vc + (size_t)g * m->n_ctx * hd + (size_t)first * hd;
-        const float *qg = q + (size_t)g * group * hd;
-        for (int h = 0; h < group; h += 4) {
-            float *s = scores + (size_t)h * stride;
-            switch (group - h < 4 ? group - h : 4) {
-            case 1: key_scores(keys, hd, qg + h * hd, 1, b0, b1, scale, s, stride); break;
-            case 2: key_scores(keys, hd, qg + h * hd, 2, b0, b1, scale, s, stride); break;
-            case 3: key_scores(keys, hd, qg + h * hd, 3, b0, b1, scale, s, stride); break;
-            default: key_scores(keys, hd, qg + h * hd, 4, b0, b1, scale, s, stride); break;
-            }
+    const uint16_t *keys = kc + (size_t)g * key_stride(m), *values = vc + (size_t)g * m->n_ctx * hd + (size_t)first * hd;
+    const float *qg = q + (size_t)g * group * hd;
+    for (int h = h0; h < h1; h += 4) {
+        float *s = scores + (size_t)(h - h0) * stride;
+        switch (h1 - h < 4 ? h1 - h : 4) {
+        case 1: key_scores(keys, hd, qg + h * hd, 1, b0, b1, scale, s, stride); break;
+        case 2: key_scores(keys, hd, qg + h * hd, 2, b0, b1, scale, s, stride); break;
+        case 3: key_scores(keys, hd, qg + h * hd, 3, b0, b1, scale, s, stride); break;
+        default: key_scores(keys, hd, qg + h * hd, 4, b0, b1, scale, s, stride); break;
         }
-        for (int h = 0; h < group; h++) softmax(scores + (size_t)h * stride + skip, n);
-        int h = 0;
-        if (hd % 32 == 0)
-            for (; h + 3 <= group; h += 3)
-                weigh_values3(values, hd, scores + (size_t)h * stride + skip, stride, n, hd, out + (g * group + h) * hd);
-        for (; h < group; h++)
-            weigh_values(values, hd, scores + (size_t)h * stride + skip, n, hd, out + (g * group + h) * hd);
     }
+    for (int h = h0; h < h1; h++) softmax(scores + (size_t)(h - h0) * stride + skip, n);
+    int h = h0;
+    if (hd % 32 == 0)
+        for (; h + 3 <= h1; h += 3)
+            weigh_values3(values, hd, scores + (size_t)(h - h0) * stride + skip, stride, n, hd, out + (g * group + h) * hd);
+    for (; h < h1; h++)
+        weigh_values(values, hd, scores + (size_t)(h - h0) * stride + skip, n, hd, out + (g * group + h) * hd);
 }
 
 static void to_half(const float *x, int n, uint16_t *y) {
@@ -1140,7 +1149,7 @@ static scratch scratch_at(const hs_model *m, int T) {
 long hs_window_work_floats(const hs_model *m, int tokens) {
     const long heads = (long)m->n_head * m->head_dim, kv = (long)m->n_kv * m->head_dim;
     const long per_token = 2L * m->n_embd + 2 * heads + 2 * kv + 2L * m->n_ff + 4 * MAX_HALF;
-    return tokens * per_token + acts_floats(m, tokens) + (long)(m->n_head / m->n_kv) * (m->n_ctx + KEY_BLOCK) + 64;
+    return tokens * per_token + acts_floats(m, tokens) + (long)POOL_MAX * (long)scores_floats(m) + 64;
 }
 
 /* Each token's embedding (scaled, for Gemma 3) into x, and its rope angles, global
@@ -1181,16 +1190,40 @@ static void store_positions(const hs_model *m, const hs_layer *L, int l, int T, 
     }
 }
 
-/* Each token's attention over the positions up to its own (the last `window` of them in
-   a sliding layer), into att. */
-static void attend_positions(const hs_model *m, const hs_layer *L, int l, int T, const placed *at, const scratch *s) {
-    const int heads = m->n_head * m->head_dim, kv_dim = m->n_kv * m->head_dim;
-    for (int t = 0; t < T; t++) {
-        const uint16_t *kc = at->kcache[t] + (size_t)l * m->n_kv * key_stride(m);
-        const uint16_t *vc = at->vcache[t] + (size_t)l * m->n_ctx * kv_dim;
-        const int end = at->pos[t] + 1, first = L->sliding && end > m->window ? end - m->window : 0;
-        attend(m, s->q + (size_t)t * heads, kc, vc, first, end, s->scores, s->att + (size_t)t * heads);
+typedef struct {
+    const hs_model *m;
+    const hs_layer *L;
+    const placed *at;
+    const scratch *s;
+    int l, T, split;     /* each kv head's group of query heads in `split` pieces */
+} attend_job;
+
+/* The pieces (token, kv head, piece of its group) from part's share of them on: a token's
+   attention reads its kv head's keys and values once for the piece's heads. */
+static void attend_part(void *arg, int part, int parts) {
+    const attend_job *j = arg;
+    const hs_model *m = j->m;
+    const int heads = m->n_head * m->head_dim, kv_dim = m->n_kv * m->head_dim, group = m->n_head / m->n_kv;
+    const int units = j->T * m->n_kv * j->split;
+    for (int u = (int)((long)units * part / parts); u < (int)((long)units * (part + 1) / parts); u++) {
+        const int t = u / (m->n_kv * j->split), g = u / j->split % m->n_kv, piece = u % j->split;
+        const uint16_t *kc = j->at->kcache[t] + (size_t)j->l * m->n_kv * key_stride(m);
+        const uint16_t *vc = j->at->vcache[t] + (size_t)j->l * m->n_ctx * kv_dim;
+        const int end = j->at->pos[t] + 1, first = j->L->sliding && end > m->window ? end - m->window : 0;
+        attend(m, j->s->q + (size_t)t * heads, kc, vc, first, end, g, group * piece / j->split,
+               group * (piece + 1) / j->split, j->s->scores + (size_t)part * scores_floats(m), j->s->att + (size_t)t * heads);
     }
+}
+
+/* Each token's attention over the positions up to its own (the last `window` of them in
+   a sliding layer), into att, on the pool's threads: the tokens' kv heads split among
+   them, and where there are fewer than threads (a step), their groups of query heads too. */
+static void attend_positions(const hs_model *m, const hs_layer *L, int l, int T, const placed *at, const scratch *s) {
+    const int parts = pool_width(), group = m->n_head / m->n_kv, units = T * m->n_kv;
+    int split = (parts + units - 1) / units;
+    split = split > group ? group : split;
+    attend_job job = {m, L, at, s, l, T, split};
+    pool_run(attend_part, &job);
 }
 
 /* x += post_norm(h) for each token (no norm where post_norm is NULL); then, where

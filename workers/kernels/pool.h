@@ -59,6 +59,9 @@ static void *pool_thread(void *arg) {
     return NULL;
 }
 
+/* Threads a job is split among now, the caller's included. */
+static inline int pool_width(void) { return atomic_load(&pool.width); }
+
 /* fn(arg, part, parts) for every part, the caller taking part 0; returns when all are done. */
 static void pool_run(pool_fn fn, void *arg) {
     const int parts = atomic_load(&pool.width);

@@ -32,6 +32,7 @@ typedef struct {
 #define WINDOW_AVX512 0
 typedef struct {
     int8_t *q;       /* the n values rounded, in order */
+    uint8_t *aq;     /* |q|, which FMT_T8_0's row tiles meet with q's signs on their quants */
     float *scale;    /* per block (x ~ scale * q) */
     float *sum;      /* per block: what the weights' offsets multiply (see window_quantize) */
     int16_t *sum16;  /* per 16 values: the sum of q (Q8_K only: FMT_K6 takes 32 off its quants with it) */

@@ -28,7 +28,9 @@
 #if !WINDOW_AVX512
 
 int window_act_kind(const hs_mat *w) {
-    return w->fmt == FMT_I8 || w->fmt == FMT_K4 || w->fmt == FMT_K6 ? ACT_Q8_K : w->fmt == FMT_Q4_1 ? ACT_Q8_1 : ACT_Q8_0;
+    const int f = w->fmt;
+    return f == FMT_I8 || f == FMT_K4 || f == FMT_K6 || f == FMT_T4_K || f == FMT_T6_K ? ACT_Q8_K
+         : f == FMT_Q4_1 || f == FMT_T4_1 ? ACT_Q8_1 : ACT_Q8_0;
 }
 
 static inline float round_half(float x) { return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT)); }
@@ -63,8 +65,9 @@ void window_quantize(const float *x, int n, int kind, window_act *out) {
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
         const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256((__m256i *)(out->q + b * BLOCK),
-                            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        const __m256i ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(out->q + b * BLOCK), ordered);
+        _mm256_storeu_si256((__m256i *)(out->aq + b * BLOCK), _mm256_abs_epi8(ordered));
         const float qsum = (float)_mm_cvtsi128_si32(t), d = top[b] / 127.0f;
         out->scale[b] = kind == ACT_Q8_K ? (inv > 0.0f ? 1.0f / inv : 0.0f) : round_half(d);
         out->sum[b] = kind == ACT_Q8_1 ? round_half(d * qsum) : out->scale[b] * qsum;
@@ -252,6 +255,122 @@ static inline __attribute__((always_inline)) void matmat8_fmt(const hs_mat *w, c
     }
 }
 
+/* A row tile's block (formats.h, FMT_T*), the half `half` of its 16 rows (rows 8 half..8 half
+   + 7, the half of each 64-byte vector): its quants as 8 vectors of 8 rows' dwords, wq[k]
+   holding each row's values 4k..4k+3: unsigned for the 4-bit formats and FMT_T6_K (+ 32),
+   FMT_T8_0's signed (the + 128 taken off again). */
+static inline __attribute__((always_inline)) void tile_quants(const uint8_t *q, const int fmt, __m256i *wq) {
+    const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+    for (int j = 0; j < 8; j++) {
+        if (fmt == FMT_T8_0) wq[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + 64 * j)), _mm256_set1_epi8((char)0x80));
+        else if (j < 4) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * j));
+            wq[j] = _mm256_and_si256(v, low);
+            wq[4 + j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+    }
+    if (fmt == FMT_T6_K)        /* nibble vector j's top bits at 2 (j % 4) of vector j / 4: moved to bits 4-5 */
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 256 + 64 * h));
+            wq[4 * h] = _mm256_or_si256(wq[4 * h], _mm256_and_si256(_mm256_slli_epi16(v, 4), top));
+            wq[4 * h + 1] = _mm256_or_si256(wq[4 * h + 1], _mm256_and_si256(_mm256_slli_epi16(v, 2), top));
+            wq[4 * h + 2] = _mm256_or_si256(wq[4 * h + 2], _mm256_and_si256(v, top));
+            wq[4 * h + 3] = _mm256_or_si256(wq[4 * h + 3], _mm256_and_si256(_mm256_srli_epi16(v, 2), top));
+        }
+}
+
+/* Rows 16 g + 8 half..+7 of a row-tile matrix (FMT_T*, the layout window_avx512.c reads 16
+   rows at a time) for n <= 4 tokens: a lane a row. A block's quants are unpacked once for
+   the tokens; a product broadcasts one dword of a token's xq against 8 rows' dwords
+   (vpmaddubsw), so a block's integer sums for 8 rows take 8 byte products and no lanes to
+   fold. The byte products' int16 sums are added before they widen where they cannot
+   overflow: 8 of 4-bit quants (8 x 2 x 15 x 127), 2 of FMT_T6_K's 6-bit ones; FMT_T8_0's
+   signed quants meet |xq| with xq's signs (vpsignb), each product widened alone. Float
+   steps, per row, token and block in order: acc += isum * (d * xscale) (FMT_T6_K: for each
+   16-value half, with its own scale, its + 32 taken off the integer sum as 32 * sum(xq)),
+   then acc += offset * xsum where there are offsets: the same in any tile, so a token's rows
+   do not depend on the tokens beside it, nor on the window's size. */
+static inline __attribute__((always_inline)) void tile_half(const hs_mat *w, const int fmt, int g, int half,
+                                                            const window_act *x, const int n, float *y, int ystride) {
+    const int nb = w->cols / BLOCK, bytes = fmt == FMT_T8_0 ? 512 : fmt == FMT_T6_K ? 384 : 256;
+    const size_t tb = (size_t)g * nb;      /* the tile's first block */
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    for (int t = 0; t < n; t++) acc[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *q = w->qs + (tb + b) * bytes;
+        if (half == 0)      /* the other half is in the same lines, read just after */
+            for (int k = 0; k < bytes; k += 64) _mm_prefetch((const char *)(q + 8 * bytes + k), _MM_HINT_T0);
+        __m256i wq[8];
+        tile_quants(q + 32 * half, fmt, wq);
+        const size_t at = 16 * (tb + b) + 8 * half;
+        __m256 ds, hs, os;      /* scales (FMT_T6_K: the first half's, then hs the second's), offsets */
+        if (fmt == FMT_T4_1 || fmt == FMT_T8_0) {
+            ds = hs = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->d + at)));
+            os = fmt == FMT_T4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->m + at))) : ds;
+        } else if (fmt == FMT_T6_K) {
+            ds = _mm256_loadu_ps(w->scales + 32 * (tb + b) + 8 * half);
+            hs = _mm256_loadu_ps(w->scales + 32 * (tb + b) + 16 + 8 * half);
+            os = ds;
+        } else {
+            ds = hs = _mm256_loadu_ps(w->scales + at);
+            os = _mm256_loadu_ps(w->offsets + at);
+        }
+        for (int t = 0; t < n; t++) {
+            int xq[8], ax[8];   /* dword k: the token's values 4k..4k+3 of the block, wq[k]'s (ax: |xq|) */
+            memcpy(xq, x[t].q + b * BLOCK, sizeof xq);
+            if (fmt == FMT_T8_0) memcpy(ax, x[t].aq + b * BLOCK, sizeof ax);
+            const __m256 xs = _mm256_set1_ps(x[t].scale[b]);
+            __m256i p[8];
+            for (int k = 0; k < 8; k++) {
+                const __m256i xk = _mm256_set1_epi32(xq[k]);
+                p[k] = fmt == FMT_T8_0 ? _mm256_maddubs_epi16(_mm256_set1_epi32(ax[k]), _mm256_sign_epi8(wq[k], xk))
+                                       : _mm256_maddubs_epi16(wq[k], xk);
+            }
+            if (fmt == FMT_T6_K) {
+                const __m256i lo = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p[0], p[1]), ones),
+                                                    _mm256_madd_epi16(_mm256_add_epi16(p[2], p[3]), ones));
+                const __m256i hi = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p[4], p[5]), ones),
+                                                    _mm256_madd_epi16(_mm256_add_epi16(p[6], p[7]), ones));
+                const __m256i bias_lo = _mm256_set1_epi32(32 * x[t].sum16[2 * b]);
+                const __m256i bias_hi = _mm256_set1_epi32(32 * x[t].sum16[2 * b + 1]);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, bias_lo)), _mm256_mul_ps(ds, xs), acc[t]);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, bias_hi)), _mm256_mul_ps(hs, xs), acc[t]);
+                continue;
+            }
+            __m256i isum;
+            if (fmt == FMT_T8_0) {
+                __m256i s[4];
+                for (int k = 0; k < 4; k++)
+                    s[k] = _mm256_add_epi32(_mm256_madd_epi16(p[k], ones), _mm256_madd_epi16(p[k + 4], ones));
+                isum = _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
+            } else {
+                const __m256i s = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])),
+                                                   _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])));
+                isum = _mm256_madd_epi16(s, ones);
+            }
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(ds, xs), acc[t]);
+            if (fmt == FMT_T4_1 || fmt == FMT_T4_K) acc[t] = _mm256_fmadd_ps(os, _mm256_set1_ps(x[t].sum[b]), acc[t]);
+        }
+    }
+    for (int t = 0; t < n; t++) _mm256_storeu_ps(y + (size_t)t * ystride + 16 * g + 8 * half, acc[t]);
+}
+
+/* Rows r0..r1-1 (multiples of 16) of Y = W X for T tokens of a row-tile format: each tile's
+   two halves in turn, four tokens at a time (the second half reads lines the first brought in). */
+static inline __attribute__((always_inline)) void tiles16(const hs_mat *w, const int fmt, const window_act *x, int T,
+                                                          float *y, int ystride, int r0, int r1) {
+    for (int g = r0 / 16; g < r1 / 16; g++)
+        for (int half = 0; half < 2; half++) {
+            int t = 0;
+            for (; t + 4 <= T; t += 4) tile_half(w, fmt, g, half, x + t, 4, y + (size_t)t * ystride, ystride);
+            float *yt = y + (size_t)t * ystride;
+            if (T - t == 3) tile_half(w, fmt, g, half, x + t, 3, yt, ystride);
+            else if (T - t == 2) tile_half(w, fmt, g, half, x + t, 2, yt, ystride);
+            else if (T - t == 1) tile_half(w, fmt, g, half, x + t, 1, yt, ystride);
+        }
+}
+
 /* Rows r0..r1-1 of Y = W X for T tokens, the kernel specialised for W's format. */
 void window_rows(const hs_mat *w, const window_act *x, int T, float *y, int ystride, const hs_mat *next, int r0, int r1) {
     switch (w->fmt) {
@@ -261,17 +380,22 @@ void window_rows(const hs_mat *w, const window_act *x, int T, float *y, int ystr
     case FMT_Q4_1: matmat8_fmt(w, FMT_Q4_1, x, T, y, ystride, next, r0, r1); break;
     case FMT_K4: matmat8_fmt(w, FMT_K4, x, T, y, ystride, next, r0, r1); break;
     case FMT_K6: matmat8_fmt(w, FMT_K6, x, T, y, ystride, next, r0, r1); break;
+    case FMT_T4_1: tiles16(w, FMT_T4_1, x, T, y, ystride, r0, r1); break;
+    case FMT_T8_0: tiles16(w, FMT_T8_0, x, T, y, ystride, r0, r1); break;
+    case FMT_T4_K: tiles16(w, FMT_T4_K, x, T, y, ystride, r0, r1); break;
+    case FMT_T6_K: tiles16(w, FMT_T6_K, x, T, y, ystride, r0, r1); break;
     default: matmat8_fmt(w, FMT_I8, x, T, y, ystride, next, r0, r1); break;
     }
 }
 
 long window_act_floats(int widest) {
-    return widest / 4 + 3 * (widest / BLOCK) + 8;
+    return 2 * (widest / 4) + 3 * (widest / BLOCK) + 8;
 }
 
 void window_act_at(window_act *a, float *work, int widest) {
     a->q = (int8_t *)work;
-    a->scale = work + widest / 4;
+    a->aq = (uint8_t *)(work + widest / 4);
+    a->scale = work + 2 * (widest / 4);
     a->sum = a->scale + widest / BLOCK;
     a->sum16 = (int16_t *)(a->sum + widest / BLOCK);
 }

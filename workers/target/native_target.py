@@ -42,7 +42,8 @@ class NativeTarget:
         self.set_threads(threads)
         self.lengths = [0] * caches
         self.eos_token_ids = end_of_generation_tokens(path)
-        self.description = self._net.description.replace("native, ", "") + (
+        self.isa = self._net.isa
+        self.description = self._net.description.replace(f"native ({self.isa}), ", "", 1) + (
             ", activations in 8 bits; output layer through the window's products")
 
     def forward(self, cache: int, tokens: Sequence[int], keep: int, rows: int) -> np.ndarray:
