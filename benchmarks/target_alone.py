@@ -56,10 +56,11 @@ def hetspec_turn(model, threads: int, cores: list[int], depth: int) -> dict:
 
 def llama_turn(bin_dir: Path, path: str, threads: int, cores: list[int], depth: int) -> dict:
     """One turn of llama-bench: tg DECODE at depth `depth`, pp `depth`, then pp4 and pp8 at that depth."""
-    decode = llama_bin.bench_command(bin_dir, path, threads, depth, DECODE, cores, reps=1)
+    repack = llama_bin.repacks(path)
+    decode = llama_bin.bench_command(bin_dir, path, threads, depth, DECODE, cores, reps=1, repack=repack)
     out = {"decode": llama_bin.parse_bench_json(_output(decode))[0]["tokens_per_s"]}
     bench = [*llama_bin.pinned(cores), str(bin_dir / "llama-bench"), "-m", path, "-t", str(threads), "-n", "0",
-             "-r", "1", "-o", "json"]
+             "-r", "1", "-o", "json", *([] if repack else ["--repack", "0"])]
     out["prefill"] = llama_bin.parse_bench_json(_output([*bench, "-p", str(depth)]))[0]["tokens_per_s"]
     for row in llama_bin.parse_bench_json(_output([*bench, "-p", ",".join(map(str, WINDOWS)), "-d", str(depth)])):
         out[f"window{row['n_prompt']}_ms"] = row["n_prompt"] / row["tokens_per_s"] * 1000

@@ -79,6 +79,26 @@ def assert_a_batch_gives_each_request_its_own_bits(path: str) -> None:
         alone.close()
 
 
+def test_the_kernels_line_names_the_instruction_set(random_f32, tmp_path, isa, monkeypatch):
+    """What a user on AVX2 sees at start-up: which products they got; a HETSPEC_ISA the build
+    does not know is named, not guessed at."""
+    from hetspec.benchmarks.bench.machine import cpu_isa
+    from hetspec.workers.common.native_model import NativeModel
+    from hetspec.workers.kernels.build import KernelUnavailable
+
+    path = quantize(random_f32, str(tmp_path / "q8.gguf"), "MOSTLY_Q8_0")
+    target, draft = NativeTarget(path, n_ctx=64, caches=1, threads=1), NativeModel(path, 64)
+    try:
+        assert target.isa == ("AVX2" if isa == "avx2" else cpu_isa())
+        assert draft.description.startswith(f"native ({target.isa}), ") and "AVX" not in target.description
+    finally:
+        target.close()
+        draft.close()
+    monkeypatch.setenv("HETSPEC_ISA", "avx1024")
+    with pytest.raises(KernelUnavailable, match="HETSPEC_ISA='avx1024' is not one of native, avx2"):
+        NativeTarget(path, n_ctx=64, caches=1, threads=1)
+
+
 def test_a_batch_gives_each_request_its_own_bits(random_f32, tmp_path, isa):
     assert_a_batch_gives_each_request_its_own_bits(quantize(random_f32, str(tmp_path / "q4km.gguf"), "MOSTLY_Q4_K_M"))
 

@@ -277,7 +277,11 @@ def open_binaries(rows: list, target: str, draft: str | None, tokenizer, shared_
 
 
 def repacks(path: str) -> bool:
-    """Whether llama.cpp's repacked weights run here (llama_handles probes a CPU with AMX)."""
+    """Whether llama.cpp's repacked weights run here (llama_handles probes a CPU with AMX, with
+    llama-cpp-python's own build). The binaries built for AVX2 alone have no AMX kernels: their
+    repacked weights are the AVX2 ones (q4_K_8x8 and the like), llama.cpp's fastest there."""
+    if isa() != "native":
+        return True
     try:
         from hetspec.workers.common.llama_handles import repacked_weights_run
     except ImportError:            # no llama-cpp-python: no probe (and no AMX build of it to probe)

@@ -17,7 +17,15 @@
    <= 32258 fits its int16 sums). A lane's float term is w_scale * x_scale * isum,
    accumulated over the row's blocks in the lanes; offsets (Q4_1's m, Q4_0's -8 d,
    K-quants' mins) times the blocks' rounded sums in the same lanes; the lanes summed
-   last.
+   last. Those row-at-a-time products take the matrices whose rows do not make tiles.
+
+   Row tiles (FMT_T4_1, FMT_T8_0, FMT_T4_K, FMT_T6_K; tile_half): every matrix whose rows
+   are a multiple of 16 comes in window_avx512.c's tiles of 16 rows, read here 8 rows at a
+   time, a lane a row: a block's integer sums for 8 rows take 8 byte products, the float
+   steps run once per 8 rows, and no lanes are folded. The row-at-a-time products spent
+   those float steps and folds on every block of every row, and a token's pass was bound by
+   them rather than by the bytes it reads. Q8_0's quants are |q| <= 127 (llama.cpp's
+   rounding, and Q5_0's q - 16), so moving signs onto them never meets -128.
 
    Batch invariance: a token's float operations are the same sequence whatever the
    window, chunk or token next to it; only the unpacking is shared. */

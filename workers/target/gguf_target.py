@@ -32,7 +32,8 @@ class GGUFTarget:
         cache_root = os.path.dirname(spec.model.cache_dir) if spec.model.cache_dir else ""
         if spec.backend == "native":
             self.model = NativeTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads, cache_root)
-            self.kernels = f"native ({self.model.isa}), batch-invariant ({self.model.max_window} tokens a pass): {self.model.description}"
+            self.kernels = (f"native ({self.model.isa}), batch-invariant ({self.model.max_window} tokens a pass): "
+                            f"{self.model.description}")
         else:
             llama = llama_backend()
             self.model = llama.LlamaTarget(spec.model.file, spec.n_ctx, spec.caches, spec.threads, cache_root)
