@@ -1,17 +1,20 @@
 """A target on a GPU, measured: what a pass costs the host and the GPU, run eagerly, on a static
-cache and captured (CUDA graphs); several requests' windows in one packed pass against their
-captured passes one after another; the engine's rounds around it with a CPU draft, its passes
-eager and captured; the same model's plain `generate`; and a paced profile (hetspec.core.gpu_profiles)
-drawn from the captured curve, so that the paced target can charge measured numbers.
+cache and captured (CUDA graphs); a captured pass's cost against the context it holds; the
+engine's rounds around it with a CPU draft, its passes eager and captured, and its start-up;
+several requests' windows in one packed pass against their captured passes; the same model's
+plain `generate`; and a paced profile (hetspec.core.gpu_profiles) drawn from the captured
+curve, so that the paced target can charge measured numbers.
 
     python -m hetspec.benchmarks.gpu_profile [--device cuda|cpu] [--target SPEC] [--draft SPEC]
         [--dtype bfloat16] [--context 256] [--tokens 64] [--budget-s 300] [--out FILE.json] [--report FILE.md]
 
-On CUDA the defaults are random models shaped as Llama 2 7B (weights drawn on the GPU) and the
-paper's 68M Llama draft on a CPU core: acceptance means nothing, the costs are the point, and a
-lent machine fetches no weights. `--device cpu` rehearses every step with tiny shapes in well
-under a minute; there the profiler's CPU times stand in for kernel times. A step that would
-start after `--budget-s` is skipped and named under "skipped".
+On CUDA the defaults are random models shaped as Qwen2.5 7B (grouped-query attention, a
+152k vocabulary; weights drawn on the GPU) and a 2-layer draft of its vocabulary on the CPU:
+acceptance means nothing, the costs are the point, and a lent machine fetches no weights.
+`--device cpu` rehearses every step with tiny shapes in well under a minute; there the
+profiler's CPU times stand in for kernel times. Steps run in order of value (curve, context,
+engine, batch, generate), the JSON written after each: a crash loses only the step it was in.
+A step that would start after `--budget-s` is skipped and named under "skipped".
 """
 from __future__ import annotations
 
@@ -26,125 +29,17 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from hetspec.benchmarks.gpu_passes import SIZES, batch_curve, context_curve, curve, paced_profile, sync
+
 SHAPES = {   # device: target, draft, dtype, context, tokens, prompts, repeats
-    "cuda": ("random:vocab=32000,hidden=4096,layers=32,heads=32,intermediate=11008,seed=0,init=device",
-             "random:vocab=32000,hidden=768,layers=2,heads=12,intermediate=3072,seed=1", "bfloat16", 256, 64, 3, 10),
-    "cpu": ("random:vocab=320,hidden=64,layers=2,heads=4,seed=0", "random:vocab=320,hidden=64,layers=1,heads=4,seed=1",
-            "float32", 32, 12, 2, 3),
+    "cuda": ("random:vocab=152064,hidden=3584,layers=28,heads=28,kv_heads=4,intermediate=18944,seed=0,init=device",
+             "random:vocab=152064,hidden=768,layers=2,heads=12,intermediate=3072,seed=1", "bfloat16", 256, 64, 3, 10),
+    "cpu": ("random:vocab=320,hidden=64,layers=2,heads=4,kv_heads=2,seed=0",
+            "random:vocab=320,hidden=64,layers=1,heads=4,seed=1", "float32", 32, 12, 2, 3),
 }
-SIZES = (1, 2, 4, 8, 16, 32)     # the windows timed after the context (the engine pads to these)
-BATCHES = (1, 2, 4, 8)           # requests in a packed pass (batch_curve)
-BATCH_WINDOW = 5                 # each one's window: a speculative round's of gamma 4
-FLAT = 1.10                      # a size costs "the same" as one token within 10%
 GAMMA = 4                        # the forced speculative rounds' window
 MODES = [("target", "auto"), ("duodec", "always")]
 COUNTED = ("rounds", "spec_rounds", "drafted", "accepted", "new_tokens", "draft_s", "verify_s", "round_s", "overhead_s")
-
-
-def sync(device: str) -> None:
-    import torch
-
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def wall_ms(run, device: str, repeats: int) -> list[float]:
-    """[median, fastest] ms of `run`, each synchronised: what the host waits for a pass."""
-    import numpy as np
-
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        run()
-        sync(device)
-        times.append(1e3 * (time.perf_counter() - start))
-    return [round(float(np.median(times)), 3), round(min(times), 3)]
-
-
-def kernel_ms(run, device: str) -> float:
-    """ms of GPU kernels (on a CPU: of ops) in one run of `run`: self times summed as torch.profiler's
-    table totals them, the time the device itself computed, launches and Python aside."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    gpu = device == "cuda"
-    sync(device)
-    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu) as prof:
-        run()
-        sync(device)
-    kind = DeviceType.CUDA if gpu else DeviceType.CPU
-    return round(sum(e.self_device_time_total if gpu else e.self_cpu_time_total
-                     for e in prof.events() if e.device_type == kind and not e.is_user_annotation) / 1e3, 3)
-
-
-def curve(kv, device: str, context: list[int], repeats: int, eager: dict | None = None) -> dict:
-    """Per window size after `context`: wall ms [median, fastest], kernel ms and their ratio; and
-    the prompt pass's wall ms. Where the profiler sees no kernels (a CUDA graph's replay on some
-    versions), the eager pass's of the same size stand in, and kernel_source says so."""
-    kv.use(0)
-    prompt = lambda: kv.forward(context, 0, all_logits=False)
-    prompt()                             # warm-up (and a static cache's allocation)
-    out = {"prompt_ms": wall_ms(prompt, device, 3)}
-    for n in SIZES:
-        window = lambda n=n: kv.forward(list(range(1, n + 1)), len(context), all_logits=True)
-        for _ in range(2):               # warm-up: cuBLAS's choices, a captured size's recording
-            window()
-        wall, kernels, source = wall_ms(window, device, repeats), kernel_ms(window, device), "profiled"
-        if kernels == 0:
-            kernels, source = ((eager[str(n)]["kernel_ms"], "the eager pass's (the profiler saw no kernels)")
-                               if eager else (None, "none: the profiler saw no kernels"))
-        out[str(n)] = {"wall_ms": wall, "kernel_ms": kernels, "kernel_source": source,
-                       "wall_per_kernel": round(wall[0] / kernels, 2) if kernels else None}
-    return out
-
-
-def batch_curve(lm, args, context: list[int]) -> dict:
-    """Per batch size: wall ms [median, fastest] of that many requests' BATCH_WINDOW-token windows
-    after `context`, as one packed pass over their eager caches (workers/target/packed_pass.py),
-    as their captured passes replayed one after another, and as the captured batch pass (over
-    their caches' rows: what a captured target runs for a batch)."""
-    from hetspec.workers.common.kv_model import KVModel
-    from hetspec.workers.target.captured import CapturedKVModel
-    from hetspec.workers.target.packed_pass import forward_batch
-
-    eager = KVModel(lm, args.device)
-    captured = CapturedKVModel(lm, args.device, len(context) + 2 * SIZES[-1], SIZES[-1], caches=BATCHES[-1])
-    window, keep = list(range(1, BATCH_WINDOW + 1)), len(context)
-    for kv in (eager, captured):
-        for cache in range(BATCHES[-1]):
-            kv.use(cache)
-            kv.forward(context, 0, all_logits=False)
-    out = {"window": BATCH_WINDOW}
-    for batch in BATCHES:
-        windows = [(cache, window, keep, BATCH_WINDOW) for cache in range(batch)]
-        packed = lambda windows=windows: forward_batch(eager, windows)
-        replays = lambda windows=windows: [(captured.use(c), captured.forward(t, k)) for c, t, k, _ in windows]
-        batched = lambda windows=windows: captured.forward_batch(windows)
-        for run in (packed, replays, batched, packed, replays, batched):   # warm-up: recordings, cuBLAS's choices
-            run()
-        out[str(batch)] = {"packed_ms": wall_ms(packed, args.device, args.repeats),
-                           "replays_ms": wall_ms(replays, args.device, args.repeats),
-                           "captured_batch_ms": wall_ms(batched, args.device, args.repeats)}
-    return out
-
-
-def paced_profile(captured: dict, context: int, name: str, where: str) -> dict:
-    """A GpuProfile's fields from the captured curve. A pass can be padded to a longer one, so a size
-    costs at most what any longer one does (that evens out noise); flat_to is the largest size within
-    FLAT of one token's cost, window_ms their mean, per_token_ms the least-squares slope past it (no
-    size past it: the prompt's cost a token), prefill_ms_per_token the prompt pass's beyond window_ms."""
-    ms = {n: min(captured[str(m)]["wall_ms"][0] for m in SIZES if m >= n) for n in SIZES}
-    flat = [n for n in SIZES if ms[n] <= FLAT * ms[1]]
-    window = sum(ms[n] for n in flat) / len(flat)
-    prefill = max(0.0, (captured["prompt_ms"][0] - window) / context)
-    past = [n - flat[-1] for n in SIZES if n > flat[-1]]
-    slope = sum((ms[n + flat[-1]] - window) * n for n in past) / sum(n * n for n in past) if past else prefill
-    return {"name": name, "window_ms": round(window, 3), "flat_to": flat[-1], "per_token_ms": round(max(0.0, slope), 4),
-            "prefill_ms_per_token": round(prefill, 4),
-            "source": (f"measured: benchmarks/gpu_profile.py, captured passes after {context} tokens, {where}; "
-                       f"flat within {round(100 * (FLAT - 1))}% to {flat[-1]} tokens, per token beyond: "
-                       + ("the slope past it" if past else "the prompt's (no size past it)"))}
 
 
 def load(args):
@@ -164,15 +59,31 @@ def due(args, doc: dict, what: str) -> bool:
     return False
 
 
-def in_process(args, ids: list[list[int]], doc: dict) -> None:
-    """The target in this process: its cost curves, then its eager `generate`."""
+def save(args, doc: dict) -> None:
+    """The JSON as it stands (after each step: a crash in the next loses only that one)."""
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, indent=1))
+
+
+def load_target(args):
+    """The target as the worker loads it: its dtype, and grouped-query attention unrepeated."""
+    from hetspec.workers.target.attention import use_grouped_attention
+
+    lm = load(args)
+    use_grouped_attention(lm)
+    return lm
+
+
+def curves(args, ids: list[list[int]], doc: dict) -> None:
+    """The target in this process: its pass curves (eager, static, captured), then the captured
+    pass against context."""
     import torch
 
     from hetspec.workers.common.kv_model import KVModel, StaticKVModel
     from hetspec.workers.target.captured import CapturedKVModel
 
-    lm = load(args)
-    for passes, kind in [("eager", KVModel), ("static", StaticKVModel), ("captured", CapturedKVModel)]:
+    lm = load_target(args)
+    for passes, kind in [("captured", CapturedKVModel), ("eager", KVModel), ("static", StaticKVModel)]:
         if not due(args, doc, f"curve {passes}"):
             continue
         kv = kind(lm, args.device, *([] if kind is KVModel else [args.context + 2 * SIZES[-1], SIZES[-1]]))
@@ -180,10 +91,26 @@ def in_process(args, ids: list[list[int]], doc: dict) -> None:
         if passes == "captured":
             doc["curve"][passes]["graphs"] = kv.fallback or ("CUDA graphs" if kv.graphs else "run eagerly (no CUDA)")
         del kv
+        save(args, doc)
+    if due(args, doc, "context"):
+        doc["by_context"] = context_curve(lm, args)
+        save(args, doc)
+    del lm
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def after_engine(args, ids: list[list[int]], doc: dict) -> None:
+    """The target in this process again: the batch curve, and its eager `generate`."""
+    import torch
+
+    lm = load_target(args) if args.steps & {"batch", "generate"} else None
     if due(args, doc, "batch"):
         doc["batch"] = batch_curve(lm, args, ids[0])
+        save(args, doc)
     if due(args, doc, "generate eager"):
         doc["generate"]["eager"] = generate(lm, ids, args.tokens, args.device)
+        save(args, doc)
     del lm
     if args.device == "cuda":
         torch.cuda.empty_cache()
@@ -239,9 +166,11 @@ def through_engine(args, ids: list[list[int]], passes: str) -> dict:
     config = {"target": {"backend": "transformers", "model": args.target, "device": args.device,
                          "dtype": args.dtype, "passes": passes},
               "draft": {"backend": "torch", "model": args.draft}, "server": {"max_context": 1024}}
+    start = time.perf_counter()
     with hetspec.launch(config) as engine:
         info = engine.get_info()
         doc = {"kernels": info["target"]["kernels"], "load_s": info["target"]["load_s"],
+               "start_up_s": round(time.perf_counter() - start, 2), "caches": info["config"]["server"]["max_running"],
                "draft_cores": info["draft"]["cores"],
                "verify_ms": {k: round(1e3 * v, 2) for k, v in info["budget"].get("verify_s", {}).items()}}
         for mode, speculation in MODES:
@@ -279,6 +208,10 @@ def report(doc: dict) -> str:
              "|---" * (len(SIZES) + 2) + "|"]
     lines += [f"| {passes} | " + " | ".join(f"{c[str(n)]['wall_ms'][0]} / {c[str(n)]['kernel_ms']}" for n in SIZES)
               + f" | {c['prompt_ms'][0]} |" for passes, c in doc["curve"].items()]
+    if doc["by_context"]:
+        lines += ["", "| positions held x window | span | wall / kernel ms | wall per kernel |", "|---|---|---|---|"]
+        lines += [f"| {k} | {v['span']} | {v['wall_ms'][0]} / {v['kernel_ms']} | {v['wall_per_kernel']} |"
+                  for k, v in doc["by_context"].items() if k != "spans"]
     if doc["batch"]:
         head = f"| requests x {doc['batch']['window']} tokens | packed pass ms | captured replays ms | captured batch pass ms |"
         lines += ["", head, "|---|---|---|---|"]
@@ -289,13 +222,15 @@ def report(doc: dict) -> str:
     lines += [f"| {passes} | {mode} | {e[mode]['tokens_per_s']} | "
               + " / ".join(map(str, e[mode]["ms_per_spec_round"].values())) + " |"
               for passes, e in doc["engine"].items() for mode, _ in MODES]
+    lines += [f"\nengine {passes}: started in {e['start_up_s']} s (target loaded in {round(e['load_s'], 2)} s), "
+              f"{e['caches']} caches; kernels: {e['kernels']}" for passes, e in doc["engine"].items()]
     lines += ["", f"generate: `{json.dumps(doc['generate'])}`", "", f"paced_profile: `{json.dumps(doc['paced_profile'])}`",
               "", f"skipped: {', '.join(doc['skipped']) or 'nothing'}", ""]
     return "\n".join(lines)
 
 
 NAMES = ("target", "draft", "dtype", "context", "tokens", "prompts", "repeats")   # SHAPES' fields
-STEPS = {"curve", "batch", "engine", "generate"}
+STEPS = {"curve", "context", "engine", "batch", "generate"}
 
 
 def parse(argv) -> argparse.Namespace:
@@ -304,8 +239,8 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     for name, value in zip(NAMES, SHAPES["cuda"]):
         p.add_argument(f"--{name}", type=type(value), help="default: the device's (SHAPES)")
-    p.add_argument("--steps", default="curve,batch,engine,generate",
-                   help="which of curve, batch, engine, generate (default: all)")
+    p.add_argument("--steps", default="curve,context,engine,batch,generate",
+                   help="which of curve, context, engine, batch, generate (default: all)")
     p.add_argument("--budget-s", type=float, default=300, help="no step starts after this many seconds")
     p.add_argument("--compile-limit-s", type=float, default=90, help="static-cache generate's limit, compiling included")
     p.add_argument("--out", help="write the JSON here (and print its summary, not the JSON)")
@@ -337,25 +272,28 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     args.deadline = start + args.budget_s
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    doc = {"device_name": name, "torch": torch.__version__, **{k: getattr(args, k) for k in NAMES}, "gamma": GAMMA,
-           "curve": {}, "batch": {}, "engine": {}, "generate": {}, "skipped": []}
+    import transformers
+
+    doc = {"device_name": name, "torch": torch.__version__, "transformers": transformers.__version__,
+           **{k: getattr(args, k) for k in NAMES}, "gamma": GAMMA,
+           "curve": {}, "by_context": {}, "engine": {}, "batch": {}, "generate": {}, "paced_profile": None, "skipped": []}
     ids = prompts(args)
-    if args.steps & {"curve", "batch", "generate"}:
-        in_process(args, ids, doc)
-    doc["paced_profile"] = (paced_profile(doc["curve"]["captured"], args.context,
-                                          re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + "-captured",
-                                          f"{name}, {args.target} in {args.dtype}, {time.strftime('%Y-%m-%d')}")
-                            if "captured" in doc["curve"] else None)
-    for passes in ("eager", "captured"):
+    if args.steps & {"curve", "context"}:
+        curves(args, ids, doc)
+    if "captured" in doc["curve"]:
+        doc["paced_profile"] = paced_profile(doc["curve"]["captured"], args.context,
+                                             re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + "-captured",
+                                             f"{name}, {args.target} in {args.dtype}, {time.strftime('%Y-%m-%d')}")
+    for passes in ("captured", "eager"):
         if due(args, doc, f"engine {passes}"):
             doc["engine"][passes] = through_engine(args, ids, passes)
+            save(args, doc)
+    after_engine(args, ids, doc)
     if due(args, doc, "generate static"):
         doc["generate"]["static"] = static_generate(args)
     doc["elapsed_s"] = round(time.perf_counter() - start, 1)
-    text = json.dumps(doc, indent=1)
-    print(report(doc) if args.out else text)
-    if args.out:
-        Path(args.out).write_text(text)
+    save(args, doc)
+    print(report(doc) if args.out else json.dumps(doc, indent=1))
     if args.report:
         Path(args.report).write_text(report(doc))
     return 0

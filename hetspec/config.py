@@ -17,9 +17,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import psutil
-
 from hetspec.core.branches import DYNAMIC, Dynamic
+from hetspec.core.cores import assign_cores
+from hetspec.core.devices import gpu_driver_present
 from hetspec.core.errors import ConfigError
 from hetspec.core.gpu_profiles import PROFILES
 from hetspec.core.gpu_profiles import profile as gpu_profile
@@ -37,7 +37,7 @@ TARGET_BACKENDS = ("auto", "transformers", *GGUF_TARGET_BACKENDS, "paced")
 DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_1", "q4_0")
 CPU_KERNELS = ("gguf", "onednn", "torch")
 PASSES = ("auto", "eager", "static", "captured")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAX_RUNNING, PACED_RUNNING = 64, 8   # [server] max_running at most, and "auto" on the paced target
 
 
@@ -94,7 +94,8 @@ class TargetConfig:
                                         # for a GGUF file in float32 on the CPU, else transformers (resolve_backend)
     model: str = "builtin:smollm2"
     device: str = "auto"                # "auto", "cpu", "cuda", "cuda:N"
-    dtype: str = "float32"
+    dtype: str = "auto"                 # transformers: "auto" is float32 on a CPU; on CUDA a checkpoint's own
+                                        # dtype, bfloat16 for a GGUF file or a random model (resolve_dtype)
     cores: tuple[int, ...] | Auto = AUTO
     threads: int = 0
     prefill_borrows_draft_cores: bool = True
@@ -111,9 +112,14 @@ class TargetConfig:
     BOUNDS: ClassVar[dict] = {"threads": (0, 1024)}
 
     @property
-    def on_host(self) -> bool:
-        """Whether the target computes on the CPU's cores (not on a GPU, nor paced as one)."""
-        return self.backend != "paced" and not self.device.startswith("cuda")
+    def runs_on(self) -> str:
+        """Where the target computes: "host" (the CPU's cores), "cuda", or "paced" (as a GPU,
+        on no core). Device "auto" is CUDA where a GPU driver is present (as the worker resolves it)."""
+        if self.backend == "paced":
+            return "paced"
+        if self.backend in GGUF_TARGET_BACKENDS or self.device == "cpu":
+            return "host"
+        return "cuda" if self.device.startswith("cuda") or gpu_driver_present() else "host"
 
     def checked(self) -> TargetConfig:
         _choice("target", "backend", self.backend, TARGET_BACKENDS)
@@ -324,7 +330,7 @@ def _resolved(c: EngineConfig) -> EngineConfig:
     if d.n_ctx < s.max_context + max_gamma + 1:
         raise ConfigError(f"[draft] n_ctx ({d.n_ctx}) must be at least [server] max_context + max_gamma + 1 "
                           f"({s.max_context + max_gamma + 1})")
-    draft_cores, target_cores, scheduler_cores = assign_cores(d.cores, c.target.cores, s.cores, c.target.on_host)
+    draft_cores, target_cores, scheduler_cores = assign_cores(d.cores, c.target.cores, s.cores, c.target.runs_on)
     traces = c.target.traces or (str(cache_home() / "traces") if c.target.backend == "paced" else "")
     return dataclasses.replace(
         c,
@@ -333,16 +339,6 @@ def _resolved(c: EngineConfig) -> EngineConfig:
                                    traces=traces),
         server=dataclasses.replace(s, cores=scheduler_cores),
     )
-
-
-def _check_cores(name: str, value, cores: list[int]) -> None:
-    if not isinstance(value, tuple) or not value or not all(_is_int(x) for x in value) \
-            or len(set(value)) != len(value):
-        raise ConfigError(f"[{name}] cores must be 'auto' or a non-empty list of distinct core numbers, "
-                          f"got {show(value)}")
-    missing = sorted(set(value) - set(cores))
-    if missing:
-        raise ConfigError(f"[{name}] cores {missing} do not exist on this machine (available: {cores})")
 
 
 def _choice(section: str, key: str, value, choices: tuple) -> None:
@@ -374,27 +370,3 @@ def _auto_or_in(section: str, key: str, value, low: int, high: int) -> None:
 def _key(key) -> str:
     """A key as a message names it: as written, its odd characters escaped."""
     return show(key)[1:-1] if isinstance(key, str) and len(key) < 60 else show(key)
-
-
-def assign_cores(draft: tuple[int, ...] | Auto, target: tuple[int, ...] | Auto,
-                 scheduler: tuple[int, ...] | Auto = AUTO, target_on_host: bool = True) -> tuple[tuple[int, ...], ...]:
-    """Resolve "auto": the draft owns the first core, the target the rest (on a
-    2-core machine: draft on core 0, target on core 1), and the scheduler shares the
-    target's. A target on a GPU (or paced as one) needs a core only to drive it: it
-    shares the first with the scheduler, and the draft may take every core, the first
-    last: its threads are measured at start-up (thread_choice.py), so it spreads onto
-    the scheduler's core only where that makes its step faster.
-
-    The scheduler's own work (starting both workers, streaming, bookkeeping) runs
-    while both compute, so it sits beside the side with time to spare, which the
-    budget makes the target (docs/performance.md, "Where the scheduler sits")."""
-    cores = sorted(psutil.Process().cpu_affinity())
-    for name, value in (("draft", draft), ("target", target), ("server", scheduler)):
-        if value != AUTO:
-            _check_cores(name, value, cores)
-    if draft == AUTO:
-        draft = (cores[0],) if target_on_host else tuple(cores[1:] + cores[:1])
-    if target == AUTO:
-        rest = [x for x in cores if x not in draft] or cores
-        target = tuple(rest) if target_on_host else (rest[0],)
-    return tuple(draft), tuple(target), tuple(target if scheduler == AUTO else scheduler)

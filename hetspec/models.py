@@ -37,9 +37,9 @@ from hetspec.core.params import show
 from hetspec.ipc.specs import ModelSpec
 
 RANDOM_DEFAULTS = {"arch": "llama", "vocab": 320, "hidden": 64, "layers": 2, "heads": 4, "seed": 0,
-                   "intermediate": 128, "window": 8, "init": "cpu"}
+                   "intermediate": 128, "window": 8, "init": "cpu", "kv_heads": 0}   # kv_heads 0: heads (no grouping)
 RANDOM_BOUNDS = {"vocab": (1, 2**20), "hidden": (1, 8192), "layers": (1, 128), "heads": (1, 128), "seed": (0, 2**32 - 1),
-                 "intermediate": (1, 32768), "window": (1, 2**20)}
+                 "intermediate": (1, 32768), "window": (1, 2**20), "kv_heads": (0, 128)}
 RANDOM_ARCHS = ("llama", "gemma3")   # gemma3: sliding-window attention of `window` tokens
 RANDOM_TOKENIZERS = ("bytes", "smollm2", "gemma3-270m")
 RANDOM_INITS = ("cpu", "device")     # cpu: the same weights on every device; device: drawn where it runs (fast, large)
@@ -225,7 +225,13 @@ def _parse_random(spec: str, section: str) -> dict:
                               f"tokenizer (arch one of {', '.join(RANDOM_ARCHS)}; tokenizer one of "
                               f"{', '.join(RANDOM_TOKENIZERS)}; init one of {', '.join(RANDOM_INITS)}; numbers within "
                               f"{', '.join(f'{k} {lo}..{hi}' for k, (lo, hi) in RANDOM_BOUNDS.items())})")
-    if values["hidden"] % values["heads"]:
-        raise ConfigError(f"[{section}] random model: hidden ({values['hidden']}) must be a multiple of heads "
-                          f"({values['heads']})")
+    _check_heads(values, section)
     return values
+
+
+def _check_heads(values: dict, section: str) -> None:
+    """hidden a multiple of heads, heads of kv_heads (0: as many as heads)."""
+    for whole, part in (("hidden", "heads"), ("heads", "kv_heads")):
+        if values[part] and values[whole] % values[part]:
+            raise ConfigError(f"[{section}] random model: {whole} ({values[whole]}) must be a multiple of {part} "
+                              f"({values[part]})")

@@ -12,20 +12,23 @@
 #          (benchmarks/target_alone.py at 2 threads, 8 and all of them; CORES_THREADS sets
 #          them), on files shaped like the ones packed (random weights: speed only)
 # Every model is random (no weights to carry). The steps share one budget, GPU_CHECK_S
-# (default 450 s, inside an 8-minute call): tests stop at TESTS_S (default 240 s) or what is
-# left, the profile starts no step past what is left less 45 s (its last step's length).
+# (default 220 s: with the machine's start, under 4 minutes of a 15-minute loan, room to run
+# it again): tests stop at TESTS_S (default 100 s) or what is left, the profile starts no
+# step past what is left less 30 s (its last step's length), and writes its JSON after each.
+# The steps run in order of value: exactness (tests), then the pass curves, then the engine.
 # A lent machine fetches nothing: scripts/gpu_pack.sh packs .gpu/ here (the wheels the image
 # lacks, 1 MB; for cores, llama.cpp's sources and the GGUF headers, 7 MB more); carried there,
 # the wheels are installed before the steps and the tree is put on PYTHONPATH as hetspec.
 # GPU_CHECK_REHEARSE=1 rehearses it all on a CPU with this environment (PYTHON=.venv/bin/python):
-# the profile at tiny shapes (--device cpu), the GPU tests skipped; under a minute and a half.
+# the profile at tiny shapes (--device cpu), the GPU tests skipped; under half a minute. CI
+# rehearses it on the GPU image's transformers (tests/test_transformers_versions.py).
 # Each step's log, and the reports, go to $OUT (default gpu-out). Exits 1 if a step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 py=${PYTHON:-python3}
 rehearse=${GPU_CHECK_REHEARSE:-0}
-budget=${GPU_CHECK_S:-450}
+budget=${GPU_CHECK_S:-220}
 mkdir -p "$out"
 status=0
 
@@ -76,11 +79,12 @@ for s in "$@"; do
     fi
     case $s in
         tests)
-            limit=$(left); [ "$limit" -le "${TESTS_S:-240}" ] || limit=${TESTS_S:-240}
+            limit=$(left); [ "$limit" -le "${TESTS_S:-100}" ] || limit=${TESTS_S:-100}
             # SIGINT first: pytest then prints what ran and what did not
             step tests timeout -s INT -k 20 "$limit" "$py" -m pytest tests/test_gpu.py -v -p no:cacheprovider ;;
         profile)
-            step profile "$py" -m hetspec.benchmarks.gpu_profile "${profile_args[@]}" --budget-s $(($(left) - 45)) \
+            step profile "$py" -m hetspec.benchmarks.gpu_profile "${profile_args[@]}" --budget-s $(($(left) - 30)) \
+                --compile-limit-s 25 \
                 --out "$out/profile.json" --report "$out/report.md" ;;
         cores) step cores cores ;;
         *) echo "unknown step $s (steps: tests profile cores)" >&2; exit 2 ;;

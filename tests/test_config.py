@@ -1,6 +1,9 @@
 """The configuration's defaults are the embedded default, so an empty config, a
 config that sets one key and the shipped smollm2 file all mean the same engine."""
+import pytest
+
 from hetspec.config import load_config
+from hetspec.core.errors import ConfigError
 
 
 def test_an_empty_config_is_the_embedded_default():
@@ -27,3 +30,30 @@ def test_a_random_model_drawn_on_its_device_is_the_same_model_there():
     drawn = load_causal_lm(spec, "float32", "cpu").state_dict()
     default = load_causal_lm(resolve_model("random:seed=4"), "float32", "cpu").state_dict()
     assert drawn.keys() == default.keys() and all(torch.equal(drawn[k], default[k]) for k in drawn)
+
+
+def test_a_cuda_target_owns_a_core_beside_the_schedulers_and_the_drafts(monkeypatch):
+    """[target] device "cuda": the target drives its GPU from its own first core, the scheduler
+    takes the second, the draft the rest; on two cores the scheduler shares the target's."""
+    import psutil
+
+    from hetspec.config import assign_cores
+
+    for cores, want in [(list(range(16)), (tuple(range(2, 16)), (0,), (1,))), ([4, 5], ((5,), (4,), (4,)))]:
+        monkeypatch.setattr(psutil.Process, "cpu_affinity", lambda self, cores=cores: cores)
+        assert assign_cores("auto", "auto", "auto", target_on="cuda") == want
+    config = load_config({"target": {"backend": "transformers", "model": "random:seed=0", "device": "cuda"}})
+    assert config.target.cores == (4,) and config.draft.cores == (5,) and config.server.cores == (4,)
+
+
+def test_dtype_auto_is_float32_on_a_cpu_and_the_models_own_or_bfloat16_on_cuda():
+    from hetspec.models import resolve_model
+    from hetspec.workers.common.hf_loading import resolve_dtype
+
+    assert load_config({}).target.dtype == "auto"
+    gguf, random = resolve_model("builtin:smollm2"), resolve_model("random:seed=0")
+    assert resolve_dtype("auto", gguf, "cpu") == resolve_dtype("auto", random, "cpu") == "float32"
+    assert resolve_dtype("auto", gguf, "cuda:1") == resolve_dtype("auto", random, "cuda") == "bfloat16"
+    assert resolve_dtype("float16", gguf, "cuda") == "float16"
+    with pytest.raises(ConfigError, match=r"\[target\] dtype must be one of auto, float32, bfloat16, float16"):
+        load_config({"target": {"dtype": "fp8"}})

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hetspec.models import resolve_model
+from hetspec.workers.common.hf_compat import cache_keyword
 from hetspec.workers.common.hf_loading import load_causal_lm
-from hetspec.workers.common.kv_model import cache_keyword
 from hetspec.workers.kernels.formats import (
     BLOCK,
     EXPANDED_FORMAT,

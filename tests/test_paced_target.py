@@ -148,9 +148,9 @@ def test_a_paced_target_needs_a_profile_and_leaves_the_draft_every_core_the_sche
         load_config({"target": {"backend": "paced", "profile": "tpu"}})
     with pytest.raises(ConfigError, match="only it takes one"):
         load_config({"target": {"profile": "gpu-40ms"}})
-    assert assign_cores("auto", "auto", "auto", target_on_host=True)[0] != ()
+    assert assign_cores("auto", "auto", "auto", target_on="host")[0] != ()
     cores = sorted({c for group in assign_cores("auto", "auto") for c in group})
-    draft, target, scheduler = assign_cores("auto", "auto", "auto", target_on_host=False)
+    draft, target, scheduler = assign_cores("auto", "auto", "auto", target_on="paced")
     assert draft == tuple(cores[1:] + cores[:1]) and target == scheduler == (cores[0],)
 
 

@@ -18,17 +18,27 @@ from hetspec.ipc.specs import ModelSpec
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def resolve_dtype(dtype: str, model: ModelSpec, device: str) -> str:
+    """[target] dtype "auto": float32 on a CPU; on CUDA a checkpoint's own ("checkpoint"),
+    bfloat16 for a GGUF file (dequantized straight into it) or a random model."""
+    if dtype != "auto":
+        return dtype
+    if not device.startswith("cuda"):
+        return "float32"
+    return "checkpoint" if model.kind in ("dir", "hub") else "bfloat16"
+
+
 def load_causal_lm(model: ModelSpec, dtype: str = "float32", device: str = "cpu"):
+    """The model in `dtype` (a name of DTYPES, or "checkpoint": its own) on `device`."""
     from transformers import AutoModelForCausalLM
 
-    torch_dtype = DTYPES[dtype]
     kind = model.kind
     if kind == "random":
-        lm = _random_model(model.random, torch_dtype, device if model.random.get("init") == "device" else "cpu")
+        lm = _random_model(model.random, DTYPES[dtype], device if model.random.get("init") == "device" else "cpu")
     elif kind == "gguf":
         lm = _from_gguf(model, dtype)
     else:
-        lm = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch_dtype)
+        lm = AutoModelForCausalLM.from_pretrained(model.path, dtype="auto" if dtype == "checkpoint" else DTYPES[dtype])
     return lm.to(device).eval()
 
 
@@ -63,7 +73,8 @@ def _random_model(spec: dict, torch_dtype, device: str = "cpu"):
 
     common = dict(vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
                   num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
-                  num_key_value_heads=spec["heads"], max_position_embeddings=8192, initializer_range=0.25,
+                  num_key_value_heads=spec.get("kv_heads") or spec["heads"], max_position_embeddings=8192,
+                  initializer_range=0.25,
                   bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
     if spec["arch"] == "gemma3":
         config = Gemma3TextConfig(**common, head_dim=spec["hidden"] // spec["heads"], sliding_window=spec["window"],

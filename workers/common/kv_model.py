@@ -10,15 +10,9 @@ its last crop, which the draft's branch rewinds exceed.)
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 
-
-def cache_keyword(lm) -> str:
-    """forward's name for the KV cache: transformers 5.24 renamed past_key_values to cache
-    (the old name warns there, and goes in 5.40)."""
-    return "cache" if "cache" in inspect.signature(lm.forward).parameters else "past_key_values"
+from hetspec.workers.common.hf_compat import cache_keyword
 
 
 class KVModel:
@@ -126,13 +120,13 @@ class StaticKVModel(KVModel):
         super().__init__(lm, device)
         self.sizes = padded_sizes(max_window)
         self.n_ctx = n_ctx
+        self.capacity = n_ctx + self.sizes[-1]            # room for the last window's padding
         self._ids = torch.zeros((1, self.sizes[-1]), dtype=torch.long, device=self.device)
 
     def _new_cache(self):
         from transformers.cache_utils import Cache, StaticLayer
 
-        capacity = self.n_ctx + self.sizes[-1]            # room for the last window's padding
-        return Cache(layers=[StaticLayer(capacity) for _ in self.layer_types()])
+        return Cache(layers=[StaticLayer(self.capacity) for _ in self.layer_types()])
 
     def _rewind(self, pos) -> None:
         """Every layer's length to pos (an int, or a device scalar): where this pass

@@ -29,11 +29,21 @@ def parse_args(argv, spec_type):
     return args.endpoint, spec_type.from_json(args.spec)
 
 
+class StartAfresh(Exception):
+    """Raised by a worker's load: this process cannot go on (CUDA's allocator after a failed
+    capture, say), so it is replaced by a new one of the same command line, `env` added."""
+
+    def __init__(self, why: str, env: dict[str, str]):
+        super().__init__(why)
+        self.env = env
+
+
 def serve(role: str, endpoint: str, spec, load, handlers: dict, recover=None) -> int:
     """load(spec) -> (hello, state); handlers[MessageType](state, message, buffers) -> reply,
     or (reply, background): an iterator of progress messages, worked through
     after the reply until the next message arrives (see DraftExtended).
-    recover(state), if given, puts the state right after a handler raised."""
+    recover(state), if given, puts the state right after a handler raised. A load that
+    raises StartAfresh is replaced by a new process (the same pid: exec), before its hello."""
     parent = os.getppid()
     _die_with_parent()
     context = zmq.Context()
@@ -42,6 +52,13 @@ def serve(role: str, endpoint: str, spec, load, handlers: dict, recover=None) ->
     try:
         try:
             hello, state = load(spec)
+        except StartAfresh as again:
+            print(f"{role} worker starts afresh: {again}", file=sys.stderr)
+            channel.close()
+            context.term()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execve(sys.executable, sys.orig_argv, {**os.environ, **again.env})
         except Exception as exc:  # noqa: BLE001 - any load failure is reported (and logged), then we exit
             traceback.print_exc(file=sys.stderr)
             message = f"{role} worker could not load its model: {_describe(exc)}"

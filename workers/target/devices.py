@@ -2,27 +2,24 @@
 GPU driver is present (importing it takes seconds, and a GGUF target on the CPU never uses it)."""
 from __future__ import annotations
 
-import os
-
-GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
-
+from hetspec.core.devices import gpu_driver_present
 
 CPU_RUNNING = 4          # [server] max_running "auto" on a CPU (as llama-server's slots): docs/performance.md
 GPU_MEMORY_SHARE = 0.5   # ...on CUDA: the requests whose caches, at full context, fill this share of the free memory
 
 
-def running_caches(spec, device: str, cache_bytes: int = 0) -> int:
+def running_caches(spec, device: str, cache_bytes: int = 0, reserved_bytes: int = 0) -> int:
     """The caches to keep (requests stepped together): spec.caches, or where [server]
     max_running is "auto" (spec.fit_caches; spec.caches the most) 4 on a CPU, and on
-    CUDA as many as GPU_MEMORY_SHARE of the memory free after loading holds, a cache
-    `cache_bytes` at full context."""
+    CUDA as many as GPU_MEMORY_SHARE of the memory free after loading holds, less
+    `reserved_bytes` (the recorded passes' outputs), a cache `cache_bytes` at full context."""
     if not spec.fit_caches:
         return spec.caches
     if device.startswith("cuda") and cache_bytes:
         import torch
 
         free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return max(1, min(spec.caches, int(GPU_MEMORY_SHARE * free) // cache_bytes))
+        return max(1, min(spec.caches, int(GPU_MEMORY_SHARE * free - reserved_bytes) // cache_bytes))
     return min(spec.caches, CPU_RUNNING)
 
 
@@ -35,8 +32,8 @@ def resolve_device(configured: str) -> str:
 
 
 def cuda_available() -> bool:
-    """torch's answer, asked only where a GPU driver's device is present (NVIDIA's, WSL's or ROCm's)."""
-    if not any(os.path.exists(node) for node in GPU_DEVICE_NODES):
+    """torch's answer, asked only where a GPU driver's device is present."""
+    if not gpu_driver_present():
         return False
     import torch
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from hetspec.workers.common.hf_compat import alone_mask
+
 NAME = "hetspec_packed"
-MASKS = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
 
 
 class Slices(tuple):
@@ -68,8 +68,7 @@ def masks_alone(lm, cache, n: int, pos: int, device: torch.device, layer_types: 
     config = lm.config.get_text_config()
     embeds = torch.empty((1, n, 1), dtype=lm.dtype, device=device)     # only its shape, dtype and device are read
     positions = torch.arange(pos, pos + n, device=device).view(1, -1)
-    return {kind: MASKS[kind](config=config, inputs_embeds=embeds, attention_mask=None, cache=cache,
-                              position_ids=positions) for kind in set(layer_types)}
+    return {kind: alone_mask(kind, config, embeds, cache, positions) for kind in set(layer_types)}
 
 
 @torch.inference_mode()

@@ -9,14 +9,18 @@ import numpy as np
 import torch
 
 from hetspec.ipc.specs import TargetSpec
-from hetspec.workers.common.hf_loading import eos_token_ids, load_causal_lm
-from hetspec.workers.common.kv_model import KVModel, StaticKVModel
+from hetspec.workers.common.hf_loading import eos_token_ids, load_causal_lm, resolve_dtype
+from hetspec.workers.common.kv_model import KVModel, StaticKVModel, padded_sizes
 from hetspec.workers.common.pinning import CoreLoan, set_torch_threads
-from hetspec.workers.target.captured import CapturedKVModel
+from hetspec.workers.common.process import StartAfresh
+from hetspec.workers.target.attention import use_grouped_attention
+from hetspec.workers.target.captured import CapturedKVModel, CaptureFailed, outputs_bytes
 from hetspec.workers.target.devices import resolve_device, running_caches
 from hetspec.workers.target.gguf_linear import use_gguf_blocks
 from hetspec.workers.target.packed_linear import pack_linears
 from hetspec.workers.target.packed_pass import forward_batch
+
+EAGER_BECAUSE = "HETSPEC_TARGET_EAGER_BECAUSE"   # set for the fresh process after a failed capture: why
 
 
 class TransformersTarget:
@@ -24,25 +28,29 @@ class TransformersTarget:
 
     def __init__(self, spec: TargetSpec, why: str = ""):
         self.device = device = resolve_device(spec.device)
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))     # cuda:N: streams, graphs and pools are the current device's
         self.loan = CoreLoan(spec.cores, spec.borrow_cores if device == "cpu" else [], set_torch_threads, spec.threads)
-        lm = load_causal_lm(spec.model, spec.dtype, device)
+        dtype = resolve_dtype(spec.dtype, spec.model, device)
+        lm = load_causal_lm(spec.model, dtype, device)
         cpu_kernels = spec.cpu_kernels if device == "cpu" else "torch"
         tuned_cpu = cpu_kernels in ("gguf", "onednn")
-        attached, blocks = use_gguf_blocks(lm, spec.model, spec.dtype) if cpu_kernels == "gguf" else (False, "")
+        attached, blocks = use_gguf_blocks(lm, spec.model, dtype) if cpu_kernels == "gguf" else (False, "")
         self.packed_linears = pack_linears(lm) if tuned_cpu else 0
-        if tuned_cpu:
-            # transformers copies each shared KV head once per query head before a masked
-            # (multi-token) attention on the CPU; torch's SDPA can share them itself: the
-            # same logits bit for bit, sooner (measured: docs/kernels.md).
-            os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+        grouped = use_grouped_attention(lm)
         self.kernels = f"onednn prepacked ({self.packed_linears} linear layers)" if self.packed_linears else "torch"
         if attached:
             self.kernels = blocks + (f"; {self.kernels}" if self.packed_linears else "")
         elif blocks:
             self.kernels += f"; {blocks}"
+        self.kernels += f"; {str(lm.dtype).removeprefix('torch.')}" + (" (dtype auto)" if spec.dtype == "auto" else "")
+        self.kernels += "; grouped-query attention, keys and values unrepeated" if grouped else ""
         self.passes = spec.passes if spec.passes != "auto" else "captured" if device != "cpu" else "eager"
-        self.caches = running_caches(spec, device, self._cache_bytes(lm, spec))
-        self.kv, passes_line = self._kv_model(lm, spec, device)
+        self.caches = running_caches(spec, device, self._cache_bytes(lm, spec), self._outputs_bytes(lm, spec))
+        try:
+            self.kv, passes_line = self._kv_model(lm, spec, device)
+        except CaptureFailed as exc:        # a fresh process, eager: CUDA's allocator may be left unusable
+            raise StartAfresh(str(exc), {EAGER_BECAUSE: str(exc)}) from exc
         self.kernels += passes_line
         self.kernels += why
         self.eos = eos_token_ids(self.kv.lm)
@@ -51,37 +59,32 @@ class TransformersTarget:
 
     def _kv_model(self, lm, spec: TargetSpec, device: str):
         """The KV model that runs self.passes, and what the kernels line says of it."""
+        if os.environ.get(EAGER_BECAUSE) and self.passes == "captured":
+            self.passes = "eager"
+            return KVModel(lm, device), f"; passes eager, started afresh: {os.environ[EAGER_BECAUSE]}"
         if self.passes == "eager":
             return KVModel(lm, device), ""
         kv = (CapturedKVModel(lm, device, spec.n_ctx, spec.max_window, self.caches) if self.passes == "captured"
               else StaticKVModel(lm, device, spec.n_ctx, spec.max_window))
         line = f"; static KV cache, windows padded to {', '.join(map(str, kv.sizes))} tokens"
         if self.passes == "captured":
-            self._record_passes(kv, self.caches)
-            line += (f", {kv.fallback}" if kv.fallback else
-                     ", each recorded as a CUDA graph" if kv.graphs else ", recorded passes run eagerly (no CUDA)")
+            kv.record_all()
+            line += f"; {kv.describe()}"
         return kv, line
+
+    def _outputs_bytes(self, lm, spec: TargetSpec) -> int:
+        """What captured passes' recordings will hold at the most caches (their final hidden states)."""
+        if self.passes != "captured":
+            return 0
+        sizes = padded_sizes(spec.max_window)
+        hidden = lm.config.get_text_config().hidden_size
+        return outputs_bytes(spec.caches, spec.n_ctx + sizes[-1], sizes, hidden, lm.dtype.itemsize)
 
     @staticmethod
     def _cache_bytes(lm, spec: TargetSpec) -> int:
         """A request's keys and values at full context (n_ctx and a window's padding)."""
         layers, kv_heads, head_dim, _ = KVModel(lm).geometry() or (0, 0, 0, 0)
         return 2 * layers * kv_heads * head_dim * (spec.n_ctx + spec.max_window) * lm.dtype.itemsize
-
-    @staticmethod
-    def _record_passes(kv: CapturedKVModel, caches: int) -> None:
-        """Every cache's passes recorded now, at every padded size: a failure shows in the
-        kernels line, the calibration that follows times replays, and no request's window
-        waits for a recording. Then the batch passes, over each count of rows at each padded size."""
-        for cache in range(caches):
-            kv.use(cache)
-            kv.forward([0], 0)
-            for size in kv.sizes:
-                kv.forward([0] * size, 1)
-        for count in kv.row_counts[1:]:
-            for size in kv.sizes:
-                kv.forward_batch([(cache, [0] * size, 1, 1) for cache in range(count)])
-        kv.use(0)
 
     def run(self, cache: int, tokens: np.ndarray, keep: int, rows: int, borrow: bool) -> torch.Tensor:
         """The logits of the last `rows` tokens, run after the cache's first `keep` positions."""

@@ -38,7 +38,7 @@ def resolve_backend(spec: TargetSpec) -> str:
     if spec.backend != "auto":
         return spec.backend
     on_cpu = resolve_device(spec.device) == "cpu"
-    return "native" if on_cpu and spec.model.gguf_file and spec.dtype == "float32" else "transformers"
+    return "native" if on_cpu and spec.model.gguf_file and spec.dtype in ("auto", "float32") else "transformers"
 
 
 def _auto_fallback(spec: TargetSpec, why: str):
