@@ -29,9 +29,10 @@ def resolve_dtype(dtype: str, model: ModelSpec, device: str) -> str:
 
 
 def load_causal_lm(model: ModelSpec, dtype: str = "float32", device: str = "cpu"):
-    """The model in `dtype` (a name of DTYPES, or "checkpoint": its own) on `device`."""
+    """The model in `dtype` (a name of DTYPES, "auto" or "checkpoint": its own) on `device`."""
     from transformers import AutoModelForCausalLM
 
+    dtype = resolve_dtype(dtype, model, device)
     kind = model.kind
     if kind == "random":
         lm = _random_model(model.random, DTYPES[dtype], device if model.random.get("init") == "device" else "cpu")

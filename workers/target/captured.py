@@ -221,13 +221,20 @@ class CapturedKVModel(StaticKVModel):
         if "sliding_attention" in types:
             window = self.lm.config.get_text_config().sliding_window
             masks["sliding_attention"] = (seen & (slots > query - window)) | outside
-        masks = {kind: grouped_rows(self._groups, m[:, None]) if self._groups > 1 else m[:, None]
-                 for kind, m in masks.items()}
+        masks = {kind: self._additive(m[:, None]) for kind, m in masks.items()}
         mask = masks if len(set(types)) > 1 else masks[types[0]]
         storage = [(keys[:count], values[:count]) for keys, values in self.storage]
         out = self._decoder(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
                             **{self._decoder_arg: Rows(storage, positions, span)})
         return out.last_hidden_state
+
+    def _additive(self, seen: torch.Tensor) -> torch.Tensor:
+        """A (rows, 1, size, span) mask as SDPA takes it without converting it in every layer:
+        0 where seen, the dtype's least elsewhere, in the model's dtype; its rows stacked for
+        grouped-query attention (attention.py)."""
+        mask = torch.zeros(seen.shape, dtype=self.lm.dtype, device=self.device)
+        mask.masked_fill_(~seen, torch.finfo(self.lm.dtype).min)
+        return grouped_rows(self._groups, mask) if self._groups > 1 else mask
 
     def _replay(self, count: int, span: int, size: int) -> torch.Tensor:
         key = (count, span, size)
