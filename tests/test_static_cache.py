@@ -172,7 +172,7 @@ def test_a_recorded_pass_reads_nothing_back_to_the_host_while_captured(spec, kin
 
     run = _recordable(spec)[1][kind](4)
     for capturing in (False, True):
-        monkeypatch.setattr(import_utils, "is_cuda_stream_capturing", lambda: capturing)
+        monkeypatch.setattr(import_utils, "is_cuda_stream_capturing", lambda capturing=capturing: capturing)
         reads.clear()
         with torch.inference_mode(), ValueReads():
             run(4)

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: the six Spec-Bench ones; code and continuation are hetspec's own")
     p.add_argument("--decodings", nargs="+", choices=list(DECODINGS), help="default: greedy and sampling")
     p.add_argument("--dtype", choices=DTYPES,
-                   help="target dtype for the engine and the baselines (default: the config's, float32)")
+                   help="target dtype for the engine and the baselines (default: the config's, auto: float32 on a CPU)")
     p.add_argument("--max-new-tokens", type=int, help="override the per-category budget (128; 32 for QA, RAG)")
     p.add_argument("--prompt-format", choices=PROMPT_FORMATS,
                    help="auto (default): the chat template when the tokenizer has one")

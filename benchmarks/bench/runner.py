@@ -25,6 +25,7 @@ from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 from hetspec.models import resolve_model
 from hetspec.scheduler.tokenizer import Tokenizer
 from hetspec.workers.common.extras import require_llama_cpp
+from hetspec.workers.common.hf_loading import resolve_dtype
 
 SCHEMA = "hetspec-bench/1"
 WARMUP_TOKENS = 8
@@ -87,6 +88,7 @@ class _Suite:
         with self.clock("engine_start"):            # load both models, measure the budget
             self.holder = EngineHolder(self.config_dict)
         self.info = self.holder.info
+        self.dtype = resolve_dtype(target.dtype, resolve_model(target.model, "target"), self.info["target"]["device"])
         self.chosen, self.max_gamma = int(self.info["gamma"]), self.config.decoding.max_gamma
         if self._wants("poor"):
             with self.clock("poor_engine_start"):
@@ -100,7 +102,7 @@ class _Suite:
         if self._wants("peer"):
             with self.clock("peer_load"):
                 self.peer = self._load_peer()
-        self.resources = _resources(self.methods, self.info, self.baselines, self.peer, target.dtype)
+        self.resources = _resources(self.methods, self.info, self.baselines, self.peer, self.dtype)
         if s.warmup:
             with self.clock("warmup"):
                 self._warm_up(self.holder, [m for m in self.methods if m.kind != "poor"])
@@ -112,7 +114,7 @@ class _Suite:
 
     def _load_baselines(self) -> Baselines:
         threads = self.settings.baseline_threads
-        baselines = Baselines(self.config.target.model, self.config.target.dtype, self.info["target"]["device"],
+        baselines = Baselines(self.config.target.model, self.dtype, self.info["target"]["device"],
                               extra_eos=self.tokenizer.eos_token_ids, threads=threads or None)
         if not threads:
             first, longest = self.prompt_ids[self.prompts[0].key], max(self.prompt_ids.values(), key=len)
@@ -251,7 +253,7 @@ class _Suite:
                 "engine_config": self.info.get("config", config.to_dict()),
                 "draft_model": config.draft.model, "target_model": config.target.model,
                 "target_backend": self.info["target"]["backend"],   # "auto" resolved by the target worker
-                "dtype": config.target.dtype, "limit": s.limit, "categories": s.categories,
+                "dtype": getattr(self, "dtype", config.target.dtype), "limit": s.limit, "categories": s.categories,
                 "methods": [m.name for m in self.methods], "decodings": {d: DECODINGS[d] for d in s.decodings},
                 "top_k": 0, "prompt_format": "chat" if self.use_chat else "plain",
                 "max_new_tokens": {c: next(p.max_new_tokens for p in self.prompts if p.category == c)
