@@ -43,7 +43,7 @@ MAX_RUNNING, PACED_RUNNING = 64, 8   # [server] max_running at most, and "auto" 
 
 @dataclass(frozen=True)
 class DraftConfig:
-    backend: str = "native"             # "native" (a Llama or Gemma 3 GGUF file's blocks, workers/kernels/native_model.c;
+    backend: str = "native"             # "native" (a Llama, Qwen2, Qwen3 or Gemma 3 GGUF file's blocks, native_model.c;
                                         # where it cannot run, llama.cpp does), "llama.cpp" (a GGUF file) or "torch"
     model: str = "builtin:smollm2"
     cores: tuple[int, ...] | Auto = AUTO

@@ -1,6 +1,6 @@
 """The draft-model interface and the one factory that builds a draft from its spec.
 
-Backends: "native" (hetspec's own C step over a Llama or Gemma 3 GGUF file's blocks,
+Backends: "native" (hetspec's own C step over a Llama, Qwen2, Qwen3 or Gemma 3 GGUF file's blocks,
 workers/kernels/native_model.c), "llama.cpp" (any GGUF file, optionally
 converted to another weight type, with a second copy for prompt prefill) and
 "torch" (any transformers checkpoint). Where the native step cannot run this
