@@ -13,7 +13,7 @@
 #          them), on files shaped like the ones packed (random weights: speed only)
 # Every model is random (no weights to carry). The steps share one budget, GPU_CHECK_S
 # (default 220 s: with the machine's start, under 4 minutes of a 15-minute loan, room to run
-# it again): tests stop at TESTS_S (default 100 s) or what is left, the profile starts no
+# it again): tests stop at TESTS_S (default 120 s) or what is left, the profile starts no
 # step past what is left less 30 s (its last step's length), and writes its JSON after each.
 # The steps run in order of value: exactness (tests), then the pass curves, then the engine.
 # A lent machine fetches nothing: scripts/gpu_pack.sh packs .gpu/ here (the wheels the image
@@ -79,7 +79,7 @@ for s in "$@"; do
     fi
     case $s in
         tests)
-            limit=$(left); [ "$limit" -le "${TESTS_S:-100}" ] || limit=${TESTS_S:-100}
+            limit=$(left); [ "$limit" -le "${TESTS_S:-120}" ] || limit=${TESTS_S:-120}
             # SIGINT first: pytest then prints what ran and what did not
             step tests timeout -s INT -k 20 "$limit" "$py" -m pytest tests/test_gpu.py -v -p no:cacheprovider ;;
         profile)
