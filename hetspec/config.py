@@ -24,6 +24,7 @@ from hetspec.core.errors import ConfigError
 from hetspec.core.gpu_profiles import PROFILES
 from hetspec.core.gpu_profiles import profile as gpu_profile
 from hetspec.core.params import Speculation, show
+from hetspec.core.running import MAX_RUNNING, auto_running
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 from hetspec.models import cache_home, resolve_model
 
@@ -38,7 +39,6 @@ DRAFT_WEIGHTS = ("as-is", "f16", "bf16", "f32", "q8_0", "q6_k", "q5_k_m", "q4_k_
 CPU_KERNELS = ("gguf", "onednn", "torch")
 PASSES = ("auto", "eager", "static", "captured")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-MAX_RUNNING, PACED_RUNNING = 64, 8   # [server] max_running at most, and "auto" on the paced target
 
 
 @dataclass(frozen=True)
@@ -323,7 +323,8 @@ def _check_types(name: str, cls, section: dict) -> None:
 
 
 def _resolved(c: EngineConfig) -> EngineConfig:
-    """What spans sections: the draft's context, and every process's cores."""
+    """What spans sections: the draft's context, every process's cores, and max_running "auto"
+    but on CUDA (hetspec.core.running)."""
     d, s, max_gamma = c.draft, c.server, c.decoding.max_gamma
     if d.n_ctx == 0:   # another model may need more tokens for the same text (a draft of another vocabulary)
         d = dataclasses.replace(d, n_ctx=s.max_context * (1 if d.model == c.target.model else 2) + max_gamma + 1)
@@ -331,13 +332,14 @@ def _resolved(c: EngineConfig) -> EngineConfig:
         raise ConfigError(f"[draft] n_ctx ({d.n_ctx}) must be at least [server] max_context + max_gamma + 1 "
                           f"({s.max_context + max_gamma + 1})")
     draft_cores, target_cores, scheduler_cores = assign_cores(d.cores, c.target.cores, s.cores, c.target.runs_on)
+    running = s.max_running if s.max_running != AUTO else auto_running(c.target.runs_on) or AUTO   # CUDA: the worker
     traces = c.target.traces or (str(cache_home() / "traces") if c.target.backend == "paced" else "")
     return dataclasses.replace(
         c,
         draft=dataclasses.replace(d, cores=draft_cores),      # threads 0 stays: the launcher's DraftSpec says
         target=dataclasses.replace(c.target, cores=target_cores, threads=c.target.threads or len(target_cores),
                                    traces=traces),
-        server=dataclasses.replace(s, cores=scheduler_cores),
+        server=dataclasses.replace(s, cores=scheduler_cores, max_running=running),
     )
 
 

@@ -24,8 +24,9 @@ import tempfile
 import threading
 import time
 
-from hetspec.config import AUTO, MAX_RUNNING, PACED_RUNNING, EngineConfig
+from hetspec.config import AUTO, EngineConfig
 from hetspec.core.errors import EngineStartError
+from hetspec.core.running import MAX_RUNNING
 from hetspec.ipc.channel import ipc_endpoint, make_runtime_dir
 from hetspec.ipc.shm import new_run_id, remove_leftovers
 from hetspec.ipc.specs import DraftSpec, Endpoints, RunSpec, TargetSpec, WorkerCommand
@@ -71,8 +72,8 @@ class Launcher:
     def run_spec(self) -> RunSpec:
         """What the scheduler starts from: the config, the endpoints and both workers' commands."""
         c = self.config
-        fit = c.server.max_running == AUTO and c.target.backend != "paced"   # the target keeps what it holds
-        running = c.server.max_running if c.server.max_running != AUTO else MAX_RUNNING if fit else PACED_RUNNING
+        fit = c.server.max_running == AUTO          # left "auto" by the config on CUDA only: the target fits it
+        running = MAX_RUNNING if fit else c.server.max_running
         draft_model, target_model = resolve_model(c.draft.model, "draft"), resolve_model(c.target.model, "target")
         draft_threads = c.draft.threads or len(c.draft.cores)      # 0: the native draft measures
         draft = DraftSpec(backend=c.draft.backend, model=draft_model, cores=list(c.draft.cores),

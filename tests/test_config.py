@@ -57,3 +57,15 @@ def test_dtype_auto_is_float32_on_a_cpu_and_the_models_own_or_bfloat16_on_cuda()
     assert resolve_dtype("float16", gguf, "cuda") == "float16"
     with pytest.raises(ConfigError, match=r"\[target\] dtype must be one of auto, float32, bfloat16, float16"):
         load_config({"target": {"dtype": "fp8"}})
+
+
+def test_max_running_auto_is_resolved_here_but_on_cuda_where_the_target_fits_it():
+    """[server] max_running "auto": 4 for a target on the CPU, 8 for the paced one, resolved
+    by the config once; on CUDA left to the target worker (its memory), whose answer the
+    scheduler adopts (startup.with_running)."""
+    assert load_config({}).server.max_running == 4
+    assert load_config({"server": {"max_running": 3}}).server.max_running == 3
+    paced = {"backend": "paced", "profile": "gpu-40ms", "model": "builtin:smollm2"}
+    assert load_config({"target": paced}).server.max_running == 8
+    cuda = {"backend": "transformers", "model": "random:seed=0", "device": "cuda"}
+    assert load_config({"target": cuda}).server.max_running == "auto"

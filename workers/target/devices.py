@@ -3,16 +3,17 @@ GPU driver is present (importing it takes seconds, and a GGUF target on the CPU 
 from __future__ import annotations
 
 from hetspec.core.devices import gpu_driver_present
+from hetspec.core.running import CPU_RUNNING
 
-CPU_RUNNING = 4          # [server] max_running "auto" on a CPU (as llama-server's slots): docs/performance.md
-GPU_MEMORY_SHARE = 0.5   # ...on CUDA: the requests whose caches, at full context, fill this share of the free memory
+GPU_MEMORY_SHARE = 0.5   # [server] max_running "auto" on CUDA: the requests whose caches, at full context, fill this share of the free memory
 
 
 def running_caches(spec, device: str, cache_bytes: int = 0, reserved_bytes: int = 0) -> int:
     """The caches to keep (requests stepped together): spec.caches, or where [server]
-    max_running is "auto" (spec.fit_caches; spec.caches the most) 4 on a CPU, and on
-    CUDA as many as GPU_MEMORY_SHARE of the memory free after loading holds, less
-    `reserved_bytes` (the recorded passes' outputs), a cache `cache_bytes` at full context."""
+    max_running is "auto" on CUDA (spec.fit_caches; spec.caches the most) as many as
+    GPU_MEMORY_SHARE of the memory free after loading holds, less `reserved_bytes` (the
+    recorded passes' outputs), a cache `cache_bytes` at full context; CPU_RUNNING where
+    CUDA was expected (a driver present) and torch found none."""
     if not spec.fit_caches:
         return spec.caches
     if device.startswith("cuda") and cache_bytes:

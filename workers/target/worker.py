@@ -25,7 +25,7 @@ from hetspec.ipc.messages import (
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS, TargetSpec
 from hetspec.workers.common.pinning import pin_threads, set_torch_threads
 from hetspec.workers.common.process import parse_args, serve
-from hetspec.workers.target.devices import resolve_device, running_caches
+from hetspec.workers.target.devices import resolve_device
 
 ONCE_ABOVE_S = 0.1       # a calibration pass this slow is timed once: a hiccup is small beside it
 
@@ -72,7 +72,6 @@ def load(spec: TargetSpec):
     pin_threads(spec.cores, spec.threads)
     start = time.perf_counter()
     if backend in GGUF_TARGET_BACKENDS:
-        spec = dataclasses.replace(spec, caches=running_caches(spec, "cpu"), fit_caches=False)
         try:
             state = GGUFTarget(dataclasses.replace(spec, backend=backend))
         except (KernelUnavailable, Unsupported) as exc:
