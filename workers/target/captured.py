@@ -46,6 +46,11 @@ class CaptureFailed(RuntimeError):
     """Recording a pass failed: CUDA's allocator may be left unusable, so the worker starts afresh, eager."""
 
 
+def whole_64s(positions: int) -> int:
+    """Positions rounded up to a multiple of 64: a span or capacity SDPA's masks need no padding for."""
+    return -(-positions // 64) * 64
+
+
 def row_counts(caches: int) -> tuple[int, ...]:
     """The passes' row counts R: powers of four below `caches`, then `caches`."""
     counts = [1]
@@ -59,7 +64,7 @@ def spans(capacity: int, counts: int) -> tuple[int, ...]:
     at least MIN_SPAN), as many as GRAPHS_PER_SIZE recordings a size allow beside `counts` row counts."""
     out = [capacity]
     for _ in range(max(1, GRAPHS_PER_SIZE // counts) - 1):
-        shorter = max(MIN_SPAN, -(-out[0] // 4 // 64) * 64)
+        shorter = max(MIN_SPAN, whole_64s(-(-out[0] // 4)))      # a quarter, rounded up
         if shorter >= out[0]:
             break
         out.insert(0, shorter)
@@ -69,7 +74,7 @@ def spans(capacity: int, counts: int) -> tuple[int, ...]:
 def outputs_bytes(caches: int, capacity: int, sizes: tuple[int, ...], hidden: int, itemsize: int) -> int:
     """What every recording's outputs hold at `caches` (reserved before the KV caches are sized)."""
     counts = row_counts(caches)
-    return sum(counts) * sum(sizes) * len(spans(-(-capacity // 64) * 64, len(counts))) * hidden * itemsize
+    return sum(counts) * sum(sizes) * len(spans(whole_64s(capacity), len(counts))) * hidden * itemsize
 
 
 class Rows:
@@ -101,7 +106,7 @@ class CapturedKVModel(StaticKVModel):
     def __init__(self, lm, device: str, n_ctx: int, max_window: int, caches: int = 1):
         super().__init__(lm, device, n_ctx, max_window)
         self.graphs = self.device.type == "cuda"
-        self.capacity = -(-self.capacity // 64) * 64       # whole 64s: SDPA's masks need no padding a pass
+        self.capacity = whole_64s(self.capacity)
         self.storage, self.fallback = self._shared_rows(caches)    # fallback: why passes run eagerly ("": they do not)
         rows = caches if self.storage else 0
         self.row_counts = row_counts(rows) if rows else ()
