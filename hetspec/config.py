@@ -243,6 +243,7 @@ class EngineConfig:
 
 _SECTIONS = {"draft": DraftConfig, "target": TargetConfig, "decoding": DecodingConfig, "server": ServerConfig,
              "replicas": ReplicasConfig}
+OTHERS_SECTIONS = ("bench",)   # a table the engine leaves to another command (hetspec-bench's settings)
 _WORD_OR_NUMBERS = {"cores", "gamma", "sequences", "keep_drafting", "gpus", "speculation", "alone_borrows_draft_cores",
                     "max_running"}   # each section's checked() checks these
 _KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
@@ -281,7 +282,7 @@ def _read_config_text(source: str) -> str:
 def _build(data: dict) -> EngineConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a table (a dict), got {type(data).__name__}")
-    unknown = set(data) - set(_SECTIONS)
+    unknown = set(data) - set(_SECTIONS) - set(OTHERS_SECTIONS)
     if unknown:
         names = ", ".join(sorted(map(_key, unknown)))
         raise ConfigError(f"unknown config section(s): {names}; known: {', '.join(_SECTIONS)}")

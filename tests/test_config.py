@@ -1,5 +1,7 @@
 """The configuration's defaults are the embedded default, so an empty config, a
 config that sets one key and the shipped smollm2 file all mean the same engine."""
+from pathlib import Path
+
 import pytest
 
 from hetspec.config import load_config
@@ -69,3 +71,14 @@ def test_max_running_auto_is_resolved_here_but_on_cuda_where_the_target_fits_it(
     assert load_config({"target": paced}).server.max_running == 8
     cuda = {"backend": "transformers", "model": "random:seed=0", "device": "cuda"}
     assert load_config({"target": cuda}).server.max_running == "auto"
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "benchmarks" / "configs").glob("*.toml")),
+                         ids=lambda p: p.name)
+def test_a_config_the_bench_takes_the_engine_takes(path):
+    """hetspec-launch reads a benchmark's config too, leaving its [bench] table to
+    hetspec-bench; only a model not fetched on this machine may stop it."""
+    try:
+        load_config(path)
+    except ConfigError as exc:
+        assert "is not fetched yet" in str(exc), exc

@@ -17,7 +17,7 @@ DEADLINE_S = 120
 LONG, SHORT = ("Hello", 2000), ("short one", 16)
 # (prompt, parameters): every mode, greedy and seeded (keyed) sampling, a stop string, a weak draft's rests
 REQUESTS = [
-    ("The first", {"max_new_tokens": 60}),
+    ("The first", {"max_new_tokens": 120}),   # the longest: it ends alone, the draft caught up
     ("A second one", {"max_new_tokens": 50, "mode": "sequential"}),
     ("Third", {"max_new_tokens": 40, "mode": "target"}),
     ("Fourth, sampled", {"max_new_tokens": 50, "temperature": 0.8, "top_p": 0.9, "seed": 7}),

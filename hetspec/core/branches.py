@@ -57,7 +57,7 @@ def allocate_budget(n_tokens: int, first_probs: list[float], acceptance: float) 
     pass (made to measure theta) is made again once they have rewound the
     cache. So several branches share one pass less, and are drafted only when
     they are worth more than the likeliest branch alone with every pass
-    (docs/performance.md, "Dynamic sequences")."""
+    (e7e822d:docs/performance.md, "Dynamic sequences")."""
     a = min(max(acceptance, 0.05), 0.99)
     alone = [max(n_tokens, 1)]
     if len(first_probs) < 2 or n_tokens < 4:     # two passes at least for two branches of two tokens

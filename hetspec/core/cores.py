@@ -26,7 +26,7 @@ def assign_cores(draft: tuple[int, ...] | Auto, target: tuple[int, ...] | Auto,
 
     The scheduler's own work (starting both workers, streaming, bookkeeping) runs
     while both compute, so it sits beside the side with time to spare, which the
-    budget makes the target (docs/performance.md, "Where the scheduler sits")."""
+    budget makes the target (e7e822d:docs/performance.md, "Where the scheduler sits")."""
     cores = sorted(psutil.Process().cpu_affinity())
     for name, value in (("draft", draft), ("target", target), ("server", scheduler)):
         if value != AUTO:

@@ -1,5 +1,5 @@
 """How many requests step together ([server] max_running, a target cache each) where the config
-says "auto": 4 on a CPU (as llama-server's slots: docs/performance.md), 8 on the paced target,
+says "auto": 4 on a CPU (as llama-server's slots: e7e822d:docs/performance.md), 8 on the paced target,
 and on CUDA what the GPU's memory holds, which only the target worker can tell
 (workers/target/devices.py), at most MAX_RUNNING. hetspec.config resolves the first two; the
 scheduler adopts the worker's answer for the third (scheduler/startup.py, with_running)."""

@@ -8,7 +8,7 @@ sampling rule (core/acceptance.accept_sampled) needs nothing more. A keyed draw
 (draw_keyed) is a function of (seed, position, distribution) alone, so it is the
 same whoever makes it and whenever: a seeded request draws each token so, and
 a draft that draws so at the same position proposes the target's own draw
-whenever their distributions are close (docs/design.md, "Keyed sampling").
+whenever their distributions are close (docs/design.md, "Lossless rules").
 """
 from __future__ import annotations
 

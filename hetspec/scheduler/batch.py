@@ -5,7 +5,7 @@ them (VerifyBatch): every request puts in a chunk of its prompt, or its next tok
 after a lookup guess where it has one (part_of); requests join and
 leave between steps. On a CPU a pass over a few tokens costs little more than a
 pass over one, since each block of weights is unpacked once for all of them
-(docs/performance.md, "Several requests in one target pass"); on a GPU the pass
+(e7e822d:docs/performance.md, "Several requests in one target pass"); on a GPU the pass
 costs the same up to its width.
 
 A step holds at most [server] batch_tokens tokens: the decoding requests' first,

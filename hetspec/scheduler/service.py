@@ -1,7 +1,7 @@
 """The scheduler process: owns the workers' links and shared memory, measures
 the draft budget, queues requests from any number of clients and runs them
-through the decoding loop: alone, a request runs its own rounds (turns.py);
-beside others, they step together, one target pass a step (batch.py).
+through one loop: between steps it reads clients, ends what must end and admits
+requests; each step is one target pass for every running request (step.py).
 
 python -m hetspec.scheduler RUN_FILE   (the run file is written by the launcher)
 """
@@ -20,15 +20,15 @@ from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import EngineInfo, Finished, InfoRequest, RequestFailed, StopEngine, TokensEvent
 from hetspec.ipc.specs import RunSpec
 from hetspec.scheduler import startup
-from hetspec.scheduler.batch import Batch, Drafts, Part, commit
+from hetspec.scheduler.batch import Batch, Drafts
 from hetspec.scheduler.clients import Clients, Pending
 from hetspec.scheduler.decoding.acceptance_prior import AcceptancePrior
 from hetspec.scheduler.decoding.bridge import BridgedDraft
 from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.gate import memories
-from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerError, WorkerLost
-from hetspec.scheduler.decoding.round import Verification
+from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerLost
 from hetspec.scheduler.resolve import Resolver
+from hetspec.scheduler.step import Alone, Together
 from hetspec.scheduler.supervisor import Crew, State
 from hetspec.scheduler.tokenizer import Tokenizer
 from hetspec.scheduler.turns import Running, Turns
@@ -106,7 +106,7 @@ class Scheduler:
 
     def serve(self) -> None:
         """Until asked to stop, or orphaned. A fault outside any one request (each has
-        its own boundary: _turn) is logged and the loop goes on; one that repeats
+        its own boundary: _run) is logged and the loop goes on; one that repeats
         MAX_LOOP_FAULTS times in a row ends the process, and its launcher starts anew."""
         faults = 0
         while not self.stopping and os.getppid() == self.parent:
@@ -122,18 +122,14 @@ class Scheduler:
         self.clients.refuse_all("the engine stopped")
 
     def _step(self) -> None:
+        """Between steps: the workers checked, clients read, requests that must end ended,
+        queued ones admitted; then a step for the running ones."""
         self.crew.check()
         self._read_clients(timeout_ms=0 if self._can_run() else 100)
         self._sweep()
         self._admit()
-        if not self._target_up() or not self.turns.running:
-            return
-        if len(self.turns.running) > 1:
-            self._batch_step()
-        else:
-            if self.batch.drafts is not None:
-                self.batch.drafts.settle()     # a batch's draft caches caught up in the background
-            self._turn(self.turns.running[0])
+        if self._target_up() and self.turns.running:
+            self._run(self._plan())
 
     def _can_run(self) -> bool:
         """Requests run once the target is up (or given up: then they are answered at
@@ -172,11 +168,11 @@ class Scheduler:
         target = self.crew.workers["target"]
         return target.failure if target.state is State.FAILED else None
 
-    # ---- admission, then a request alone (turns.py) or a batch (batch.py) ----------------
+    # ---- admission, then a step (step.py) ----------------------------------------------
 
     def _admit(self) -> None:
         """Queued requests join the running ones while there is room (and the target is up)."""
-        while self.turns.has_room() and self._target_up() and (pending := self.clients.admit()):
+        while self.turns.may_admit() and self._target_up() and (pending := self.clients.admit()):
             if dead := self._dead():
                 self.clients.done(pending)
                 self.clients.send(pending.identity, RequestFailed(pending.id, "dead", dead))
@@ -194,68 +190,65 @@ class Scheduler:
     def _decoder(self, pending: Pending, cache: int):
         request, output = self.resolver.resolve(pending)
         without_draft = None if request.params.mode == "target" else self.crew.unavailable("draft")
-        decoder = Decoder(request, self.caps, self.draft, self.target, output, self.costs, without_draft,
-                          self.memories.get(request.params.mode), cache)
-        return decoder, decoder.rounds(lambda ids, text: self._emit(pending, TokensEvent(pending.id, ids, text)))
+        return Decoder(request, self.caps, self.draft, self.target, output, self.costs, without_draft,
+                       self.memories.get(request.params.mode), cache)
 
-    def _turn(self, running: Running) -> None:
-        """Rounds of a request alone, until it ends or another request is admitted to
-        join it."""
-        started = time.monotonic()
-        try:
-            self._check_cache(running)
-            self.turns.begin(running)
-            for _ in running.rounds:
-                if self.turns.over(started, queued=bool(self.clients.queue)):
-                    running.decoder.emit_round()   # its tokens so far go out before the batch's first step
-                    return
-            self._completed(running)
-        except Exception as exc:  # noqa: BLE001 - this request's fault boundary
-            self._end(running, exc)
-
-    def _batch_step(self) -> None:
-        """One target pass for every admitted request (batch.py). Each request's part of
-        it has its own fault boundary; one that ends leaves the batch. Its client hears
-        its last step's tokens while the target computes."""
+    def _plan(self) -> Alone | Together:
+        """Each running request's part in the next step: alone, its own round; else a batch's."""
+        running = self.turns.running
+        if len(running) == 1:
+            if self.batch.drafts is not None:
+                self.batch.drafts.settle()     # a batch's draft caches caught up in the background
+            self.turns.begin(running[0])
+            return Alone(running[0])
         self.turns.batching()
-        parts = self.batch.plan(self.turns.running, self._end)
-        try:
-            for part in parts:
-                self._check_cache(part.running)
-            self.batch.start(parts, borrow_cores=self.caps.batch_borrows_cores and not self.draft_link.busy)
-        except Exception as exc:  # noqa: BLE001 - before the pass: every part ends as the first check did
-            for part in parts:
-                self._end(part.running, exc)
+        return Together(self.batch, self.batch.plan(running, self._end))
+
+    def _run(self, step: Alone | Together) -> None:
+        """Start the step, stream each request's tokens of the last step while the workers
+        compute, finish it, commit. Each request has its own fault boundary; one that ends
+        leaves the running ones."""
+        if not step.running:                   # (every part of a batch failed as it was planned)
             return
-        gone = [not self._send_round(part.running) for part in parts]
+        reading = [r.decoder.out.length == r.decoder.out.n_prompt for r in step.running]
+        try:
+            for running in step.running:
+                self._check_cache(running)
+            step.start(borrow_cores=self.caps.batch_borrows_cores and not self.draft_link.busy)
+        except Exception as exc:  # noqa: BLE001 - before the pass: every request ends as the first check did
+            for running in step.running:
+                self._end(running, exc)
+            return
+        gone = [not self._send_round(running) for running in step.running]
         self.crew.check()
         self._read_clients(timeout_ms=0)
         try:
-            verdicts = self.batch.finish(parts)
+            verdicts = step.finish()
         except WorkerLost as lost:
             self._drain()
             self._target_lost(lost)
             return
-        except WorkerError as exc:         # the worker dropped every cache of the pass
-            for part in parts:
-                self._end(part.running, exc)
+        except Exception as exc:  # noqa: BLE001 - the worker dropped every cache of the pass (WorkerError)
+            for running in step.running:
+                self._end(running, exc)
             return
-        for part, verdict, client_gone in zip(parts, verdicts, gone):
+        for i, running in enumerate(step.running):
             try:
-                self._commit_part(part, verdict, client_gone)
+                step.commit(i, verdicts[i])
+                self._after_step(running, gone[i], first=reading[i])
             except Exception as exc:  # noqa: BLE001 - this request's fault boundary
-                self._end(part.running, exc)
+                self._end(running, exc)
 
-    def _commit_part(self, part: Part, verdict: Verification, client_gone: bool) -> None:
-        """A request's tokens from a step of the batch; it ends if it is done or must stop."""
-        running = part.running
-        commit(part, verdict)
+    def _after_step(self, running: Running, client_gone: bool, first: bool) -> None:
+        """A request ends if it is done or must stop; its first token goes out at once."""
         if self.stopping or os.getppid() != self.parent:
             raise EngineDeadError("the engine was stopped while this request was running")
         if reason := "cancelled" if client_gone else self.clients.must_stop(running.pending):
             raise Stopped(reason)
         if running.decoder.out.done:
             self._completed(running)
+        elif first and not self._send_round(running):
+            raise Stopped("cancelled")
 
     def _send_round(self, running: Running) -> bool:
         """A request's tokens since its last step, to its client; False if it has gone."""
@@ -283,7 +276,7 @@ class Scheduler:
             self.counts[exc.reason] += 1
             out.cancel(exc.reason)
             self._finished(running)
-        elif isinstance(exc, WorkerLost):  # the target died (a lost draft never gets here: Decoder.rounds)
+        elif isinstance(exc, WorkerLost):  # the target died (a lost draft never gets here: Decoder.without_draft)
             self._drain()
             self._target_lost(exc)
             return
@@ -300,16 +293,13 @@ class Scheduler:
             self.clients.send(pending.identity, RequestFailed(pending.id, "internal", _internal(exc)))
         self._retire(running)
 
-    def _sweep(self, current: Pending | None = None) -> None:
-        """Requests waiting for their turn (all but `current`, whose turn it is) that were
-        cancelled or timed out end now, and so do queued ones past their deadline."""
+    def _sweep(self) -> None:
+        """Running requests that were cancelled or timed out end now, with the tokens they
+        have, and so do queued ones past their deadline."""
         self.clients.expire()
         for running in list(self.turns.running):
-            if running.pending is not current and (reason := self.clients.must_stop(running.pending)):
-                self.counts[reason] += 1
-                running.decoder.out.cancel(reason)
-                self._finished(running)
-                self._retire(running)
+            if reason := self.clients.must_stop(running.pending):
+                self._end(running, Stopped(reason))
 
     def _target_lost(self, lost: WorkerLost) -> None:
         """Every admitted request had its cache in the dead target: one with no token yet
@@ -342,25 +332,11 @@ class Scheduler:
         self.clients.send(pending.identity, RequestFailed(pending.id, kind, message))
 
     def _retire(self, running: Running) -> None:
-        running.rounds.close()
         self.turns.remove(running)
         self.clients.done(running.pending)
 
     def _target_starts(self) -> int:
         return self.crew.workers["target"].restarts
-
-    def _emit(self, pending: Pending, event: TokensEvent) -> None:
-        """Stream a round's tokens (if any); restart a worker that died, and answer or
-        queue whatever clients sent meanwhile; stop the request if it must stop."""
-        if (event.token_ids or event.text) and not self.clients.send(pending.identity, event):
-            raise Stopped("cancelled")     # its client has gone
-        self.crew.check()
-        self._read_clients(timeout_ms=0)
-        self._sweep(current=pending)
-        if self.stopping or os.getppid() != self.parent:   # asked to stop, or orphaned: do not finish first
-            raise EngineDeadError("the engine was stopped while this request was running")
-        if reason := self.clients.must_stop(pending):
-            raise Stopped(reason)
 
     def _drain(self) -> None:
         """After a failed or stopped round, collect both workers' outstanding replies."""

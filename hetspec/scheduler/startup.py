@@ -178,7 +178,7 @@ def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handov
                  alone_borrows: bool, batch_borrows: bool, differ: str | None) -> Capabilities:
     keep = config.decoding.keep_drafting
     # On a CPU target both workers share the memory bus: a draft that never
-    # rests slows verification more than its extra tokens gain (docs/performance.md).
+    # rests slows verification more than its extra tokens gain (e7e822d:docs/performance.md).
     # A GPU target (or one paced as a GPU) leaves the draft's cores alone.
     keep_drafting = hellos["target"].device != "cpu" if keep == AUTO else keep
     return Capabilities(

@@ -16,7 +16,7 @@ class FileEmbedding:
     comes (gguf's dequantize, as llama.cpp's get_rows reads them), into rows the C side
     reads as its embedding table (FMT_F32), the tokens renumbered to those rows. Only
     where the output layer is a tensor of its own: nothing else reads the table, so a
-    converted copy of it would be memory for one row a token (docs/kernels.md)."""
+    converted copy of it would be memory for one row a token (e7e822d:docs/kernels.md)."""
 
     def __init__(self, tensor, rows: int):
         from gguf import GGMLQuantizationType

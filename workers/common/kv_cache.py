@@ -2,7 +2,7 @@
 
 transformers' DynamicLayer appends a pass's keys and values with torch.cat,
 which copies the layer's whole past on every pass: a cost that grows with
-the context (measured: docs/kernels.md), and memory traffic felt by the
+the context (measured: e7e822d:docs/kernels.md), and memory traffic felt by the
 draft on the neighbouring core. Here the states live in a buffer
 with room to spare (doubled when full); keys and values are views of its
 filled part, and a rollback only moves the fill mark. The values are the

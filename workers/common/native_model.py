@@ -40,7 +40,7 @@ SOURCES = [kernel_source(name) for name in ("native_model.c", "window_avx512.c",
 # Feeds of this many tokens or more fill the cache through the window products. Shorter
 # ones (a round's correction and bonus token) keep the one-token step: a SmolLM2 draft
 # whose prompt went through windows agreed with its float32 model at 98.5% of
-# positions, against 100% stepped (docs/kernels.md, "Filling the cache").
+# positions, against 100% stepped (e7e822d:docs/kernels.md, "Filling the cache").
 WINDOW_FILL = 8
 
 
@@ -266,7 +266,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     """A zero array whose memory is taken a small page at a time, as it is first written.
     A KV cache is one region per layer and head, and a request fills the start of each:
     in huge pages (numpy asks for them on large arrays) a fresh cache's first pass would
-    take and clear 2 MB a region, several times the pass itself (docs/performance.md,
+    take and clear 2 MB a region, several times the pass itself (e7e822d:docs/performance.md,
     "A cache's first pass")."""
     count = math.prod(shape)
     memory = mmap.mmap(-1, max(1, count * np.dtype(dtype).itemsize))   # anonymous: zero, untouched

@@ -3,7 +3,7 @@
 Every thread is moved (hetspec.core.pinning.pin); then each OpenMP thread
 gets a core of its own: allowed a set of cores, two compute threads were
 often left on one of them, as the kernel tends to wake a thread where it
-last ran (docs/performance.md).
+last ran (e7e822d:docs/performance.md).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def spread_openmp_threads(cores: list[int], threads: int) -> int:
 def _openmp_runtimes() -> tuple:
     """The GNU OpenMP libraries mapped into this process (a wheel may bundle its
     own). Looked up once, since reading /proc/self/maps lies on the way to a
-    first token (measured: docs/kernels.md): by a worker's first spread, the
+    first token (measured: e7e822d:docs/kernels.md): by a worker's first spread, the
     libraries that bring them (torch, imported first; llama.cpp, loaded with
     the draft) are loaded."""
     try:
@@ -80,7 +80,7 @@ def pin_threads(cores: list[int], threads: int, thread_ids: Callable[[], list[in
 class CoreLoan:
     """The other worker's cores, held from the first command that asks for them to the
     first that does not: re-pinning around every token cost more than a second thread
-    gained (a token of a small model takes milliseconds; measured: docs/performance.md)."""
+    gained (a token of a small model takes milliseconds; measured: e7e822d:docs/performance.md)."""
 
     def __init__(self, cores: list[int], lent: list[int], set_threads, threads: int,
                  thread_ids: Callable[[], list[int]] | None = None):

@@ -3,7 +3,7 @@
 The draft's speed is the ceiling of pipelined speculation, and which of
 llama.cpp's kernels are fastest depends on the CPU and the weight type; the
 fastest type is not always the one a file ships in, and the fastest of all
-(Q4_0) costs agreement with the target (measured: docs/kernels.md). F16 of a
+(Q4_0) costs agreement with the target (measured: e7e822d:docs/kernels.md). F16 of a
 Q4_1 file holds its values exactly, so the draft then agrees with a target
 dequantized from the same file at nearly every position. [draft] weights
 chooses; "as-is" skips this.

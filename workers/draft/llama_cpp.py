@@ -76,7 +76,7 @@ class LlamaCppModel:
             raise RuntimeError(f"llama.cpp could not drop cached positions >= {pos}")
 
         # A pass of 2 or 3 tokens took longer than as many single-token passes
-        # (llamafile's batched kernels; measured: docs/kernels.md), so they go
+        # (llamafile's batched kernels; measured: e7e822d:docs/kernels.md), so they go
         # one at a time.
         step = 1 if n <= SINGLE_PASSES_UP_TO else self._n_batch
         for start in range(0, n, step):

@@ -3,7 +3,7 @@
 A prompt prefill is a batched product, bound by arithmetic; a draft step is
 one row at a time, bound by reading the weights. The weight type llama.cpp
 drafts fastest with is not the one it prefills fastest with (Q8_0 drafts
-faster, BF16 prefills faster: measured, docs/kernels.md). So a fresh prompt
+faster, BF16 prefills faster: measured, e7e822d:docs/kernels.md). So a fresh prompt
 is prefilled by the second copy, and its KV state is handed to the drafting
 copy (same architecture, same cache layout); greedy agreement with the
 target is unchanged by the handover.

@@ -70,7 +70,7 @@ static inline vi minus8(vi q) { return _mm256_sub_epi32(q, _mm256_set1_epi32(8))
 enum { PARTS = BLOCK / LANES };
 /* Each row's block is fetched PREFETCH tiles ahead: the hardware prefetchers
    alone read a large output layer far below the memory's bandwidth
-   (measured: docs/kernels.md). */
+   (measured: e7e822d:docs/kernels.md). */
 #ifndef PREFETCH
 #define PREFETCH 2
 #endif

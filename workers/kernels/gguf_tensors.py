@@ -2,7 +2,7 @@
 
 gguf's GGUFReader turns every metadata value (a tokenizer's 49k strings and
 merges among them) into numpy objects first, which is slow (measured:
-docs/kernels.md); the tensors need only the header walked past. Layout (GGUF
+e7e822d:docs/kernels.md); the tensors need only the header walked past. Layout (GGUF
 versions 2 and 3): magic, version, tensor count, metadata count; the metadata
 key/value pairs; per tensor its name, dimensions, type and offset; then,
 aligned, the data. The block types are hetspec.workers.kernels.formats'.

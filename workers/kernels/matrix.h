@@ -77,7 +77,7 @@ static inline __attribute__((always_inline)) __m256i q5_quants(const uint8_t *qs
 /* A row's quants and scales are fetched this many rows before they are
    multiplied, past a matrix's end from the next one's first rows. Fetching
    ahead made steps faster; 16 rows did better than 4, and 32 or 64 no better
-   (measured: docs/kernels.md). */
+   (measured: e7e822d:docs/kernels.md). */
 #ifndef AHEAD
 #define AHEAD 16
 #endif

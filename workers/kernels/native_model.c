@@ -10,7 +10,7 @@
    the weights and by per-token overheads. llama.cpp pays more of those overheads per
    token, and rounds activations to 8 bits, which costs agreement with the target;
    the step reads the same blocks with activations rounded to 16 bits, faster and
-   closer to the target (measured: docs/kernels.md).
+   closer to the target (measured: e7e822d:docs/kernels.md).
 
    Activations are rounded to int16 per 32-value block. A weight row of format
      Q8_0: d * q        Q4_0: d * (q - 8)        Q4_1: d * q + m
@@ -287,7 +287,7 @@ enum { TILE = 4 };
    block b, lanes 8-15 block b + 1, so the scales go in as [s_b x8, s_b+1 x8].
    A last block without a partner is left to the caller. Row after row, not
    step after step across the rows: interleaving four rows' reads was much
-   slower (measured: docs/kernels.md). */
+   slower (measured: e7e822d:docs/kernels.md). */
 static inline __attribute__((always_inline)) void tile_q4(const uint8_t *qs, int row_bytes, int nb,
                                                           const int16_t *xp, const float *scale, int n, __m512 *acc) {
     const __m512i low = _mm512_set1_epi16(15);
@@ -664,7 +664,7 @@ void hs_dequantize_row(const hs_mat *w, int r, float *y) { dequantize_row(w, r, 
    are the full layer's wherever it is among the REFINE. The other logits are
    the copy's, coarser, and sampling sees them: 64 recomputed keep seeded
    sampling acceptance where the full layer has it, 16 did not (measured:
-   docs/kernels.md). */
+   e7e822d:docs/kernels.md). */
 enum { REFINE = 64 };
 
 enum { HEAD_CHUNK = 4096 };   /* rows of the output layer between two looks at the halt flag */

@@ -1,7 +1,7 @@
 """Captured passes: a static-cache target whose windows replay recorded CUDA graphs.
 
 An eager pass of a 7B model on a GPU launches some 600 kernels from Python, and the host
-takes longer to launch them than the GPU to run them (docs/performance.md, "On a GPU").
+takes longer to launch them than the GPU to run them (e7e822d:docs/performance.md, "On a GPU").
 Recorded once as a CUDA graph, the pass is one launch. A recording holds fixed shapes at
 fixed addresses, so:
 

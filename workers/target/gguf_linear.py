@@ -25,7 +25,7 @@ from hetspec.workers.target.packed_linear import PackedLinear, onednn_available
 
 # Windows up to this many tokens read the blocks; longer inputs (prompts) are bound by arithmetic
 # and go to oneDNN's blocked kernels. The kernel reads the weights once per 8 rows, and was still
-# ahead of oneDNN at 24 (measured: docs/kernels.md).
+# ahead of oneDNN at 24 (measured: e7e822d:docs/kernels.md).
 MAX_ROWS = 24
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(?:self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj$")
 _GGUF_NAMES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",

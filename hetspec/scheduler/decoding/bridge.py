@@ -177,6 +177,6 @@ class BridgedDraft:
 
 class ContextTooLong(Exception):
     """The draft's tokens of this context do not fit its cache: the target goes on alone,
-    as when the draft worker is lost (Decoder.rounds)."""
+    as when the draft worker is lost (Decoder.without_draft)."""
     role = "draft"
 

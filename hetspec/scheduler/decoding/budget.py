@@ -179,7 +179,7 @@ class CostModel:
         pipelined balance point (choose_gamma) is no optimum here: nothing runs
         beside the draft, and a long window costs the target little more than a
         short one, so at high acceptance SpS gains from longer windows
-        (docs/performance.md, "SpS window")."""
+        (e7e822d:docs/performance.md, "SpS window")."""
         def per_token(gamma: int) -> float:
             round_s = gamma * self.draft_s + self._verify(gamma + 1)
             return round_s / _committed(acceptance, gamma)

@@ -1,30 +1,31 @@
-"""The decoding loop of one request, round by round, in one of three explicit modes
-(core.params.Mode), while it runs alone (scheduler/turns.py):
+"""One request's part in each step of the scheduler's loop while it runs alone, in
+one of three explicit modes (core.params.Mode):
 
   duodec      DuoDecoding: the draft drafts the next window while the target
               verifies the current one (duodec_round);
   sequential  ordinary speculative decoding (SpS): draft, then verify (sequential_round);
   target      the target alone, one token a pass (target_step).
 
-A request also runs target-only while the draft worker is restarting, and
-finishes so if the draft dies under it, fails a command, or if its text
-outgrows a draft of another vocabulary: it loses speed, never tokens. It
-rests, running target-only rounds, while speculating does not pay (gate.py).
-In a speculative mode a target-only round also verifies a free prompt-lookup
-guess (lookup.py); in mode target it is the plain target, one token a pass.
-The draft is a DraftLink, or a BridgedDraft for another vocabulary (bridge.py):
-same methods. Every window length comes from budget.Windows. What a round passes
-around, and the words for it (window, branch, accepted, bonus token): round.py.
+The other kinds of part: the prompt (prefill), a rest while speculating does not pay
+(rest_step, gate.py), and target-only steps while the draft catches up with the
+context (draft_catches_up). Each kind is one method that sends its passes and returns
+what finishes it (the verdict collected, the tokens committed); the loop streams the
+last step's tokens and reads its clients in between (start, finish).
 
-Beside other requests, a request takes steps of a batch instead (scheduler/batch.py):
-a chunk of its prompt (read), a window drafted for the batch (commit_drafted_step)
-or a target-only step (guess, commit_target_step).
+A draft that is restarting, dies, fails a command or cannot hold the text (another
+vocabulary's) leaves the request target-only: it loses speed, never tokens. In a
+speculative mode a target-only step also verifies a free prompt-lookup guess
+(lookup.py). The draft is a DraftLink or a BridgedDraft (bridge.py): same methods.
+Window lengths come from budget.Windows; the words for what a round passes around
+(window, branch, accepted, bonus token): round.py. Beside other requests, a request's
+parts are a batch's instead (scheduler/batch.py: read, guess, commit_target_step,
+commit_drafted_step, first_token).
 
-Invariant: the target's KV cache holds every committed token but the last,
-so each verify pass feeds [last committed token] + pending window W and reads
-the target's choice at every position of W and after it. The draft keeps its
-own cache in step by longest common prefix (workers/draft/drafter.py), so the
-loop never tracks it.
+Invariant: the target's KV cache holds every committed token but the last, so each
+verify pass feeds [last committed token] + pending window W and reads the target's
+choice at every position of W and after it. The draft keeps its own cache in step by
+longest common prefix (workers/draft/drafter.py): a wrong draft_ready costs time,
+never tokens.
 """
 from __future__ import annotations
 
@@ -73,65 +74,76 @@ class Decoder:
         self.gate = Gate(memory or Memory(None), forced=request.speculation is Speculation.ALWAYS)
         self.draft_ready = False               # the draft's cache holds this request's context
         self.read = 0                          # prompt tokens in the target's cache, until its first token
-        self.emit = None
+        self.pending = EMPTY                   # the window drafted beside the last pass, for the next (duodec)
+        self.underway = None                   # what finishes this request's part in the step under way
+        self.catching_up: PrefillPlan | None = None   # the draft's prefill under way, as planned
+        self.a_round = False                   # the part under way is a round (not the prompt, not a catch-up)
+        self.rounds_alone = 0                  # ... such parts done: a lone request's turn holds one at least
 
     @property
     def mode(self) -> Mode:
         """The request's mode, or target while it goes on without the draft (stats.fallback says why)."""
         return Mode.TARGET if self.stats.fallback is not None else self.params.mode
 
-    def rounds(self, emit):
-        """Decode until a stop condition, a round per step; emit(tokens, text) streams committed
-        tokens. Between steps the scheduler may give other requests turns (suspend). If the
-        draft dies, fails a command, or cannot hold the context, the target finishes alone: a
-        verify it was running is dropped (the next pass crops the cache to the committed tokens)."""
-        self.emit = emit
+    def start(self) -> None:
+        """This request's part in the next step: its kind, its passes sent (finish collects
+        them). A draft that fails leaves the request target-only, at once."""
+        while self.underway is None and not self.out.done:
+            try:
+                kind = self.next_part()
+                self.underway = kind()
+                self.a_round = kind not in (self.prefill, self.draft_catches_up)
+            except Exception as exc:  # noqa: BLE001 - WorkerLost, WorkerError, ContextTooLong name the role
+                self.without_draft(exc)
+
+    def finish(self) -> None:
+        """The step's verdict for this request, its tokens committed."""
+        underway, self.underway = self.underway, None
         try:
-            yield from self.decode()
-            if self.draft.busy:                # a prefill begun beside the target's, for a request done at once
-                self.draft.finish_prefill()
-        except Exception as lost:              # WorkerLost, WorkerError, bridge.ContextTooLong: they name the role
-            if getattr(lost, "role", None) != "draft":
-                raise
-            self.target.discard()
-            self.stats.fallback = str(lost)
-            yield from self.decode()
-        self.emit_round()
-        self.draft.settle()
-        self.target.settle()
-        return self.stats
+            if underway is not None:
+                underway()
+                self.rounds_alone += self.a_round
+            if self.out.done:                  # what the workers still do for it stops (a prefill begun
+                if self.draft.busy:            # beside the target's, for a request done at once)
+                    self.draft.finish_prefill()
+                self.draft.settle()
+                self.target.settle()
+        except Exception as exc:  # noqa: BLE001 - the draft's failures: without_draft raises the others
+            self.without_draft(exc)
+
+    def next_part(self):
+        """The kind of this request's next part: a method that sends its passes and returns
+        what finishes it (None: done without a pass, as a draft that caught up at once)."""
+        if self.out.length == self.out.n_prompt:
+            return self.prefill
+        if self.mode is Mode.TARGET:
+            return lambda: self.target_step(alone=True)
+        if not self.gate.speculate:            # resting: the draft's next window, if any, is dropped
+            self.pending = EMPTY
+            return self.rest_step
+        if not self.draft_ready:               # first, after a rest, or after another request's turn
+            self.pending = EMPTY
+            return self.draft_catches_up
+        return self.duodec_round if self.mode is Mode.DUODEC else self.sequential_round
+
+    def without_draft(self, exc: Exception) -> None:
+        """The draft failed: the target finishes alone (a verify under way is dropped)."""
+        if getattr(exc, "role", None) != "draft":
+            raise exc
+        self.target.discard()
+        self.stats.fallback, self.pending, self.underway = str(exc), EMPTY, None
 
     def suspend(self) -> None:
         """Another request's turn: the draft will hold its context (the target keeps ours in our slot)."""
         self.draft.settle()
-        self.draft_ready = False
-
-    def decode(self):
-        if self.out.length == self.out.n_prompt:
-            self.prefill()
-        pending = EMPTY
-        while not self.out.done:
-            if self.mode is Mode.TARGET:
-                self.target_step(alone=True)
-            elif not self.gate.speculate:      # resting: the draft's next window, if any, is dropped
-                pending = EMPTY
-                self.rest_step()
-            elif not self.draft_ready:         # first, after a rest, or after another request's turn
-                pending = EMPTY
-                self.draft_catches_up()
-                continue                       # a turn holds a round, not only the draft catching up
-            elif self.mode is Mode.DUODEC:
-                pending = self.duodec_round(pending)
-            else:
-                self.sequential_round()
-            yield
+        self.draft_ready, self.pending, self.catching_up = False, EMPTY, None
 
     # ---- the three kinds of round ----------------------------------------------------
 
-    def duodec_round(self, pending: Window) -> Window:
+    def duodec_round(self):
         """One pipelined round: the target verifies the pending window W while the draft
-        drafts W' after it (branches for W's bonus token); returns the next W."""
-        started, restart = time.perf_counter(), NO_DRAFT
+        drafts W' after it (branches for W's bonus token); W' is pending next."""
+        started, restart, pending = time.perf_counter(), NO_DRAFT, self.pending
         if not pending:                        # nothing to verify: draft a short W first, the target waiting
             pending, restart = self.draft_now(self.windows.restart(self.stats.acceptance, self.pace(),
                                                                    self.out.remaining - 1))
@@ -141,58 +153,61 @@ class Decoder:
                               self.extend_to(len(pending)))
             self.draft.start_window(self.id, np.concatenate([self.out.context, pending.tokens]), gamma,
                                     self.request.sampling, plan)
-        self.start_verify(pending)             # both workers busy: stream the last round's tokens meanwhile
-        self.emit_round()
-        verdict = self.target.finish_verify(len(pending) + 1)
-        if gamma > 0:
-            self.draft.halt()                  # its extension can stop: what it has drafted is all W' takes
-        n_accepted, token, kept = self.accept_and_commit(pending, verdict)
-        drafted = self.draft.finish_window() if gamma > 0 else NO_DRAFT
-        self.record(started, pending, verdict, drafted, n_accepted, kept, parallel=True, restart=restart)
-        if drafted.branches:
-            self.stats.sequences_hist[len(drafted.branches)] += 1
-        if n_accepted < len(pending) or self.out.done:
-            return EMPTY                       # W rejected (or done): W' was drafted for nothing
-        after = drafted.branch_after(token)    # the target's bonus token picks W's successor
-        if after is None:
-            return EMPTY
-        self.stats.branch_hits += 1
-        return after
+        self.start_verify(pending)             # both workers busy: the loop streams the last step's tokens
 
-    def sequential_round(self) -> None:
+        def finish() -> None:
+            verdict = self.target.finish_verify(len(pending) + 1)
+            if gamma > 0:
+                self.draft.halt()              # its extension can stop: what it has drafted is all W' takes
+            n_accepted, token, kept = self.accept_and_commit(pending, verdict)
+            drafted = self.draft.finish_window() if gamma > 0 else NO_DRAFT
+            self.record(started, pending, verdict, drafted, n_accepted, kept, parallel=True, restart=restart)
+            if drafted.branches:
+                self.stats.sequences_hist[len(drafted.branches)] += 1
+            self.pending = EMPTY               # W rejected (or done): W' was drafted for nothing
+            if n_accepted == len(pending) and not self.out.done:
+                after = drafted.branch_after(token)   # the target's bonus token picks W's successor
+                self.stats.branch_hits += after is not None
+                self.pending = after or EMPTY
+        return finish
+
+    def sequential_round(self):
         """SpS: draft a window, the target waiting, then verify it."""
         started = time.perf_counter()
         window, drafted = self.draft_now(self.windows.sequential(self.stats.acceptance, self.out.remaining - 1))
         if drafted.branches:
             self.stats.sequences_hist[1] += 1
         self.start_verify(window)
-        self.emit_round()                      # the last round's tokens, while the target computes
-        verdict = self.target.finish_verify(len(window) + 1)
-        n_accepted, _, kept = self.accept_and_commit(window, verdict)
-        self.record(started, window, verdict, drafted, n_accepted, kept, parallel=False)
 
-    def target_step(self, alone: bool) -> tuple[float, int]:
-        """A target-only round (target mode and rests: alone, on the draft's cores too
-        where allowed; or while the draft prefills): the target's next token, after as
-        many tokens of a lookup guess as it agrees with. Without a guess, the target has
-        often decoded it already, ahead (Decoder.ahead): no round trip. Returns (seconds,
-        tokens committed)."""
-        started = time.perf_counter()
-        guess, verdict = self.guess(), None
-        if not len(guess) and self.target.running_ahead(self.id, self.cache):
-            self.emit_round()                  # the last round's tokens, while the target computes ahead
-            verdict = self.target.ran_ahead(self.out.context)
+        def finish() -> None:
+            verdict = self.target.finish_verify(len(window) + 1)
+            n_accepted, _, kept = self.accept_and_commit(window, verdict)
+            self.record(started, window, verdict, drafted, n_accepted, kept, parallel=False)
+        return finish
+
+    def target_step(self, alone: bool):
+        """The target's next token, after the tokens of a lookup guess it agrees with (alone:
+        on the draft's cores too where allowed; else beside the draft's prefill). Without a
+        guess it often ran ahead already (Decoder.ahead). Finish: (seconds, tokens committed)."""
+        started, guess = time.perf_counter(), self.guess()
+        ask = {"borrow": alone and self.caps.alone_borrows_cores, "ahead": self.ahead(alone)}
+        ahead = not len(guess) and self.target.running_ahead(self.id, self.cache)
+        if not ahead:
+            self.start_verify(guess, **ask)
+
+        def finish() -> tuple[float, int]:
+            verdict = self.target.ran_ahead(self.out.context) if ahead else None
             self.stats.ran_ahead += verdict is not None
-        if verdict is None:                    # a guess to verify, or no token decoded ahead: ask
-            self.start_verify(guess, borrow=alone and self.caps.alone_borrows_cores, ahead=self.ahead(alone))
-            self.emit_round()                  # the last round's tokens, while the target computes
-            verdict = self.target.finish_verify(len(guess) + 1)
-        kept = self.commit_target_step(guess, verdict)
-        return time.perf_counter() - started, max(kept, 1)
+            if verdict is None:
+                if ahead:                      # the run went from another context: ask
+                    self.start_verify(guess, **ask)
+                verdict = self.target.finish_verify(len(guess) + 1)
+            kept = self.commit_target_step(guess, verdict)
+            return time.perf_counter() - started, max(kept, 1)
+        return finish
 
     def commit_target_step(self, guess: Window, verdict: Verification) -> int:
-        """A target-only round's tokens: as many of the guess as the target agrees with,
-        then its own; returns the tokens committed."""
+        """A target-only step's tokens (the guess's the target agrees with, then its own): how many."""
         n_accepted, _, kept = self.accept_and_commit(guess, verdict)
         if len(guess):
             self.lookup.verified(len(guess), n_accepted)
@@ -217,9 +232,8 @@ class Decoder:
     def ahead(self, alone: bool) -> int:
         """Tokens the target may decode ahead after a target-only step, each then a step
         without a round trip (links.TargetLink.ran_ahead), to the end of the request or
-        the rest. Not where lookup guesses: a guess stops the run, and its pass under way
-        is lost (measured: docs/performance.md); not beside the draft's prefill, nor where
-        the scheduler samples (the unkeyed rule)."""
+        the rest. Not where lookup guesses (a guess stops the run, its pass under way
+        lost), nor beside the draft's prefill, nor where the scheduler samples (unkeyed)."""
         if not alone or self.lookup is not None or self.request.rule is Rule.UNKEYED:
             return 0
         left = self.out.remaining - 1 if self.mode is Mode.TARGET else min(self.out.remaining, self.gate.rest) - 1
@@ -233,21 +247,24 @@ class Decoder:
         room = self.out.remaining - 1 if limit is None else min(self.out.remaining - 1, limit)
         return Window(self.lookup.guess(self.out.context, lambda hit_rate: self.windows.lookup(hit_rate, room)))
 
-    def rest_step(self) -> None:
-        """A target-only round while speculating does not pay (gate.py); once the rest
+    def rest_step(self):
+        """A target-only step while speculating does not pay (gate.py); once the rest
         is over, the draft catches up with the context before the next probe."""
-        seconds, committed = self.target_step(alone=True)
-        self.gate.rested(seconds, committed)
-        self.stats.rested += committed
-        if self.gate.speculate and not self.out.done:
-            self.stats.probes += 1
-            self.draft_ready = False
+        step = self.target_step(alone=True)
+
+        def finish() -> None:
+            seconds, committed = step()
+            self.gate.rested(seconds, committed)
+            self.stats.rested += committed
+            if self.gate.speculate and not self.out.done:
+                self.stats.probes += 1
+                self.draft_ready = False
+        return finish
 
     # ---- a round's steps -------------------------------------------------------------
 
     def draft_now(self, gamma: int) -> tuple[Window, Draft]:
-        """gamma tokens drafted after the committed context while the target waits (one
-        plain sequence, its first token a draft guess too); nothing if gamma is 0."""
+        """gamma tokens drafted after the context while the target waits (one sequence; 0: none)."""
         if gamma <= 0:
             return EMPTY, NO_DRAFT
         self.draft.start_window(self.id, self.out.context, gamma, self.request.sampling)
@@ -273,12 +290,7 @@ class Decoder:
 
     def choose(self, verdict: Verification) -> int:
         """The target's own next token after a pass with no window."""
-        if self.request.rule is Rule.UNKEYED:
-            return sample(verdict.probs[0], self.rng)
-        return int(verdict.choice[0])
-
-    def emit_round(self) -> None:
-        self.emit(*self.out.take_round())
+        return sample(verdict.probs[0], self.rng) if self.request.rule is Rule.UNKEYED else int(verdict.choice[0])
 
     def record(self, started: float, window: Window, verdict: Verification, drafted: Draft, n_accepted: int,
                kept: int, parallel: bool, restart: Draft = NO_DRAFT) -> None:
@@ -295,29 +307,24 @@ class Decoder:
     # ---- what the windows depend on --------------------------------------------------
 
     def room(self, pending: int) -> int:
-        """Tokens a window drafted after `pending` ones could still commit (the target's
-        own next token comes first)."""
+        """Tokens a window drafted after `pending` ones could still commit (the target's first)."""
         return self.out.remaining - pending - 1
 
     def pace(self) -> float | None:
-        """This request's seconds per committed token in speculative rounds, once there
-        are enough of them to go by."""
+        """This request's seconds per committed token in speculative rounds, once enough to go by."""
         if self.stats.spec_rounds < PACE_ROUNDS:
             return None
         return self.stats.round_s / max(self.stats.committed_in_spec_rounds, 1)
 
     def extend_to(self, pending: int) -> int:
-        """How far the draft may grow the next window while the target verifies: the
-        budget is what the draft must deliver, the rest uses time it would sit idle
-        (free beside a GPU target; on a CPU one it competes for the memory bus, so
-        off there by default); never past what could still be committed."""
-        if not self.caps.keep_drafting:
-            return 0
-        return min(self.caps.max_gamma, self.room(pending))
+        """How far the draft may grow the next window while the target verifies, in time it
+        would sit idle: free beside a GPU target; beside a CPU one it competes for the memory
+        bus (off there by default); never past what could still be committed."""
+        return min(self.caps.max_gamma, self.room(pending)) if self.caps.keep_drafting else 0
 
     # ---- getting started: the prompt, then the draft catching up ---------------------
 
-    def prefill(self) -> None:
+    def prefill(self):
         """The prompt through the target; its first token is the time to first token.
         A long prompt borrows the draft's cores (the draft prefills afterwards); a
         short one leaves them, and the draft prefills at the same time."""
@@ -329,8 +336,7 @@ class Decoder:
         if self.mode is not Mode.TARGET and not borrow and self.gate.speculate and self.drafting_pays():
             self.draft.start_prefill(self.id, context, self.params.seed, self.params.cache_prompt,
                                      borrow_cores=False)
-        self.first_token(self.target.finish_verify(1))
-        self.emit_round()
+        return lambda: self.first_token(self.target.finish_verify(1))
 
     def first_token(self, verdict: Verification) -> None:
         """The prompt is read: the target's token after it is the first."""
@@ -339,25 +345,30 @@ class Decoder:
         self.stats.ttft_s = time.perf_counter() - self.stats.start
         self.gate.start()
 
-    def draft_catches_up(self) -> None:
-        """Speculation starts once the draft holds the context: plan its prefill (or
-        go on target-only where it would not pay), start it (unless one began beside
-        the target's prompt prefill), and wait for it."""
-        plan = None
-        if not self.draft.busy and not self.out.done:
-            plan = self.plan_draft_prefill()
-            if plan is None:
-                return
-            self.start_draft_prefill(plan)
-        self.wait_for_draft(plan)
-        self.draft_ready = True
+    def draft_catches_up(self):
+        """Speculation starts once the draft holds the context: its prefill planned (or none:
+        target-only) and started, unless one began beside the target's. Meanwhile target-only
+        steps, unless the target waits (a handed-over cache, borrowed cores). None: ready."""
+        if not self.draft.busy:
+            self.catching_up = self.plan_draft_prefill()
+            if self.catching_up is None:
+                return None
+            self.start_draft_prefill(self.catching_up)
+        plan = self.catching_up
+        target_waits = plan is not None and (plan.borrow or plan.handover > 0)
+        if target_waits or self.draft.poll():
+            seconds = self.draft.finish_prefill()   # a timed prefill teaches the cost model
+            if self.costs is not None and plan is not None and not target_waits:
+                self.costs.observe_prefill(plan.n_tokens, seconds)
+            self.draft_ready, self.catching_up = True, None
+            return None
+        step = self.target_step(alone=False)
+        return lambda: self.gate.probing(step()[1])
 
     def plan_draft_prefill(self) -> PrefillPlan | None:
-        """A long prompt's draft prefill takes the target's cache outright when the
-        draft is a quantized copy of the target (kv_handover), or borrows the target's
-        cores while the target waits: it is done twice as soon, which pays where
-        speculating more than doubles the pace. None: the prefill would not pay, and
-        the request goes on target-only."""
+        """A long prompt's draft prefill takes the target's cache where the draft is a quantized
+        copy of it (kv_handover), or borrows its cores, the target waiting, where speculating
+        more than doubles the pace. None: it would not pay; the request goes on target-only."""
         long_prompt = len(self.out.context) >= LONG_PROMPT
         handover = len(self.out.context) - 1 if self.caps.kv_handover and long_prompt else 0
         n_tokens = 0 if handover else self.draft.to_prefill(self.out.context, self.params.cache_prompt)
@@ -374,17 +385,6 @@ class Decoder:
                                  borrow_cores=plan.borrow, kv_length=plan.handover)
         self.stats.draft_prompt_kv = "target" if plan.handover else "own"
 
-    def wait_for_draft(self, plan: PrefillPlan | None) -> None:
-        """The target decodes alone until the draft is ready, unless it waits for it (a
-        handed-over cache, borrowed cores); a timed prefill teaches the cost model."""
-        target_waits = plan is not None and (plan.borrow or plan.handover > 0)
-        while not target_waits and not self.out.done and not self.draft.poll():
-            self.gate.probing(self.target_step(alone=False)[1])
-        if self.draft.busy:
-            seconds = self.draft.finish_prefill()
-            if self.costs is not None and plan is not None and not target_waits:
-                self.costs.observe_prefill(plan.n_tokens, seconds)
-
     def drafting_pays(self, n_prefill: int = 0) -> bool:
         """Whether speculating may beat the target alone after the draft first reads
         n_prefill prompt tokens beside it (CostModel.prefill_pays, at this request's
@@ -396,5 +396,5 @@ class Decoder:
         return self.costs.prefill_pays(n_prefill, self.out.remaining, self.gain())
 
     def gain(self) -> float:
-        """CostModel.gain at this request's acceptance estimate; infinite without a cost model."""
+        """CostModel.gain at this request's acceptance estimate (no cost model: infinite)."""
         return math.inf if self.costs is None else self.costs.gain(self.caps.max_gamma, self.stats.acceptance)
