@@ -87,7 +87,10 @@ def with_running(config: EngineConfig, target: WorkerHello, worker: Worker) -> E
     """The config with [server] max_running as the target holds it: as configured, or
     for "auto" what its device holds (workers/target/devices.py, running_caches). The
     target is started again with that many, not fitted anew: free memory may have
-    shrunk meanwhile, and the running requests' caches must all be there."""
+    shrunk meanwhile, and the running requests' caches must all be there. Only a CUDA
+    target's "auto" is left to the worker (config.py resolves the others)."""
+    if config.server.max_running != AUTO:
+        return config
     at = worker.args.index("--spec") + 1
     spec = TargetSpec.from_json(worker.args[at])
     worker.args[at] = dataclasses.replace(spec, caches=target.caches, fit_caches=False).to_json()
