@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Two revisions of the engine taking turns on one command, so that the machine's drift
 # falls on both alike: for each repeat, the engine's code (hetspec/, workers/, ipc/) of
-# A, then of B, is put in place and the command runs; its output goes to OUT/A.N.log and
-# OUT/B.N.log. The tree's own code comes back at the end, whatever happens. Commit first:
+# A then B (B then A on even repeats) is put in place and the command runs; its output
+# goes to OUT/A.N.log and OUT/B.N.log. The tree's own code comes back at the end, whatever happens. Commit first:
 # the engine's folders must have no uncommitted change.
 #   scripts/ab_revisions.sh A B OUT REPEATS -- COMMAND...
 #   scripts/ab_revisions.sh e7e822d HEAD /tmp/ab 3 -- .venv/bin/python -m hetspec.benchmarks.mode_ab --limit 4
@@ -15,7 +15,8 @@ CODE=(hetspec workers ipc)
 mkdir -p "$OUT"
 trap 'git checkout -q HEAD -- "${CODE[@]}"; git clean -qfd -- "${CODE[@]}"' EXIT
 for n in $(seq "$REPEATS"); do
-    for rev in "$A" "$B"; do
+    order=("$A" "$B"); [ $((n % 2)) -eq 0 ] && order=("$B" "$A")
+    for rev in "${order[@]}"; do
         git checkout -q HEAD -- "${CODE[@]}" && git clean -qfd -- "${CODE[@]}"
         git checkout -q "$rev" -- "${CODE[@]}"
         echo "== $rev, repeat $n: $*" | tee "$OUT/$rev.$n.log"
