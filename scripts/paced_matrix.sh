@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The paced-target matrix (docs/performance.md, "A paced GPU target"): each GPU profile
+# The paced-target matrix (benchmarks/reports/paced/, the README's figures): each GPU profile
 # against the Qwen2.5-Coder pair's two drafts, 4 held-out code prompts x 128 tokens,
 # greedy; the traces are recorded first (untimed). Needs `hetspec-models fetch qwen2.5-coder`.
 # Reports in OUT/PROFILE-DRAFT (default benchmarks/reports/paced). About 20 minutes on 2 cores.

@@ -1,5 +1,6 @@
 """The concurrency benchmark (benchmarks/concurrency.py) on the default pair, served for real by
-`hetspec-launch --http`: 1 and 2 clients at once, 8 tokens. The report's numbers must be
+`hetspec-launch --http`, and with --paced by the engine in-process on a paced target: 1 and 2
+clients at once, 8 tokens. The report's numbers must be
 consistent (tokens add up, rates and latencies positive, p50 <= p99), every output must equal its
 request served alone, and the server must leave nothing behind; the timings themselves are never
 checked. Also llama-server's command, and the clear error where it is not built."""
@@ -11,6 +12,7 @@ import pytest
 
 from hetspec.benchmarks import concurrency
 from hetspec.benchmarks.bench import llama_bin
+from hetspec.benchmarks.bench.stream_figures import chunk_counts
 from hetspec.core.errors import ConfigError
 from hetspec.models import resolve_model
 
@@ -66,13 +68,31 @@ def test_the_report_shows_each_pass(doc, tmp_path):
     assert (tmp_path / "results.json").stat().st_size > 1000
 
 
+def test_a_paced_target_serves_the_same_passes(tmp_path):
+    """--paced: the config's own target records the traces (untimed), then the engine in this
+    process, its target paced as a GPU, serves the requests alone and at once; every output is
+    its request alone's, the drafting is counted, and the report names the profile."""
+    _default_pair_or_skip()
+    doc = concurrency.run("smollm2", [1, 2], max_tokens=TOKENS, paced="gpu-40ms", traces=str(tmp_path / "traces"),
+                          log=lambda _: None)
+    (name, engine), = doc["engines"].items()
+    assert name == "hetspec, paced gpu-40ms" and engine["target"]["backend"] == "paced"
+    assert set(engine["passes"]) == {"1", "2"} and len(engine["alone"]) == 2
+    for n, p in engine["passes"].items():
+        assert p["n"] == int(n) and p["equal_alone"] == p["n"]
+        assert p["tokens"] == sum(r["tokens"] for r in p["requests"]) and 0 <= p["accepted"] <= p["drafted"]
+        assert all(0 < r["tokens"] <= TOKENS and sum(k for _, k in r["chunks"]) == r["tokens"] for r in p["requests"])
+    concurrency.write(doc, tmp_path / "out")
+    assert "paced by gpu-40ms" in (tmp_path / "out" / "report.md").read_text()
+
+
 def test_chunk_counts_follow_the_text_and_end_at_usage():
     def words(text: str) -> int:              # a stand-in tokenizer: one token a word
         return len(text.split())
 
-    assert concurrency.chunk_counts(["a b", " c", " d e"], 5, words) == [2, 1, 2]
-    assert concurrency.chunk_counts(["a b", " c"], 2, words) == [2, 0]        # never past the server's count
-    assert concurrency.chunk_counts(["a", "b"], 2, words) == [1, 1]           # "ab" re-tokenized as one: the usage rules
+    assert chunk_counts(["a b", " c", " d e"], 5, words) == [2, 1, 2]
+    assert chunk_counts(["a b", " c"], 2, words) == [2, 0]        # never past the server's count
+    assert chunk_counts(["a", "b"], 2, words) == [1, 1]           # "ab" re-tokenized as one: the usage rules
 
 
 def test_llama_servers_command():

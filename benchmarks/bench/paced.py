@@ -18,6 +18,7 @@ from hetspec.benchmarks.bench.engine_runs import run_engine
 from hetspec.benchmarks.bench.machine import describe_machine
 from hetspec.benchmarks.bench.methods import METHODS, Method
 from hetspec.benchmarks.bench.settings import DECODINGS
+from hetspec.benchmarks.bench.tables import times
 from hetspec.config import load_config
 from hetspec.core.gpu_profiles import profile as named_profile
 from hetspec.models import resolve_model
@@ -133,7 +134,7 @@ def write_report(doc: dict, out: Path) -> Path:
               "round / overhead | outputs = trace |"), "|---|---|---|---|---|---|---|"]
     for name, s in doc["summary"].items():
         ms = s["ms_per_spec_round"]
-        lines.append(f"| {METHODS[name].label} | {s['tokens_per_s']:.2f} | {_x(s['vs_target'])} | {_x(s['vs_sps'])} "
+        lines.append(f"| {METHODS[name].label} | {s['tokens_per_s']:.2f} | {times(s['vs_target'])} | {times(s['vs_sps'])} "
                      f"| {s['acceptance'] if s['acceptance'] is not None else '-'} | {ms['draft']} / {ms['verify']} / "
                      f"{ms['round']} / {ms['overhead']} | {s['runs'] - s['outputs_differing_from_trace']}/{s['runs']} |")
     report = out / "report.md"
@@ -160,7 +161,7 @@ def main(settings, profile: str, prompts: dict[str, list[int]], max_new: dict[st
     report = write_report(doc, out)
     print(f"wrote {report}", file=sys.stderr)
     for name, s in doc["summary"].items():
-        print(f"{name}: {s['tokens_per_s']:.2f} tok/s, {_x(s['vs_target'])} target, {_x(s['vs_sps'])} SpS",
+        print(f"{name}: {s['tokens_per_s']:.2f} tok/s, {times(s['vs_target'])} target, {times(s['vs_sps'])} SpS",
               file=sys.stderr)
     return 1 if any(s["outputs_differing_from_trace"] for s in doc["summary"].values()) else 0
 
@@ -178,7 +179,3 @@ def _rate(record: dict) -> float:
 
 def _ratio(a: float, b: float | None) -> float | None:
     return round(a / b, 3) if b else None
-
-
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
