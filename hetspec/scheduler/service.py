@@ -197,8 +197,8 @@ class Scheduler:
         """Each running request's part in the next step: alone, its own round; else a batch's."""
         running = self.turns.running
         if len(running) == 1:
-            if self.batch.drafts is not None:
-                self.batch.drafts.settle()     # a batch's draft caches caught up in the background
+            if self.batch.drafts is not None and self.turns.last is not running[0]:
+                self.batch.drafts.settle()     # a new turn: a batch's draft caches caught up in the background
             self.turns.begin(running[0])
             return Alone(running[0])
         self.turns.batching()
