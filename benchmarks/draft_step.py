@@ -19,7 +19,7 @@ import numpy as np
 from hetspec.benchmarks.bench.machine import add_isa_option, use_isa
 from hetspec.models import resolve_model
 from hetspec.workers.common.native_model import NativeModel
-from hetspec.workers.common.pinning import pin_threads
+from hetspec.workers.common.thread_pinning import pin_threads
 
 CONTEXT, STEPS = 128, 12
 

@@ -24,7 +24,7 @@ from hetspec.models import resolve_model
 from hetspec.scheduler.decoding.budget import CostModel, Windows
 from hetspec.scheduler.decoding.lookup import PromptLookup
 from hetspec.scheduler.tokenizer import Tokenizer
-from hetspec.workers.common.pinning import pin_threads
+from hetspec.workers.common.thread_pinning import pin_threads
 from hetspec.workers.target.native_target import NativeTarget
 
 CONTEXT, REPEATS = 256, 5

@@ -25,7 +25,7 @@ from hetspec.benchmarks.bench import llama_bin
 from hetspec.benchmarks.bench.machine import add_isa_option, describe_machine, use_isa
 from hetspec.core.pinning import pin
 from hetspec.models import resolve_model
-from hetspec.workers.common.pinning import pin_threads
+from hetspec.workers.common.thread_pinning import pin_threads
 
 DEPTHS, DECODE, WINDOWS = (150,), 32, (4, 8)
 REPS = 3

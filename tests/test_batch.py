@@ -28,8 +28,8 @@ from hetspec.ipc.specs import DraftSpec, TargetSpec
 from hetspec.models import resolve_model
 from hetspec.scheduler.decoding.budget import CostModel
 from hetspec.scheduler.decoding.links import TargetLink, WorkerError
-from hetspec.workers.draft.batch import BatchDrafter
-from hetspec.workers.draft.models import load_draft_model
+from hetspec.workers.draft.backends import load_draft_model
+from hetspec.workers.draft.batch_drafter import BatchDrafter
 
 from helpers import random_engine_config
 
@@ -172,7 +172,7 @@ def test_a_static_cache_target_steps_a_batch_in_one_pass_each_output_alone(passe
     assert sum(r.stats["batched_rounds"] for r in together) > 0
 
 
-# ---- a batch's drafts (Drafts, workers/draft/batch.py) -------------------------------
+# ---- a batch's drafts (Drafts, workers/draft/batch_drafter.py) -------------------------------
 
 @pytest.fixture(scope="module")
 def native_draft():

@@ -92,7 +92,7 @@ def test_a_gguf_target_worker_and_the_scheduler_need_no_torch(tmp_path):
     transformers backend (transformers_target.py), and the scheduler's kept tokenizer loads
     without it."""
     code = ("import sys, hetspec.workers.target.worker, hetspec.workers.target.gguf_target, "
-            "hetspec.workers.draft.worker, hetspec.scheduler.service; print('torch' in sys.modules)")
+            "hetspec.workers.draft.worker, hetspec.scheduler.scheduler; print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path)
     assert done.stdout.split() == ["False"]
 

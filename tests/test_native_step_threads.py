@@ -15,7 +15,7 @@ from hetspec.core.sampling import GREEDY
 from hetspec.ipc.messages import BranchPlan
 from hetspec.models import resolve_model
 from hetspec.workers.common.native_model import WINDOW_FILL, NativeModel
-from hetspec.workers.common.pinning import borrowed_cores
+from hetspec.workers.common.thread_pinning import borrowed_cores
 from hetspec.workers.draft import thread_choice
 from hetspec.workers.draft.drafter import Drafter
 from tests.test_llama_target import quantize, write_random_llama

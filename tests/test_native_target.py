@@ -12,7 +12,7 @@ import pytest
 from hetspec.core.pinning import pin
 from hetspec.models import resolve_model
 from hetspec.workers.common.native_model import Unsupported, lazy_zeros
-from hetspec.workers.common.pinning import CoreLoan
+from hetspec.workers.common.thread_pinning import CoreLoan
 from hetspec.workers.target.native_target import NativeTarget
 from tests.test_llama_target import (
     _engine_config,

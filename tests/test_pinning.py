@@ -17,7 +17,7 @@ import pytest
 CHILD = r"""
 import json, os, time
 import torch
-from hetspec.workers.common.pinning import borrowed_cores, pin_threads, set_torch_threads
+from hetspec.workers.common.thread_pinning import borrowed_cores, pin_threads, set_torch_threads
 
 own, lent = [1], [0]
 

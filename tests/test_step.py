@@ -23,9 +23,9 @@ from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.request import Capabilities
 from hetspec.scheduler.decoding.round import Verification
 from hetspec.scheduler.resolve import Resolver
+from hetspec.scheduler.slots import Slots
 from hetspec.scheduler.step import Together
 from hetspec.scheduler.tokenizer import Tokenizer
-from hetspec.scheduler.turns import Turns
 
 VOCAB = 256
 CAPS = Capabilities(max_gamma=8, max_sequences=1, borrow_cores=False, alone_borrows_cores=False,
@@ -45,17 +45,17 @@ def resolver() -> Resolver:
                     decoding=config.decoding, server=config.server, acceptance=AcceptancePrior())
 
 
-def admit(turns: Turns, rid: int, prompt: list[int], max_new: int):
+def admit(slots: Slots, rid: int, prompt: list[int], max_new: int):
     params = {"max_new_tokens": max_new}
     pending = Pending(b"client", GenerateRequest(rid, prompt, params=params), SamplingParams.make(params))
     request, output = resolver().resolve(pending)
-    return turns.admit(pending, lambda cache: Decoder(request, CAPS, None, None, output, cache=cache), 0)
+    return slots.admit(lambda cache: Decoder(request, CAPS, None, None, output, cache=cache, client=pending))
 
 
 def verdict(part) -> Verification:
     """The target's choice at each of the part's answer rows: after the context up to
     each of its last `rows` tokens."""
-    context = np.concatenate([part.running.decoder.out.context[:part.keep], part.tokens])
+    context = np.concatenate([part.decoder.out.context[:part.keep], part.tokens])
     ends = range(len(context) - part.rows + 1, len(context) + 1)
     return Verification(np.array([target_token(context[:end]) for end in ends], np.int32), None, 0.01)
 
@@ -67,58 +67,58 @@ def expected(prompt: list[int], n: int) -> list[int]:
     return context[len(prompt):]
 
 
-def run_steps(turns: Turns, batch: Batch, arrivals: dict[int, list], limit: int = 400) -> dict[int, list[int]]:
+def run_steps(slots: Slots, batch: Batch, arrivals: dict[int, list], limit: int = 400) -> dict[int, list[int]]:
     """Steps until every request is done; arrivals[k]: the requests that join before step k."""
     done, faults = {}, []
     for k in range(limit):
         for rid, prompt, max_new in arrivals.get(k, []):
-            admit(turns, rid, prompt, max_new)
-        if not turns.running and k > max(arrivals):
+            admit(slots, rid, prompt, max_new)
+        if not slots.running and k > max(arrivals):
             return done
-        step = Together(batch, batch.plan(list(turns.running), lambda r, exc: faults.append((r, exc))))
+        step = Together(batch, batch.plan(list(slots.running), lambda r, exc: faults.append((r, exc))))
         assert not faults, faults
         assert sum(len(p.tokens) for p in step.parts) <= batch.batch_tokens
         assert sum(p.rows for p in step.parts) <= batch.rows
-        assert len({p.running.cache for p in step.parts}) == len(step.parts)
+        assert len({p.decoder.cache for p in step.parts}) == len(step.parts)
         for i, part in enumerate(step.parts):
             step.commit(i, verdict(part))
-            if part.running.decoder.out.done:
-                done[part.running.pending.id] = part.running.decoder.out.new_ids
-                turns.remove(part.running)
-    raise AssertionError(f"not done after {limit} steps: {[r.pending.id for r in turns.running]}")
+            if part.decoder.out.done:
+                done[part.decoder.client.id] = part.decoder.out.new_ids
+                slots.remove(part.decoder)
+    raise AssertionError(f"not done after {limit} steps: {[r.client.id for r in slots.running]}")
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
 def test_every_request_commits_the_targets_own_tokens(n):
     """n requests at once, prompts of different lengths: chunks, first tokens, lookup guesses."""
     prompts = {rid: [rid + 1] * (3 + 11 * rid) for rid in range(n)}
-    turns, batch = Turns(8, 0.05), Batch(None, batch_tokens=24, rows=40)
-    done = run_steps(turns, batch, {0: [(rid, p, 20 + rid) for rid, p in prompts.items()]})
+    slots, batch = Slots(8, 0.05), Batch(None, batch_tokens=24, rows=40)
+    done = run_steps(slots, batch, {0: [(rid, p, 20 + rid) for rid, p in prompts.items()]})
     assert done == {rid: expected(p, 20 + rid) for rid, p in prompts.items()}
-    assert sorted(turns.free) == list(range(8))
+    assert sorted(slots.free) == list(range(8))
 
 
 def test_requests_join_and_leave_between_steps():
     """Arrivals at several steps, short and long requests: a slot freed is taken again."""
     arrivals = {0: [(0, [5, 6, 7], 40), (1, [9] * 30, 4)], 2: [(2, [1, 2], 12)], 3: [(3, [3] * 70, 8)],
                 9: [(4, [8, 8], 30), (5, [4] * 5, 1)]}
-    turns, batch = Turns(3, 0.05), Batch(None, batch_tokens=16, rows=24)
+    slots, batch = Slots(3, 0.05), Batch(None, batch_tokens=16, rows=24)
     pending = {k: list(v) for k, v in arrivals.items()}
     # three slots: a request that finds none waits for one (as Scheduler._admit does)
     done, queue, faults = {}, [], []
     for k in range(300):
         queue += pending.pop(k, [])
-        while queue and turns.may_admit():
-            admit(turns, *queue.pop(0))
-        if not turns.running and not queue and not pending:
+        while queue and slots.may_admit():
+            admit(slots, *queue.pop(0))
+        if not slots.running and not queue and not pending:
             break
-        step = Together(batch, batch.plan(list(turns.running), lambda r, exc: faults.append(exc)))
+        step = Together(batch, batch.plan(list(slots.running), lambda r, exc: faults.append(exc)))
         assert len(step.parts) <= 3 and sum(len(p.tokens) for p in step.parts) <= 16
         for i, part in enumerate(step.parts):
             step.commit(i, verdict(part))
-            if part.running.decoder.out.done:
-                done[part.running.pending.id] = part.running.decoder.out.new_ids
-                turns.remove(part.running)
+            if part.decoder.out.done:
+                done[part.decoder.client.id] = part.decoder.out.new_ids
+                slots.remove(part.decoder)
     assert not faults
     assert done == {rid: expected(p, m) for v in arrivals.values() for rid, p, m in v}
 
@@ -126,48 +126,48 @@ def test_requests_join_and_leave_between_steps():
 def test_decoding_requests_come_first_and_share_the_rows():
     """A step's decoding requests take their parts before a prompt is read; each one's
     guess shrinks to its share of the rows as the batch grows."""
-    turns, batch = Turns(8, 0.05), Batch(None, batch_tokens=64, rows=12)
+    slots, batch = Slots(8, 0.05), Batch(None, batch_tokens=64, rows=12)
     loop = [40] + expected([40], 30)              # the loop repeats: lookup guesses long windows
-    decoding = [admit(turns, rid, loop, 40) for rid in range(4)]
+    decoding = [admit(slots, rid, loop, 40) for rid in range(4)]
     for r in decoding:
-        r.decoder.read = len(r.decoder.out.context)
-        r.decoder.first_token(Verification(np.array([target_token(r.decoder.out.context)]), None, 0.0))
-    reader = admit(turns, 9, [7] * 100, 4)
-    parts = batch.plan(list(turns.running), lambda r, exc: pytest.fail(str(exc)))
-    assert [p.running for p in parts[:4]] == decoding and parts[4].running is reader
+        r.read = len(r.out.context)
+        r.first_token(Verification(np.array([target_token(r.out.context)]), None, 0.0))
+    reader = admit(slots, 9, [7] * 100, 4)
+    parts = batch.plan(list(slots.running), lambda r, exc: pytest.fail(str(exc)))
+    assert [p.decoder for p in parts[:4]] == decoding and parts[4].decoder is reader
     assert all(len(p.guess) >= 1 for p in parts[:4])
     assert sum(p.rows for p in parts) <= 12 and max(len(p.tokens) for p in parts[:4]) <= 12 // 5
     assert parts[4].keep == 0 and len(parts[4].tokens) == 64 - sum(len(p.tokens) for p in parts[:4])
 
 
 def test_a_part_that_raises_is_left_out_and_the_others_step():
-    turns, batch = Turns(4, 0.05), Batch(None, batch_tokens=32, rows=32)
-    good, bad = admit(turns, 0, [3, 4, 5], 6), admit(turns, 1, [6, 7], 6)
+    slots, batch = Slots(4, 0.05), Batch(None, batch_tokens=32, rows=32)
+    good, bad = admit(slots, 0, [3, 4, 5], 6), admit(slots, 1, [6, 7], 6)
     for r in (good, bad):
-        r.decoder.read = len(r.decoder.out.context)
-        r.decoder.first_token(Verification(np.array([target_token(r.decoder.out.context)]), None, 0.0))
+        r.read = len(r.out.context)
+        r.first_token(Verification(np.array([target_token(r.out.context)]), None, 0.0))
 
     def broken(limit=None):
         raise RuntimeError("its lookup failed")
-    bad.decoder.guess = broken
+    bad.guess = broken
     faults = []
-    parts = batch.plan(list(turns.running), lambda r, exc: faults.append((r, str(exc))))
-    assert [p.running for p in parts] == [good] and faults == [(bad, "its lookup failed")]
+    parts = batch.plan(list(slots.running), lambda r, exc: faults.append((r, str(exc))))
+    assert [p.decoder for p in parts] == [good] and faults == [(bad, "its lookup failed")]
     commit(parts[0], verdict(parts[0]))
-    assert good.decoder.out.new_ids == expected([3, 4, 5], len(good.decoder.out.new_ids))
+    assert good.out.new_ids == expected([3, 4, 5], len(good.out.new_ids))
 
 
 def test_a_lone_request_admits_another_once_its_turn_is_over():
-    """Turns.may_admit: room, and a request alone for turn_s at least (or none running)."""
-    turns = Turns(2, turn_s=3600)
-    first = admit(turns, 0, [1, 2], 4)
-    assert turns.may_admit()                       # admitted, not yet run alone: another may join it
-    turns.last, turns.alone_since = first, (time.monotonic(), 0)
-    assert not turns.may_admit()                   # alone, its turn not over
-    turns.turn_s = 0.001
+    """Slots.may_admit: room, and a request alone for turn_s at least (or none running)."""
+    slots = Slots(2, turn_s=3600)
+    first = admit(slots, 0, [1, 2], 4)
+    assert slots.may_admit()                       # admitted, not yet run alone: another may join it
+    slots.last, slots.alone_since = first, (time.monotonic(), 0)
+    assert not slots.may_admit()                   # alone, its turn not over
+    slots.turn_s = 0.001
     time.sleep(0.002)
-    assert not turns.may_admit()                   # turn_s over, but no round yet: only its prompt
-    first.decoder.rounds_alone += 1
-    assert turns.may_admit()
-    admit(turns, 1, [3], 4)
-    assert not turns.may_admit()                   # no slot left
+    assert not slots.may_admit()                   # turn_s over, but no round yet: only its prompt
+    first.rounds_alone += 1
+    assert slots.may_admit()
+    admit(slots, 1, [3], 4)
+    assert not slots.may_admit()                   # no slot left

@@ -1,4 +1,4 @@
-"""Requests at once (hetspec/scheduler/turns.py, batch.py): a short request is not kept
+"""Requests at once (hetspec/scheduler/slots.py, batch.py): a short request is not kept
 waiting behind a long one, and moving between a request alone and a batch, every round if
 need be, changes no request's output. Nothing here asserts a wall-clock speed: only which
 request finished first, and tokens."""

@@ -49,7 +49,7 @@ def _run(model_file: str, cores: list[int], threads: int, n_ctx: int, prompts: l
 
     import numpy as np
 
-    from hetspec.workers.common.pinning import pin
+    from hetspec.workers.common.thread_pinning import pin
 
     pin(cores)
     with tempfile.TemporaryDirectory(prefix="hetspec-ceiling-") as scratch:

@@ -10,10 +10,10 @@ from hetspec.benchmarks.bench.settings import engine_config, split_config
 from hetspec.config import load_config
 from hetspec.launcher import Launcher
 from hetspec.models import resolve_model
-from hetspec.scheduler.service import Scheduler
+from hetspec.scheduler.scheduler import Scheduler
 from hetspec.scheduler.tokenizer import Tokenizer
 
-CONTEXT_TOKENS = 256     # the engine's own calibration context (hetspec.scheduler.service.CALIBRATION_CONTEXT)
+CONTEXT_TOKENS = 256     # the engine's own calibration context (hetspec.scheduler.scheduler.CALIBRATION_CONTEXT)
 GAMMA = 5                # the budget the committed SmolLM2 reports chose (4-5); a verify pass holds GAMMA + 1 tokens
 VOCABS = {"smollm2": 49152, "gemma3": 262144}
 

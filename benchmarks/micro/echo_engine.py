@@ -31,7 +31,7 @@ from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import Finished, GenerateRequest, RequestFailed, TokensEvent
 from hetspec.ipc.specs import RunSpec, WorkerCommand
 from hetspec.launcher import Launcher
-from hetspec.scheduler.service import Scheduler
+from hetspec.scheduler.scheduler import Scheduler
 
 ECHO_MODEL = "random:vocab=49152,tokenizer=smollm2"   # SmolLM2's tokenizer (the scheduler's); no weights are loaded
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 2]   # a short chat-like prompt's ids

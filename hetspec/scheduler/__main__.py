@@ -16,7 +16,7 @@ from hetspec.core.errors import HetspecError
 from hetspec.ipc.messages import RequestFailed
 from hetspec.ipc.specs import RunSpec
 from hetspec.launcher import READY_FILE
-from hetspec.scheduler.service import Scheduler
+from hetspec.scheduler.scheduler import Scheduler
 
 
 def main(argv=None) -> int:

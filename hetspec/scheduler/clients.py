@@ -1,6 +1,6 @@
 """The scheduler's side of its clients: one ROUTER socket, the queue of requests
-waiting to be admitted, the admitted ones (turns.py), cancels,
-deadlines, and the count of how requests ended.
+waiting to be admitted (the admitted ones are in slots.py), cancels, deadlines,
+and the count of how requests ended.
 
 A client is gone when a send to it fails (ipc.channel.Router): its request is
 then cancelled like one whose client asked.
@@ -53,7 +53,6 @@ class Clients:
         self.endpoint = self.router.endpoint
         self.max_queue, self.api_key = max_queue, api_key
         self.queue: deque[Pending] = deque()
-        self.admitted: dict[int, Pending] = {}   # request id -> a request taking turns (turns.py)
         self.cancelled: set[int] = set()         # ids asked to stop (CancelRequest): admitted, or not seen yet
         self.counts = Counter()                  # requests by how they ended: completed, cancelled, timeout...
 
@@ -61,16 +60,16 @@ class Clients:
         """False if that client is gone."""
         return self.router.send(identity, message)
 
-    def read(self, timeout_ms: int) -> list[tuple[bytes, object]]:
+    def read(self, timeout_ms: int, running: int) -> list[tuple[bytes, object]]:
         """Queue requests and apply cancels that arrived; answer what is malformed,
-        unauthorized or over the queue's bound; return the rest (info, stop) for the
-        scheduler to answer."""
+        unauthorized or over the queue's bound (max_queue, counting the `running` ones too);
+        return the rest (info, stop) for the scheduler to answer."""
         if not self.router.waiting(timeout_ms):
             return []
         others = []
         while (item := self.router.recv_nowait()) is not None:
             try:
-                self._take(*item, others)
+                self._take(*item, others, running)
             except Exception as exc:  # noqa: BLE001 - this message's fault boundary: logged, answered
                 traceback.print_exc()
                 rid = getattr(item[1], "request_id", -1)
@@ -78,7 +77,7 @@ class Clients:
                                                  f"the engine failed on this message ({type(exc).__name__})"))
         return others
 
-    def _take(self, identity: bytes, message, others: list) -> None:
+    def _take(self, identity: bytes, message, others: list, running: int) -> None:
         if isinstance(message, Malformed):
             self.send(identity, RequestFailed(message.request_id, "request", str(message)))
         elif not self._authorized(message):
@@ -87,7 +86,7 @@ class Clients:
         elif isinstance(message, GenerateRequest) and message.request_id in self.cancelled:
             self.cancelled.discard(message.request_id)    # cancelled before it arrived
             self.finish_early(identity, message.request_id, "cancelled")
-        elif isinstance(message, GenerateRequest) and len(self.queue) + len(self.admitted) > self.max_queue:
+        elif isinstance(message, GenerateRequest) and len(self.queue) + running > self.max_queue:
             self.counts["busy"] += 1   # (when idle, the first in the queue is admitted at once)
             self.send(identity, RequestFailed(message.request_id, "busy", "the engine is busy: "
                                               f"{len(self.queue)} requests are waiting ([server] max_queue)"))
@@ -110,14 +109,12 @@ class Clients:
         while self.queue:
             pending = self.queue.popleft()
             if self.send(pending.identity, TokensEvent(pending.id, [], "")):   # an empty event: is anyone there?
-                self.admitted[pending.id] = pending
                 return pending
             self.counts["cancelled"] += 1
         return None
 
     def done(self, pending: Pending) -> None:
         """An admitted request ended (however): a cancel that came too late is forgotten."""
-        self.admitted.pop(pending.id, None)
         self.cancelled.discard(pending.id)
 
     def must_stop(self, pending: Pending) -> str | None:
@@ -140,11 +137,10 @@ class Clients:
         self.counts[reason] += 1
         self.send(identity, Finished(rid, [], "", reason, {"finish_reason": reason, "new_tokens": 0}))
 
-    def refuse_all(self, message: str) -> None:
-        """Never leave a client waiting (the engine is stopping)."""
-        for pending in [*self.admitted.values(), *self.queue]:
+    def refuse_all(self, running: list[Pending], message: str) -> None:
+        """Never leave a client waiting (the engine is stopping): the running ones and the queue."""
+        for pending in [*running, *self.queue]:
             self.send(pending.identity, RequestFailed(pending.id, "dead", message))
-        self.admitted.clear()
         self.queue.clear()
 
     def _cancel(self, rid: int) -> None:

@@ -190,7 +190,7 @@ def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handov
         alone_borrows_cores=alone_borrows, batch_borrows_cores=batch_borrows,
         draft_borrows_cores=config.draft.prefill_borrows_target_cores and hellos["draft"].prefill_threads,
         keep_drafting=keep_drafting, kv_handover=kv_handover, lookup=config.decoding.lookup,
-        # a batch's drafts: the native draft's (workers/draft/batch.py), in the target's own tokens
+        # a batch's drafts: the native draft's (workers/draft/batch_drafter.py), in the target's own tokens
         batch_drafts=config.decoding.batch_drafts and config.server.max_running > 1 and not differ
         and hellos["draft"].backend == "native")
 

@@ -14,21 +14,21 @@ reads its clients; between steps it admits, cancels and times out requests.
 from __future__ import annotations
 
 from hetspec.scheduler.batch import Batch, Part, commit
+from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.round import Verification
-from hetspec.scheduler.turns import Running
 
 
 class Alone:
     """A lone request's step: its decoder's next part, which commits its own tokens."""
 
-    def __init__(self, running: Running):
-        self.running = [running]
+    def __init__(self, decoder: Decoder):
+        self.running = [decoder]
 
     def start(self, borrow_cores: bool) -> None:     # (a lone part decides its own cores)
-        self.running[0].decoder.start()
+        self.running[0].start()
 
     def finish(self) -> list[None]:
-        self.running[0].decoder.finish()
+        self.running[0].finish()
         return [None]
 
     def commit(self, i: int, verdict: None) -> None:
@@ -40,7 +40,7 @@ class Together:
 
     def __init__(self, batch: Batch, parts: list[Part]):
         self.batch, self.parts = batch, parts
-        self.running = [p.running for p in parts]
+        self.running = [p.decoder for p in parts]
 
     def start(self, borrow_cores: bool) -> None:
         self.batch.start(self.parts, borrow_cores)

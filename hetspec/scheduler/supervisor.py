@@ -28,7 +28,7 @@ LOG_LINES = 5         # log lines quoted when a worker is given up
 def spawn(args: list[str], log_path: str, threads: int) -> subprocess.Popen:
     """A hetspec Python process in its own session (a Ctrl-C reaches only the launcher),
     logging to log_path. One OpenMP/MKL thread per owned core; a prefill on borrowed
-    cores asks for more explicitly and re-pins every thread (workers/common/pinning.py)."""
+    cores asks for more explicitly and re-pins every thread (workers/common/thread_pinning.py)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"), PYTHONUNBUFFERED="1")

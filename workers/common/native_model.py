@@ -1,6 +1,6 @@
 """The native model: a Llama-, Qwen2-, Qwen3- or Gemma-3-architecture GGUF model run by
 workers/kernels/native_model.c, which both workers load: the native draft as it is
-(workers/draft/models.py), the native target with every weight exact
+(workers/draft/backends.py), the native target with every weight exact
 (workers/target/native_target.py, exact_kquants and window_layout).
 
 A token takes the one-token step (hs_forward), activations rounded to 16 bits; the
@@ -11,7 +11,7 @@ windows and prompt chunks, and a draft's long feed (a prompt, a catch-up after i
 rested), all but its last token, which fills the cache about 3x faster a token but,
 with 8-bit activations, further from the float model's (see WINDOW_FILL). How the
 file's tensors are held: native_weights.py. Behind the DraftModel protocol of
-workers/draft/models.py (forward, kv_geometry, import_kv), so the drafter and the KV
+workers/draft/backends.py (forward, kv_geometry, import_kv), so the drafter and the KV
 handover work with any backend. Its cache is positional: a forward at `pos` simply
 overwrites from there, which is all a rollback needs (and all a step halted midway,
 forward's `halt`, leaves to clean up). Every product's rows, a step's and a window's,

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from hetspec.workers.common.pinning import pin_threads
+from hetspec.workers.common.thread_pinning import pin_threads
 
 CONTEXT = 64     # random tokens before the timed step: a short context, as a draft's often is
 STEPS = 4        # timed steps a count, the fastest counting, after one untimed

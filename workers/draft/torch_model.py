@@ -1,4 +1,4 @@
-"""A transformers model as the draft (any checkpoint; see workers/draft/models.py)."""
+"""A transformers model as the draft (any checkpoint; see workers/draft/backends.py)."""
 from __future__ import annotations
 
 import numpy as np

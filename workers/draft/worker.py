@@ -24,11 +24,11 @@ from hetspec.ipc.messages import (
     WorkerHello,
 )
 from hetspec.ipc.specs import DraftSpec
-from hetspec.workers.common.pinning import borrowed_cores, pin, pin_threads, set_torch_threads
 from hetspec.workers.common.process import parse_args, serve
-from hetspec.workers.draft.batch import BatchDrafter
+from hetspec.workers.common.thread_pinning import borrowed_cores, pin, pin_threads, set_torch_threads
+from hetspec.workers.draft.backends import load_draft_model
+from hetspec.workers.draft.batch_drafter import BatchDrafter
 from hetspec.workers.draft.drafter import Drafter
-from hetspec.workers.draft.models import load_draft_model
 from hetspec.workers.draft.thread_choice import fastest_threads
 
 

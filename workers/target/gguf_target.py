@@ -10,7 +10,7 @@ import numpy as np
 
 from hetspec.ipc.specs import TargetSpec
 from hetspec.workers.common.extras import require_llama_cpp
-from hetspec.workers.common.pinning import CoreLoan
+from hetspec.workers.common.thread_pinning import CoreLoan
 from hetspec.workers.target.native_target import NativeTarget
 
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from hetspec.workers.common.llama_handles import free, open_model
 from hetspec.workers.kernels import output_head
-from hetspec.workers.target.windows import checked_window
+from hetspec.workers.target.forward_checks import checked_window
 
 os.environ["GGML_CPU_TILED_MM"] = "0"     # ggml reads it once, at the process's first product
 

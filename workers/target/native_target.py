@@ -24,7 +24,7 @@ import numpy as np
 
 from hetspec.workers.common import gguf_vocab
 from hetspec.workers.common.native_model import NativeModel
-from hetspec.workers.target.windows import checked_window
+from hetspec.workers.target.forward_checks import checked_window
 
 
 class NativeTarget:

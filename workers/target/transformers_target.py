@@ -11,8 +11,8 @@ import torch
 from hetspec.ipc.specs import TargetSpec
 from hetspec.workers.common.hf_loading import eos_token_ids, load_causal_lm, resolve_dtype
 from hetspec.workers.common.kv_model import KVModel, StaticKVModel, padded_sizes
-from hetspec.workers.common.pinning import CoreLoan, set_torch_threads
 from hetspec.workers.common.process import StartAfresh
+from hetspec.workers.common.thread_pinning import CoreLoan, set_torch_threads
 from hetspec.workers.target.attention import use_grouped_attention
 from hetspec.workers.target.captured import CapturedKVModel, CaptureFailed, outputs_bytes
 from hetspec.workers.target.devices import resolve_device, running_caches

@@ -23,8 +23,8 @@ from hetspec.ipc.messages import (
     WorkerHello,
 )
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS, TargetSpec
-from hetspec.workers.common.pinning import pin_threads, set_torch_threads
 from hetspec.workers.common.process import parse_args, serve
+from hetspec.workers.common.thread_pinning import pin_threads, set_torch_threads
 from hetspec.workers.target.devices import resolve_device
 
 ONCE_ABOVE_S = 0.1       # a calibration pass this slow is timed once: a hiccup is small beside it

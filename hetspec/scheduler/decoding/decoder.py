@@ -1,31 +1,28 @@
-"""One request's part in each step of the scheduler's loop while it runs alone, in
-one of three explicit modes (core.params.Mode):
+"""A running request, the one owner of its state: its client, its cache in the target, what
+the draft's caches hold of it, its output, statistics, and its part in each step. Alone, its
+part is one of three explicit modes (core.params.Mode):
 
   duodec      DuoDecoding: the draft drafts the next window while the target
               verifies the current one (duodec_round);
   sequential  ordinary speculative decoding (SpS): draft, then verify (sequential_round);
-  target      the target alone, one token a pass (target_step).
+  target      the target alone, one token a pass (target_step);
 
-The other kinds of part: the prompt (prefill), a rest while speculating does not pay
-(rest_step, gate.py), and target-only steps while the draft catches up with the
-context (draft_catches_up). Each kind is one method that sends its passes and returns
-what finishes it (the verdict collected, the tokens committed); the loop streams the
-last step's tokens and reads its clients in between (start, finish).
+or the prompt (prefill), a rest while speculating does not pay (rest_step, gate.py),
+or target-only steps while the draft catches up (draft_catches_up). Each kind is one
+method that sends its passes and returns what finishes it; the loop streams the last
+step's tokens and reads its clients in between (start, finish). Beside other
+requests its parts are a batch's (scheduler/batch.py: read, guess, first_token,
+commit_target_step, commit_drafted_step).
 
-A draft that is restarting, dies, fails a command or cannot hold the text (another
-vocabulary's) leaves the request target-only: it loses speed, never tokens. In a
-speculative mode a target-only step also verifies a free prompt-lookup guess
-(lookup.py). The draft is a DraftLink or a BridgedDraft (bridge.py): same methods.
-Window lengths come from budget.Windows; the words for what a round passes around
-(window, branch, accepted, bonus token): round.py. Beside other requests, a request's
-parts are a batch's instead (scheduler/batch.py: read, guess, commit_target_step,
-commit_drafted_step, first_token).
+A draft that is restarting, dies, fails or cannot hold the text (another vocabulary's)
+leaves the request target-only: it loses speed, never tokens. A target-only step in a
+speculative mode verifies a free prompt-lookup guess (lookup.py). The draft is a
+DraftLink or a BridgedDraft (bridge.py). Windows: budget.Windows; the words: round.py.
 
 Invariant: the target's KV cache holds every committed token but the last, so each
-verify pass feeds [last committed token] + pending window W and reads the target's
-choice at every position of W and after it. The draft keeps its own cache in step by
-longest common prefix (workers/draft/drafter.py): a wrong draft_ready costs time,
-never tokens.
+verify pass feeds [last committed token] + pending window W and reads the target's choice
+at every position of W and after it. The draft's caches keep in step by longest common prefix
+(workers/draft/drafter.py): a wrong draft_ready costs time, never tokens.
 """
 from __future__ import annotations
 
@@ -62,10 +59,12 @@ class PrefillPlan(NamedTuple):
 class Decoder:
     def __init__(self, request: Request, caps: Capabilities, draft: DraftLink, target: TargetLink, output: Output,
                  costs: CostModel | None = None, without_draft: str | None = None, memory: Memory | None = None,
-                 cache: int = 0):
+                 cache: int = 0, client=None, target_starts: int = 0):
         self.request, self.caps, self.id, self.params = request, caps, request.id, request.params
         self.draft, self.target, self.out = draft, target, output
-        self.cache = cache                     # the target's cache of this request (requests take turns)
+        self.client = client                   # the client's request (clients.Pending): whom to answer, its arrival
+        self.cache = cache                     # the target's cache of this request (slots.py)
+        self.target_starts = target_starts     # the target's starts at admission: its cache lives in that one
         self.costs = costs                     # None: every round drafts gamma tokens
         self.windows = Windows(request.gamma, request.rebalance, caps.max_gamma, costs, caps.lookup)
         self.lookup = PromptLookup() if caps.lookup and request.params.mode is not Mode.TARGET else None
@@ -73,6 +72,8 @@ class Decoder:
         self.stats = Stats(prior=request.prior, fallback=without_draft)
         self.gate = Gate(memory or Memory(None), forced=request.speculation is Speculation.ALWAYS)
         self.draft_ready = False               # the draft's cache holds this request's context
+        self.batch_held = (0, 0)               # a batch's draft (batch.Drafts): (its epoch, tokens its cache holds)
+        self.batch_drafted = None              # ... (predicted context, the tokens it drafted after it, its seconds)
         self.read = 0                          # prompt tokens in the target's cache, until its first token
         self.pending = EMPTY                   # the window drafted beside the last pass, for the next (duodec)
         self.underway = None                   # what finishes this request's part in the step under way
@@ -288,8 +289,7 @@ class Decoder:
         self.out.commit([*window.tokens[:n_accepted], token])
         return n_accepted, token, self.out.length - before
 
-    def choose(self, verdict: Verification) -> int:
-        """The target's own next token after a pass with no window."""
+    def choose(self, verdict: Verification) -> int:   # the target's own next token after a pass with no window
         return sample(verdict.probs[0], self.rng) if self.request.rule is Rule.UNKEYED else int(verdict.choice[0])
 
     def record(self, started: float, window: Window, verdict: Verification, drafted: Draft, n_accepted: int,

@@ -52,7 +52,7 @@ def memories(target_s: float | None) -> dict[str, Memory]:
 class Gate:
     """One request's gate. Its rest and rest_len start from the engine's Memory and are
     written back to it as they change; they are this request's own, not views of the
-    Memory, because requests of one mode taking turns (turns.py) share that Memory."""
+    Memory, because requests of one mode taking turns (slots.py) share that Memory."""
 
     def __init__(self, memory: Memory, forced: bool, clock=time.perf_counter):
         self.memory, self.forced, self.clock = memory, forced, clock

@@ -18,8 +18,11 @@ from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import (
     AttachBuffers,
     Attached,
+    BatchWindow,
     BranchPlan,
+    DraftBatch,
     Drafted,
+    DraftedBatch,
     DraftExtended,
     DraftWindow,
     ExportKV,
@@ -266,6 +269,7 @@ class DraftLink(WorkerLink):
         self.extending = False   # the last window may grow after its reply (DraftExtended)
         self.with_probs = False  # the last window comes with probability rows
         self.sent = np.zeros(0, np.int32)   # the last command's context: the draft's cache holds it (drafter.sync)
+        self.batch: tuple = ()   # the last DraftBatch's windows
 
     def start_prefill(self, request_id: int, context, seed: int, reuse_cache: bool, borrow_cores: bool,
                       kv_length: int = 0) -> None:
@@ -310,6 +314,21 @@ class DraftLink(WorkerLink):
         tokens = from_slot(self.buffers["tokens"].array[reply.slot], reply.lengths, total)
         probs = from_slot(self.buffers["probs"].array[reply.slot], reply.lengths, total) if self.with_probs else None
         return Draft([b.copy() for b in tokens], probs, seconds)
+
+    def start_batch(self, windows: list[BatchWindow], contexts: list[np.ndarray], gamma: int, catch_up: int) -> None:
+        """Several requests' windows as one command (DraftBatch): window i after contexts[i],
+        in its own cache (a cache catching up first reads at most catch_up tokens)."""
+        for window, context in zip(windows, contexts):
+            self.buffers["contexts"].array[window.cache, :len(context)] = context
+        self.batch = tuple(windows)
+        self.send(DraftBatch(windows, gamma, catch_up))
+
+    def finish_batch(self) -> tuple[DraftedBatch, list[np.ndarray]]:
+        """The draft's reply, and the tokens drafted in each window (none: still catching up)."""
+        reply = self.wait()
+        assert isinstance(reply, DraftedBatch), reply
+        drafts = self.buffers["drafts"].array
+        return reply, [drafts[w.cache, :n].copy() for w, n in zip(self.batch, reply.lengths)]
 
     def halt(self) -> None:
         """The target's verdict is in: an extension of the last window stops at once,

@@ -28,10 +28,10 @@ from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.gate import memories
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerLost
 from hetspec.scheduler.resolve import Resolver
+from hetspec.scheduler.slots import Slots
 from hetspec.scheduler.step import Alone, Together
 from hetspec.scheduler.supervisor import Crew, State
 from hetspec.scheduler.tokenizer import Tokenizer
-from hetspec.scheduler.turns import Running, Turns
 
 WORKER_SEND_TIMEOUT_MS = 2000   # a DEALER with no peer (a dead worker) would block a send forever
 MAX_LOOP_FAULTS = 20            # faults in a row outside any request before the scheduler gives up
@@ -60,7 +60,7 @@ class Scheduler:
         self.crew = Crew(spec, {"draft": self.draft_link, "target": self.target})
         server = self.config.server
         self.clients = Clients(self.context, spec.endpoints.client, server.max_queue, server.api_key)
-        self.turns: Turns | None = None       # once the target says how many requests it holds (start)
+        self.slots: Slots | None = None       # once the target says how many requests it holds (start)
         for link in (self.draft_link, self.target):
             link.channel.socket.setsockopt(zmq.SNDTIMEO, WORKER_SEND_TIMEOUT_MS)
         self.counts = self.clients.counts     # requests by how they ended
@@ -79,7 +79,7 @@ class Scheduler:
         draft_tokenizer = startup.draft_tokenizer(spec.draft_model, spec.target_model, tokenizer)
         hellos = startup.wait_for_workers(self.crew, links, self.config.server.startup_timeout_s)
         self.config = startup.with_running(self.config, hellos["target"], self.crew.workers["target"])
-        self.turns = Turns(self.config.server.max_running, self.config.server.turn_s)
+        self.slots = Slots(self.config.server.max_running, self.config.server.turn_s)
         differ = startup.check_vocabularies(tokenizer, draft_tokenizer, hellos, spec.draft_model)
         self.kv_buffer = startup.attach_buffers(self.config, spec.run_id, *links, hellos)
         gamma, budget, self.costs = startup.calibrate(self.config, *links)
@@ -119,7 +119,7 @@ class Scheduler:
                 if faults >= MAX_LOOP_FAULTS:
                     raise
                 time.sleep(0.1)
-        self.clients.refuse_all("the engine stopped")
+        self.clients.refuse_all([d.client for d in self.slots.running] if self.slots else [], "the engine stopped")
 
     def _step(self) -> None:
         """Between steps: the workers checked, clients read, requests that must end ended,
@@ -128,19 +128,19 @@ class Scheduler:
         self._read_clients(timeout_ms=0 if self._can_run() else 100)
         self._sweep()
         self._admit()
-        if self._target_up() and self.turns.running:
+        if self._target_up() and self.slots.running:
             self._run(self._plan())
 
     def _can_run(self) -> bool:
         """Requests run once the target is up (or given up: then they are answered at
         once); while the target restarts, they wait."""
-        return bool(self.clients.queue or self.turns.running) and self._target_up()
+        return bool(self.clients.queue or self.slots.running) and self._target_up()
 
     def _target_up(self) -> bool:
         return self.crew.workers["target"].state is not State.STARTING
 
     def _read_clients(self, timeout_ms: int) -> None:
-        for identity, message in self.clients.read(timeout_ms):
+        for identity, message in self.clients.read(timeout_ms, len(self.slots.running)):
             try:
                 if isinstance(message, InfoRequest):
                     self.clients.send(identity, EngineInfo(self._live_info()))
@@ -158,7 +158,7 @@ class Scheduler:
         workers = self.crew.info()
         for role in ("draft", "target"):
             self.info[role]["pid"] = workers[role]["pid"]
-        return {**self.info, "running": len(self.turns.running), "batch": self.batch.size,
+        return {**self.info, "running": len(self.slots.running), "batch": self.batch.size,
                 "waiting": len(self.clients.queue),
                 "requests": dict(self.counts), "workers": workers, "restarts": self.crew.restarts(),
                 "dead": self._dead()}
@@ -172,13 +172,13 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Queued requests join the running ones while there is room (and the target is up)."""
-        while self.turns.may_admit() and self._target_up() and (pending := self.clients.admit()):
+        while self.slots.may_admit() and self._target_up() and (pending := self.clients.admit()):
             if dead := self._dead():
                 self.clients.done(pending)
                 self.clients.send(pending.identity, RequestFailed(pending.id, "dead", dead))
                 continue
             try:
-                self.turns.admit(pending, lambda cache, p=pending: self._decoder(p, cache), self._target_starts())
+                self.slots.admit(lambda cache, p=pending: self._decoder(p, cache))
             except RequestError as exc:
                 self.counts["refused"] += 1
                 self._fail(pending, "request", str(exc))
@@ -187,21 +187,21 @@ class Scheduler:
                 self.counts["failed"] += 1
                 self._fail(pending, "internal", _internal(exc))
 
-    def _decoder(self, pending: Pending, cache: int):
+    def _decoder(self, pending: Pending, cache: int) -> Decoder:
         request, output = self.resolver.resolve(pending)
         without_draft = None if request.params.mode == "target" else self.crew.unavailable("draft")
         return Decoder(request, self.caps, self.draft, self.target, output, self.costs, without_draft,
-                       self.memories.get(request.params.mode), cache)
+                       self.memories.get(request.params.mode), cache, pending, self._target_starts())
 
     def _plan(self) -> Alone | Together:
         """Each running request's part in the next step: alone, its own round; else a batch's."""
-        running = self.turns.running
+        running = self.slots.running
         if len(running) == 1:
-            if self.batch.drafts is not None and self.turns.last is not running[0]:
+            if self.batch.drafts is not None and self.slots.last is not running[0]:
                 self.batch.drafts.settle()     # a new turn: a batch's draft caches caught up in the background
-            self.turns.begin(running[0])
+            self.slots.begin(running[0])
             return Alone(running[0])
-        self.turns.batching()
+        self.slots.batching()
         return Together(self.batch, self.batch.plan(running, self._end))
 
     def _run(self, step: Alone | Together) -> None:
@@ -210,16 +210,16 @@ class Scheduler:
         leaves the running ones."""
         if not step.running:                   # (every part of a batch failed as it was planned)
             return
-        reading = [r.decoder.out.length == r.decoder.out.n_prompt for r in step.running]
+        reading = [r.out.length == r.out.n_prompt for r in step.running]
         try:
-            for running in step.running:
-                self._check_cache(running)
+            for decoder in step.running:
+                self._check_cache(decoder)
             step.start(borrow_cores=self.caps.batch_borrows_cores and not self.draft_link.busy)
         except Exception as exc:  # noqa: BLE001 - before the pass: every request ends as the first check did
-            for running in step.running:
-                self._end(running, exc)
+            for decoder in step.running:
+                self._end(decoder, exc)
             return
-        gone = [not self._send_round(running) for running in step.running]
+        gone = [not self._send_round(decoder) for decoder in step.running]
         self.crew.check()
         self._read_clients(timeout_ms=0)
         try:
@@ -229,53 +229,53 @@ class Scheduler:
             self._target_lost(lost)
             return
         except Exception as exc:  # noqa: BLE001 - the worker dropped every cache of the pass (WorkerError)
-            for running in step.running:
-                self._end(running, exc)
+            for decoder in step.running:
+                self._end(decoder, exc)
             return
-        for i, running in enumerate(step.running):
+        for i, decoder in enumerate(step.running):
             try:
                 step.commit(i, verdicts[i])
-                self._after_step(running, gone[i], first=reading[i])
+                self._after_step(decoder, gone[i], first=reading[i])
             except Exception as exc:  # noqa: BLE001 - this request's fault boundary
-                self._end(running, exc)
+                self._end(decoder, exc)
 
-    def _after_step(self, running: Running, client_gone: bool, first: bool) -> None:
+    def _after_step(self, decoder: Decoder, client_gone: bool, first: bool) -> None:
         """A request ends if it is done or must stop; its first token goes out at once."""
         if self.stopping or os.getppid() != self.parent:
             raise EngineDeadError("the engine was stopped while this request was running")
-        if reason := "cancelled" if client_gone else self.clients.must_stop(running.pending):
+        if reason := "cancelled" if client_gone else self.clients.must_stop(decoder.client):
             raise Stopped(reason)
-        if running.decoder.out.done:
-            self._completed(running)
-        elif first and not self._send_round(running):
+        if decoder.out.done:
+            self._completed(decoder)
+        elif first and not self._send_round(decoder):
             raise Stopped("cancelled")
 
-    def _send_round(self, running: Running) -> bool:
+    def _send_round(self, decoder: Decoder) -> bool:
         """A request's tokens since its last step, to its client; False if it has gone."""
-        ids, text = running.decoder.out.take_round()
-        return not (ids or text) or self.clients.send(running.pending.identity,
-                                                      TokensEvent(running.pending.id, ids, text))
+        ids, text = decoder.out.take_round()
+        return not (ids or text) or self.clients.send(decoder.client.identity,
+                                                      TokensEvent(decoder.client.id, ids, text))
 
-    def _check_cache(self, running: Running) -> None:
-        if running.target_starts != self._target_starts():
+    def _check_cache(self, decoder: Decoder) -> None:
+        if decoder.target_starts != self._target_starts():
             raise WorkerLost("target", "the target worker was restarted while this request waited for its "
                                        "turn (its cache went with it)")
 
-    def _completed(self, running: Running) -> None:
+    def _completed(self, decoder: Decoder) -> None:
         self.counts["completed"] += 1
-        self.acceptance.learn(running.decoder.request, running.decoder.stats)
-        self._finished(running)
-        self._retire(running)
+        self.acceptance.learn(decoder.request, decoder.stats)
+        self._finished(decoder)
+        self._retire(decoder)
 
-    def _end(self, running: Running, exc: Exception) -> None:
+    def _end(self, decoder: Decoder, exc: Exception) -> None:
         """The fault boundary of one request: whatever it raised ends it alone, with an
         answer to its client (the other requests go on)."""
-        pending, out = running.pending, running.decoder.out
+        pending, out = decoder.client, decoder.out
         if isinstance(exc, Stopped):       # both workers may be mid-round: collect their replies first
             self._drain()
             self.counts[exc.reason] += 1
             out.cancel(exc.reason)
-            self._finished(running)
+            self._finished(decoder)
         elif isinstance(exc, WorkerLost):  # the target died (a lost draft never gets here: Decoder.without_draft)
             self._drain()
             self._target_lost(exc)
@@ -291,22 +291,22 @@ class Scheduler:
             self._drain()
             self.counts["failed"] += 1
             self.clients.send(pending.identity, RequestFailed(pending.id, "internal", _internal(exc)))
-        self._retire(running)
+        self._retire(decoder)
 
     def _sweep(self) -> None:
         """Running requests that were cancelled or timed out end now, with the tokens they
         have, and so do queued ones past their deadline."""
         self.clients.expire()
-        for running in list(self.turns.running):
-            if reason := self.clients.must_stop(running.pending):
-                self._end(running, Stopped(reason))
+        for decoder in list(self.slots.running):
+            if reason := self.clients.must_stop(decoder.client):
+                self._end(decoder, Stopped(reason))
 
     def _target_lost(self, lost: WorkerLost) -> None:
         """Every admitted request had its cache in the dead target: one with no token yet
         runs again, first, once the target is back (once); the others are aborted."""
-        for running in sorted(self.turns.running, key=lambda r: r.pending.arrived, reverse=True):
-            pending, out = running.pending, running.decoder.out
-            self._retire(running)
+        for decoder in sorted(self.slots.running, key=lambda r: r.client.arrived, reverse=True):
+            pending, out = decoder.client, decoder.out
+            self._retire(decoder)
             if out.length == out.n_prompt and not pending.retried:
                 pending.retried = True
                 self.clients.queue.appendleft(pending)
@@ -316,11 +316,10 @@ class Scheduler:
                                                                   "ran; the engine is restarting it and keeps "
                                                                   "serving: send the request again"))
 
-    def _finished(self, running: Running) -> None:
+    def _finished(self, decoder: Decoder) -> None:
         """Send what was not streamed yet (a request stopped early: text held back, in case it
         began a stop string), then the whole result."""
-        decoder, pending = running.decoder, running.pending
-        out = decoder.out
+        pending, out = decoder.client, decoder.out
         ids, text = out.take_round()
         if ids or text:
             self.clients.send(pending.identity, TokensEvent(pending.id, ids, text))
@@ -331,9 +330,9 @@ class Scheduler:
         self.clients.done(pending)
         self.clients.send(pending.identity, RequestFailed(pending.id, kind, message))
 
-    def _retire(self, running: Running) -> None:
-        self.turns.remove(running)
-        self.clients.done(running.pending)
+    def _retire(self, decoder: Decoder) -> None:
+        self.slots.remove(decoder)
+        self.clients.done(decoder.client)
 
     def _target_starts(self) -> int:
         return self.crew.workers["target"].restarts
