@@ -13,12 +13,14 @@ A=$(git rev-parse --short "$1"); B=$(git rev-parse --short "$2"); OUT=$3; REPEAT
 CODE=(hetspec workers ipc)
 [ -z "$(git status --porcelain -- "${CODE[@]}")" ] || { echo "$0: commit the changes to ${CODE[*]} first" >&2; exit 2; }
 mkdir -p "$OUT"
-trap 'git checkout -q HEAD -- "${CODE[@]}"; git clean -qfd -- "${CODE[@]}"' EXIT
+restore() {   # HEAD's code; a file only the other revision has goes (reset unstages it, clean removes it)
+    git reset -q -- "${CODE[@]}" && git checkout -q HEAD -- "${CODE[@]}" && git clean -qfd -- "${CODE[@]}"
+}
+trap restore EXIT
 for n in $(seq "$REPEATS"); do
     order=("$A" "$B"); [ $((n % 2)) -eq 0 ] && order=("$B" "$A")
     for rev in "${order[@]}"; do
-        git checkout -q HEAD -- "${CODE[@]}" && git clean -qfd -- "${CODE[@]}"
-        git checkout -q "$rev" -- "${CODE[@]}"
+        restore && git checkout -q "$rev" -- "${CODE[@]}"
         echo "== $rev, repeat $n: $*" | tee "$OUT/$rev.$n.log"
         "$@" >> "$OUT/$rev.$n.log" 2>&1 || echo "(exit $?)" >> "$OUT/$rev.$n.log"
         tail -n 4 "$OUT/$rev.$n.log"
