@@ -1,6 +1,6 @@
-"""The pure rules both sides share: request parameters, errors, sampling, the
-acceptance rule, branch allocation and choice, GGUF block formats, pinning.
-
-Imported by the engine side (hetspec.*), the workers (hetspec.workers) and the
-transport (hetspec.ipc); it imports none of them.
+"""What the engine side, the workers and the transport all import, and so imports none of
+them: request parameters and their checks, errors, sampling and the acceptance rules,
+branch allocation, pinning a process to its cores, how many cores and requests "auto"
+means, whether a GPU driver is present, the paced target's GPU profiles, and files kept
+on disk.
 """
