@@ -1,21 +1,16 @@
-"""Many clients at once: N held-out code prompts sent together to one engine, one streaming client
-thread each, against the same requests served one at a time.
+"""Many clients at once: N prompts sent together to one engine, a streaming client thread each,
+against the same requests served one at a time (benchmarks/README.md, "Many clients at once").
 
     python -m hetspec.benchmarks.concurrency [--config smollm2] [--clients 1 2 4 8] [--max-tokens 128]
         [--categories stubs code] [--api chat|completions] [--peer llama-server [--peer-draft [GGUF]]]
         [--no-hetspec] [--slot-context 1024] [--paced PROFILE [--traces DIR]] [--out DIR]
 
 hetspec is served by `hetspec-launch CONFIG --http`; the peer by llama.cpp's `llama-server -np N` on
-the config's target GGUF file (`scripts/build_llama_cpp.sh --server` builds it), pinned to the cores
-hetspec's draft and target ran on, one thread a core. `--paced PROFILE` paces the config's target as
-a GPU instead (workers/target/paced.py: a pass costs the profile's time for all of a batch's tokens),
-the engine in this process and each client on Engine.stream, as the paced target answers only the
-token ids it has traces of: the config's own target records them first (untimed, once). Greedy
-(temperature 0). Per N: aggregate tok/s (every generated token over the wall time, prompts
-included), the summed decode rate, the same requests served alone, inter-token latency and whether
-every output equals its request served alone. Definitions: benchmarks/README.md, "Many clients at
-once". Writes DIR/report.md and DIR/results.json; exits 1 if a request failed, a server left
-something behind, or a paced output differs from its request alone.
+the config's target GGUF file, pinned to the cores hetspec's draft and target ran on. `--paced` paces
+the config's target as a GPU instead, the engine in this process and each client on Engine.stream
+(a paced target answers only the token ids it has traces of: the config's own target records them
+first). Greedy. Exits 1 if a server left something behind or a paced output differs from its
+request alone.
 """
 from __future__ import annotations
 
@@ -33,12 +28,12 @@ import psutil
 
 from hetspec.benchmarks.bench import llama_bin
 from hetspec.benchmarks.bench.data import ALL_CATEGORIES, load_prompts
-from hetspec.benchmarks.bench.machine import add_isa_option, describe_machine, use_isa
+from hetspec.benchmarks.bench.machine import affinity, describe_machine, parse_isa
 from hetspec.benchmarks.bench.paced import paced_config, record_missing
 from hetspec.benchmarks.bench.served import CpuWatch, HetspecServer, LlamaServer, free_port, stream_request
 from hetspec.benchmarks.bench.settings import split_config
 from hetspec.benchmarks.bench.stream_figures import request_figures, summarize
-from hetspec.benchmarks.bench.tables import num
+from hetspec.benchmarks.bench.tables import num, table
 from hetspec.config import load_config
 from hetspec.core.gpu_profiles import PROFILES
 from hetspec.models import resolve_model
@@ -58,36 +53,41 @@ def run(config: str, clients: list[int], max_tokens: int = 128, categories=("stu
     engine_config = split_config(config)[0]
     target = resolve_model(load_config(engine_config).target.model, "target")
     tokenizer = Tokenizer(target)
+    count = lambda text: len(tokenizer.encode_text(text))
     prompts = load_prompts(categories)
-    if not prompts:
-        raise ValueError("no prompts in the categories asked for")
     doc = {"schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"),
            "machine": describe_machine(gpu=False),        # the engine's info names its target's device
            "settings": {"config": config, "target": target.file, "clients": clients, "max_tokens": max_tokens,
                         "categories": list(categories), "api": api, "temperature": 0, "paced": paced},
            "engines": {}, "leftovers": []}
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    engines, cores = doc["engines"], affinity()
     with tempfile.TemporaryDirectory(prefix="hetspec-concurrency-") as logs:
         if paced:
-            doc["engines"][f"hetspec, paced {paced}"] = _paced(engine_config, paced, traces, prompts, clients,
-                                                               max_tokens, api, tokenizer, log)
+            engines[f"hetspec, paced {paced}"] = _paced(engine_config, paced, traces, prompts, clients, max_tokens, api,
+                                                        tokenizer, count, log)
         elif hetspec:
-            doc["engines"]["hetspec"], cores = _hetspec(config, prompts, clients, max_tokens, api, _counter(tokenizer),
-                                                        Path(logs), doc["leftovers"], log)
+            log(f"starting hetspec-launch {config} --http ...")
+            server = HetspecServer(config, Path(logs) / "hetspec.log")
+            try:
+                engines["hetspec"] = engine = {**_described(server.info), "command": " ".join(server.command)}
+                client = _Client("hetspec", server.url, server.processes, api, max_tokens, {}, count, log,
+                                 os.environ.get("HETSPEC_API_KEY", ""))
+                _serve(engine, client, prompts, clients)
+                cores = engine["cores"]
+            finally:
+                doc["leftovers"] += server.stop()
         if peer:
-            draft = _peer_draft(engine_config, peer_draft)
-            doc["engines"]["llama-server"] = _llama(target.file, draft, prompts, clients, max_tokens, api,
-                                                    _counter(tokenizer), cores, slot_context, Path(logs),
-                                                    doc["leftovers"], log)
+            engines["llama-server"] = _llama(target.file, _peer_draft(engine_config, peer_draft), prompts, clients,
+                                             max_tokens, api, count, cores, slot_context, Path(logs), doc, log)
     return doc
 
 
 def _described(info: dict) -> dict:
     """What a results document keeps of the engine's get_info()."""
+    roles = {role: {k: info[role].get(k) for k in ("backend", "cores", "threads", "kernels")}
+             for role in ("draft", "target")}
     return {"cores": sorted(set(info["draft"]["cores"]) | set(info["target"]["cores"])), "gamma": info.get("gamma"),
-            "device": info["target"].get("device"), "budget": info.get("budget"),
-            "draft": {k: info["draft"].get(k) for k in ("backend", "cores", "threads", "kernels")},
-            "target": {k: info["target"].get(k) for k in ("backend", "cores", "threads", "kernels")},
+            "device": info["target"].get("device"), "budget": info.get("budget"), **roles,
             "server": {k: info["config"]["server"].get(k) for k in ("max_running", "turn_s", "max_queue")}}
 
 
@@ -99,37 +99,21 @@ def _serve(engine: dict, client, prompts, clients: list[int]) -> dict:
     return engine
 
 
-def _hetspec(config, prompts, clients, max_tokens, api, count, logs: Path, leftovers: list, log):
-    log(f"starting hetspec-launch {config} --http ...")
-    server = HetspecServer(config, logs / "hetspec.log")
-    try:
-        engine = {**_described(server.info), "command": " ".join(server.command)}
-        client = _Client("hetspec", server.url, server.processes, api, max_tokens, {}, count, log,
-                         os.environ.get("HETSPEC_API_KEY", ""))
-        _serve(engine, client, prompts, clients)
-    finally:
-        leftovers += server.stop()
-    return engine, engine["cores"]
-
-
-def _paced(config: dict, profile: str, traces: str, prompts, clients, max_tokens, api, tokenizer, log) -> dict:
-    """The engine in this process, its target paced by `profile`, on the token ids the HTTP server
-    would read (chat-templated for the chat API), after the config's own target recorded their traces."""
+def _paced(config: dict, profile: str, traces: str, prompts, clients, max_tokens, api, tokenizer, count, log) -> dict:
+    """The engine in this process, its target paced by `profile`, on the token ids the HTTP server would read
+    (chat-templated for the chat API), after the config's own target recorded their traces."""
     import hetspec
 
-    def encode(text: str) -> list[int]:
-        return tokenizer.encode_chat([{"role": "user", "content": text}]) if api == "chat" \
-            else tokenizer.encode_prompt(text)
-
-    ids = {p.key: encode(p.text) for p in prompts[:max(clients)]}
+    ids = {p.key: tokenizer.encode_chat([{"role": "user", "content": p.text}]) if api == "chat"
+           else tokenizer.encode_prompt(p.text) for p in prompts[:max(clients)]}
     record_missing(config, ids, dict.fromkeys(ids, max_tokens), traces, log=log)
     log(f"starting the engine, its target paced by {profile} ...")
     with hetspec.launch(paced_config(config, profile, traces)) as engine:
-        client = _EngineClient(engine, ids, max_tokens, _counter(tokenizer), log)
+        client = _EngineClient(engine, ids, max_tokens, count, log)
         return _serve({**_described(engine.get_info()), "profile": profile}, client, prompts, clients)
 
 
-def _llama(target, draft, prompts, clients, max_tokens, api, count, cores, slot_context, logs, leftovers, log):
+def _llama(target, draft, prompts, clients, max_tokens, api, count, cores, slot_context, logs, doc, log) -> dict:
     """One llama-server per N (-np N); the requests alone on the one of a single slot."""
     binary = llama_bin.find_server()
     if binary is None:
@@ -138,22 +122,22 @@ def _llama(target, draft, prompts, clients, max_tokens, api, count, cores, slot_
     engine = {"binary": str(binary), "cores": cores, "threads": len(cores), "draft": draft,
               "slot_context": slot_context, "settings": llama_bin.repack_note(repack), "commands": {}, "alone": None,
               "passes": {}}
-    extra = {"cache_prompt": False}            # each request prefills its whole prompt, as hetspec's target does
     for slots in sorted({1, *clients}):
         log(f"starting llama-server -np {slots} ...")
-        command = llama_bin.server_command(binary, target, slots, slot_context, len(cores), cores, free_port(),
-                                           draft, repack)
-        server = LlamaServer(command, logs / f"llama-{slots}.log")
+        server = LlamaServer(llama_bin.server_command(binary, target, slots, slot_context, len(cores), cores,
+                                                      free_port(), draft, repack), logs / f"llama-{slots}.log")
         try:
             engine["commands"][str(slots)] = " ".join(server.command)
-            client = _Client("llama-server", server.url, server.processes, api, max_tokens, extra, count, log)
+            # each request prefills its whole prompt, as hetspec's target does
+            client = _Client("llama-server", server.url, server.processes, api, max_tokens, {"cache_prompt": False},
+                             count, log)
             client.request(prompts[0], WARMUP_TOKENS)
             if engine["alone"] is None:
                 engine["alone"], engine["alone_cpu"] = client.alone(prompts, max(clients))
             if slots in clients:
                 engine["passes"][str(slots)] = client.concurrent(prompts, slots, engine["alone"])
         finally:
-            leftovers += server.stop()
+            doc["leftovers"] += server.stop()
     return engine
 
 
@@ -167,12 +151,10 @@ class _Client:
 
     def request(self, prompt, tokens: int | None = None, start=None) -> dict:
         body = {"max_tokens": tokens or self.max_tokens, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}, **self.extra}
-        body.update({"messages": [{"role": "user", "content": prompt.text}]} if self.api == "chat"
-                    else {"prompt": prompt.text})
-        record = stream_request(self.url, self.api, body, start, self.api_key)
-        record["prompt"] = prompt.key
-        return record
+                "stream_options": {"include_usage": True}, **self.extra,
+                **({"messages": [{"role": "user", "content": prompt.text}]} if self.api == "chat"
+                   else {"prompt": prompt.text})}
+        return {**stream_request(self.url, self.api, body, start, self.api_key), "prompt": prompt.key}
 
     def alone(self, prompts, n: int) -> tuple[dict, dict]:
         """The first n prompts served one at a time, by prompt key; the CPU time meanwhile."""
@@ -183,8 +165,7 @@ class _Client:
         return out, watch.done()
 
     def concurrent(self, prompts, n: int, alone: dict) -> dict:
-        chosen = [prompts[i % len(prompts)] for i in range(n)]
-        barrier, records = threading.Barrier(n), [None] * n
+        chosen, barrier, records = [prompts[i % len(prompts)] for i in range(n)], threading.Barrier(n), [None] * n
 
         def client(i: int) -> None:
             records[i] = self.request(chosen[i], start=barrier)
@@ -195,8 +176,7 @@ class _Client:
             t.start()
         for t in threads:
             t.join()
-        cpu = watch.done()
-        start = min(r["sent"] for r in records)
+        cpu, start = watch.done(), min(r["sent"] for r in records)
         done = [{**request_figures(r, self.count), "sent_s": r["sent"] - start} for r in records]
         summary = summarize(done, alone, max(r["done"] for r in records) - start)
         if all(r["hetspec"] for r in records):              # how the batch drafted
@@ -208,8 +188,7 @@ class _Client:
 
 
 class _EngineClient(_Client):
-    """The same requests to an engine in this process (Engine.stream, greedy), timed as
-    stream_request times one over HTTP."""
+    """The same requests to an engine in this process (Engine.stream, greedy), timed as stream_request times one."""
 
     def __init__(self, engine, ids: dict[str, list[int]], max_tokens: int, count, log):
         super().__init__("hetspec", "", psutil.Process().children(recursive=True), "ids", max_tokens, {}, count, log)
@@ -221,17 +200,11 @@ class _EngineClient(_Client):
             start.wait()
         record = {"prompt": prompt.key, "chunks": [], "timings": None, "error": None, "sent": time.perf_counter()}
         stream = self.engine.stream(ids, max_new_tokens=tokens or self.max_tokens, temperature=0.0)
-        for piece in stream:
-            if piece:
-                record["chunks"].append((time.perf_counter(), piece))
-        record.update(done=time.perf_counter(), text="".join(t for _, t in record["chunks"]),
-                      usage={"completion_tokens": len(stream.result.token_ids), "prompt_tokens": len(ids)},
-                      hetspec=stream.result.stats, finish_reason=stream.result.finish_reason)
-        return record
-
-
-def _counter(tokenizer: Tokenizer):
-    return lambda text: len(tokenizer.encode_text(text))
+        record["chunks"] = [(time.perf_counter(), piece) for piece in stream if piece]
+        result = stream.result
+        return {**record, "done": time.perf_counter(), "text": "".join(t for _, t in record["chunks"]),
+                "usage": {"completion_tokens": len(result.token_ids), "prompt_tokens": len(ids)},
+                "hetspec": result.stats, "finish_reason": result.finish_reason}
 
 
 def _peer_draft(engine_config: dict, peer_draft: str | None) -> str | None:
@@ -244,57 +217,49 @@ def _peer_draft(engine_config: dict, peer_draft: str | None) -> str | None:
     return draft.file
 
 
-# ---- the report --------------------------------------------------------------------------------
-
 def report(doc: dict) -> str:
     s, m = doc["settings"], doc["machine"]
     paced = f", its target paced by {s['paced']} (simulated GPU)" if s.get("paced") else ""
-    lines = [f"# Many clients at once: {s['config']}{paced}", "",
-             f"`{doc.get('command', '')}`", "",
+    lines = [f"# Many clients at once: {s['config']}{paced}", "", f"`{doc.get('command', '')}`", "",
              (f"{doc['created']}; {m['cpu']}, {m['logical_cores']} cores, {m['memory_gb']} GB "
               f"({m.get('isa', '?')}); git {m['git_commit']}."),
              (f"Target `{Path(s['target']).name}`; prompts: the first N of {', '.join(s['categories'])} "
-             f"(benchmarks/data/continuation/), {s['api']} API, greedy, max_tokens {s['max_tokens']}, streamed."), ""]
+              f"(benchmarks/data/continuation/), {s['api']} API, greedy, max_tokens {s['max_tokens']}, streamed."), ""]
     for name, engine in doc["engines"].items():
         lines += _engine_section(name, engine)
-    lines += [("Aggregate: every generated token over the wall time from the first request sent to the last "
-              "finished (prompts included). Summed decode: the sum over requests of (tokens after the first chunk) / "
-              "(time from the first chunk to the last). Sequential: the same requests served one at a time "
-              "(their tokens over the sum of their times). ITL: gaps between a request's chunks, a chunk of k "
-              "tokens after a gap g counting as k gaps of g/k; p50 and p99 over every request of the pass. "
-              "Equal alone: outputs whose text equals the same request served alone. Others' load: the cores' busy "
-              "time during the pass not spent by the server's processes or the benchmark's, over the wall time "
-              "(a shared machine's other work); steal: the hypervisor's time for other guests, in cores. Definitions: "
-              "benchmarks/README.md, \"Many clients at once\".")]
+    lines.append("Aggregate: every token over the wall time, prompts included; summed decode: per request, tokens "
+                 "after the first chunk over the time from it to the last; sequential: the same requests served one "
+                 "at a time; ITL: gaps between chunks, a chunk of k tokens after g counting as k gaps of g/k. "
+                 "Definitions: benchmarks/README.md, \"Many clients at once\".")
     if doc["leftovers"]:
         lines += ["", f"**Left behind (removed):** {', '.join(doc['leftovers'])}"]
     return "\n".join(lines) + "\n"
 
 
 def _engine_section(name: str, engine: dict) -> list[str]:
-    llama = name == "llama-server"
-    where = (f"cores {engine['cores']}, {engine['threads']} threads, {engine.get('settings')}"
-             + (f", draft `{Path(engine['draft']).name}`" if engine.get("draft") else "")) if llama else \
-        (f"draft {engine['draft']['backend']} on cores {engine['draft']['cores']}, target {engine['target']['backend']} "
-         f"on cores {engine['target']['cores']}; server {engine['server']}")
-    head = "| N | tokens | wall s | aggregate tok/s | sequential tok/s | ratio | summed decode tok/s | "
-    head += "Σ predicted_per_second (alone) | " if llama else ""
-    alone = engine.get("alone_cpu") or {}
-    lines = [f"## {name}", "", where + f"; while served alone, other processes' load {alone.get('others_cores')} "
-                                       f"cores, steal {alone.get('steal_cores')}", "",
-             head + "TTFT mean / max s | ITL p50 / p99 ms | equal alone | others' load / steal |",
-             "|" + "---|" * (12 if llama else 11)]
+    llama, alone = name == "llama-server", engine.get("alone_cpu") or {}
+    if llama:
+        where = f"cores {engine['cores']}, {engine['threads']} threads, {engine.get('settings')}" + (
+            f", draft `{Path(engine['draft']).name}`" if engine.get("draft") else "")
+    else:
+        where = (f"draft {engine['draft']['backend']} on cores {engine['draft']['cores']}, target "
+                 f"{engine['target']['backend']} on cores {engine['target']['cores']}; server {engine['server']}")
+    rows = []
     for n, p in engine["passes"].items():
-        row = (f"| {n} | {p['tokens']} | {p['wall_s']:.2f} | {p['aggregate_tokens_per_s']:.1f} | "
-               f"{p['sequential_tokens_per_s']:.1f} | {p['vs_sequential']:.2f}x | {p['summed_decode_tokens_per_s']:.1f} | ")
-        if llama:
-            row += (f"{p['summed_predicted_per_second']:.1f} ({p['alone_summed_predicted_per_second']:.1f}) | "
-                    if "summed_predicted_per_second" in p else "- | ")
-        row += (f"{num(p['ttft_mean_s'], 2)} / {num(p['ttft_max_s'], 2)} | {num(p['itl_p50_ms'])} / {num(p['itl_p99_ms'])} "
-                f"(alone {num(p['alone_itl_p50_ms'])} / {num(p['alone_itl_p99_ms'])}) | {p['equal_alone']}/{p['n']} | "
-                f"{p['cpu']['others_cores']} / {p['cpu'].get('steal_cores')} |")
-        lines.append(row)
-    return lines + [""]
+        predicted = (f"{p['summed_predicted_per_second']:.1f} ({p['alone_summed_predicted_per_second']:.1f})"
+                     if "summed_predicted_per_second" in p else "-")
+        rows.append([n, str(p["tokens"]), f"{p['wall_s']:.2f}", f"{p['aggregate_tokens_per_s']:.1f}",
+                     f"{p['sequential_tokens_per_s']:.1f}", f"{p['vs_sequential']:.2f}x",
+                     f"{p['summed_decode_tokens_per_s']:.1f}", *([predicted] if llama else []),
+                     f"{num(p['ttft_mean_s'], 2)} / {num(p['ttft_max_s'], 2)}",
+                     (f"{num(p['itl_p50_ms'])} / {num(p['itl_p99_ms'])} (alone {num(p['alone_itl_p50_ms'])} / "
+                      f"{num(p['alone_itl_p99_ms'])})"), f"{p['equal_alone']}/{p['n']}",
+                     f"{p['cpu']['others_cores']} / {p['cpu'].get('steal_cores')}"])
+    header = ["N", "tokens", "wall s", "aggregate tok/s", "sequential tok/s", "ratio", "summed decode tok/s",
+              *(["Σ predicted_per_second (alone)"] if llama else []), "TTFT mean / max s", "ITL p50 / p99 ms",
+              "equal alone", "others' load / steal"]
+    return [f"## {name}", "", (f"{where}; while served alone, other processes' load {alone.get('others_cores')} "
+                               f"cores, steal {alone.get('steal_cores')}"), "", *table(header, rows), ""]
 
 
 def write(doc: dict, out: Path) -> None:
@@ -304,22 +269,6 @@ def write(doc: dict, out: Path) -> None:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    use_isa(args.isa)
-    started = time.perf_counter()
-    if args.paced and args.peer:
-        _parser().error("--paced measures hetspec alone: leave out --peer")
-    doc = run(args.config, args.clients, args.max_tokens, args.categories, args.api, args.peer, args.peer_draft,
-              not args.no_hetspec, args.slot_context, paced=args.paced, traces=args.traces)
-    doc["command"] = "python -m hetspec.benchmarks.concurrency " + " ".join(sys.argv[1:] if argv is None else argv)
-    doc["duration_s"] = round(time.perf_counter() - started, 1)
-    write(doc, Path(args.out))
-    print(report(doc))
-    differ = args.paced and any(p["equal_alone"] != p["n"] for e in doc["engines"].values() for p in e["passes"].values())
-    return 1 if doc["leftovers"] or differ else 0
-
-
-def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hetspec.benchmarks.concurrency", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="smollm2", help="a shipped config's name or a TOML path")
@@ -332,13 +281,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--peer-draft", nargs="?", const="config", default=None, metavar="GGUF",
                         help="llama-server -md: this GGUF file, or alone the config's draft file")
     parser.add_argument("--no-hetspec", action="store_true", help="the peer alone (on this process's cores)")
-    parser.add_argument("--slot-context", type=int, default=1024, help="llama-server's context per slot (-c is N x it)")
-    parser.add_argument("--paced", metavar="PROFILE", help=f"the config's target paced as a GPU ({', '.join(PROFILES)} "
-                        "or a gpu_profile report, FILE.json), the engine in this process; records missing traces first")
-    parser.add_argument("--traces", default="", help="--paced: the folder of recorded traces (default: hetspec's cache)")
+    parser.add_argument("--slot-context", type=int, default=1024, help="llama-server's context a slot (-c: N x it)")
+    parser.add_argument("--paced", metavar="PROFILE", help=f"the config's target paced as a GPU ({', '.join(PROFILES)}"
+                        " or a gpu_profile report, FILE.json), the engine in this process; records missing traces")
+    parser.add_argument("--traces", default="", help="--paced: the recorded traces' folder (default: hetspec's cache)")
     parser.add_argument("--out", default="bench-out/concurrency")
-    add_isa_option(parser)
-    return parser
+    args = parse_isa(parser, argv)
+    if args.paced and args.peer:
+        parser.error("--paced measures hetspec alone: leave out --peer")
+    started = time.perf_counter()
+    doc = run(args.config, args.clients, args.max_tokens, args.categories, args.api, args.peer, args.peer_draft,
+              not args.no_hetspec, args.slot_context, paced=args.paced, traces=args.traces)
+    doc["command"] = "python -m hetspec.benchmarks.concurrency " + " ".join(sys.argv[1:] if argv is None else argv)
+    doc["duration_s"] = round(time.perf_counter() - started, 1)
+    write(doc, Path(args.out))
+    print(report(doc))
+    passes = [p for e in doc["engines"].values() for p in e["passes"].values()]
+    differ = args.paced and any(p["equal_alone"] != p["n"] for p in passes)
+    return 1 if doc["leftovers"] or differ else 0
 
 
 if __name__ == "__main__":

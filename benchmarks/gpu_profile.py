@@ -1,20 +1,11 @@
-"""A target on a GPU, measured: what a pass costs the host and the GPU, run eagerly, on a static
-cache and captured (CUDA graphs); a captured pass's cost against the context it holds; the
-engine's rounds around it with a CPU draft, its passes eager and captured, and its start-up;
-several requests' windows in one packed pass against their captured passes; the same model's
-plain `generate`; and a paced profile (hetspec.core.gpu_profiles) drawn from the captured
-curve, so that the paced target can charge measured numbers.
+"""A target on a GPU, measured (benchmarks/README.md, "On a GPU"): a pass's wall and kernel time by
+window size, eager, on a static cache and captured (CUDA graphs); a captured pass against the
+context it holds; the engine's rounds with a CPU draft; several requests' windows in one pass;
+`generate`; and a paced profile (hetspec.core.gpu_profiles) from the captured curve. The models
+are random, as a lent machine fetches no weights; `--device cpu` rehearses at tiny shapes.
 
     python -m hetspec.benchmarks.gpu_profile [--device cuda|cpu] [--target SPEC] [--draft SPEC]
         [--dtype bfloat16] [--context 256] [--tokens 64] [--budget-s 300] [--out FILE.json] [--report FILE.md]
-
-On CUDA the defaults are random models shaped as Qwen2.5 7B (grouped-query attention, a
-152k vocabulary; weights drawn on the GPU) and a 2-layer draft of its vocabulary on the CPU:
-acceptance means nothing, the costs are the point, and a lent machine fetches no weights.
-`--device cpu` rehearses every step with tiny shapes in well under a minute; there the
-profiler's CPU times stand in for kernel times. Steps run in order of value (curve, context,
-engine, batch, generate), the JSON written after each: a crash loses only the step it was in.
-A step that would start after `--budget-s` is skipped and named under "skipped".
 """
 from __future__ import annotations
 
@@ -29,7 +20,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from hetspec.benchmarks.gpu_passes import SIZES, batch_curve, context_curve, curve, paced_profile, sync
+from hetspec.benchmarks.bench.tables import table
 
 SHAPES = {   # device: target, draft, dtype, context, tokens, prompts, repeats
     "cuda": ("random:vocab=152064,hidden=3584,layers=28,heads=28,kv_heads=4,intermediate=18944,seed=0,init=device",
@@ -37,16 +28,155 @@ SHAPES = {   # device: target, draft, dtype, context, tokens, prompts, repeats
     "cpu": ("random:vocab=320,hidden=64,layers=2,heads=4,kv_heads=2,seed=0",
             "random:vocab=320,hidden=64,layers=1,heads=4,seed=1", "float32", 32, 12, 2, 3),
 }
+NAMES = ("target", "draft", "dtype", "context", "tokens", "prompts", "repeats")   # SHAPES' fields
+STEPS = {"curve", "context", "engine", "batch", "generate"}
+SIZES = (1, 2, 4, 8, 16, 32)     # the windows timed after the context (the engine pads to these)
+CONTEXTS = {"cuda": (512, 4096), "cpu": (64, 512)}   # the context step's positions held, and its windows:
+CONTEXT_SIZES = (1, 8)
+BATCHES, BATCH_WINDOW = (1, 2, 4, 8), 5   # requests in one pass, each a speculative round's window of gamma 4
+FLAT = 1.10                      # a size costs "the same" as one token within 10%
 GAMMA = 4                        # the forced speculative rounds' window
 MODES = [("target", "auto"), ("duodec", "always")]
 COUNTED = ("rounds", "spec_rounds", "drafted", "accepted", "new_tokens", "draft_s", "verify_s", "round_s", "overhead_s")
 
 
-def load(args):
+def sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def wall_ms(run, device: str, repeats: int) -> list[float]:
+    """[median, fastest] ms of `run`, each synchronised: what the host waits for a pass."""
+    import numpy as np
+
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        run()
+        sync(device)
+        times.append(1e3 * (time.perf_counter() - start))
+    return [round(float(np.median(times)), 3), round(min(times), 3)]
+
+
+def kernel_ms(run, device: str) -> float:
+    """ms of GPU kernels (on a CPU: of ops) in one run, self times summed as torch.profiler's table totals
+    them: the time the device itself computed, launches and Python aside."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = device == "cuda"
+    sync(device)
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu) as prof:
+        run()
+        sync(device)
+    kind = DeviceType.CUDA if gpu else DeviceType.CPU
+    return round(sum(e.self_device_time_total if gpu else e.self_cpu_time_total
+                     for e in prof.events() if e.device_type == kind and not e.is_user_annotation) / 1e3, 3)
+
+
+def timed(window, args) -> dict:
+    """wall_ms and kernel_ms after two warm-up runs (cuBLAS's choices, a captured size's recording), and their ratio."""
+    window()
+    window()
+    wall, kernels = wall_ms(window, args.device, args.repeats), kernel_ms(window, args.device)
+    return {"wall_ms": wall, "kernel_ms": kernels, "wall_per_kernel": round(wall[0] / kernels, 2) if kernels else None}
+
+
+def curve(kv, args, context: list[int], eager: dict | None = None) -> dict:
+    """Per window size after `context`, and the prompt pass's wall ms. Where the profiler sees no kernels (a CUDA
+    graph's replay on some versions), the eager pass's of the same size stand in, and kernel_source says so."""
+    kv.use(0)
+    prompt = lambda: kv.forward(context, 0, all_logits=False)
+    prompt()                             # warm-up (and a static cache's allocation)
+    out = {"prompt_ms": wall_ms(prompt, args.device, 3)}
+    for n in SIZES:
+        out[str(n)] = cell = timed(lambda n=n: kv.forward(list(range(1, n + 1)), len(context), all_logits=True), args)
+        cell["kernel_source"] = "profiled"
+        if cell["kernel_ms"] == 0:
+            stand_in = eager[str(n)]["kernel_ms"] if eager else None
+            cell.update(kernel_ms=stand_in, kernel_source=("the eager pass's" if eager else "none:")
+                        + " the profiler saw no kernels",
+                        wall_per_kernel=round(cell["wall_ms"][0] / stand_in, 2) if stand_in else None)
+    return out
+
+
+def context_curve(lm, args) -> dict:
+    """A captured pass of CONTEXT_SIZES tokens after each of CONTEXTS positions, in a target whose capacity is the
+    longest, and the span attended over: attention reads what is held (to within a span)."""
+    from hetspec.workers.target.captured import CapturedKVModel
+
+    contexts = CONTEXTS[args.device]
+    kv = CapturedKVModel(lm, args.device, contexts[-1] + CONTEXT_SIZES[-1], CONTEXT_SIZES[-1])
+    vocab = lm.config.get_text_config().vocab_size
+    out = {"spans": list(kv.spans)}
+    for held in contexts:
+        kv.use(0)
+        kv.forget()
+        kv.forward([i % vocab for i in range(1, held + 1)], 0, all_logits=False)     # the prompt: eager
+        for n in CONTEXT_SIZES:
+            window = lambda n=n, held=held: kv.forward([i % vocab for i in range(1, n + 1)], held, all_logits=True)
+            out[f"{held}x{n}"] = {**timed(window, args), "span": next(s for s in kv.spans if s >= held + n)}
+    return out
+
+
+def batch_curve(lm, args, context: list[int]) -> dict:
+    """Per batch size, that many requests' windows after `context`: one packed pass over their eager caches
+    (packed_pass.py), their captured passes one after another, and one captured batch pass (a captured target's)."""
+    from hetspec.workers.common.kv_model import KVModel
+    from hetspec.workers.target.captured import CapturedKVModel
+    from hetspec.workers.target.packed_pass import forward_batch
+
+    eager = KVModel(lm, args.device)
+    captured = CapturedKVModel(lm, args.device, len(context) + 2 * SIZES[-1], SIZES[-1], caches=BATCHES[-1])
+    window, keep = list(range(1, BATCH_WINDOW + 1)), len(context)
+    for kv in (eager, captured):
+        for cache in range(BATCHES[-1]):
+            kv.use(cache)
+            kv.forward(context, 0, all_logits=False)
+    out = {"window": BATCH_WINDOW}
+    for batch in BATCHES:
+        windows = [(cache, window, keep, BATCH_WINDOW) for cache in range(batch)]
+        runs = {"packed_ms": lambda windows=windows: forward_batch(eager, windows),
+                "replays_ms": lambda windows=windows: [(captured.use(c), captured.forward(t, k))
+                                                       for c, t, k, _ in windows],
+                "captured_batch_ms": lambda windows=windows: captured.forward_batch(windows)}
+        for run in [*runs.values(), *runs.values()]:     # warm-up: recordings, cuBLAS's choices
+            run()
+        out[str(batch)] = {name: wall_ms(run, args.device, args.repeats) for name, run in runs.items()}
+    return out
+
+
+def paced_profile(captured: dict, context: int, name: str, where: str) -> dict:
+    """A GpuProfile's fields from the captured curve. A pass can be padded to a longer one, so a size costs at most
+    what any longer one does (that evens out noise); flat_to is the largest size within FLAT of one token's cost,
+    window_ms their mean, per_token_ms the least-squares slope past it (no size past it: the prompt's cost a
+    token), prefill_ms_per_token the prompt pass's beyond window_ms."""
+    ms = {n: min(captured[str(m)]["wall_ms"][0] for m in SIZES if m >= n) for n in SIZES}
+    flat = [n for n in SIZES if ms[n] <= FLAT * ms[1]]
+    window = sum(ms[n] for n in flat) / len(flat)
+    prefill = max(0.0, (captured["prompt_ms"][0] - window) / context)
+    past = [n - flat[-1] for n in SIZES if n > flat[-1]]
+    slope = sum((ms[n + flat[-1]] - window) * n for n in past) / sum(n * n for n in past) if past else prefill
+    return {"name": name, "window_ms": round(window, 3), "flat_to": flat[-1], "per_token_ms": round(max(0.0, slope), 4),
+            "prefill_ms_per_token": round(prefill, 4),
+            "source": (f"measured: benchmarks/gpu_profile.py, captured passes after {context} tokens, {where}; "
+                       f"flat within {round(100 * (FLAT - 1))}% to {flat[-1]} tokens, per token beyond: "
+                       + ("the slope past it" if past else "the prompt's (no size past it)"))}
+
+
+def load(args, grouped: bool = True):
+    """The target as the worker loads it: its dtype, and grouped-query attention unrepeated."""
     from hetspec.models import resolve_model
     from hetspec.workers.common.hf_loading import load_causal_lm
+    from hetspec.workers.target.attention import use_grouped_attention
 
-    return load_causal_lm(resolve_model(args.target), args.dtype, args.device)
+    lm = load_causal_lm(resolve_model(args.target), args.dtype, args.device)
+    if grouped:
+        use_grouped_attention(lm)
+    return lm
 
 
 def due(args, doc: dict, what: str) -> bool:
@@ -65,60 +195,38 @@ def save(args, doc: dict) -> None:
         Path(args.out).write_text(json.dumps(doc, indent=1))
 
 
-def load_target(args):
-    """The target as the worker loads it: its dtype, and grouped-query attention unrepeated."""
-    from hetspec.workers.target.attention import use_grouped_attention
-
-    lm = load(args)
-    use_grouped_attention(lm)
-    return lm
-
-
-def curves(args, ids: list[list[int]], doc: dict) -> None:
-    """The target in this process: its pass curves (eager, static, captured), then the captured
-    pass against context."""
+def in_process(args, ids: list[list[int]], doc: dict, steps: tuple[str, ...]) -> None:
+    """The `steps` run on the target in this process: the pass curves, context, batch, eager `generate`."""
     import torch
 
     from hetspec.workers.common.kv_model import KVModel, StaticKVModel
     from hetspec.workers.target.captured import CapturedKVModel
 
-    lm = load_target(args)
+    lm = load(args)
     for passes, kind in [("captured", CapturedKVModel), ("eager", KVModel), ("static", StaticKVModel)]:
-        if not due(args, doc, f"curve {passes}"):
-            continue
-        kv = kind(lm, args.device, *([] if kind is KVModel else [args.context + 2 * SIZES[-1], SIZES[-1]]))
-        doc["curve"][passes] = curve(kv, args.device, ids[0], args.repeats, doc["curve"].get("eager"))
-        if passes == "captured":
-            doc["curve"][passes]["graphs"] = kv.fallback or ("CUDA graphs" if kv.graphs else "run eagerly (no CUDA)")
-        del kv
-        save(args, doc)
-    if due(args, doc, "context"):
-        doc["by_context"] = context_curve(lm, args)
-        save(args, doc)
-    del lm
-    if args.device == "cuda":
-        torch.cuda.empty_cache()
-
-
-def after_engine(args, ids: list[list[int]], doc: dict) -> None:
-    """The target in this process again: the batch curve, and its eager `generate`."""
-    import torch
-
-    lm = load_target(args) if args.steps & {"batch", "generate"} else None
-    if due(args, doc, "batch"):
-        doc["batch"] = batch_curve(lm, args, ids[0])
-        save(args, doc)
-    if due(args, doc, "generate eager"):
+        if "curve" in steps and due(args, doc, f"curve {passes}"):
+            kv = kind(lm, args.device, *([] if kind is KVModel else [args.context + 2 * SIZES[-1], SIZES[-1]]))
+            doc["curve"][passes] = curve(kv, args, ids[0], doc["curve"].get("eager"))
+            if passes == "captured":
+                graphs = "CUDA graphs" if kv.graphs else "run eagerly (no CUDA)"
+                doc["curve"][passes]["graphs"] = kv.fallback or graphs
+            del kv
+            save(args, doc)
+    for what, key, run in (("context", "by_context", lambda: context_curve(lm, args)),
+                           ("batch", "batch", lambda: batch_curve(lm, args, ids[0]))):
+        if what in steps and due(args, doc, what):
+            doc[key] = run()
+            save(args, doc)
+    if "generate" in steps and due(args, doc, "generate eager"):
         doc["generate"]["eager"] = generate(lm, ids, args.tokens, args.device)
         save(args, doc)
-    del lm
+    lm = None                     # freed, and the GPU's cache emptied, before the engine loads its own
     if args.device == "cuda":
         torch.cuda.empty_cache()
 
 
 def generate(lm, ids: list[list[int]], tokens: int, device: str, **how) -> dict:
-    """tokens/s of greedy `generate` over the prompts after a warm-up run (where a static cache's
-    step compiles), and that first run's seconds."""
+    """Greedy `generate`'s tokens/s after a warm-up run (where a static cache's step compiles), and that run's s."""
     import torch
 
     new = wall = first = 0.0
@@ -138,8 +246,7 @@ def generate(lm, ids: list[list[int]], tokens: int, device: str, **how) -> dict:
 
 
 def static_generate(args) -> dict:
-    """`generate` on a static cache (transformers compiles its step on CUDA) in a child process,
-    stopped, and the step skipped, past --compile-limit-s: a slow compile must not eat the loan."""
+    """`generate` on a static cache (compiled on CUDA) in a child stopped past --compile-limit-s: not the loan's end."""
     limit = min(args.compile_limit_s, args.deadline - time.perf_counter())
     command = [sys.executable, "-m", "hetspec.benchmarks.gpu_profile", "--static-generate", "--device", args.device,
                "--target", args.target, "--dtype", args.dtype, "--context", str(args.context),
@@ -158,9 +265,7 @@ def static_generate(args) -> dict:
 
 
 def through_engine(args, ids: list[list[int]], passes: str) -> dict:
-    """The engine with its target's passes `passes`, the draft on a CPU core: per mode, tokens/s and a
-    speculative round's draft, verify, wall and overhead ms (forced speculation drafts GAMMA tokens
-    a round, however few are accepted)."""
+    """The engine, its target's passes `passes`, the draft on a CPU core: per mode, tok/s and a speculative round."""
     import hetspec
 
     config = {"target": {"backend": "transformers", "model": args.target, "device": args.device,
@@ -174,63 +279,45 @@ def through_engine(args, ids: list[list[int]], passes: str) -> dict:
                "draft_cores": info["draft"]["cores"],
                "verify_ms": {k: round(1e3 * v, 2) for k, v in info["budget"].get("verify_s", {}).items()}}
         for mode, speculation in MODES:
-            fixed = {} if mode == "target" else {"gamma": GAMMA}
-            engine.generate(ids[0], max_new_tokens=8, mode=mode, speculation=speculation, **fixed)   # warm-up
+            how = {"mode": mode, "speculation": speculation, **({} if mode == "target" else {"gamma": GAMMA})}
+            engine.generate(ids[0], max_new_tokens=8, **how)   # warm-up
             totals = Counter()
             for prompt in ids:
                 start = time.perf_counter()
-                stats = engine.generate(prompt, max_new_tokens=args.tokens, mode=mode, speculation=speculation,
-                                        cache_prompt=False, **fixed).stats
+                stats = engine.generate(prompt, max_new_tokens=args.tokens, cache_prompt=False, **how).stats
                 totals.update({"wall": time.perf_counter() - start, **{key: stats[key] for key in COUNTED}})
-            spec = max(1, totals["spec_rounds"])
             doc[mode] = {"tokens_per_s": round(totals["new_tokens"] / totals["wall"], 1),
                          **{key: totals[key] for key in COUNTED[:4]},
-                         "ms_per_spec_round": {k: round(1e3 * totals[f"{k}_s"] / spec, 2)
+                         "ms_per_spec_round": {k: round(1e3 * totals[f"{k}_s"] / max(1, totals["spec_rounds"]), 2)
                                                for k in ("draft", "verify", "round", "overhead")}}
     return doc
-
-
-def prompts(args) -> list[list[int]]:
-    """`--prompts` random prompts of `--context` ids (one length: one static cache shape for generate)."""
-    import numpy as np
-
-    from hetspec.models import resolve_model
-
-    vocab = (resolve_model(args.target).random or {}).get("vocab", 32000)     # a random model's, else Llama's
-    return np.random.default_rng(0).integers(0, vocab, (args.prompts, args.context)).tolist()
 
 
 def report(doc: dict) -> str:
     """The JSON's main numbers as markdown."""
     lines = [f"# gpu_profile on {doc['device_name']}", "", (f"Target `{doc['target']}` in {doc['dtype']}, draft "
              f"`{doc['draft']}`; windows after {doc['context']} tokens; {doc['elapsed_s']} s."), "",
-             "| passes | " + " | ".join(f"{n}: wall / kernel ms" for n in SIZES) + " | prompt ms |",
-             "|---" * (len(SIZES) + 2) + "|"]
-    lines += [f"| {passes} | " + " | ".join(f"{c[str(n)]['wall_ms'][0]} / {c[str(n)]['kernel_ms']}" for n in SIZES)
-              + f" | {c['prompt_ms'][0]} |" for passes, c in doc["curve"].items()]
+             *table(["passes", *[f"{n}: wall / kernel ms" for n in SIZES], "prompt ms"],
+                    [[passes, *[f"{c[str(n)]['wall_ms'][0]} / {c[str(n)]['kernel_ms']}" for n in SIZES],
+                      str(c["prompt_ms"][0])] for passes, c in doc["curve"].items()])]
     if doc["by_context"]:
-        lines += ["", "| positions held x window | span | wall / kernel ms | wall per kernel |", "|---|---|---|---|"]
-        lines += [f"| {k} | {v['span']} | {v['wall_ms'][0]} / {v['kernel_ms']} | {v['wall_per_kernel']} |"
-                  for k, v in doc["by_context"].items() if k != "spans"]
+        lines += ["", *table(["positions held x window", "span", "wall / kernel ms", "wall per kernel"],
+                             [[k, str(v["span"]), f"{v['wall_ms'][0]} / {v['kernel_ms']}", str(v["wall_per_kernel"])]
+                              for k, v in doc["by_context"].items() if k != "spans"])]
     if doc["batch"]:
-        head = f"| requests x {doc['batch']['window']} tokens | packed pass ms | captured replays ms | captured batch pass ms |"
-        lines += ["", head, "|---|---|---|---|"]
-        lines += [f"| {b} | {v['packed_ms'][0]} | {v['replays_ms'][0]} | {v['captured_batch_ms'][0]} |"
-                  for b, v in doc["batch"].items() if b != "window"]
-    lines += ["", "| engine passes | mode | tok/s | ms a spec round: draft / verify / round / overhead |",
-              "|---|---|---|---|"]
-    lines += [f"| {passes} | {mode} | {e[mode]['tokens_per_s']} | "
-              + " / ".join(map(str, e[mode]["ms_per_spec_round"].values())) + " |"
-              for passes, e in doc["engine"].items() for mode, _ in MODES]
+        lines += ["", *table([f"requests x {doc['batch']['window']} tokens", "packed pass ms", "captured replays ms",
+                              "captured batch pass ms"],
+                             [[b, *[str(v[k][0]) for k in ("packed_ms", "replays_ms", "captured_batch_ms")]]
+                              for b, v in doc["batch"].items() if b != "window"])]
+    lines += ["", *table(["engine passes", "mode", "tok/s", "ms a spec round: draft / verify / round / overhead"],
+                         [[passes, mode, str(e[mode]["tokens_per_s"]), " / ".join(map(str, e[mode]["ms_per_spec_round"]
+                                                                                      .values()))]
+                          for passes, e in doc["engine"].items() for mode, _ in MODES])]
     lines += [f"\nengine {passes}: started in {e['start_up_s']} s (target loaded in {round(e['load_s'], 2)} s), "
               f"{e['caches']} caches; kernels: {e['kernels']}" for passes, e in doc["engine"].items()]
-    lines += ["", f"generate: `{json.dumps(doc['generate'])}`", "", f"paced_profile: `{json.dumps(doc['paced_profile'])}`",
-              "", f"skipped: {', '.join(doc['skipped']) or 'nothing'}", ""]
-    return "\n".join(lines)
-
-
-NAMES = ("target", "draft", "dtype", "context", "tokens", "prompts", "repeats")   # SHAPES' fields
-STEPS = {"curve", "context", "engine", "batch", "generate"}
+    return "\n".join([*lines, "", f"generate: `{json.dumps(doc['generate'])}`", "",
+                      f"paced_profile: `{json.dumps(doc['paced_profile'])}`", "",
+                      f"skipped: {', '.join(doc['skipped']) or 'nothing'}", ""])
 
 
 def parse(argv) -> argparse.Namespace:
@@ -242,7 +329,8 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--steps", default="curve,context,engine,batch,generate",
                    help="which of curve, context, engine, batch, generate (default: all)")
     p.add_argument("--budget-s", type=float, default=300, help="no step starts after this many seconds")
-    p.add_argument("--compile-limit-s", type=float, default=90, help="static-cache generate's limit, compiling included")
+    p.add_argument("--compile-limit-s", type=float, default=90,
+                   help="static-cache generate's limit, compiling included")
     p.add_argument("--out", help="write the JSON here (and print its summary, not the JSON)")
     p.add_argument("--report", help="write the summary (markdown) here")
     p.add_argument("--static-generate", action="store_true", help=argparse.SUPPRESS)   # static_generate's child
@@ -257,14 +345,24 @@ def parse(argv) -> argparse.Namespace:
     return args
 
 
+def prompts(args) -> list[list[int]]:
+    """`--prompts` random prompts of `--context` ids (one length: one static cache shape for generate)."""
+    import numpy as np
+
+    from hetspec.models import resolve_model
+
+    vocab = (resolve_model(args.target).random or {}).get("vocab", 32000)     # a random model's, else Llama's
+    return np.random.default_rng(0).integers(0, vocab, (args.prompts, args.context)).tolist()
+
+
 def main(argv=None) -> int:
     args = parse(argv)
-    if args.static_generate:
-        print(json.dumps({**generate(load(args), prompts(args), args.tokens, args.device, cache_implementation="static"),
-                          "compiled": args.device == "cuda"}))   # transformers compiles a static step on CUDA only
+    if args.static_generate:       # transformers compiles a static step on CUDA only
+        print(json.dumps({**generate(load(args, grouped=False), prompts(args), args.tokens, args.device,
+                                     cache_implementation="static"), "compiled": args.device == "cuda"}))
         return 0
-
     import torch
+    import transformers
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_profile: no CUDA GPU (--device cpu rehearses with small shapes)", file=sys.stderr)
@@ -272,14 +370,12 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     args.deadline = start + args.budget_s
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    import transformers
-
     doc = {"device_name": name, "torch": torch.__version__, "transformers": transformers.__version__,
-           **{k: getattr(args, k) for k in NAMES}, "gamma": GAMMA,
-           "curve": {}, "by_context": {}, "engine": {}, "batch": {}, "generate": {}, "paced_profile": None, "skipped": []}
+           **{k: getattr(args, k) for k in NAMES}, "gamma": GAMMA, "curve": {}, "by_context": {}, "engine": {},
+           "batch": {}, "generate": {}, "paced_profile": None, "skipped": []}
     ids = prompts(args)
     if args.steps & {"curve", "context"}:
-        curves(args, ids, doc)
+        in_process(args, ids, doc, ("curve", "context"))
     if "captured" in doc["curve"]:
         doc["paced_profile"] = paced_profile(doc["curve"]["captured"], args.context,
                                              re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + "-captured",
@@ -288,7 +384,8 @@ def main(argv=None) -> int:
         if due(args, doc, f"engine {passes}"):
             doc["engine"][passes] = through_engine(args, ids, passes)
             save(args, doc)
-    after_engine(args, ids, doc)
+    if args.steps & {"batch", "generate"}:
+        in_process(args, ids, doc, ("batch", "generate"))
     if due(args, doc, "generate static"):
         doc["generate"]["static"] = static_generate(args)
     doc["elapsed_s"] = round(time.perf_counter() - start, 1)

@@ -1,12 +1,7 @@
-"""Modes taking turns on one engine, each prompt in every mode before the next, so that a
-machine's drift falls on all alike. Prints each request's decode tok/s and what the engine
+"""Modes taking turns on one engine, each prompt in every mode before the next, so that a machine's
+drift falls on all alike (`--repeats 2`: the second pass in reverse order; `--speculation always`:
+every round of the speculative modes drafts). Prints each request's decode tok/s and what the engine
 did, then each mode's pooled tok/s against the first mode's. Exits 1 if greedy outputs disagree.
-
-    python -m hetspec.benchmarks.mode_ab --config qwen2.5-coder --modes target duodec sequential \\
-        --categories stubs --limit 4 --max-new-tokens 96
-
-`--speculation always` makes every round of the speculative modes draft; with `--repeats 2`
-the second pass takes the modes in reverse order:
 
     python -m hetspec.benchmarks.mode_ab --config gemma3-smollm2 --modes target duodec sequential \\
         --speculation always --categories code continuation --max-new-tokens 64 --repeats 2

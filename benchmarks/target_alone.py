@@ -1,13 +1,10 @@
-"""The native target alone against llama-bench on the same GGUF file and cores: at each depth
-(a context of N tokens, 150 by default), the prompt of N tokens read (prefill), decode after
-it, and verify windows of 4 and 8 tokens there (scripts/gpu_check.sh runs it).
+"""The native target alone against llama-bench on the same GGUF file and cores: at each depth N
+(150 by default), the prompt of N tokens read (prefill), decode after it, and verify windows of 4
+and 8 tokens there, the two taking turns REPS times (medians), so that both see the machine's drift.
+scripts/gpu_check.sh runs it; llama-bench: scripts/build_llama_cpp.sh (`--isa avx2` for AVX2 alone).
 
     python -m hetspec.benchmarks.target_alone [--model builtin:smollm2 ...] [--threads 1 2]
         [--depths 150 2048] [--isa avx2] [--out DIR]
-
-Per thread count and depth the two take turns REPS times and each number is the median of
-its turns, so that both see the same drift of the machine. llama-bench:
-scripts/build_llama_cpp.sh (with --isa avx2, the binaries built for AVX2 alone).
 """
 from __future__ import annotations
 
@@ -22,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from hetspec.benchmarks.bench import llama_bin
-from hetspec.benchmarks.bench.machine import add_isa_option, describe_machine, use_isa
+from hetspec.benchmarks.bench.machine import affinity, describe_machine, parse_isa
+from hetspec.benchmarks.bench.tables import table
 from hetspec.core.pinning import pin
 from hetspec.models import resolve_model
 from hetspec.workers.common.thread_pinning import pin_threads
@@ -33,8 +31,8 @@ MODELS = ("builtin:smollm2", "builtin:gemma3-270m")
 
 
 def hetspec_turn(model, threads: int, cores: list[int], depth: int) -> dict:
-    """One turn of the native target: prefill of `depth` tokens, decode after them, window
-    costs (ms); its threads pinned a core each, as the worker pins them."""
+    """One turn of the native target, its threads pinned a core each as the worker pins them: tok/s of a prefill of
+    `depth` tokens and of decode after them, and window costs (ms)."""
     model.set_threads(threads)
     pin_threads(cores, threads, model.thread_ids)
     prompt = [int(t) for t in np.random.default_rng(0).integers(100, 5000, depth)]
@@ -56,49 +54,39 @@ def hetspec_turn(model, threads: int, cores: list[int], depth: int) -> dict:
 
 def llama_turn(bin_dir: Path, path: str, threads: int, cores: list[int], depth: int) -> dict:
     """One turn of llama-bench: tg DECODE at depth `depth`, pp `depth`, then pp4 and pp8 at that depth."""
-    repack = llama_bin.repacks(path)
-    decode = llama_bin.bench_command(bin_dir, path, threads, depth, DECODE, cores, reps=1, repack=repack)
-    out = {"decode": llama_bin.parse_bench_json(_output(decode))[0]["tokens_per_s"]}
-    bench = [*llama_bin.pinned(cores), str(bin_dir / "llama-bench"), "-m", path, "-t", str(threads), "-n", "0",
-             "-r", "1", "-o", "json", *([] if repack else ["--repack", "0"])]
-    out["prefill"] = llama_bin.parse_bench_json(_output([*bench, "-p", str(depth)]))[0]["tokens_per_s"]
-    for row in llama_bin.parse_bench_json(_output([*bench, "-p", ",".join(map(str, WINDOWS)), "-d", str(depth)])):
+    no_repack = [] if llama_bin.repacks(path) else ["--repack", "0"]
+
+    def bench(*args: str) -> list[dict]:
+        command = [*llama_bin.pinned(cores), str(bin_dir / "llama-bench"), "-m", path, "-t", str(threads), *args,
+                   "-r", "1", "-o", "json", *no_repack]
+        return llama_bin.parse_bench_json(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+
+    out = {"decode": bench("-p", "0", "-n", str(DECODE), "-d", str(depth))[0]["tokens_per_s"],
+           "prefill": bench("-n", "0", "-p", str(depth))[0]["tokens_per_s"]}
+    for row in bench("-n", "0", "-p", ",".join(map(str, WINDOWS)), "-d", str(depth)):
         out[f"window{row['n_prompt']}_ms"] = row["n_prompt"] / row["tokens_per_s"] * 1000
     return out
-
-
-def _output(command: list[str]) -> str:
-    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
-
-
-def llama_load_s(bin_dir: Path, path: str, cores: list[int]) -> float | None:
-    """llama.cpp's own load time of the file (llama-completion's "load time", one token)."""
-    done = subprocess.run(llama_bin.completion_command(bin_dir, path, len(cores), cores), capture_output=True,
-                          text=True, check=False)
-    try:
-        return llama_bin.parse_timings(done.stderr + done.stdout)["load_ms"] / 1000
-    except ValueError:
-        return None
-
-
-def median_of(turns) -> dict:
-    return {key: statistics.median(t[key] for t in turns) for key in turns[0]}
 
 
 def measure(spec: str, thread_counts: list[int], depths: list[int], bin_dir: Path) -> dict:
     from hetspec.workers.common.native_model import load_library
     from hetspec.workers.target.native_target import NativeTarget
 
-    found = resolve_model(spec)
+    found, cores = resolve_model(spec), affinity()
     path, cache_root = found.file, os.path.dirname(found.cache_dir) if found.cache_dir else ""
-    cores = sorted(os.sched_getaffinity(0))
     load_library(cache_root)        # the kernels built before the load is timed
+    done = subprocess.run(llama_bin.completion_command(bin_dir, path, len(cores), cores), capture_output=True,
+                          text=True, check=False)
+    try:                            # llama.cpp's own load time of the file (llama-completion's, one token)
+        llama_load_s = llama_bin.parse_timings(done.stderr + done.stdout)["load_ms"] / 1000
+    except ValueError:
+        llama_load_s = None
     start = time.perf_counter()
     model = NativeTarget(path, n_ctx=max(depths) + DECODE + 2 * max(WINDOWS) + 64, caches=1, threads=1,
                          cache_root=cache_root)
     result = {"model": spec, "file": os.path.basename(path), "bytes": os.path.getsize(path),
-              "load_s": time.perf_counter() - start, "llama_load_s": llama_load_s(bin_dir, path, cores),
-              "kernels": model.description, "threads": {}}
+              "load_s": time.perf_counter() - start, "llama_load_s": llama_load_s, "kernels": model.description,
+              "threads": {}}
     try:
         for threads in thread_counts:
             use = cores[:threads]
@@ -106,7 +94,8 @@ def measure(spec: str, thread_counts: list[int], depths: list[int], bin_dir: Pat
             for depth in depths:
                 ours, theirs = zip(*[(hetspec_turn(model, threads, use, depth),
                                       llama_turn(bin_dir, path, threads, use, depth)) for _ in range(REPS)])
-                row = {"hetspec": median_of(ours), "llama.cpp": median_of(theirs)}
+                row = {side: {key: statistics.median(t[key] for t in turns) for key in turns[0]}
+                       for side, turns in (("hetspec", ours), ("llama.cpp", theirs))}
                 result["threads"].setdefault(threads, {})[depth] = row
                 print(spec, threads, depth, json.dumps(row), flush=True)
     finally:
@@ -116,38 +105,35 @@ def measure(spec: str, thread_counts: list[int], depths: list[int], bin_dir: Pat
 
 
 def report(results: list[dict], machine: str) -> str:
-    lines = [(f"# The native target alone against llama.cpp's own loop\n\nMachine: {machine}. "
-             f"At each depth N: prefill, a prompt of N tokens read (llama-bench pp N); decode, {DECODE} tokens "
-             f"after it (tg{DECODE} @ d N); windows, one verify pass of 4 and 8 tokens there (pp4, pp8 @ d N). "
-             f"Medians of {REPS} alternating turns.\n"),
-             ("| model | threads | depth | decode tok/s (hetspec / llama.cpp) | ratio | prefill tok/s | ratio "
-             "| window 4 ms | window 8 ms |"), "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
     for r in results:
         for threads, by_depth in r["threads"].items():
             for depth, row in by_depth.items():
                 a, b = row["hetspec"], row["llama.cpp"]
-                lines.append(f"| {r['file']} | {threads} | {depth} | {a['decode']:.1f} / {b['decode']:.1f} | "
-                             f"**{a['decode'] / b['decode']:.2f}x** | {a['prefill']:.0f} / {b['prefill']:.0f} | "
-                             f"{a['prefill'] / b['prefill']:.2f}x | {a['window4_ms']:.0f} / {b['window4_ms']:.0f} | "
-                             f"{a['window8_ms']:.0f} / {b['window8_ms']:.0f} |")
-    lines += ["", "| model | file MB | hetspec load s | llama.cpp load s | kernels |", "|---|---|---|---|---|"]
-    for r in results:
-        theirs = f"{r['llama_load_s']:.2f}" if r["llama_load_s"] is not None else "?"
-        lines.append(f"| {r['file']} | {r['bytes'] / 1e6:.0f} | {r['load_s']:.1f} | {theirs} | {r['kernels']} |")
-    return "\n".join(lines) + "\n"
+                rows.append([r["file"], str(threads), str(depth), f"{a['decode']:.1f} / {b['decode']:.1f}",
+                             f"**{a['decode'] / b['decode']:.2f}x**", f"{a['prefill']:.0f} / {b['prefill']:.0f}",
+                             f"{a['prefill'] / b['prefill']:.2f}x", f"{a['window4_ms']:.0f} / {b['window4_ms']:.0f}",
+                             f"{a['window8_ms']:.0f} / {b['window8_ms']:.0f}"])
+    loads = [[r["file"], f"{r['bytes'] / 1e6:.0f}", f"{r['load_s']:.1f}",
+              "?" if r["llama_load_s"] is None else f"{r['llama_load_s']:.2f}", r["kernels"]] for r in results]
+    about = (f"Machine: {machine}. At each depth N: prefill, a prompt of N tokens read (llama-bench pp N); decode, "
+             f"{DECODE} tokens after it (tg{DECODE} @ d N); windows, one verify pass of 4 and 8 tokens there "
+             f"(pp4, pp8 @ d N). Medians of {REPS} alternating turns.")
+    return "\n".join(["# The native target alone against llama.cpp's own loop", "", about, "",
+                      *table(["model", "threads", "depth", "decode tok/s (hetspec / llama.cpp)", "ratio",
+                              "prefill tok/s", "ratio", "window 4 ms", "window 8 ms"], rows), "",
+                      *table(["model", "file MB", "hetspec load s", "llama.cpp load s", "kernels"], loads)]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    cores = len(os.sched_getaffinity(0))
+    cores = len(affinity())
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", help="a builtin:NAME or a GGUF path (repeatable)")
     parser.add_argument("--threads", type=int, nargs="+", default=sorted({t for t in (1, 2, cores) if t <= cores}))
     parser.add_argument("--depths", type=int, nargs="+", default=list(DEPTHS),
                         help="context lengths: the prompt read, then decode and windows after it (default: 150)")
     parser.add_argument("--out", help="folder for report.md and results.json")
-    add_isa_option(parser)
-    args = parser.parse_args(argv)
-    use_isa(args.isa)
+    args = parse_isa(parser, argv)
     bin_dir = llama_bin.find_binaries()
     if bin_dir is None:
         parser.error(llama_bin.missing_line())

@@ -254,18 +254,19 @@ def load_config(source: None | str | os.PathLike | dict = None) -> EngineConfig:
     config name, a TOML path, or a dict shaped like the TOML file."""
     if isinstance(source, EngineConfig):
         return source
-    if source is None:
-        source = DEFAULT_CONFIG
-    if isinstance(source, dict):
-        return _build(source)
-    text = _read_config_text(str(source))
+    return _build(source if isinstance(source, dict) else read_config(source))
+
+
+def read_config(source: str | os.PathLike | None = None) -> dict:
+    """A config as written (a shipped name or a TOML path): its tables, nothing resolved
+    ("auto" stays "auto"), for a tool that changes it before the engine loads it."""
+    text = _read_config_text(str(DEFAULT_CONFIG if source is None else source))
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config {source}: invalid TOML: {exc}") from None
     except RecursionError:
         raise ConfigError(f"config {source}: invalid TOML: nested too deeply") from None
-    return _build(data)
 
 
 def _read_config_text(source: str) -> str:

@@ -3,8 +3,8 @@
 # (benchmarks/bench/llama_bin.py): llama-bench, llama-completion (non-interactive
 # generation; this llama.cpp's llama-cli is the interactive chat) and
 # llama-speculative-simple, from the llama.cpp sources that the INSTALLED
-# llama-cpp-python vendors, so the C++ rows run the same llama.cpp as the Python
-# peer. Into ${HETSPEC_CACHE:-~/.cache/hetspec}/llama.cpp-VERSION/bin.
+# llama-cpp-python vendors, so the C++ rows run the same llama.cpp as hetspec's
+# llama.cpp backends. Into ${HETSPEC_CACHE:-~/.cache/hetspec}/llama.cpp-VERSION/bin.
 #
 #   scripts/build_llama_cpp.sh           the binaries. Where `scripts/setup.sh --dev` kept
 #                                        llama-cpp-python's CMake build tree, they are built in

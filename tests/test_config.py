@@ -82,3 +82,16 @@ def test_a_config_the_bench_takes_the_engine_takes(path):
         load_config(path)
     except ConfigError as exc:
         assert "is not fetched yet" in str(exc), exc
+
+
+def test_a_benchmark_changes_a_config_as_written():
+    """read_config leaves "auto" as it is, so that a shipped config paced by a benchmark gets
+    the paced target's max_running (8), not the CPU's (4) resolved before pacing."""
+    from hetspec.benchmarks.bench.paced import paced_config
+    from hetspec.benchmarks.bench.settings import split_config
+    from hetspec.config import read_config
+
+    assert "max_running" not in read_config("smollm2").get("server", {})
+    config, bench = split_config("smollm2")
+    assert bench == {} and load_config(config).server.max_running == 4
+    assert load_config(paced_config(config, "gpu-40ms")).server.max_running == 8

@@ -2,9 +2,7 @@
 search of the context finds, however the context grows; the likeliest follower
 is guessed; each match length keeps its own hit rate."""
 import numpy as np
-import pytest
 
-from hetspec.scheduler.decoding.budget import CostModel, Windows
 from hetspec.scheduler.decoding.lookup import NGRAM, PromptLookup
 
 
@@ -62,7 +60,7 @@ def test_each_match_length_keeps_its_own_hit_rate():
 
 import hetspec
 
-from helpers import FULL, load_reference, random_engine_config, reference_greedy
+from helpers import load_reference, random_engine_config, reference_greedy
 
 LOOPING = "random:vocab=12,seed=0"         # a small vocabulary: greedy text soon repeats itself
 PROMPT = [1, 2, 3, 4, 5]
@@ -93,28 +91,3 @@ def test_lookup_zero_guesses_nothing():
         result = engine.generate(PROMPT, max_new_tokens=40)
         assert result.stats["lookup_guessed"] == 0 and result.stats["rested"] > 0
         assert engine.get_info()["lookup"] == 0
-
-
-def test_the_replay_counts_what_the_rule_would_commit():
-    """benchmarks/lookup_replay.py on text that repeats itself: a window of 5 tokens costs
-    1.4 one-token passes, so 4 guessed tokens a pass go at about 3.5x the target alone."""
-    from hetspec.benchmarks.lookup_replay import replay
-
-    cost = {n: 1.0 + 0.1 * (n - 1) for n in range(1, 6)}
-    windows = Windows(1, False, 8, CostModel(1.0, cost), max_lookup=4)
-    phrase = [1, 2, 3, 4, 5, 6, 7, 8]
-    seconds, held = replay(phrase * 2, phrase * 8, windows, cost.__getitem__)
-    assert held[3][1] == held[3][0] > 40                    # every guess after a three-token match held
-    assert (len(phrase) * 8 - 1) * cost[1] / seconds > 3
-
-
-@pytest.mark.integration
-@FULL
-def test_the_replay_script_runs(capsys):
-    """`python -m hetspec.benchmarks.lookup_replay`, short: the Gemma 3 target's greedy
-    code, replayed with its own window times."""
-    from hetspec.benchmarks import lookup_replay
-
-    assert lookup_replay.main(["--categories", "code", "--limit", "1", "--max-new-tokens", "32"]) == 0
-    line = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("code:"))
-    assert float(line.split(":")[1].split("x")[0]) > 0

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
+from hetspec.benchmarks.bench.machine import affinity
 from hetspec.models import resolve_model
 from hetspec.workers.common.hf_loading import eos_token_ids, load_causal_lm
 
@@ -20,7 +20,7 @@ PLD_NUM_TOKENS = 10    # transformers' documented default for prompt lookup
 
 @dataclass
 class BaselineRun:
-    """One in-process generation (the baselines', the llama.cpp peer's)."""
+    """One in-process generation."""
     token_ids: list[int]
     total_s: float
     ttft_s: float
@@ -34,74 +34,60 @@ class BaselineRun:
 
     def record(self) -> dict:
         """The run's fields of a results.json record."""
-        return {"token_ids": self.token_ids, "new_tokens": len(self.token_ids), "finish_reason": self.finish_reason,
-                "total_s": self.total_s, "ttft_s": self.ttft_s, "rounds": self.rounds, "spec_rounds": self.spec_rounds,
-                "drafted": self.drafted, "accepted": self.accepted,
-                "committed_in_spec_rounds": self.committed_in_spec_rounds, "gamma": self.gamma}
+        return {**asdict(self), "new_tokens": len(self.token_ids)}
 
 
-class _FirstTokenClock:
+class _Clock:
     """A generate() streamer: the first put() is the prompt, the second the first new token."""
 
     def __init__(self):
-        self.calls = 0
-        self.first_token_at: float | None = None
+        self.calls, self.first_token_at = 0, None
 
     def put(self, value) -> None:
         self.calls += 1
-        if self.calls == 2 and self.first_token_at is None:
+        if self.calls == 2:
             self.first_token_at = time.perf_counter()
 
     def end(self) -> None:
         pass
 
 
-class _PldCounter:
-    """Counts PLD's proposals and matches by wrapping PromptLookupCandidateGenerator's
-    get_candidates / update_candidate_strategy (class attributes, restored after)."""
+@contextlib.contextmanager
+def _pld_counted(run: BaselineRun):
+    """PLD's proposals and matches counted into `run`, by wrapping PromptLookupCandidateGenerator's
+    get_candidates and update_candidate_strategy (class attributes, restored after)."""
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator as G
 
-    def __init__(self):
-        self.rounds = self.spec_rounds = self.drafted = self.accepted = self.committed = 0
-        self._last = 0
+    get, update = G.get_candidates, G.update_candidate_strategy
+    last = [0]
 
-    @contextlib.contextmanager
-    def counting(self):
-        from transformers.generation.candidate_generator import PromptLookupCandidateGenerator as G
+    def get_candidates(self, input_ids, *args, **kwargs):
+        ids, logits = get(self, input_ids, *args, **kwargs)
+        last[0], run.rounds = ids.shape[1] - input_ids.shape[1], run.rounds + 1
+        return ids, logits
 
-        get, update = G.get_candidates, G.update_candidate_strategy
-        counter = self
+    def update_candidate_strategy(self, input_ids, scores, num_matches):
+        if last[0] > 0:
+            run.spec_rounds, run.drafted = run.spec_rounds + 1, run.drafted + last[0]
+            run.accepted += int(num_matches)
+            run.committed_in_spec_rounds += int(num_matches) + 1
+        return update(self, input_ids, scores, num_matches)
 
-        def get_candidates(self, input_ids, *args, **kwargs):
-            ids, logits = get(self, input_ids, *args, **kwargs)
-            counter._last = ids.shape[1] - input_ids.shape[1]
-            counter.rounds += 1
-            return ids, logits
-
-        def update_candidate_strategy(self, input_ids, scores, num_matches):
-            if counter._last > 0:
-                counter.spec_rounds += 1
-                counter.drafted += counter._last
-                counter.accepted += int(num_matches)
-                counter.committed += int(num_matches) + 1
-            return update(self, input_ids, scores, num_matches)
-
-        G.get_candidates, G.update_candidate_strategy = get_candidates, update_candidate_strategy
-        try:
-            yield self
-        finally:
-            G.get_candidates, G.update_candidate_strategy = get, update
+    G.get_candidates, G.update_candidate_strategy = get_candidates, update_candidate_strategy
+    try:
+        yield
+    finally:
+        G.get_candidates, G.update_candidate_strategy = get, update
 
 
 class Baselines:
     def __init__(self, model_spec: str, dtype: str, device: str, extra_eos: set[int] = frozenset(),
                  threads: int | None = None):
         """Load the target; `extra_eos`: the tokenizer's EOS, as the engine adds; threads None: choose_threads() may."""
-        self.device = device
-        self.dtype = dtype
-        self.cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.device, self.dtype, self.cores = device, dtype, affinity()
         self.thread_trial: dict[str, float] = {}
         if device == "cpu":
-            torch.set_num_threads(threads or max(1, len(self.cores) or os.cpu_count() or 1))
+            torch.set_num_threads(threads or len(self.cores))
         self.threads = torch.get_num_threads()
         with contextlib.redirect_stderr(io.StringIO()):   # the GGUF loader's own progress bar
             self.model = load_causal_lm(resolve_model(model_spec, "target"), dtype, device)
@@ -112,8 +98,8 @@ class Baselines:
                 "thread_trial_tokens_per_s": self.thread_trial or None}
 
     def choose_threads(self, probes: list[list[int]], tokens: int = 16) -> int:
-        """Every core or one, whichever runs the probes (whole greedy runs, best of two) faster: on a
-        busy machine an OpenMP team waits for its slowest thread, and a slowed baseline flatters every speedup."""
+        """Every core or one, whichever runs the probes (whole greedy runs, best of two) faster: on a busy
+        machine an OpenMP team waits for its slowest thread, and a slowed baseline flatters every speedup."""
         if self.device != "cpu" or len(self.cores) < 2:
             return self.threads
         speeds = {}
@@ -130,33 +116,28 @@ class Baselines:
     def run(self, mode: str, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
             top_p: float = 1.0, seed: int = 0) -> BaselineRun:
         """One generation: mode "vanilla" or "pld"; greedy when temperature == 0."""
+        if mode not in ("vanilla", "pld"):
+            raise ValueError(f"unknown baseline {mode!r}")
+        sampled = temperature > 0
         kwargs = {"max_new_tokens": max_new_tokens, "eos_token_id": self.eos or None,
-                  "pad_token_id": self.eos[0] if self.eos else 0}
-        if temperature > 0:
-            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+                  "pad_token_id": self.eos[0] if self.eos else 0, "do_sample": sampled,
+                  "temperature": temperature if sampled else None, "top_p": top_p if sampled else None,
+                  "top_k": 0 if sampled else None}
         if mode == "pld":
             kwargs["prompt_lookup_num_tokens"] = PLD_NUM_TOKENS
-        elif mode != "vanilla":
-            raise ValueError(f"unknown baseline {mode!r}")
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        attention_mask = torch.ones_like(input_ids)
         torch.manual_seed(seed)
-        clock, counter = _FirstTokenClock(), _PldCounter()
-        with counter.counting() if mode == "pld" else contextlib.nullcontext():
+        clock, run = _Clock(), BaselineRun([], 0.0, 0.0, "length", gamma=PLD_NUM_TOKENS if mode == "pld" else None)
+        with _pld_counted(run) if mode == "pld" else contextlib.nullcontext():
             self._sync()
             start = time.perf_counter()
-            out = self.model.generate(input_ids, attention_mask=attention_mask, streamer=clock, **kwargs)
+            out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), streamer=clock, **kwargs)
             self._sync()
-            total = time.perf_counter() - start
-        new = out[0, len(prompt_ids):].tolist()
-        ttft = (clock.first_token_at - start) if clock.first_token_at else total
-        finish = "eos" if new and new[-1] in self.eos else "length"
-        run = BaselineRun(new, total, ttft, finish, rounds=counter.rounds if mode == "pld" else len(new))
-        if mode == "pld":
-            run.drafted, run.accepted, run.gamma = counter.drafted, counter.accepted, PLD_NUM_TOKENS
-            run.spec_rounds, run.committed_in_spec_rounds = counter.spec_rounds, counter.committed
+            run.total_s = time.perf_counter() - start
+        run.token_ids = out[0, len(prompt_ids):].tolist()
+        run.ttft_s = (clock.first_token_at - start) if clock.first_token_at else run.total_s
+        run.finish_reason = "eos" if run.token_ids and run.token_ids[-1] in self.eos else "length"
+        run.rounds = run.rounds if mode == "pld" else len(run.token_ids)
         return run
 
     def _sync(self) -> None:

@@ -1,5 +1,5 @@
-"""The draft model alone, greedy, as the engine runs it: DuoDecoding commits at best as fast as its
-draft drafts, so this is its ceiling. A child process pinned like the draft worker, after the engine stopped.
+"""The draft model alone, greedy, as the engine runs it: DuoDecoding commits at best as fast as its draft
+drafts, so this is its ceiling. A child process pinned like the draft worker, after the engine stopped.
 
 python -m hetspec.benchmarks.bench.ceiling --model FILE.gguf --cores 0 --threads 1 < prompts.json
 (prompts.json: [{"ids": [...], "max_new_tokens": n}, ...]; prints one JSON object)
@@ -18,13 +18,13 @@ def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: li
                     timeout_s: float = 900, backend: str = "llama.cpp") -> dict:
     """The child's JSON result (or an "error"); backend and weights: the draft's, as in the engine."""
     n_ctx = max(len(p["ids"]) + p["max_new_tokens"] for p in prompts) + 8
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    command = [sys.executable, "-m", "hetspec.benchmarks.bench.ceiling", "--model", model_file, "--threads", str(threads),
-               "--n-ctx", str(n_ctx), "--cores", ",".join(map(str, cores)), "--weights", weights,
+    command = [sys.executable, "-m", "hetspec.benchmarks.bench.ceiling", "--model", model_file, "--threads",
+               str(threads), "--n-ctx", str(n_ctx), "--cores", ",".join(map(str, cores)), "--weights", weights,
                "--backend", backend]
     try:
-        done = subprocess.run(command, input=json.dumps(prompts), capture_output=True, text=True, env=env,
-                              timeout=timeout_s, check=False)
+        done = subprocess.run(command, input=json.dumps(prompts), capture_output=True, text=True, timeout=timeout_s,
+                              env=dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads)),
+                              check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s"}
     if done.returncode != 0:
@@ -32,51 +32,39 @@ def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: li
     return json.loads(done.stdout)
 
 
-def _load(model_file: str, threads: int, n_ctx: int, weights: str, backend: str, scratch: str):
-    """(model, what runs it), loaded by the draft worker's own code."""
-    from hetspec.ipc.specs import DraftSpec
-    from hetspec.models import resolve_model
-    from hetspec.workers.draft.worker import DraftState
-
-    state = DraftState(DraftSpec(backend=backend, model=resolve_model(model_file, "draft"), cores=[],
-                                 threads=threads, n_ctx=n_ctx, weights=weights, scratch_dir=scratch))
-    return state.model, state.backend
-
-
-def _run(model_file: str, cores: list[int], threads: int, n_ctx: int, prompts: list[dict],
-         weights: str = "as-is", backend: str = "llama.cpp") -> dict:
+def _run(model_file: str, cores: list[int], threads: int, n_ctx: int, prompts: list[dict], weights: str,
+         backend: str) -> dict:
     import tempfile
 
     import numpy as np
 
+    from hetspec.ipc.specs import DraftSpec
+    from hetspec.models import resolve_model
     from hetspec.workers.common.thread_pinning import pin
+    from hetspec.workers.draft.worker import DraftState
 
     pin(cores)
-    with tempfile.TemporaryDirectory(prefix="hetspec-ceiling-") as scratch:
-        model, backend = _load(model_file, threads, n_ctx, weights, backend, scratch)
-    if backend == "native":
-        weights = "as-is"             # it reads the file's own blocks
+    with tempfile.TemporaryDirectory(prefix="hetspec-ceiling-") as scratch:     # loaded by the draft worker's code
+        state = DraftState(DraftSpec(backend=backend, model=resolve_model(model_file, "draft"), cores=[],
+                                     threads=threads, n_ctx=n_ctx, weights=weights, scratch_dir=scratch))
+    model, backend = state.model, state.backend
+    decoded = prefilled = 0
+    decode_s = prefill_s = 0.0
     try:
         model.forward(prompts[0]["ids"][:8], 0)           # warm-up: first-call allocations
-        decoded = prefilled = 0
-        decode_s = prefill_s = 0.0
         for prompt in prompts:
-            ids = prompt["ids"]
             start = time.perf_counter()
-            logits = model.forward(ids, 0)
-            prefill_s += time.perf_counter() - start
-            prefilled += len(ids)
-            token, pos = int(np.argmax(logits)), len(ids)
+            token, pos = int(np.argmax(model.forward(prompt["ids"], 0))), len(prompt["ids"])
+            prefill_s, prefilled = prefill_s + time.perf_counter() - start, prefilled + pos
             start = time.perf_counter()
             for _ in range(prompt["max_new_tokens"] - 1):  # the first token came with the prefill
                 token = int(np.argmax(model.forward([token], pos)))
-                pos += 1
-                decoded += 1
+                pos, decoded = pos + 1, decoded + 1
             decode_s += time.perf_counter() - start
     finally:
         model.close()
-    return {"backend": backend, "model": model_file, "weights": weights, "cores": cores, "threads": threads,
-            "prompts": len(prompts), "decoded_tokens": decoded,
+    return {"backend": backend, "model": model_file, "weights": "as-is" if backend == "native" else weights,
+            "cores": cores, "threads": threads, "prompts": len(prompts), "decoded_tokens": decoded,
             "tokens_per_s": decoded / decode_s if decode_s else 0.0,
             "ms_per_token": 1000 * decode_s / decoded if decoded else 0.0,
             "prefill_ms_per_token": 1000 * prefill_s / prefilled if prefilled else 0.0}
@@ -91,9 +79,9 @@ def main(argv=None) -> int:
     parser.add_argument("--weights", default="as-is", help="convert the GGUF at load, as [draft] weights does")
     parser.add_argument("--backend", default="llama.cpp", help="[draft] backend: native or llama.cpp")
     args = parser.parse_args(argv)
-    prompts = json.load(sys.stdin)
     cores = [int(c) for c in args.cores.split(",") if c]
-    print(json.dumps(_run(args.model, cores, args.threads, args.n_ctx, prompts, args.weights, args.backend)))
+    print(json.dumps(_run(args.model, cores, args.threads, args.n_ctx, json.load(sys.stdin), args.weights,
+                          args.backend)))
     return 0
 
 

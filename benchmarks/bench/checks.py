@@ -56,7 +56,8 @@ def _check_run(run: dict) -> list[str]:
         (not run["total_s"] > 0 or not 0 < run["ttft_s"] <= run["total_s"] + 1e-6,
          f"times: ttft {run['ttft_s']}, total {run['total_s']}"),
         (not 0 <= accepted <= drafted, f"accepted {accepted} of {drafted} drafted"),
-        (spec and not spec <= committed <= n, f"{committed} tokens committed in {spec} speculative rounds of a {n}-token run"),
+        (spec and not spec <= committed <= n,
+         f"{committed} tokens committed in {spec} speculative rounds of a {n}-token run"),
         # each round commits its accepted draft tokens plus one target token, except a last
         # round cut short by EOS, a stop string or the token limit
         (spec and not accepted + spec - 1 <= reported <= accepted + spec and run["method"] != "pld",

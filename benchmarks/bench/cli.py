@@ -5,8 +5,8 @@
     hetspec-bench --config gemma3-270m --dtype bfloat16 --methods vanilla,sps,duodec
     hetspec-bench --config my-gpu.toml             any engine config (a [bench] table may set defaults)
 
-Writes OUT/report.md, OUT/results.json and OUT/*.png. Exits 1 if the results
-fail their consistency checks (token counts, positive rates), 2 on bad usage.
+Writes OUT/report.md, OUT/results.json and OUT/*.png. Exits 1 if the results fail their
+consistency checks (token counts, positive rates), 2 on bad usage.
 """
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 from hetspec.benchmarks.bench.checks import check_results, engine_stat_warnings
-from hetspec.benchmarks.bench.data import ALL_CATEGORIES
-from hetspec.benchmarks.bench.machine import add_isa_option, use_isa
+from hetspec.benchmarks.bench.data import ALL_CATEGORIES, load_prompt_file, load_prompts
+from hetspec.benchmarks.bench.machine import parse_isa
 from hetspec.benchmarks.bench.methods import GROUPS, METHODS
 from hetspec.benchmarks.bench.plots import write_plots
 from hetspec.benchmarks.bench.report import write_report
-from hetspec.benchmarks.bench.runner import run_suite
+from hetspec.benchmarks.bench.runner import run_suite, tokenized
 from hetspec.benchmarks.bench.settings import DECODINGS, DTYPES, PROMPT_FORMATS, BenchSettings, split_config
 from hetspec.core.errors import HetspecError
 
@@ -45,7 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline-threads", type=int,
                    help="torch threads of vanilla and PLD (default 0: the faster of all cores and one, measured)")
     p.add_argument("--out", default="bench-out", help="output directory (default: bench-out)")
-    add_isa_option(p)
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up requests")
     p.add_argument("--no-ceiling", action="store_true", help="skip timing the draft model alone")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -76,64 +75,49 @@ def settings_from_args(args) -> BenchSettings:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
-    use_isa(args.isa)
+    args = parse_isa(build_parser(), argv)
     try:
         settings = settings_from_args(args)
-    except (ValueError, FileNotFoundError, HetspecError) as exc:
+        if args.prompts and not args.paced:
+            raise ValueError("--prompts needs --paced (the suite's own runs take --categories)")
+        if args.paced:
+            return _paced(settings, args, argv)
+    except (ValueError, OSError, KeyError, HetspecError) as exc:
         print(f"hetspec-bench: error: {exc}", file=sys.stderr)
         return 2
-    if args.prompts and not args.paced:
-        print("hetspec-bench: error: --prompts needs --paced (the suite's own runs take --categories)", file=sys.stderr)
-        return 2
-    if args.paced:
-        return _paced(settings, args, argv)
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = run_suite(settings, ["hetspec-bench", *argv])
-    doc["checks"] = check_results(doc)
-    doc["warnings"] = engine_stat_warnings(doc)
+    doc["checks"], doc["warnings"] = check_results(doc), engine_stat_warnings(doc)
     (out / "results.json").write_text(json.dumps(doc, indent=1))
-    plots = write_plots(doc, out)
-    report = write_report(doc, out, plots)
-    _summary(doc, report)
+    report = write_report(doc, out, write_plots(doc, out))
+    print(f"\nwrote {report} and {out / 'results.json'} (gamma {doc['chosen_gamma']}, {doc['duration_s']:.0f} s)",
+          file=sys.stderr)
+    for decoding, by_method in doc["results"].items():
+        print(f"{decoding}: " + "; ".join(f"{m} {c['average']['tokens_per_s']:.1f} tok/s "
+                                          f"({c['average']['speedup'] or 0:.2f}x)"
+                                          for m, c in by_method.items() if c.get("average")), file=sys.stderr)
+    for key, what in (("checks", "consistency problem(s)"), ("warnings", "warning(s)")):
+        if doc[key]:
+            print(f"{len(doc[key])} {what}, first: {doc[key][0]}", file=sys.stderr)
     return 1 if doc["checks"] else 0
 
 
 def _paced(settings: BenchSettings, args, argv: list[str]) -> int:
-    """hetspec-bench --paced: benchmarks/bench/paced.py, on the suite's prompts."""
+    """hetspec-bench --paced: benchmarks/bench/paced.py, on the suite's prompts or a prompts file."""
     from hetspec.benchmarks.bench import paced
-    from hetspec.benchmarks.bench.data import load_prompt_file, load_prompts
-    from hetspec.benchmarks.bench.runner import tokenized
-    from hetspec.benchmarks.bench.settings import engine_config, split_config
+    from hetspec.benchmarks.bench.settings import engine_config
     from hetspec.config import load_config
     from hetspec.models import resolve_model
     from hetspec.scheduler.tokenizer import Tokenizer
 
-    try:
-        config = engine_config(split_config(settings.config)[0], settings.dtype)
-        prompts = (load_prompt_file(args.prompts, settings.max_new_tokens, settings.limit) if args.prompts
-                   else load_prompts(settings.categories, settings.limit, settings.max_new_tokens))
-        tokenizer = Tokenizer(resolve_model(load_config(config).target.model, "target"))
-        ids = tokenized(prompts, tokenizer, settings.prompt_format)[1]
-        return paced.main(settings, args.paced, ids, {p.key: p.max_new_tokens for p in prompts}, config, argv,
-                          args.repeats, args.traces)
-    except (ValueError, OSError, KeyError, HetspecError) as exc:
-        print(f"hetspec-bench: error: {exc}", file=sys.stderr)
-        return 2
-
-
-def _summary(doc: dict, report: Path) -> None:
-    print(f"\nwrote {report} and {report.parent / 'results.json'} (gamma {doc['chosen_gamma']}, "
-          f"{doc['duration_s']:.0f} s)", file=sys.stderr)
-    for decoding, by_method in doc["results"].items():
-        parts = [f"{m} {c['average']['tokens_per_s']:.1f} tok/s ({c['average']['speedup'] or 0:.2f}x)"
-                 for m, c in by_method.items() if c.get("average")]
-        print(f"{decoding}: " + "; ".join(parts), file=sys.stderr)
-    if doc["checks"]:
-        print(f"{len(doc['checks'])} consistency problem(s), first: {doc['checks'][0]}", file=sys.stderr)
-    if doc["warnings"]:
-        print(f"{len(doc['warnings'])} warning(s), first: {doc['warnings'][0]}", file=sys.stderr)
+    config = engine_config(split_config(settings.config)[0], settings.dtype)
+    prompts = (load_prompt_file(args.prompts, settings.max_new_tokens, settings.limit) if args.prompts
+               else load_prompts(settings.categories, settings.limit, settings.max_new_tokens))
+    tokenizer = Tokenizer(resolve_model(load_config(config).target.model, "target"))
+    ids = tokenized(prompts, tokenizer, settings.prompt_format)[1]
+    return paced.main(settings, args.paced, ids, {p.key: p.max_new_tokens for p in prompts}, config, argv,
+                      args.repeats, args.traces)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from hetspec.benchmarks.bench.methods import Method
+from hetspec.core.errors import EngineDeadError
 
 MAX_RESTARTS = 3
 
@@ -73,20 +74,12 @@ def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int],
     if method.speculation:
         request["speculation"] = method.speculation
     if engine is None:
-        from hetspec.core.errors import EngineDeadError
-
         raise EngineDeadError("the engine died and could not be restarted")
-    start = time.perf_counter()
-    first_piece = None            # when the first streamed text arrives: the time to first token, as a client sees it
-    pieces = engine.stream(list(prompt_ids), **request)
-    while True:
-        try:
-            next(pieces)
-        except StopIteration as done:
-            result = done.value
-            break
+    start, first_piece = time.perf_counter(), None     # the first streamed text: the time to first token, as a client's
+    stream = engine.stream(list(prompt_ids), **request)
+    for _ in stream:
         first_piece = first_piece or time.perf_counter()
-    return _record(result, time.perf_counter() - start, first_piece and first_piece - start)
+    return _record(stream.result, time.perf_counter() - start, first_piece and first_piece - start)
 
 
 def _record(result, wall: float, first_piece_s: float | None) -> dict:

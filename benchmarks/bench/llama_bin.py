@@ -1,8 +1,8 @@
-"""llama.cpp's own C++ programs as the benchmark's llama.cpp rows: users compare against them,
-not against a Python loop (llama_peer.py). scripts/build_llama_cpp.sh builds them; each row runs
-one per prompt on the target's GGUF file and the benchmark process's cores: `llama-bench` (the
-prompt's new tokens after a context of its length) or `llama-speculative-simple` (the draft's GGUF
-file, or n-grams). Their decode tok/s is what the report's "vs llama.cpp" divides by.
+"""llama.cpp's own C++ programs as the benchmark's llama.cpp rows: what users compare against.
+scripts/build_llama_cpp.sh builds them; each row runs once per prompt on the target's GGUF file and
+the benchmark process's cores: `llama-bench` (the prompt's new tokens after a context of its length)
+or `llama-speculative-simple` (the draft's GGUF file, or n-grams). The report's "vs llama.cpp"
+divides by llama-bench's decode tok/s.
 """
 from __future__ import annotations
 
@@ -19,26 +19,23 @@ from hetspec.workers.kernels.build import isa
 
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
 SERVER = "llama-server"              # opt-in: `scripts/build_llama_cpp.sh --server` (benchmarks/concurrency.py)
-BUILD = "scripts/build_llama_cpp.sh"
 BENCH_REPS = 3                       # llama-bench repetitions per prompt (their mean)
 DRAFT_LENGTHS = (3, 8, 16)           # --spec-draft-n-max tried for the draft-model row
 TIMEOUT_S = 600
 
 
-def llama_cpp_version() -> str | None:
-    """The installed llama-cpp-python's version (None: not installed)."""
+def _home() -> Path | None:
+    """hetspec's cache folder of the installed llama-cpp-python's llama.cpp (None: not installed)."""
     from importlib.util import find_spec
 
-    return __import__("llama_cpp").__version__ if find_spec("llama_cpp") else None
+    return cache_home() / f"llama.cpp-{__import__('llama_cpp').__version__}" if find_spec("llama_cpp") else None
 
 
 def bin_folder() -> Path | None:
-    """HETSPEC_LLAMA_BIN, else where build_llama_cpp.sh puts the binaries for HETSPEC_ISA's
-    instruction set (`bin`, or `bin-avx2` for llama.cpp built for AVX2 alone), so that a run
-    compares hetspec and llama.cpp built for the same one."""
-    version = llama_cpp_version()
-    name = "bin" if isa() == "native" else f"bin-{isa()}"
-    folder = os.environ.get("HETSPEC_LLAMA_BIN") or (version and cache_home() / f"llama.cpp-{version}" / name)
+    """HETSPEC_LLAMA_BIN, else where build_llama_cpp.sh puts the binaries for HETSPEC_ISA (`bin`, or `bin-avx2`
+    for llama.cpp built for AVX2 alone), so that a run compares hetspec and llama.cpp built for the same one."""
+    home = _home()
+    folder = os.environ.get("HETSPEC_LLAMA_BIN") or (home and home / ("bin" if isa() == "native" else f"bin-{isa()}"))
     return Path(folder) if folder else None
 
 
@@ -51,38 +48,50 @@ def find_binaries() -> Path | None:
 def find_server() -> Path | None:
     """llama-server in bin_folder(), where `build_llama_cpp.sh --server` puts it; None when absent."""
     folder = bin_folder()
-    path = folder / SERVER if folder else None
-    return path if path is not None and os.access(path, os.X_OK) else None
+    return folder / SERVER if folder and os.access(folder / SERVER, os.X_OK) else None
 
 
-def build_command(*flags: str) -> str:
+def kept_tree() -> Path | None:
+    """llama-cpp-python's CMake tree kept by `scripts/setup.sh --dev`: the binaries build there in a minute."""
+    home = _home()
+    tree = home / "python-build" if home else None
+    return tree if tree and (tree / "CMakeCache.txt").is_file() else None
+
+
+def _build(*flags: str) -> str:
     """The build script's command line for this run's instruction set."""
-    return " ".join([BUILD, *flags, *(["--isa", isa()] if isa() != "native" else [])])
+    return " ".join(["scripts/build_llama_cpp.sh", *flags, *(["--isa", isa()] if isa() != "native" else [])])
+
+
+def missing_line() -> str:
+    cost = "a minute, in llama-cpp-python's kept build tree" if kept_tree() and isa() == "native" else "16 CPU-minutes"
+    return f"llama.cpp's own binaries are not built ({_build()} builds them: {cost}); the report has no llama.cpp rows"
 
 
 def server_missing_line() -> str:
     cost = ("about 2.5 minutes on 2 cores, in llama-cpp-python's kept build tree" if kept_tree() and isa() == "native"
             else "llama.cpp whole: some 20 CPU-minutes")
     where = os.environ.get("HETSPEC_LLAMA_BIN") or "llama-cpp-python's llama.cpp build folder"
-    return f"llama-server is not built ({where}): `{build_command('--server')}` builds it ({cost})"
-
-
-def kept_tree() -> Path | None:
-    """llama-cpp-python's CMake tree kept by `scripts/setup.sh --dev`: the binaries build there in a minute."""
-    version = llama_cpp_version()
-    tree = cache_home() / f"llama.cpp-{version}" / "python-build"
-    return tree if version and (tree / "CMakeCache.txt").is_file() else None
-
-
-def missing_line() -> str:
-    cost = "a minute, in llama-cpp-python's kept build tree" if kept_tree() and isa() == "native" else "16 CPU-minutes"
-    return (f"llama.cpp's own binaries are not built ({build_command()} builds them: {cost}); the llama.cpp rows "
-            "are llama-cpp-python's Python loop only")
+    return f"llama-server is not built ({where}): `{_build('--server')}` builds it ({cost})"
 
 
 def repack_note(repack: bool) -> str:
     """How llama.cpp ran, for the methods table (llama_handles.repacked_weights_run says why)."""
-    return "llama.cpp defaults" + ("" if repack else " but its repacked (AMX) weights, which die of an illegal instruction here")
+    return "llama.cpp defaults" + ("" if repack else
+                                   " but its repacked (AMX) weights, which die of an illegal instruction here")
+
+
+def repacks(path: str) -> bool:
+    """Whether llama.cpp's repacked weights run here (llama_handles probes a CPU with AMX, with
+    llama-cpp-python's own build). The binaries built for AVX2 alone have no AMX kernels: their
+    repacked weights are the AVX2 ones (q4_K_8x8 and the like), llama.cpp's fastest there."""
+    if isa() != "native":
+        return True
+    try:
+        from hetspec.workers.common.llama_handles import repacked_weights_run
+    except ImportError:            # no llama-cpp-python: no probe (and no AMX build of it to probe)
+        return True
+    return repacked_weights_run(path)
 
 
 # ---- commands ---------------------------------------------------------------------
@@ -92,42 +101,40 @@ def pinned(cores: list[int]) -> list[str]:
     return ["taskset", "-c", ",".join(map(str, cores))] if cores and shutil.which("taskset") else []
 
 
+def _tool(binary: Path, model: str, threads: int, cores: list[int], *args: str) -> list[str]:
+    return [*pinned(cores), str(binary), "-m", model, *args, "-t", str(threads)]
+
+
 def bench_command(bin_dir: Path, model: str, threads: int, depth: int, tokens: int, cores: list[int],
                   reps: int = BENCH_REPS, repack: bool = True) -> list[str]:
-    command = [*pinned(cores), str(Path(bin_dir) / "llama-bench"), "-m", model, "-t", str(threads), "-p", "0",
-               "-n", str(tokens), "-d", str(depth), "-r", str(reps), "-o", "json"]
-    return command + ([] if repack else ["--repack", "0"])
+    return _tool(Path(bin_dir) / "llama-bench", model, threads, cores) + [
+        "-p", "0", "-n", str(tokens), "-d", str(depth), "-r", str(reps), "-o", "json",
+        *([] if repack else ["--repack", "0"])]
 
 
 def spec_command(bin_dir: Path, model: str, threads: int, prompt_file: str, tokens: int, context: int,
                  cores: list[int], draft: str | None = None, n_max: int | None = None, spec_type: str | None = None,
                  repack: bool = True) -> list[str]:
-    """llama-speculative-simple, greedy: with a `draft` model (up to `n_max` tokens a round) or by n-grams (`spec_type`)."""
-    command = [*pinned(cores), str(Path(bin_dir) / "llama-speculative-simple"), "-m", model, "-f", prompt_file,
-               "-n", str(tokens), "-c", str(context), "-b", str(context), "-t", str(threads), "--temp", "0",
-               "--seed", "0"]
-    if draft:
-        command += ["-md", draft, "-td", str(threads), "--spec-draft-n-max", str(n_max)]
-    command += ["--spec-type", spec_type or "draft-simple"]
-    return command + ([] if repack else ["--no-repack"])
+    """llama-speculative-simple, greedy: with a `draft` model (up to `n_max` tokens a round) or by n-grams."""
+    drafting = ["-md", draft, "-td", str(threads), "--spec-draft-n-max", str(n_max)] if draft else []
+    return _tool(Path(bin_dir) / "llama-speculative-simple", model, threads, cores, "-f", prompt_file,
+                 "-n", str(tokens), "-c", str(context), "-b", str(context), "--temp", "0", "--seed", "0", *drafting,
+                 "--spec-type", spec_type or "draft-simple") + ([] if repack else ["--no-repack"])
 
 
 def completion_command(bin_dir: Path, model: str, threads: int, cores: list[int], repack: bool = True) -> list[str]:
     """One token after a short prompt: for llama.cpp's own `load time` line."""
-    command = [*pinned(cores), str(Path(bin_dir) / "llama-completion"), "-m", model, "-p", "Hello", "-n", "1",
-               "-t", str(threads), "--temp", "0", "-no-cnv"]
-    return command + ([] if repack else ["--no-repack"])
+    return (_tool(Path(bin_dir) / "llama-completion", model, threads, cores, "-p", "Hello", "-n", "1", "--temp", "0",
+                  "-no-cnv") + ([] if repack else ["--no-repack"]))
 
 
 def server_command(binary: Path, model: str, slots: int, slot_context: int, threads: int, cores: list[int],
                    port: int, draft: str | None = None, repack: bool = True) -> list[str]:
     """llama-server with `slots` parallel slots sharing a context of slots x slot_context, on loopback;
     `draft`: speculative with that GGUF file; repack False where llama.cpp's repacked weights die (repacks())."""
-    command = [*pinned(cores), str(binary), "-m", model, "-np", str(slots), "-c", str(slots * slot_context),
-               "-t", str(threads), "--host", "127.0.0.1", "--port", str(port)]
-    if draft:
-        command += ["-md", draft, "-td", str(threads)]
-    return command + ([] if repack else ["--no-repack"])
+    return (_tool(binary, model, threads, cores, "-np", str(slots), "-c", str(slots * slot_context), "--host",
+                  "127.0.0.1", "--port", str(port), *(["-md", draft, "-td", str(threads)] if draft else []))
+            + ([] if repack else ["--no-repack"]))
 
 
 # ---- parsers (of the real outputs: tests/data/llama_cpp/) --------------------------
@@ -150,8 +157,9 @@ _SPEC = {"prompt_tokens": rf"encoded\s+(\d+) tokens in\s+{_FLOAT} seconds",
 
 def parse_spec_output(text: str) -> dict:
     """llama-speculative-simple's closing lines: prompt and decoded tokens and seconds, drafted, accepted."""
-    found = {key: re.search(pattern, text) for key, pattern in _SPEC.items()}
-    for key, match in found.items():
+    found = {}
+    for key, pattern in _SPEC.items():
+        match = re.search(pattern, text)
         if match is None:
             raise ValueError(f"no {key} line in llama-speculative-simple's output")
         found[key] = match.groups()
@@ -163,29 +171,22 @@ def parse_spec_output(text: str) -> dict:
             "accepted": int(found["n_accept"][0])}
 
 
-_TIMINGS = {"load_ms": rf"load time =\s+{_FLOAT} ms",
-            "prompt": rf"prompt eval time =\s+{_FLOAT} ms /\s+(\d+) tokens",
-            "eval": rf"\beval time =\s+{_FLOAT} ms /\s+(\d+) runs"}
-
-
 def parse_timings(text: str) -> dict:
     """llama.cpp's perf lines (common_perf_print or llama_perf_context_print): load, prompt eval, eval."""
     body = "\n".join(line for line in text.splitlines() if "perf_" in line and "print" in line) or text
-    out: dict = {}
-    load = re.search(_TIMINGS["load_ms"], body)
+    load = re.search(rf"load time =\s+{_FLOAT} ms", body)
     if load is None:
         raise ValueError("no load time line in llama.cpp's output")
-    out["load_ms"] = float(load.group(1))
-    for key in ("prompt", "eval"):
-        match = re.search(_TIMINGS[key], body)
-        if match:
+    out: dict = {"load_ms": float(load.group(1))}
+    for key, pattern in (("prompt", rf"prompt eval time =\s+{_FLOAT} ms /\s+(\d+) tokens"),
+                         ("eval", rf"\beval time =\s+{_FLOAT} ms /\s+(\d+) runs")):
+        if match := re.search(pattern, body):
             ms, n = float(match.group(1)), int(match.group(2))
-            out[f"{key}_ms"], out[f"{key}_tokens"] = ms, n
-            out[f"{key}_tokens_per_s"] = 1000 * n / ms if ms > 0 else None
+            out.update({f"{key}_ms": ms, f"{key}_tokens": n, f"{key}_tokens_per_s": 1000 * n / ms if ms > 0 else None})
     return out
 
 
-# ---- the peer ---------------------------------------------------------------------
+# ---- the rows ---------------------------------------------------------------------
 
 class LlamaBinaries:
     """Runs the rows for the runner: one prompt at a time, a record each."""
@@ -203,22 +204,24 @@ class LlamaBinaries:
         out = {"device": "cpu", "cores": self.cores, "threads": threads or len(self.cores), "dtype": "gguf",
                "tool": "llama-bench" if mode == "bench" else "llama-speculative-simple",
                "binaries": str(self.bin_dir), "settings": repack_note(self.repack)}
-        if mode == "spec":
-            out.update(draft=self.draft, draft_lengths=list(DRAFT_LENGTHS))
-        return out
+        return {**out, "draft": self.draft, "draft_lengths": list(DRAFT_LENGTHS)} if mode == "spec" else out
 
     def run(self, mode: str, threads: int | None, ids: list[int], max_new_tokens: int) -> dict:
         """One prompt: mode "bench", "spec" (every draft length) or an n-gram spec type."""
         threads = threads or len(self.cores)
         if mode == "bench":
-            return self._bench(threads, len(ids), max_new_tokens)
+            command = bench_command(self.bin_dir, self.target, threads, len(ids), max_new_tokens, self.cores,
+                                    repack=self.repack)
+            test = parse_bench_json(_run(command))[0]
+            return {"depth": len(ids), "new_tokens": max_new_tokens, "decode_s": max_new_tokens / test["tokens_per_s"],
+                    "decode_tokens_per_s": test["tokens_per_s"], "stddev": test["stddev"],
+                    "samples_ts": test["samples_ts"], "command": " ".join(command)}
         prompt = Path(self.tmp.name) / "prompt.txt"
         prompt.write_text(self.detokenize(ids) + "\n")      # llama.cpp's -f drops one final newline
-        context = len(ids) + max_new_tokens + 64
 
         def spec(**how) -> dict:
-            command = spec_command(self.bin_dir, self.target, threads, str(prompt), max_new_tokens, context,
-                                   self.cores, repack=self.repack, **how)
+            command = spec_command(self.bin_dir, self.target, threads, str(prompt), max_new_tokens,
+                                   len(ids) + max_new_tokens + 64, self.cores, repack=self.repack, **how)
             done = parse_spec_output(_run(command, stderr=True))
             return {"depth": done["prompt_tokens"], **done, "command": " ".join(command)}
 
@@ -226,13 +229,6 @@ class LlamaBinaries:
             return spec(spec_type=mode)
         tries = {n: spec(draft=self.draft, n_max=n) for n in DRAFT_LENGTHS}
         return {**tries[DRAFT_LENGTHS[0]], "by_draft_length": tries}
-
-    def _bench(self, threads: int, depth: int, tokens: int) -> dict:
-        command = bench_command(self.bin_dir, self.target, threads, depth, tokens, self.cores, repack=self.repack)
-        test = parse_bench_json(_run(command))[0]
-        rate = test["tokens_per_s"]
-        return {"depth": depth, "new_tokens": tokens, "decode_s": tokens / rate, "decode_tokens_per_s": rate,
-                "stddev": test["stddev"], "samples_ts": test["samples_ts"], "command": " ".join(command)}
 
     def load_time(self, file: str) -> dict:
         """llama.cpp's own `load time` of a GGUF file (llama-completion, every core), its warm-up included."""
@@ -258,7 +254,13 @@ def open_binaries(rows: list, target: str, draft: str | None, tokenizer, shared_
     bin_dir = find_binaries()
     if bin_dir is None:
         return None, {"missing": missing_line(), "methods": {}, "runs": []}
-    cpp = LlamaBinaries(bin_dir, target, draft, cores, _detokenizer(tokenizer), repack=repacks(target))
+    start = tokenizer.encode_start()
+
+    def detokenize(ids: list[int]) -> str:     # special tokens spelt out, no start tokens: llama.cpp adds its own
+        return tokenizer.decode(ids[len(start):] if start and ids[:len(start)] == start else ids,
+                                skip_special_tokens=False)
+
+    cpp = LlamaBinaries(bin_dir, target, draft, cores, detokenize, repack=repacks(target))
     section = {"binaries": str(bin_dir), "build_info": cpp.build_info, "cores": cores, "methods": {}, "skipped": {},
                "runs": [], "load_ms": {}}
     for m in rows:
@@ -274,27 +276,3 @@ def open_binaries(rows: list, target: str, draft: str | None, tokenizer, shared_
             section["load_ms"][Path(file).name] = {"error": str(exc)}
     rows[:] = [m for m in rows if m.name in section["methods"]]
     return cpp, section
-
-
-def repacks(path: str) -> bool:
-    """Whether llama.cpp's repacked weights run here (llama_handles probes a CPU with AMX, with
-    llama-cpp-python's own build). The binaries built for AVX2 alone have no AMX kernels: their
-    repacked weights are the AVX2 ones (q4_K_8x8 and the like), llama.cpp's fastest there."""
-    if isa() != "native":
-        return True
-    try:
-        from hetspec.workers.common.llama_handles import repacked_weights_run
-    except ImportError:            # no llama-cpp-python: no probe (and no AMX build of it to probe)
-        return True
-    return repacked_weights_run(path)
-
-
-def _detokenizer(tokenizer):
-    """Prompt ids -> the text llama.cpp tokenizes back to them (special tokens spelt out, no start tokens)."""
-    start = tokenizer.encode_start()
-
-    def text(ids: list[int]) -> str:
-        ids = ids[len(start):] if start and ids[:len(start)] == start else ids
-        return tokenizer.decode(ids, skip_special_tokens=False)
-
-    return text

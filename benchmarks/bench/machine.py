@@ -14,63 +14,53 @@ from hetspec.workers.kernels.build import ISAS, isa
 PACKAGES = ("hetspec", "torch", "transformers", "llama_cpp_python", "numpy", "pyzmq")
 
 
-def add_isa_option(parser) -> None:
-    """--isa: the instruction set hetspec's kernels are built for and llama.cpp's binaries picked by."""
+def parse_isa(parser, argv):
+    """The arguments, with --isa: the instruction set hetspec's kernels are built for (HETSPEC_ISA, which the engines
+    this process starts inherit) and llama.cpp's binaries are picked by."""
     parser.add_argument("--isa", choices=sorted(ISAS), help="build hetspec's kernels for this instruction set and "
                         "compare with llama.cpp built for it (HETSPEC_ISA; default: native, everything this CPU has; "
                         "avx2: `scripts/build_llama_cpp.sh --isa avx2` builds llama.cpp's)")
+    args = parser.parse_args(argv)
+    if args.isa:
+        os.environ["HETSPEC_ISA"] = args.isa
+    return args
 
 
-def use_isa(name: str | None) -> None:
-    """--isa's value for this process and the engines it starts (their workers build the kernels)."""
-    if name:
-        os.environ["HETSPEC_ISA"] = name
+def affinity() -> list[int]:
+    """The cores this process may run on."""
+    return sorted(os.sched_getaffinity(0))
 
 
 def cpu_isa() -> str:
     """The widest integer-product path this CPU offers: what `native` builds use."""
-    flags = set(_cpu_flags().split())
+    flags = set(_cpuinfo("flags").split())
     if {"avx512bw", "avx512_vnni"} <= flags:
         return "AVX-512 VNNI"
     return "AVX2" if {"avx2", "fma", "f16c"} <= flags else "no AVX2"
 
 
-def isa_line() -> str:
-    """For every report: what the CPU has and what this run's kernels were built for."""
-    built = isa()
-    return f"CPU with {cpu_isa()}; hetspec and llama.cpp built for " + (cpu_isa() if built == "native" else built.upper())
-
-
 def describe_machine(gpu: bool = True) -> dict:
     """gpu False: no probe (it imports torch: a second and more)."""
+    built = isa()
     return {
-        "hostname": platform.node(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu": _cpu_model(),
-        "isa": isa_line(),
-        "logical_cores": os.cpu_count(),
-        "physical_cores": psutil.cpu_count(logical=False),
-        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "hostname": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+        "cpu": _cpuinfo("model name") or platform.processor() or "unknown",
+        "isa": f"CPU with {cpu_isa()}; hetspec and llama.cpp built for "
+               + (cpu_isa() if built == "native" else built.upper()),
+        "logical_cores": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False), "affinity": affinity(),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "packages": {name: _version(name) for name in PACKAGES},
         "git_commit": _git_commit(),
         "gpu": _gpu() if gpu else "not probed",
     }
 
 
-def _cpu_model() -> str:
+def _cpuinfo(key: str) -> str:
+    """The first /proc/cpuinfo line's value for `key` ("" where there is none)."""
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else platform.processor() or "unknown"
-
-
-def _cpu_flags() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
-    return next((line.split(":", 1)[1] for line in lines if line.startswith("flags")), "")
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(key)), "")
 
 
 def _version(name: str) -> str | None:

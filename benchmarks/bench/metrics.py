@@ -1,21 +1,21 @@
 """From per-run records to the paper's figures, per category and on average.
 
-Per category, rates are pooled (total tokens / total seconds, as Spec-Bench), so a long
-prompt weighs by its tokens; "average" is the mean of the categories' figures, as the
-paper's "Avg.", its histograms and profiles pooled over every round. Figures that do not
-apply (acceptance of a method that never drafts) are None, never 0.
+Per category, rates are pooled (total tokens / total seconds, as Spec-Bench), so a long prompt
+weighs by its tokens; "average" is the mean of the categories' figures, as the paper's "Avg.",
+its histograms and profiles pooled over every round. A figure that does not apply (acceptance of
+a method that never drafts) is None, never 0.
 """
 from __future__ import annotations
 
 from collections import Counter
 from statistics import mean
 
-from hetspec.benchmarks.bench.methods import CPP_PEER, PEER
+from hetspec.benchmarks.bench.methods import CPP_PEER
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 
 # figure -> (the method it divides by, the figure of that method)
 RATIOS = {"speedup": ("vanilla", "tokens_per_s"), "vs_target": ("target", "tokens_per_s"),
-          "vs_llama": (PEER, "tokens_per_s"), "ttft_rel": ("vanilla", "ttft_s")}
+          "ttft_rel": ("vanilla", "ttft_s")}
 AVERAGED = ("tokens_per_s", "decode_tokens_per_s", "ttft_s", *RATIOS, "acceptance_rate", "lookup_acceptance",
             "from_lookup", "mean_accepted_per_round", "exact_match")
 SUMMED = ("prompts", "new_tokens", "total_s", "spec_rounds", "rested")
@@ -25,7 +25,11 @@ PROFILE = ("draft", "verify", "round", "overhead")
 def complete(doc: dict) -> dict:
     """Every figure of a results document from its runs: "results", the ceiling's fraction, the C++ rows'."""
     doc["results"] = aggregate(doc)
-    _add_ceiling_fraction(doc)
+    ceiling = doc.get("draft_ceiling") or {}
+    if ceiling.get("tokens_per_s"):       # DuoDecoding's decode speed as a fraction of the draft alone
+        averages = {d: by_method.get("duodec", {}).get("average", {}) for d, by_method in doc["results"].items()}
+        ceiling["duodec_fraction"] = {d: avg["decode_tokens_per_s"] / ceiling["tokens_per_s"]
+                                      for d, avg in averages.items() if avg.get("decode_tokens_per_s")}
     section = doc.get("llama_cpp")
     if section:
         section["results"] = summarize(section.get("runs", []), doc["settings"]["categories"])
@@ -39,39 +43,33 @@ def greedy_reference(settings: dict) -> str:
 
 
 def aggregate(doc: dict) -> dict:
-    runs = [r for r in doc["runs"] if "error" not in r]
-    settings = doc["settings"]
+    runs, settings = [r for r in doc["runs"] if "error" not in r], doc["settings"]
     reference = greedy_reference(settings)
     reference_ids = {_key(r): r["token_ids"] for r in runs if r["method"] == reference}
     results: dict = {}
     for decoding in settings["decodings"]:
-        mine = [r for r in runs if r["decoding"] == decoding]
         exact = reference_ids if decoding == "greedy" else None
-        by_method = {m: _by_category([r for r in mine if r["method"] == m], settings["categories"],
-                                     lambda chosen, exact=exact: _cell(chosen, exact))
-                     for m in settings["methods"]}
+        results[decoding] = by_method = {
+            m: _by_category([r for r in runs if r["decoding"] == decoding and r["method"] == m],
+                            settings["categories"], lambda chosen, exact=exact: _cell(chosen, exact))
+            for m in settings["methods"]}
         for cells in by_method.values():
             _add_ratios(cells, by_method)
-        results[decoding] = by_method
     return results
 
 
-def _by_category(runs: list[dict], categories, cell) -> dict:
-    cells = {}
-    for category in categories:
-        chosen = [r for r in runs if r["category"] == category]
-        if chosen:
-            cells[category] = cell(chosen)
-    return cells
-
-
 def _add_ratios(cells: dict, by_method: dict) -> None:
+    """Each cell's RATIOS, then the average cell."""
     for category, cell in cells.items():
         for name, (base_method, figure) in RATIOS.items():
             base = by_method.get(base_method, {}).get(category)
             cell[name] = _ratio(cell[figure], base and base[figure])
     if cells:
         cells["average"] = _average(list(cells.values()))
+
+
+def _by_category(runs: list[dict], categories, cell) -> dict:
+    return {c: cell(chosen) for c in categories if (chosen := [r for r in runs if r["category"] == c])}
 
 
 def _key(run: dict) -> tuple:
@@ -95,34 +93,22 @@ def _cell(runs: list[dict], reference_ids: dict | None) -> dict:
             "acceptance_rate": _total(runs, "accepted") / drafted if drafted else (0.0 if speculative else None),
             "mean_accepted_per_round": _ratio(_total(runs, "committed_in_spec_rounds"), spec_rounds),
             "spec_rounds": spec_rounds, "rested": _total(runs, "rested"), "gamma": runs[0].get("gamma")}
-    _add_lookup(cell, runs)
     _add_pooled(cell, [r.get("sequences_hist") or {} for r in runs])
-    _add_profile(cell, runs)
-    if reference_ids is not None:
-        cell["exact_match"] = _exact_match(runs, reference_ids)
+    _add_extras(cell, runs, reference_ids)
     return cell
 
 
-def _exact_match(runs: list[dict], reference_ids: dict) -> float | None:
-    """The share of runs whose greedy tokens equal the reference method's on the same prompt."""
-    pairs = [(r["token_ids"], reference_ids[_key(r)]) for r in runs if _key(r) in reference_ids]
-    return (sum(a == b for a, b in pairs) / len(pairs)) if pairs else None
-
-
-def _add_profile(cell: dict, runs: list[dict]) -> None:
-    """Mean ms per speculative round: each side's compute, the round's wall time, the rest (orchestration)."""
-    rounds = cell["spec_rounds"]
-    if rounds and any("round_s" in r for r in runs):
-        cell["profile_ms"] = {k: 1000 * _total(runs, f"{k}_s", 0.0) / rounds for k in PROFILE}
-        cell["profile_ms"]["rounds"] = rounds
-
-
-def _add_lookup(cell: dict, runs: list[dict]) -> None:
-    """Target-only rounds' prompt-lookup guesses (scheduler/decoding/lookup.py), where there were any."""
-    guessed = _total(runs, "lookup_guessed")
+def _add_extras(cell: dict, runs: list[dict], reference_ids: dict | None) -> None:
+    """Lookup's guesses (target-only rounds'), the mean ms per speculative round, greedy exactness, where they apply."""
+    guessed, rounds = _total(runs, "lookup_guessed"), cell["spec_rounds"]
     if guessed:
         accepted = _total(runs, "lookup_accepted")
         cell["lookup_acceptance"], cell["from_lookup"] = accepted / guessed, _ratio(accepted, cell["new_tokens"])
+    if rounds and any("round_s" in r for r in runs):
+        cell["profile_ms"] = {**{k: 1000 * _total(runs, f"{k}_s", 0.0) / rounds for k in PROFILE}, "rounds": rounds}
+    if reference_ids is not None:     # the share of runs whose greedy tokens equal the reference's
+        pairs = [(r["token_ids"], reference_ids[_key(r)]) for r in runs if _key(r) in reference_ids]
+        cell["exact_match"] = (sum(a == b for a, b in pairs) / len(pairs)) if pairs else None
 
 
 def _add_pooled(into: dict, hists: list[dict]) -> None:
@@ -151,15 +137,6 @@ def _average(cells: list[dict]) -> dict:
 
 def _ratio(value, base):
     return None if value is None or not base else value / base
-
-
-def _add_ceiling_fraction(doc: dict) -> None:
-    """DuoDecoding's decoding speed (after the first token) as a fraction of the draft alone."""
-    ceiling = doc.get("draft_ceiling") or {}
-    if ceiling.get("tokens_per_s"):
-        averages = {d: by_method.get("duodec", {}).get("average", {}) for d, by_method in doc["results"].items()}
-        ceiling["duodec_fraction"] = {d: avg["decode_tokens_per_s"] / ceiling["tokens_per_s"]
-                                      for d, avg in averages.items() if avg.get("decode_tokens_per_s")}
 
 
 # ---- llama.cpp's C++ rows (results.json "llama_cpp") ---------------------------------
@@ -203,20 +180,13 @@ def _cpp_cell(runs: list[dict]) -> dict:
 def versus(doc: dict, reference: str = CPP_PEER) -> dict | None:
     """{decoding: {method: {category: ratio, "average": mean}}}: decode tok/s over the C++ `reference`
     row's at the same prompts; None when that row did not run."""
-    section = doc.get("llama_cpp") or {}
-    ref = summarize(section.get("runs", []), doc["settings"]["categories"]).get(reference)
+    ref = summarize((doc.get("llama_cpp") or {}).get("runs", []), doc["settings"]["categories"]).get(reference)
     if not ref:
         return None
-    return {decoding: {method: _ratios(cells, ref) for method, cells in by_method.items()}
-            for decoding, by_method in doc["results"].items()}
-
-
-def _ratios(cells: dict, ref: dict) -> dict:
-    ratios = {}
-    for category, cell in cells.items():
-        base = ref.get(category, {}).get("decode_tokens_per_s")
-        if category != "average" and base and cell.get("decode_tokens_per_s"):
-            ratios[category] = cell["decode_tokens_per_s"] / base
-    if ratios:
-        ratios["average"] = mean(ratios.values())
-    return ratios
+    out: dict = {}
+    for decoding, by_method in doc["results"].items():
+        for method, cells in by_method.items():
+            ratios = {c: cell["decode_tokens_per_s"] / base for c, cell in cells.items() if c != "average"
+                      and cell.get("decode_tokens_per_s") and (base := ref.get(c, {}).get("decode_tokens_per_s"))}
+            out.setdefault(decoding, {})[method] = {**ratios, "average": mean(ratios.values())} if ratios else {}
+    return out

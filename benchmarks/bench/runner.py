@@ -1,5 +1,5 @@
 """The whole suite in one process: one engine, the baselines beside it, every method on every
-prompt, then the draft-alone ceiling. Methods are interleaved per prompt, so that a slow spell on a
+prompt, then the draft-alone ceiling. Methods take turns per prompt, so that a slow spell on a
 shared machine hits every method alike; every sampled run of a prompt has the same seed.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from hetspec.benchmarks.bench.baselines import Baselines
 from hetspec.benchmarks.bench.ceiling import measure_ceiling
 from hetspec.benchmarks.bench.data import load_prompts
 from hetspec.benchmarks.bench.engine_runs import EngineHolder, poor_draft_config, run_engine
-from hetspec.benchmarks.bench.machine import describe_machine
-from hetspec.benchmarks.bench.methods import CPP_PEER, PEER, Method, select_methods
+from hetspec.benchmarks.bench.machine import affinity, describe_machine
+from hetspec.benchmarks.bench.methods import Method, select_methods
 from hetspec.benchmarks.bench.metrics import complete
 from hetspec.benchmarks.bench.settings import DECODINGS, BenchSettings, engine_config, split_config
 from hetspec.config import load_config
@@ -24,7 +24,6 @@ from hetspec.core.errors import EngineDeadError
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 from hetspec.models import resolve_model
 from hetspec.scheduler.tokenizer import Tokenizer
-from hetspec.workers.common.extras import require_llama_cpp
 from hetspec.workers.common.hf_loading import resolve_dtype
 
 SCHEMA = "hetspec-bench/1"
@@ -38,36 +37,36 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
         suite.start()
         suite.run_all()
     finally:
-        suite.close()
+        for part in (suite.holder, suite.poor, suite.cpp):
+            if part is not None:
+                part.close()
     with suite.clock("ceiling"):
         ceiling = _ceiling(settings, suite.config, suite.prompts, suite.prompt_ids, suite.info)
     return complete(suite.document(argv, ceiling))
 
 
 class _Suite:
-    """One run: the engines and in-process peers it measures, and the records it keeps."""
+    """One run: the engines and baselines it measures, and the records it keeps."""
 
     def __init__(self, settings: BenchSettings):
+        from transformers.utils import logging
+
         self.settings = settings
         self.config_dict = engine_config(split_config(settings.config)[0], settings.dtype)
         self.config = load_config(self.config_dict)
         methods = select_methods(settings.methods)
-        self.requested = {m.name for m in methods}
         self.methods = [m for m in methods if m.kind != "cpp"]
         self.cpp_rows = [m for m in methods if m.kind == "cpp"]      # llama.cpp's binaries: results.json "llama_cpp"
         self.prompts = load_prompts(settings.categories, settings.limit, settings.max_new_tokens)
         self.tokenizer = Tokenizer(resolve_model(self.config.target.model, "target"))
         self.use_chat, self.prompt_ids = tokenized(self.prompts, self.tokenizer, settings.prompt_format)
         self.started = time.perf_counter()
-        self.load_at_start = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+        self.load_at_start = [round(x, 2) for x in os.getloadavg()]
         self.phases: dict[str, float] = {}
         self.runs: list[dict] = []
         self.llama_cpp: dict = {}
-        self.holder = self.poor = self.baselines = self.peer = self.cpp = None
-        from transformers.utils import logging
-
-        # our progress bar is the one to watch
-        logging.disable_progress_bar()
+        self.holder = self.poor = self.baselines = self.cpp = None
+        logging.disable_progress_bar()          # our progress bar is the one to watch
         logging.set_verbosity_error()
 
     @contextlib.contextmanager
@@ -90,27 +89,21 @@ class _Suite:
         self.info = self.holder.info
         self.dtype = resolve_dtype(target.dtype, resolve_model(target.model, "target"), self.info["target"]["device"])
         self.chosen, self.max_gamma = int(self.info["gamma"]), self.config.decoding.max_gamma
-        if self._wants("poor"):
+        kinds = {m.kind for m in self.methods}
+        if "poor" in kinds:
             with self.clock("poor_engine_start"):
                 self.poor = EngineHolder(poor_draft_config(self.config_dict, int(self.info["n_vocab"])))
-        if self._wants("baseline"):
+        if "baseline" in kinds:
             with self.clock("baselines_load"):
                 self.baselines = self._load_baselines()
         if self.cpp_rows:
             with self.clock("llama_cpp_load"):
                 self._open_binaries()
-        if self._wants("peer"):
-            with self.clock("peer_load"):
-                self.peer = self._load_peer()
-        self.resources = _resources(self.methods, self.info, self.baselines, self.peer, self.dtype)
         if s.warmup:
             with self.clock("warmup"):
                 self._warm_up(self.holder, [m for m in self.methods if m.kind != "poor"])
                 if self.poor is not None:
                     self._warm_up(self.poor, [m for m in self.methods if m.kind == "poor"])
-
-    def _wants(self, kind: str) -> bool:
-        return any(m.kind == kind for m in self.methods)
 
     def _load_baselines(self) -> Baselines:
         threads = self.settings.baseline_threads
@@ -121,37 +114,26 @@ class _Suite:
             baselines.choose_threads([first] if longest is first else [first, longest])
         return baselines
 
-    def _load_peer(self):
-        """llama.cpp on the target's own GGUF file (imported here: a GPU's run needs no llama.cpp)."""
-        require_llama_cpp("the benchmark's llama.cpp peer")
-        from hetspec.benchmarks.bench.llama_peer import LlamaPeer
-
-        model = _gguf_target(self.config, "the llama.cpp peer needs")
-        return LlamaPeer(model.file, self.config.server.max_context + 512, self.tokenizer.eos_token_ids)
-
     def _open_binaries(self) -> None:
-        """llama.cpp's own binaries; where they are not built, the llama-cpp-python row stands in for llama-bench's."""
+        """llama.cpp's own binaries on the target's GGUF file; where they are not built, one line says how."""
         from hetspec.benchmarks.bench.llama_bin import open_binaries
 
-        target = _gguf_target(self.config, "llama.cpp's rows need")
+        target = resolve_model(self.config.target.model, "target")
+        if not target.gguf_file:
+            raise ValueError(f"llama.cpp's rows need a GGUF target, got {self.config.target.model!r}: leave out "
+                             "the peers (--methods) for this config")
         draft = resolve_model(self.config.draft.model, "draft")
         shared = (self.info.get("vocabulary") or {}).get("shared", True)
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
         self.cpp, self.llama_cpp = open_binaries(self.cpp_rows, target.file, draft.file if draft.gguf_file else None,
-                                                 self.tokenizer, shared, cores)
+                                                 self.tokenizer, shared, affinity())
         if self.cpp is None:
             _log(self.settings, self.llama_cpp["missing"], always=True)
             self.cpp_rows = []
-            names = [m.name for m in self.methods]
-            if CPP_PEER in self.requested and PEER not in names:
-                self.methods = select_methods([*names, PEER])
 
     def _warm_up(self, holder: EngineHolder, methods: list[Method]) -> None:
         """First calls pay for allocations and lazy imports; keep that out of the timings."""
         ids = self.prompt_ids[self.prompts[0].key][:64]
-        first_of_a_kind: dict[tuple, Method] = {}
-        for m in methods:
-            first_of_a_kind.setdefault((m.kind, m.mode, m.threads), m)
+        first_of_a_kind = {(m.kind, m.mode): m for m in reversed(methods)}
         for method in first_of_a_kind.values():
             for params in DECODINGS.values():
                 with contextlib.suppress(Exception):    # the timed run of this method will fail and say why
@@ -168,23 +150,26 @@ class _Suite:
                     for method in [*self.methods, *cpp]:
                         bar.set_postfix_str(f"{decoding} {prompt.category} {method.name}", refresh=False)
                         if method.kind == "cpp":
-                            self.llama_cpp["runs"].append(self._run_cpp(method, prompt))
+                            self.llama_cpp["runs"].append(self._run(method, prompt, None))
                         else:
                             self.runs.append(self._run(method, prompt, decoding))
                         bar.update(1)
             bar.close()
 
-    def _run(self, method: Method, prompt, decoding: str) -> dict:
+    def _run(self, method: Method, prompt, decoding: str | None) -> dict:
+        """One run's record; a failed run keeps its error (and a dead engine is started again)."""
         ids, seed = self.prompt_ids[prompt.key], zlib.crc32(prompt.key.encode())
         record = {"method": method.name, "category": prompt.category, "question_id": prompt.question_id,
-                  "decoding": decoding, "prompt_tokens": len(ids), "max_new_tokens": prompt.max_new_tokens,
-                  "seed": seed if decoding != "greedy" else None}
+                  "prompt_tokens": len(ids), "max_new_tokens": prompt.max_new_tokens}
+        if decoding is not None:
+            record.update(decoding=decoding, seed=seed if decoding != "greedy" else None)
         holder = self.poor if method.kind == "poor" else self.holder
         try:
-            record.update(self._generate(holder, method, ids, prompt.max_new_tokens, DECODINGS[decoding], seed))
+            record.update(self.cpp.run(method.mode, method.threads, ids, prompt.max_new_tokens) if decoding is None
+                          else self._generate(holder, method, ids, prompt.max_new_tokens, DECODINGS[decoding], seed))
         except Exception as exc:  # noqa: BLE001 - one failed run must not sink the suite
             record["error"] = f"{type(exc).__name__}: {exc}"
-            _log(self.settings, f"\n{method.name} on {prompt.key} ({decoding}) failed: {record['error']}")
+            _log(self.settings, f"\n{method.name} on {prompt.key} ({decoding or 'once'}) failed: {record['error']}")
             if isinstance(exc, EngineDeadError) and holder.restart(record["error"]):
                 _log(self.settings, "restarted the engine")
                 if self.settings.warmup:
@@ -196,131 +181,81 @@ class _Suite:
         temperature, top_p = params["temperature"], params["top_p"]
         if method.kind == "baseline":
             return self.baselines.run(method.mode, ids, max_new, temperature, top_p, seed).record()
-        if method.kind == "peer":
-            return self.peer.run(method.mode, method.threads, ids, max_new, temperature, top_p, seed).record()
         return run_engine(holder.engine, method, method.gamma(self.chosen, self.max_gamma), ids, max_new,
                           temperature, top_p, seed)
 
-    def _run_cpp(self, method: Method, prompt) -> dict:
-        ids = self.prompt_ids[prompt.key]
-        record = {"method": method.name, "category": prompt.category, "question_id": prompt.question_id,
-                  "prompt_tokens": len(ids), "max_new_tokens": prompt.max_new_tokens}
-        try:
-            record.update(self.cpp.run(method.mode, method.threads, ids, prompt.max_new_tokens))
-        except Exception as exc:  # noqa: BLE001 - one failed run must not sink the suite
-            record["error"] = f"{type(exc).__name__}: {exc}"
-            _log(self.settings, f"\n{method.name} on {prompt.key} failed: {record['error']}")
-        return record
-
-    def close(self) -> None:
-        for part in (self.holder, self.poor, self.peer, self.cpp):
-            if part is not None:
-                part.close()
-
     def document(self, argv: list[str] | None, ceiling: dict) -> dict:
         """The results document (results.json) before its figures (metrics.complete)."""
-        info, chosen = self.info, self.chosen
+        info, chosen, s = self.info, self.chosen, self.settings
         measured = (info.get("budget") or {}).get("source") == "measured"
         doc = {
-            "schema": SCHEMA,
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "command": " ".join(argv) if argv is not None else " ".join(sys.argv),
+            "schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv if argv is None else argv),
             "duration_s": round(time.perf_counter() - self.started, 1),
             "phases_s": {k: round(v, 1) for k, v in self.phases.items()},
             "machine": {**describe_machine(), "load_average_start": self.load_at_start},
-            "settings": self._settings_record(),
+            "settings": {"config": s.config or "smollm2 (embedded default)",
+                         "engine_config": info.get("config", self.config.to_dict()),
+                         "draft_model": self.config.draft.model, "target_model": self.config.target.model,
+                         "target_backend": info["target"]["backend"],   # "auto" resolved by the target worker
+                         "dtype": self.dtype, "limit": s.limit, "categories": s.categories,
+                         "methods": [m.name for m in self.methods], "decodings": {d: DECODINGS[d] for d in s.decodings},
+                         "top_k": 0, "prompt_format": "chat" if self.use_chat else "plain",
+                         "max_new_tokens": {p.category: p.max_new_tokens for p in self.prompts}},
             "chosen_gamma": chosen,
-            "engine": {"gamma": chosen, "budget": info.get("budget"), "draft": info.get("draft"),
-                       "target": info.get("target"), "prompt_kv": info.get("prompt_kv"),
-                       "vocabulary": info.get("vocabulary"),
-                       "poor_draft": self.poor.config["draft"]["model"] if self.poor else None},
+            "engine": {**{k: info.get(k) for k in ("budget", "draft", "target", "prompt_kv", "vocabulary")},
+                       "gamma": chosen, "poor_draft": self.poor.config["draft"]["model"] if self.poor else None},
             "methods": {m.name: {"label": m.label, "kind": m.kind, "mode": m.mode, "sequences": m.sequences,
                                  "gamma": m.gamma(chosen, self.max_gamma), "rebalanced": m.rebalanced(measured),
-                                 "speculation": m.speculation or "auto", **self.resources[m.name]}
+                                 "speculation": m.speculation or "auto", **self._resources(m)}
                         for m in self.methods},
             "draft_ceiling": ceiling,
             "engine_restarts": self.holder.restarts + (self.poor.restarts if self.poor else []),
-            "runs": self.runs,
-            "results": {},
+            "runs": self.runs, "results": {},
         }
         if self.llama_cpp:
             doc["llama_cpp"] = self.llama_cpp
         return doc
 
-    def _settings_record(self) -> dict:
-        s, config = self.settings, self.config
-        return {"config": s.config or "smollm2 (embedded default)",
-                "engine_config": self.info.get("config", config.to_dict()),
-                "draft_model": config.draft.model, "target_model": config.target.model,
-                "target_backend": self.info["target"]["backend"],   # "auto" resolved by the target worker
-                "dtype": getattr(self, "dtype", config.target.dtype), "limit": s.limit, "categories": s.categories,
-                "methods": [m.name for m in self.methods], "decodings": {d: DECODINGS[d] for d in s.decodings},
-                "top_k": 0, "prompt_format": "chat" if self.use_chat else "plain",
-                "max_new_tokens": {c: next(p.max_new_tokens for p in self.prompts if p.category == c)
-                                   for c in s.categories}}
+    def _resources(self, m: Method) -> dict:
+        """Which cores and threads a method computed on (the report states them)."""
+        if m.kind == "baseline":
+            return self.baselines.resources()
+        draft, target = self.info["draft"], self.info["target"]
+        out = {"device": target["device"], "dtype": "gguf" if target["backend"] in GGUF_TARGET_BACKENDS else self.dtype,
+               "target_cores": target["cores"], "target_threads": target["threads"]}
+        if m.mode != "target":
+            out.update(draft_cores=draft["cores"], draft_threads=draft["threads"])
+        elif self.info.get("alone_borrows_draft_cores"):     # alone, it computes on the draft's cores too
+            out.update(target_cores=sorted(target["cores"] + draft["cores"]),
+                       target_threads=target["threads"] + draft["threads"])
+        return out
 
 
 def tokenized(prompts, tokenizer: Tokenizer, prompt_format: str) -> tuple[bool, dict[str, list[int]]]:
-    """(whether the chat template is used, each prompt's token ids by key): the chat template
-    where asked, or by default where the tokenizer has one."""
+    """(whether the chat template is used, each prompt's ids by key): the template where asked, or by default
+    where the tokenizer has one."""
     use_chat = prompt_format == "chat" or (
         prompt_format == "auto" and bool(tokenizer.backend is not None and tokenizer.chat_template))
     return use_chat, {p.key: tokenizer.encode_chat([{"role": "user", "content": p.text}]) if use_chat
                       else tokenizer.encode_prompt(p.text) for p in prompts}
 
 
-def _gguf_target(config, who: str):
-    target = resolve_model(config.target.model, "target")
-    if not target.gguf_file:
-        raise ValueError(f"{who} a GGUF target, got {config.target.model!r}: leave out the peers (--methods) "
-                         "for this config")
-    return target
-
-
-def _resources(methods, info: dict, baselines, peer, dtype: str) -> dict:
-    """Which cores and threads each method computed on (the report states them)."""
-    draft, target = info["draft"], info["target"]
-    engine_side = {"device": target["device"],
-                   "dtype": "gguf" if target["backend"] in GGUF_TARGET_BACKENDS else dtype,
-                   "draft_cores": draft["cores"], "draft_threads": draft["threads"],
-                   "target_cores": target["cores"], "target_threads": target["threads"]}
-    out = {}
-    for m in methods:
-        if m.kind == "baseline":
-            out[m.name] = baselines.resources()
-        elif m.kind == "peer":
-            out[m.name] = peer.resources(m.threads)
-        elif m.mode == "target":
-            out[m.name] = {k: v for k, v in engine_side.items() if not k.startswith("draft")}
-            if info.get("alone_borrows_draft_cores"):     # alone, it computes on the draft's cores too
-                out[m.name].update(target_cores=sorted(target["cores"] + draft["cores"]),
-                                   target_threads=target["threads"] + draft["threads"])
-        else:
-            out[m.name] = dict(engine_side)
-    return out
-
-
 def _ceiling(settings, config, prompts, prompt_ids, info) -> dict:
+    """The draft alone on one prompt per category, in its own tokens (the target's, unless the vocabularies differ)."""
     if not settings.ceiling:
         return {"skipped": "disabled (--no-ceiling)"}
     if config.draft.backend not in ("native", "llama.cpp"):
         return {"skipped": f"the draft backend is {config.draft.backend!r}, not native or llama.cpp"}
     _log(settings, "measuring the draft model alone (greedy)...")
-    encode = _draft_encoder(config, info)
+    draft = resolve_model(config.draft.model, "draft")
+    own = None if (info.get("vocabulary") or {}).get("shared", True) else Tokenizer(draft)
     first = {}
-    for p in prompts:               # one prompt per category is enough for a decoding speed
-        first.setdefault(p.category, {"ids": encode(p.text, prompt_ids[p.key]), "max_new_tokens": p.max_new_tokens})
-    model_file = resolve_model(config.draft.model, "draft").file
-    return measure_ceiling(model_file, list(info["draft"]["cores"]), int(info["draft"]["threads"]),
+    for p in prompts:
+        ids = own.encode_prompt(p.text) if own else prompt_ids[p.key]
+        first.setdefault(p.category, {"ids": ids, "max_new_tokens": p.max_new_tokens})
+    return measure_ceiling(draft.file, list(info["draft"]["cores"]), int(info["draft"]["threads"]),
                            list(first.values()), config.draft.weights, backend=config.draft.backend)
-
-
-def _draft_encoder(config, info: dict):
-    """The draft's own tokens of a prompt: the target's, unless the vocabularies differ."""
-    if (info.get("vocabulary") or {}).get("shared", True):
-        return lambda text, ids: ids
-    draft = Tokenizer(resolve_model(config.draft.model, "draft"))
-    return lambda text, ids: draft.encode_prompt(text)
 
 
 def _progress(settings, total: int):

@@ -1,8 +1,7 @@
-"""Real servers for the concurrency benchmark (benchmarks/concurrency.py), each in its own process
-group, and a streaming OpenAI client: `hetspec-launch CONFIG --http` and llama.cpp's `llama-server`,
-started on a free loopback port, ready once `GET /health` answers 200, stopped whole (their processes
-and hetspec's shared-memory segments checked gone), and one request's server-sent events timed as
-they arrive.
+"""Real servers for the concurrency benchmark and hetspec-fuzz, each in its own process group:
+`hetspec-launch CONFIG --http` and llama.cpp's `llama-server` on a free loopback port, ready once
+`GET /health` answers 200, stopped whole (what was left behind is killed, removed and named); and
+one streaming OpenAI request, its server-sent events timed as they arrive.
 """
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ def free_port() -> int:
 
 
 class Served:
-    """A server process on 127.0.0.1:port; its log in `log` (stderr and stdout but a first line kept)."""
+    """A server process on 127.0.0.1:port, logging to `log` (its stdout piped instead where `first_line`)."""
 
     name = "server"
 
@@ -58,8 +57,8 @@ class Served:
                 raise RuntimeError(f"{self.name} exited {self.process.returncode} while starting: {self.tail()}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    self.processes = [psutil.Process(self.process.pid),
-                                      *psutil.Process(self.process.pid).children(recursive=True)]
+                    root = psutil.Process(self.process.pid)
+                    self.processes = [root, *root.children(recursive=True)]
                     return
             except httpx.TransportError:
                 pass
@@ -81,30 +80,33 @@ class Served:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(STOP_TIMEOUT_S)
         _, alive = psutil.wait_procs(self.processes, timeout=STOP_TIMEOUT_S)
-        left = [f"process {p.pid} ({p.name()})" for p in alive if _running(p)]
+        left = []
         for p in alive:
             try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(f"process {p.pid} ({p.name()})")
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
-        left += self._left_segments()
         self.log.close()
-        return left
+        return left + self._left_segments()
 
     def _left_segments(self) -> list[str]:
         return []
 
 
 class HetspecServer(Served):
-    """`hetspec-launch CONFIG --http 127.0.0.1:PORT`; `info` is the engine's get_info() once ready."""
+    """`hetspec-launch CONFIG --http 127.0.0.1:PORT [ARGS]`; `info` is the engine's get_info() once ready."""
 
     name = "hetspec-launch"
 
-    def __init__(self, config: str, log: Path):
-        command = [sys.executable, "-m", "hetspec.cli", *([config] if config else []), "--http",
-                   f"127.0.0.1:{free_port()}"]
-        super().__init__(command, log, first_line=True)
-        self.port = int(command[-1].rsplit(":", 1)[1])
+    def __init__(self, config: str, log: Path, *args: str, api_key: str | None = None):
+        import hetspec
+
+        port = free_port()
+        super().__init__([sys.executable, "-m", "hetspec.cli", *([config] if config else []), "--http",
+                          f"127.0.0.1:{port}", *args], log, first_line=True)
+        self.port = port
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read_stdout, args=(lines,), daemon=True).start()
         try:
@@ -115,9 +117,8 @@ class HetspecServer(Served):
             self.stop()
             raise RuntimeError(f"hetspec-launch printed no endpoint: {self.tail()}")
         self.wait_ready()
-        import hetspec
-
-        engine = hetspec.connect(self.endpoint, token=os.environ.get("HETSPEC_API_KEY", ""))
+        engine = hetspec.connect(self.endpoint, token=os.environ.get("HETSPEC_API_KEY", "") if api_key is None
+                                 else api_key)
         try:
             self.info = engine.get_info()
         finally:
@@ -153,61 +154,42 @@ class LlamaServer(Served):
 
 
 class CpuWatch:
-    """CPU seconds the whole machine spent busy over a span, and how much of it was not the server's
-    processes' or this one's: on a shared machine, someone else's load shows here; and the time the
-    hypervisor gave to other guests (steal)."""
+    """The machine's busy CPU seconds over a span less those of the server's processes and this one (on a shared
+    machine, someone else's load), and the time the hypervisor gave other guests (steal), in cores."""
 
     def __init__(self, processes: list[psutil.Process]):
         self.processes = [psutil.Process(), *processes]
-        self.start = (time.perf_counter(), *_machine_s(), self._ours())
+        self.start = self._now()
 
-    def _ours(self) -> float:
-        total = 0.0
+    def _now(self) -> tuple[float, ...]:
+        ours = 0.0
         for p in self.processes:
             try:
-                times = p.cpu_times()
-                total += times.user + times.system
+                ours += sum(p.cpu_times()[:2])           # user, system
             except psutil.NoSuchProcess:
                 pass
-        return total
+        try:     # /proc/stat, every core: busy (user, nice, system, irq, softirq) and steal
+            ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]] + [0] * 8
+        except (OSError, ValueError):
+            ticks = [0] * 8
+        tick = os.sysconf("SC_CLK_TCK")
+        return time.perf_counter(), sum(ticks[i] for i in (0, 1, 2, 5, 6)) / tick, ticks[7] / tick, ours
 
     def done(self) -> dict:
-        now = (time.perf_counter(), *_machine_s(), self._ours())
-        wall, busy, steal, ours = (a - b for a, b in zip(now, self.start))
+        wall, busy, steal, ours = (a - b for a, b in zip(self._now(), self.start))
         return {"wall_s": round(wall, 3), "machine_busy_s": round(busy, 3), "ours_s": round(ours, 3),
                 "others_cores": round(max(0.0, busy - ours) / wall, 3) if wall > 0 else None,
                 "steal_cores": round(steal / wall, 3) if wall > 0 else None}
 
 
-def _machine_s() -> tuple[float, float]:
-    """/proc/stat, every core, in seconds: busy (user, nice, system, irq, softirq) and stolen by the
-    hypervisor (a VM's neighbours); zeros elsewhere."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    except (OSError, ValueError):
-        return 0.0, 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    return sum(fields[i] for i in (0, 1, 2, 5, 6)) / tick, (fields[7] if len(fields) > 7 else 0) / tick
-
-
-def _running(process: psutil.Process) -> bool:
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-# ---- one streamed request -----------------------------------------------------------------------
-
-def stream_request(url: str, api: str, body: dict, start: threading.Barrier | None = None,
-                   api_key: str = "") -> dict:
-    """POST one streaming request (after `start`, when given) and time its events: the send, every
-    chunk with text (perf_counter seconds, its text), the final usage, llama-server's `timings`,
-    hetspec's statistics, the finish reason, or the error."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+def stream_request(url: str, api: str, body: dict, start: threading.Barrier | None = None, api_key: str = "") -> dict:
+    """POST one streaming request (after `start`, when given) and time its events: the send, every chunk with text
+    (perf_counter seconds, its text), the final usage, llama-server's `timings`, hetspec's statistics, the finish
+    reason, or the error."""
     record: dict = {"chunks": [], "text": "", "finish_reason": None, "usage": None, "timings": None,
                     "hetspec": None, "error": None}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
     with httpx.Client(timeout=REQUEST_TIMEOUT_S, headers=headers) as client:
         if start is not None:
             start.wait()
@@ -227,18 +209,14 @@ def stream_request(url: str, api: str, body: dict, start: threading.Barrier | No
 
 def _read_events(response, record: dict) -> None:
     for line in response.iter_lines():
-        if not line.startswith("data: "):
+        if not line.startswith("data: ") or line[6:].strip() == "[DONE]":
             continue
-        payload = line[len("data: "):]
-        if payload.strip() == "[DONE]":
-            return
-        at, event = time.perf_counter(), json.loads(payload)
+        at, event = time.perf_counter(), json.loads(line[6:])
         if "error" in event:
             record["error"] = str(event["error"])
             return
-        record["usage"] = event.get("usage") or record["usage"]
-        record["timings"] = event.get("timings") or record["timings"]
-        record["hetspec"] = event.get("hetspec") or record["hetspec"]
+        for key in ("usage", "timings", "hetspec"):
+            record[key] = event.get(key) or record[key]
         for choice in event.get("choices") or ():
             text = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
             if text:

@@ -4,13 +4,12 @@ defaults; it never reaches the engine, and command-line options override it.
 """
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from hetspec.benchmarks.bench.data import ALL_CATEGORIES, CATEGORIES
 from hetspec.benchmarks.bench.methods import select_methods
-from hetspec.config import SHIPPED_CONFIGS, load_config
+from hetspec.config import SHIPPED_CONFIGS, load_config, read_config
 
 # The paper's two settings: greedy, and nucleus sampling.
 DECODINGS = {"greedy": {"temperature": 0.0, "top_p": 1.0},
@@ -45,7 +44,8 @@ class BenchSettings:
             bad = [v for v in getattr(self, name) if v not in known]
             if bad:
                 raise ValueError(f"unknown {name} {bad}; known: {', '.join(known)}")
-        rules = ((self.prompt_format not in PROMPT_FORMATS, f"prompt_format must be one of {', '.join(PROMPT_FORMATS)}"),
+        rules = ((self.prompt_format not in PROMPT_FORMATS,
+                  f"prompt_format must be one of {', '.join(PROMPT_FORMATS)}"),
                  (self.baseline_threads < 0, "baseline_threads must be >= 0 (0: choose)"),
                  (self.limit < 0 or (self.max_new_tokens is not None and self.max_new_tokens < 1),
                   "limit must be >= 0 and max_new_tokens >= 1"),
@@ -57,13 +57,11 @@ class BenchSettings:
 
 
 def split_config(source: str | None) -> tuple[dict, dict]:
-    """(engine config dict, [bench] table) from a shipped name, a TOML path or None."""
-    if source is None or source in SHIPPED_CONFIGS:
-        return load_config(source).to_dict(), {}
-    path = Path(source)
-    if not path.is_file():
+    """(engine config dict, [bench] table) from a shipped name, a TOML path or None: as
+    written, its autos unresolved (a paced run's max_running is the paced target's)."""
+    if source is not None and source not in SHIPPED_CONFIGS and not Path(source).is_file():
         raise FileNotFoundError(f"config file not found: {source} (shipped configs: {', '.join(SHIPPED_CONFIGS)})")
-    data = tomllib.loads(path.read_text())
+    data = read_config(source)
     bench, known = data.pop("bench", {}), {f.name for f in fields(BenchSettings)} - {"config", "out", "progress"}
     if set(bench) - known:
         raise ValueError(f"unknown key(s) in [bench]: {', '.join(sorted(set(bench) - known))}; "

@@ -54,31 +54,24 @@ def _timing(times: list[float], counts: list[int], total: int) -> dict:
 
 def summarize(requests: list[dict], alone: dict, wall_s: float) -> dict:
     """A pass of N requests at once against the same requests served alone."""
-    tokens = sum(r["tokens"] for r in requests)
-    solo = [alone[r["prompt"]] for r in requests]
+    tokens, solo = sum(r["tokens"] for r in requests), [alone[r["prompt"]] for r in requests]
     sequential = sum(s["tokens"] for s in solo) / sum(s["total_s"] for s in solo)
     ttfts = [r["ttft_s"] for r in requests if r["ttft_s"] is not None]
     differ = [r["prompt"] for r, s in zip(requests, solo) if r["text"] != s["text"]]
-    out = {"n": len(requests), "tokens": tokens, "wall_s": wall_s, "aggregate_tokens_per_s": tokens / wall_s,
-           "summed_decode_tokens_per_s": sum(r["decode_tokens_per_s"] or 0 for r in requests),
-           "sequential_tokens_per_s": sequential, "vs_sequential": tokens / wall_s / sequential,
-           "ttft_mean_s": float(np.mean(ttfts)) if ttfts else None, "ttft_max_s": max(ttfts, default=None),
-           **_itl(requests, ""), **_itl(solo, "alone_"), "equal_alone": len(requests) - len(differ), "differ": differ}
-    return {**out, **_predicted(requests, solo)}
+    predicted = all(r.get("predicted_per_second") for r in requests + solo)
+    return {"n": len(requests), "tokens": tokens, "wall_s": wall_s, "aggregate_tokens_per_s": tokens / wall_s,
+            "summed_decode_tokens_per_s": sum(r["decode_tokens_per_s"] or 0 for r in requests),
+            "sequential_tokens_per_s": sequential, "vs_sequential": tokens / wall_s / sequential,
+            "ttft_mean_s": float(np.mean(ttfts)) if ttfts else None, "ttft_max_s": max(ttfts, default=None),
+            "equal_alone": len(requests) - len(differ), "differ": differ,
+            **_latencies(requests, "", predicted), **_latencies(solo, "alone_", predicted)}
 
 
-def _predicted(requests: list[dict], solo: list[dict]) -> dict:
-    """llama-server's own decode rates, summed over the requests (at once, and alone)."""
-    if not all(r.get("predicted_per_second") for r in requests + solo):
-        return {}
-    return {"summed_predicted_per_second": sum(r["predicted_per_second"] for r in requests),
-            "alone_summed_predicted_per_second": sum(s["predicted_per_second"] for s in solo)}
-
-
-def _itl(requests: list[dict], prefix: str) -> dict:
+def _latencies(requests: list[dict], prefix: str, predicted: bool) -> dict:
+    """ITL p50 and p99 over every gap (numpy's linear percentiles); where every request has llama-server's own
+    decode rate, their sum."""
     gaps = [g for r in requests for g in r["gaps_s"]]
-    return {f"{prefix}itl_p50_ms": _percentile(gaps, 50), f"{prefix}itl_p99_ms": _percentile(gaps, 99)}
-
-
-def _percentile(gaps: list[float], q: float) -> float | None:
-    return float(np.percentile(gaps, q)) * 1000 if gaps else None
+    out = {f"{prefix}itl_p{q}_ms": float(np.percentile(gaps, q)) * 1000 if gaps else None for q in (50, 99)}
+    if predicted:
+        out[f"{prefix}summed_predicted_per_second"] = sum(r["predicted_per_second"] for r in requests)
+    return out

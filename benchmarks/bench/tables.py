@@ -1,10 +1,8 @@
-"""The report's results tables (report.py puts them in order): speedups, tokens per second,
-time to first token, acceptance, the gamma sweep, draft sequences, the poor draft, the
-per-round profile and llama.cpp's own binaries, each read from a results document."""
+"""The report's results tables (report.py puts them in order), each read from a results document."""
 from __future__ import annotations
 
 from hetspec.benchmarks.bench.data import TITLES
-from hetspec.benchmarks.bench.methods import CPP_PEER, PEER, SWEEP
+from hetspec.benchmarks.bench.methods import CPP_PEER, SWEEP
 
 
 def sequence_rows(doc: dict) -> list[tuple]:
@@ -20,22 +18,30 @@ def profile_rows(doc: dict) -> list[tuple]:
             for name, cells in doc["results"][d].items() if cells.get("average", {}).get("profile_ms")]
 
 
+def vs_llama(doc: dict, decoding: str, name: str) -> float | None:
+    """A method's average decode tok/s over llama-bench's (None where llama-bench did not run)."""
+    return (((doc.get("llama_cpp") or {}).get("vs") or {}).get(decoding, {}).get(name) or {}).get("average")
+
+
 def table1(doc: dict, decoding: str) -> list[str]:
-    vs_llama, about = _vs_llama(doc)
-    cats = doc["settings"]["categories"]
+    cats, section = doc["settings"]["categories"], doc.get("llama_cpp") or {}
     rows = []
     for name in doc["methods"]:
         cells = doc["results"][decoding].get(name, {})
         avg = cells.get("average", {})
         rows.append([f"`{name}`", *[times(cells.get(c, {}).get("speedup")) for c in cats],
                      times(avg.get("speedup"), bold=True), times(avg.get("vs_target"), bold=True),
-                     times(vs_llama(decoding, name), bold=True), num(avg.get("tokens_per_s"))])
-    title = f"## Table 1 ({decoding}): speedup over vanilla, over the engine's target-only mode, and over llama.cpp"
-    note = ("Per category: over vanilla. The target-only column divides by the engine running the target alone "
-            "(`target`), which has the engine's kernels but no draft: it is the speculative gain alone. The "
-            f"llama.cpp column: {about}.")
-    return [title, "", note, "", *table(["method", *[TITLES[c] for c in cats], "Avg. vs vanilla",
-                                          "Avg. vs target-only", "Avg. vs llama.cpp", "tok/s (avg)"], rows), ""]
+                     times(vs_llama(doc, decoding, name), bold=True), num(avg.get("tokens_per_s"))])
+    about = (f"decode tok/s after the first token over `{CPP_PEER}`'s, llama.cpp's own C++ benchmark decoding the "
+             "same GGUF file at each prompt's depth on every core (per category, then averaged)")
+    if not section.get("vs"):
+        about = section.get("missing") or f"none: `{CPP_PEER}` did not run"
+    return [f"## Table 1 ({decoding}): speedup over vanilla, over the engine's target-only mode, and over llama.cpp",
+            "", ("Per category: over vanilla. The target-only column divides by the engine running the target alone "
+                 "(`target`), which has the engine's kernels but no draft: it is the speculative gain alone. The "
+                 f"llama.cpp column: {about}."), "",
+            *table(["method", *[TITLES[c] for c in cats], "Avg. vs vanilla", "Avg. vs target-only",
+                    "Avg. vs llama.cpp", "tok/s (avg)"], rows), ""]
 
 
 def tokens_table(doc: dict) -> list[str]:
@@ -53,44 +59,13 @@ def _per_category(cells: dict, cats: list[str], key: str, bold: bool = False) ->
     return [*[num(cells.get(c, {}).get(key)) for c in cats], num(cells.get("average", {}).get(key), bold=bold)]
 
 
-def _vs_llama(doc: dict):
-    """(figure(decoding, method), what it divides by): over llama-bench where it ran, else results' vs_llama."""
-    section = doc.get("llama_cpp") or {}
-    cpp = section.get("vs")
-    if cpp:
-        return (lambda d, name: cpp.get(d, {}).get(name, {}).get("average"),
-                (f"decode tok/s after the first token over `{CPP_PEER}`'s, llama.cpp's own C++ benchmark decoding "
-                 "the same GGUF file at each prompt's depth on every core (per category, then averaged; see "
-                 "\"llama.cpp's own binaries\")"))
-    why = section.get("missing")
-    return (lambda d, name: average(doc, d, name).get("vs_llama"),
-            (f"tok/s over `{PEER}`'s: llama.cpp via llama-cpp-python (a Python loop) decoding the target's GGUF file "
-             "on every core" + (f". {why[0].upper()}{why[1:]}" if why else "")))
-
-
 def llama_cpp_table(doc: dict) -> list[str]:
     """llama.cpp's own C++ programs beside the engine: decode tok/s per category."""
-    section = doc.get("llama_cpp") or {}
+    section, cats = doc.get("llama_cpp") or {}, doc["settings"]["categories"]
     if not section:
         return []
-    lines = ["## llama.cpp's own binaries (C++)", ""]
     if section.get("missing"):
-        return lines + [f"{section['missing']}.", ""]
-    cats = doc["settings"]["categories"]
-    lines += [("Decode tok/s on the target's GGUF file, per category pooled over its prompts, beside the engine's and "
-               "llama-cpp-python's decode tok/s after their first token. `llama-bench`: `llama-bench -p 0 -n NEW -d PROMPT "
-               "-r 3 -o json` per prompt (NEW one-token decodes after a PROMPT-token context: the positions the engine "
-               "decodes), the mean of the repetitions. `llama-speculative-simple` (greedy, the prompt's text): its \"decoded "
-               "N tokens in S seconds\", from the prompt's last token; the draft-model row keeps the draft length fastest on "
-               "average. Same cores as the benchmark process; every C++ row runs once per prompt, interleaved with the other "
-               "methods."), "",
-              *table(["row", "what", *[TITLES[c] for c in cats], "Avg. decode tok/s", "acceptance"],
-                      _cpp_rows(doc, section, cats)), ""]
-    return lines + _cpp_notes(section) + [""]
-
-
-def _cpp_rows(doc: dict, section: dict, cats: list[str]) -> list[list[str]]:
-    """The C++ rows, then the engine's and llama-cpp-python's decode tok/s beside them."""
+        return ["## llama.cpp's own binaries (C++)", "", f"{section['missing']}.", ""]
     rows = []
     for name, m in section["methods"].items():
         cells = section.get("results", {}).get(name, {})
@@ -98,32 +73,39 @@ def _cpp_rows(doc: dict, section: dict, cats: list[str]) -> list[list[str]]:
         if "draft_length" in cells:
             what += f", `--spec-draft-n-max` {cells['draft_length']} (" + ", ".join(
                 f"{n}: {num(v['decode_tokens_per_s'])}" for n, v in cells["by_draft_length"].items()) + " tok/s)"
-        avg = cells.get("average", {})
+        drafted = cells.get("average", {}).get("drafted")
         rows.append([f"`{name}`", what, *_per_category(cells, cats, "decode_tokens_per_s", bold=True),
-                     "none drafted" if avg.get("drafted") == 0 else pct(avg.get("acceptance_rate"))])
+                     "none drafted" if drafted == 0 else pct(cells.get("average", {}).get("acceptance_rate"))])
     first = next(iter(doc["settings"]["decodings"]))
-    for name in (PEER, "target", "sps", "duodec"):
+    for name in ("target", "sps", "duodec"):          # the engine's decode tok/s beside them
         cells = doc["results"].get(first, {}).get(name)
         if cells:
             rows.append([f"`{name}`", f"{first}, after the first token",
                          *_per_category(cells, cats, "decode_tokens_per_s", bold=True),
                          pct(cells.get("average", {}).get("acceptance_rate"))])
-    return rows
+    return ["## llama.cpp's own binaries (C++)", "",
+            ("Decode tok/s on the target's GGUF file, per category pooled over its prompts, beside the engine's decode "
+             "tok/s after its first token. `llama-bench`: `llama-bench -p 0 -n NEW -d PROMPT -r 3 -o json` per prompt "
+             "(NEW one-token decodes after a PROMPT-token context: the positions the engine decodes), the mean of the "
+             "repetitions. `llama-speculative-simple` (greedy, the prompt's text): its \"decoded N tokens in S "
+             "seconds\", from the prompt's last token; the draft-model row keeps the draft length fastest on average. "
+             "Same cores as the benchmark process; every C++ row runs once per prompt, between the other methods."), "",
+            *table(["row", "what", *[TITLES[c] for c in cats], "Avg. decode tok/s", "acceptance"], rows), "",
+            *_cpp_notes(section), ""]
 
 
 def _cpp_notes(section: dict) -> list[str]:
-    lines = [f"- `{name}` not run: {why}." for name, why in section.get("skipped", {}).items()]
+    notes = [f"- `{name}` not run: {why}." for name, why in section.get("skipped", {}).items()]
     for file, load in section.get("load_ms", {}).items():
-        lines.append(f"- llama.cpp's own load time of `{file}`: " + (
+        notes.append(f"- llama.cpp's own load time of `{file}`: " + (
             f"{load['load_ms']:.0f} ms (llama-completion's `load time`: the model and a context, up to its "
             "first evaluation)" if "load_ms" in load else f"not measured ({load.get('error')})"))
     errors = [r for r in section.get("runs", []) if "error" in r]
     if errors:
-        lines.append(f"- {len(errors)} C++ run(s) failed, the first: {errors[0]['method']}: {errors[0]['error']}")
+        notes.append(f"- {len(errors)} C++ run(s) failed, the first: {errors[0]['method']}: {errors[0]['error']}")
     build = section.get("build_info")
-    lines.append(f"- Binaries: `{section.get('binaries')}`"
-                 + (" (" + "; ".join(build.splitlines()[:3]) + ")" if build else ""))
-    return lines
+    return notes + [f"- Binaries: `{section.get('binaries')}`" + (f" ({'; '.join(build.splitlines()[:3])})"
+                                                                  if build else "")]
 
 
 def _per_decoding(doc: dict, columns: list[tuple]) -> list[str]:
@@ -163,7 +145,6 @@ def table3(doc: dict) -> list[str]:
     present = [n for n in SWEEP if n in doc["methods"]]
     if len(present) < 2:
         return []
-    vs_llama, _ = _vs_llama(doc)
     header = [""]
     for n in present:
         m = doc["methods"][n]
@@ -172,7 +153,7 @@ def table3(doc: dict) -> list[str]:
     figures = (("tok/s", lambda d, n: num(average(doc, d, n).get("tokens_per_s"))),
                ("speedup", lambda d, n: times(average(doc, d, n).get("speedup"))),
                ("vs target-only", lambda d, n: times(average(doc, d, n).get("vs_target"))),
-               ("vs llama.cpp", lambda d, n: times(vs_llama(d, n))),
+               ("vs llama.cpp", lambda d, n: times(vs_llama(doc, d, n))),
                ("tokens/round", lambda d, n: num(average(doc, d, n).get("mean_accepted_per_round"), 2)))
     rows = [[f"{d} {title}", *[figure(d, n) for n in present]]
             for d in doc["settings"]["decodings"] for title, figure in figures]
@@ -185,7 +166,7 @@ def sequences_table(doc: dict) -> list[str]:
         return []
     ks = sorted({k for _, _, hist in rows for k in hist}, key=int)
     body = [[d, f"`{name}`", *[pct(hist.get(k, 0) / sum(hist.values())) for k in ks], str(sum(hist.values()))]
-             for d, name, hist in rows]
+            for d, name, hist in rows]
     return ["## Number of draft sequences per round", "",
             *table(["decoding", "method", *[f"k={k}" for k in ks], "rounds"], body), ""]
 
@@ -195,23 +176,21 @@ def poor_draft_table(doc: dict) -> list[str]:
     names = [n for n in ("target", "poor", "poor-forced", "duodec") if n in doc["methods"]]
     if "poor" not in names:
         return []
-    vs_llama, _ = _vs_llama(doc)
     rows = []
     for d in doc["settings"]["decodings"]:
         for name in names:
             avg = average(doc, d, name)
             tokens = avg.get("new_tokens")
             rows.append([d, f"`{name}`", num(avg.get("tokens_per_s")), times(avg.get("vs_target")),
-                         times(vs_llama(d, name)), pct(avg.get("acceptance_rate")),
+                         times(vs_llama(doc, d, name)), pct(avg.get("acceptance_rate")),
                          pct(avg.get("rested", 0) / tokens if tokens else None)])
-    draft = doc["engine"].get("poor_draft")
     return ["## A poor draft", "",
-            (f"`poor` and `poor-forced` run on a second engine, the same but for its draft (`{draft}`, random weights: it "
-             "never agrees). `poor` lets the engine rest from speculating while it does not pay (target-only rounds, "
-             "probing again now and then); `poor-forced` asks for speculation on every round. Rested: the share of tokens "
-             "decoded target-only by that choice."), "",
-            *table(["decoding", "method", "tok/s", "vs target-only", "vs llama.cpp", "acceptance", "rested"],
-                    rows), ""]
+            (f"`poor` and `poor-forced` run on a second engine, the same but for its draft "
+             f"(`{doc['engine'].get('poor_draft')}`, random weights: it never agrees). `poor` lets the engine rest "
+             "from speculating while it does not pay (target-only rounds, probing again now and then); `poor-forced` "
+             "asks for speculation on every round. Rested: the share of tokens decoded target-only by that choice."),
+            "",
+            *table(["decoding", "method", "tok/s", "vs target-only", "vs llama.cpp", "acceptance", "rested"], rows), ""]
 
 
 def profile_table(doc: dict) -> list[str]:
@@ -244,10 +223,8 @@ def num(value, digits: int = 1, bold: bool = False) -> str:
 
 
 def times(value, bold: bool = False) -> str:
-    if value is None:
-        return "-"
-    text = f"{value:.2f}x"
-    return f"**{text}**" if bold else text
+    text = "-" if value is None else f"{value:.2f}x"
+    return f"**{text}**" if bold and value is not None else text
 
 
 def pct(value) -> str:

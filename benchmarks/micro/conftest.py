@@ -7,10 +7,9 @@ import pytest
 
 from hetspec.benchmarks.bench.data import load_prompts
 from hetspec.benchmarks.bench.settings import engine_config, split_config
+from hetspec.benchmarks.micro.echo_engine import EchoEngine
 from hetspec.config import load_config
-from hetspec.launcher import Launcher
 from hetspec.models import resolve_model
-from hetspec.scheduler.scheduler import Scheduler
 from hetspec.scheduler.tokenizer import Tokenizer
 
 CONTEXT_TOKENS = 256     # the engine's own calibration context (hetspec.scheduler.scheduler.CALIBRATION_CONTEXT)
@@ -41,21 +40,9 @@ def context_ids(resolved) -> list[int]:
 
 @pytest.fixture(scope="module")
 def scheduler(bench_config, request):
-    """The engine's workers started as the launcher starts them, the scheduler in this process with its
-    links at hand; a suite's DECODING overrides [decoding]. This process's cores are given back after (the
-    scheduler pins it), or the next suite's config would name cores it no longer has."""
+    """The engine's workers started as the launcher starts them, the scheduler in this process with its links at
+    hand (echo_engine.EchoEngine over the real workers); a suite's DECODING overrides [decoding]."""
     config = {section: dict(values) for section, values in bench_config.items()}
     config.setdefault("decoding", {}).update(getattr(request.module, "DECODING", {}))
-    affinity = os.sched_getaffinity(0)
-    launcher, scheduler = Launcher(load_config(config)), None
-    try:
-        scheduler = Scheduler(launcher.run_spec())
-        scheduler.start()
-        yield scheduler
-    finally:
-        try:
-            if scheduler is not None:
-                scheduler.close()
-        finally:
-            launcher.stop()
-            os.sched_setaffinity(0, affinity)
+    with EchoEngine(config=config) as engine:
+        yield engine.scheduler

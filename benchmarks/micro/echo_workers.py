@@ -1,17 +1,11 @@
-"""A draft and a target worker that compute nothing, for timing the scheduler and IPC alone: the
-real worker loop (workers/common/process.serve) answering the real commands through the same
-shared buffers as the real workers, each answer a rule's instead of a model's.
-
-Both follow one deterministic next-token rule (echo_next): the target answers the rule's token at
-every row it is asked for, and the draft proposes the rule's tokens, but for a deliberate miss at
-every position p with p % miss_every == miss_every - 1, so that windows are cut short as real ones
-are (per-token acceptance about 1 - 1/miss_every). Greedy output is then echo_sequence(prompt).
-Under the unkeyed rule both write one-hot probability rows: speculative sampling then accepts
-exactly the tokens greedy does. Calibration reports modelled costs (EchoSpec), so that the engine's
-cost model starts sensibly; the seconds a reply reports are the handler's own (microseconds: the
-engine's overhead_s is then the scheduler's), or with seconds="modelled" what the modelled costs
-say the work took (the cost model, which learns from them, then keeps windows of a real pair's
-length, but overhead_s no longer means anything).
+"""A draft and a target worker that compute nothing, to time the scheduler and IPC alone: the real
+worker loop (workers/common/process.serve) answering the real commands through the real shared
+buffers, each answer a rule's instead of a model's. Both follow one next-token rule (echo_next),
+the draft missing at every position p % miss_every == miss_every - 1, so that windows end as real
+ones do; greedy output is echo_sequence(prompt). Under the unkeyed rule both write one-hot rows,
+so speculative sampling accepts what greedy does. Replies report the handler's own seconds (the
+engine's overhead_s is then the scheduler's), or with seconds="modelled" what EchoSpec's costs say
+(its cost model then keeps windows of a real pair's length).
 
     python -m hetspec.benchmarks.micro.echo_workers {draft,target} --endpoint ENDPOINT --spec JSON
 """
@@ -29,21 +23,7 @@ import numpy as np
 from hetspec.core.branches import allocate_budget, split_budget, to_slot
 from hetspec.core.pinning import pin
 from hetspec.core.sampling import Rule
-from hetspec.ipc.messages import (
-    CalibrateDraft,
-    CalibrateTarget,
-    DraftCalibration,
-    Drafted,
-    DraftExtended,
-    DraftWindow,
-    PrefillDraft,
-    Prefilled,
-    RanAhead,
-    TargetCalibration,
-    Verified,
-    VerifyCommand,
-    WorkerHello,
-)
+from hetspec.ipc import messages as msg
 from hetspec.workers.common.process import parse_args, serve
 
 FIRST = 256                     # the rule's tokens are >= FIRST: a tokenizer's special tokens (EOS) never come out
@@ -89,9 +69,9 @@ class EchoSpec:
         return cls(**json.loads(text))
 
 
-def hello(role: str, spec: EchoSpec) -> WorkerHello:
-    return WorkerHello(role, os.getpid(), spec.vocab, "cpu", list(spec.cores), 1, 0.0, backend="echo",
-                       kernels="none (echo: no model)", prefill_threads=False)
+def hello(role: str, spec: EchoSpec) -> msg.WorkerHello:
+    return msg.WorkerHello(role, os.getpid(), spec.vocab, "cpu", list(spec.cores), 1, 0.0, backend="echo",
+                           kernels="none (echo: no model)", prefill_threads=False)
 
 
 def one_hot(rows: np.ndarray, tokens) -> None:
@@ -106,31 +86,31 @@ def load_target(spec: EchoSpec):
     return hello("target", spec), spec
 
 
-def verify(spec: EchoSpec, cmd: VerifyCommand, buffers):
+def verify(spec: EchoSpec, cmd: msg.VerifyCommand, buffers):
     """The rule's token after each of the last `rows` input tokens; then, where asked, tokens ahead."""
     start = time.perf_counter()
     choice = echo_next(buffers["input"].array[cmd.n_tokens - cmd.rows:cmd.n_tokens], spec.vocab)
     buffers["choice"].array[:cmd.rows] = choice
     if cmd.sampling.rule is Rule.UNKEYED:
         one_hot(buffers["probs"].array[:cmd.rows], choice)
-    reply = Verified(cmd.request_id, spec.took(start, spec.verify_cost(cmd.n_tokens)))
+    reply = msg.Verified(cmd.request_id, spec.took(start, spec.verify_cost(cmd.n_tokens)))
     if cmd.ahead <= 0 or cmd.sampling.rule is Rule.UNKEYED:
         return reply
     return reply, run_ahead(spec, cmd, int(choice[-1]))
 
 
-def run_ahead(spec: EchoSpec, cmd: VerifyCommand, token: int):
+def run_ahead(spec: EchoSpec, cmd: msg.VerifyCommand, token: int):
     """As the real target's run_ahead: one token a step, each after the last choice."""
     position = cmd.keep + cmd.n_tokens
     for _ in range(cmd.ahead):
         start = time.perf_counter()
         after, token = token, int(echo_next(token, spec.vocab))
         position += 1
-        yield RanAhead(cmd.request_id, cmd.run, position, after, token, spec.took(start, spec.verify_s))
+        yield msg.RanAhead(cmd.request_id, cmd.run, position, after, token, spec.took(start, spec.verify_s))
 
 
-def calibrate_target(spec: EchoSpec, cmd: CalibrateTarget, buffers) -> TargetCalibration:
-    return TargetCalibration([spec.verify_cost(n) for n in cmd.sizes])
+def calibrate_target(spec: EchoSpec, cmd: msg.CalibrateTarget, buffers) -> msg.TargetCalibration:
+    return msg.TargetCalibration([spec.verify_cost(n) for n in cmd.sizes])
 
 
 # ---- the draft ----------------------------------------------------------------------------------
@@ -175,11 +155,11 @@ def load_draft(spec: EchoSpec):
     return hello("draft", spec), EchoDraft(spec)
 
 
-def prefill(state: EchoDraft, cmd: PrefillDraft, buffers) -> Prefilled:
-    return Prefilled(cmd.request_id, state.spec.took(time.perf_counter(), state.spec.draft_s / 8 * cmd.context_len))
+def prefill(state: EchoDraft, cmd: msg.PrefillDraft, buffers) -> msg.Prefilled:
+    return msg.Prefilled(cmd.request_id, state.spec.took(time.perf_counter(), state.spec.draft_s / 8 * cmd.context_len))
 
 
-def draft(state: EchoDraft, cmd: DraftWindow, buffers):
+def draft(state: EchoDraft, cmd: msg.DraftWindow, buffers):
     """As the real draft worker's: the branches in slot order (likeliest last), probability
     rows under the unkeyed rule; then, where the plan asks, the likeliest branch grows."""
     start = time.perf_counter()
@@ -192,7 +172,7 @@ def draft(state: EchoDraft, cmd: DraftWindow, buffers):
     if unkeyed:
         one_hot(buffers["probs"].array[cmd.slot, :len(flat)], flat)
     seconds = state.spec.took(start, state.spec.draft_s * len(flat))
-    reply = Drafted(cmd.request_id, cmd.slot, [len(b) for b in branches], seconds)
+    reply = msg.Drafted(cmd.request_id, cmd.slot, [len(b) for b in branches], seconds)
     room = len(tokens) - (len(flat) - len(branches[-1]))
     limit = min(cmd.branches.extend_to, room) if cmd.branches else 0
     if limit <= len(branches[-1]):
@@ -200,7 +180,7 @@ def draft(state: EchoDraft, cmd: DraftWindow, buffers):
     return reply, extension(state, cmd, buffers, branches[-1], len(flat), limit, start)
 
 
-def extension(state: EchoDraft, cmd: DraftWindow, buffers, branch: list[int], total: int, limit: int, start: float):
+def extension(state: EchoDraft, cmd: msg.DraftWindow, buffers, branch: list[int], total: int, limit: int, start: float):
     """The likeliest branch grows a token at a time, each written before the message announcing it."""
     while len(branch) < limit:
         state.grow(branch, cmd.context_len, len(branch) + 1)
@@ -208,18 +188,18 @@ def extension(state: EchoDraft, cmd: DraftWindow, buffers, branch: list[int], to
         if cmd.sampling.rule is Rule.UNKEYED:
             one_hot(buffers["probs"].array[cmd.slot, total:total + 1], [branch[-1]])
         total += 1
-        yield DraftExtended(cmd.command, cmd.slot, total, state.spec.took(start, state.spec.draft_s * total))
+        yield msg.DraftExtended(cmd.command, cmd.slot, total, state.spec.took(start, state.spec.draft_s * total))
 
 
-def calibrate_draft(state: EchoDraft, cmd: CalibrateDraft, buffers) -> DraftCalibration:
-    return DraftCalibration(state.spec.draft_s, state.spec.draft_s / 8)
+def calibrate_draft(state: EchoDraft, cmd: msg.CalibrateDraft, buffers) -> msg.DraftCalibration:
+    return msg.DraftCalibration(state.spec.draft_s, state.spec.draft_s / 8)
 
 
 # ---- the process --------------------------------------------------------------------------------
 
 ROLES = {
-    "draft": (load_draft, {PrefillDraft: prefill, DraftWindow: draft, CalibrateDraft: calibrate_draft}),
-    "target": (load_target, {VerifyCommand: verify, CalibrateTarget: calibrate_target}),
+    "draft": (load_draft, {msg.PrefillDraft: prefill, msg.DraftWindow: draft, msg.CalibrateDraft: calibrate_draft}),
+    "target": (load_target, {msg.VerifyCommand: verify, msg.CalibrateTarget: calibrate_target}),
 }
 
 

@@ -1,15 +1,9 @@
 """The scheduler's own time per round: the real scheduler and Decoder over workers that compute
-nothing (echo_engine.py, echo_workers.py), a 256-token greedy request a call, every round speculative
-("always"). Each result's extra_info has the scheduler's wall time per round (round_ms: the call's
-wall over its rounds, prefill included) and the engine's own overhead per speculative round
-(overhead_ms: Stats' overhead_s, the round's wall less the workers' seconds), best and median
-over the calls.
-
-Two engines. One drafts gamma = GAMMA tokens a round (no cost model), its workers reporting their
-real seconds: overhead_ms is then the scheduler's. The other has the automatic budget, as an engine
-runs by default: its cost model picks every window, and learns from the workers' seconds, which
-here are modelled (EchoSpec.seconds), or it would size windows for workers that take none; its
-overhead_ms means nothing, its round_ms is what the scheduler takes with the cost model at work.
+nothing (echo_engine.py), a 256-token request a call. extra_info keeps round_ms (the call's wall
+over its rounds) and overhead_ms (Stats' overhead_s per speculative round), best and median. One
+engine drafts gamma GAMMA, its workers reporting real seconds (overhead_ms is the scheduler's);
+one has the automatic budget, its workers' seconds modelled so that the cost model keeps real
+windows (its overhead_ms means nothing; its round_ms is the scheduler's with the model at work).
 """
 from __future__ import annotations
 

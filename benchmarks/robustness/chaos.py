@@ -1,11 +1,11 @@
-"""hetspec-chaos: clients stream requests while the draft, the target and clients are
-killed with SIGKILL at random; then count what survived (benchmarks/README.md).
+"""hetspec-chaos: clients stream requests while the draft, the target and clients are killed with
+SIGKILL at random; then count what survived (benchmarks/README.md, "hetspec-chaos").
 
     hetspec-chaos                              30 kills, 8 clients, the embedded default
     hetspec-chaos --kills 0 --requests 1000    a soak: memory after --settle requests against the end
 
-Exits 1 if a request hung or was lost to a draft kill, a greedy completion differed from
-the target's own output, memory grew (soak), or anything was left behind.
+Exits 1 if a request hung or was lost to a draft kill, a greedy completion differed from the
+target's own output, memory grew (soak), or anything was left behind.
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ JOBS = [("The capital of France is", 16, 0.0), ("Write a haiku about the sea.", 
         ("1, 2, 3, 4, 5,", 96, 0.0), ("Explain photosynthesis in one paragraph.", 64, 0.7),
         ("def fibonacci(n):", 32, 0.7)]
 HANG_S = 120           # a request open this long has hung
-RUNTIME_FILES = {"run.json", "ready", "scheduler.log", "draft.log", "target.log", "client.sock", "draft.sock", "target.sock"}
+RUNTIME_FILES = {"run.json", "ready", "scheduler.log", "draft.log", "target.log", "client.sock", "draft.sock",
+                 "target.sock"}
 COUNTS = ("requests", "exact", "sampled", "cancelled", "client killed", "inexact", "aborted (target killed)",
           "other errors", "lost to a draft kill", "hung", "finished target-only")
 
@@ -47,8 +48,8 @@ def client_main(endpoint: str, seed: int, stop_file: str, cancel_p: float) -> No
         print(json.dumps({"event": "start", "job": job}), flush=True)
         cancel_after = 2 if rng.random() < cancel_p else None
         try:
-            sampling = {"temperature": temperature, "top_p": 0.9} if temperature else {}
-            stream = engine.stream(prompt, max_new_tokens=max_new, **sampling)
+            stream = engine.stream(prompt, max_new_tokens=max_new,
+                                   **({"temperature": temperature, "top_p": 0.9} if temperature else {}))
             for i, _ in enumerate(stream):
                 if cancel_after is not None and i + 1 >= cancel_after:
                     stream.close()
@@ -62,24 +63,26 @@ def client_main(endpoint: str, seed: int, stop_file: str, cancel_p: float) -> No
         print(json.dumps({**event, "job": job}), flush=True)
 
 
-class ClientProcesses:
-    """The client processes, their events, and the requests each has open."""
+class Clients:
+    """The client processes, their events counted as they come, and the requests each has open; for a soak, the
+    engine's memory when the count of requests reaches each of `soak_at`."""
 
-    def __init__(self, endpoint: str, n: int, seed: int, cancel_p: float, workdir: str):
-        self.endpoint, self.seed, self.cancel_p = endpoint, seed, cancel_p
+    def __init__(self, engine, args, references: dict, workdir: str, soak_at: tuple[int, ...]):
+        self.engine, self.args, self.references, self.soak_at = engine, args, references, soak_at
         self.stop_file = os.path.join(workdir, "stop")
         self.events: queue.Queue = queue.Queue()
         self.procs: dict[int, subprocess.Popen] = {}
         self.open: dict[int, float] = {}     # client index -> when its request started
-        for _ in range(n):
+        self.counts, self.errors, self.memory = dict.fromkeys(COUNTS, 0), [], {}
+        for _ in range(args.clients):
             self.spawn()
 
     def spawn(self) -> None:
         index = len(self.procs)
-        proc = subprocess.Popen([sys.executable, "-m", "hetspec.benchmarks.robustness.chaos", "--client", self.endpoint,
-                                 "--seed", str(self.seed * 1000 + index), "--stop-file", self.stop_file,
-                                 "--cancel-p", str(self.cancel_p)], stdout=subprocess.PIPE, text=True)
-        self.procs[index] = proc
+        self.procs[index] = proc = subprocess.Popen(
+            [sys.executable, "-m", "hetspec.benchmarks.robustness.chaos", "--client", self.engine.endpoint, "--seed",
+             str(self.args.seed * 1000 + index), "--stop-file", self.stop_file, "--cancel-p", str(self.args.cancel_p)],
+            stdout=subprocess.PIPE, text=True)
         threading.Thread(target=self._read, args=(index, proc), daemon=True).start()
 
     def _read(self, index: int, proc: subprocess.Popen) -> None:
@@ -96,8 +99,18 @@ class ClientProcesses:
         self.events.put((index, {"event": "client killed"}))
         self.spawn()
 
+    def pump(self, seconds: float) -> None:
+        """Count events for `seconds`, or until a request hangs."""
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0 and not self.hung():
+            try:
+                self.handle(*self.events.get(timeout=min(left, 0.5)))
+            except queue.Empty:
+                pass
+
     def stop(self) -> None:
-        """Let every client finish its request and leave (a client stuck in one is killed)."""
+        """Let every client finish its request and leave (a client stuck in one is killed); then the events left,
+        a request still open having hung."""
         Path(self.stop_file).touch()
         deadline = time.monotonic() + HANG_S
         for proc in self.procs.values():
@@ -106,44 +119,22 @@ class ClientProcesses:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-class Watch:
-    """The clients' events counted as they come; for a soak, the engine's memory when the
-    count of requests reaches each of `soak_at`."""
-
-    def __init__(self, engine, clients: ClientProcesses, references: dict, soak_at: tuple[int, ...]):
-        self.engine, self.clients, self.references, self.soak_at = engine, clients, references, soak_at
-        self.counts = dict.fromkeys(COUNTS, 0)
-        self.errors: list[dict] = []
-        self.memory: dict[int, dict] = {}
-
-    def pump(self, seconds: float) -> None:
-        """Count events for `seconds`, or until a request hangs."""
-        until = time.monotonic() + seconds
-        while (left := until - time.monotonic()) > 0:
-            try:
-                self.handle(*self.clients.events.get(timeout=min(left, 0.5)))
-            except queue.Empty:
-                pass
-            if self.clients.hung():
-                return
-
-    def drain(self) -> None:
-        """The events left once the clients stopped; a request still open hung (stop() killed its client)."""
-        while not self.clients.events.empty():
-            self.handle(*self.clients.events.get())
-        self.counts["hung"] = len(self.clients.open)
+        while not self.events.empty():
+            self.handle(*self.events.get())
+        self.counts["hung"] = len(self.open)
 
     def handle(self, index: int, event: dict) -> None:
         if event["event"] == "start":
-            self.clients.open[index] = time.monotonic()
+            self.open[index] = time.monotonic()
             return
-        self.clients.open.pop(index, None)
+        self.open.pop(index, None)
         self.counts["requests"] += 1
         self.counts[self._outcome(event)] += 1
         if self.counts["requests"] in self.soak_at:
-            self.memory[self.counts["requests"]] = _rss(self.engine)
+            info = self.engine.get_info()
+            pids = {"scheduler": info["pid"], **{role: info["workers"][role]["pid"] for role in ("draft", "target")}}
+            self.memory[self.counts["requests"]] = {role: psutil.Process(pid).memory_info().rss
+                                                    for role, pid in pids.items()}
 
     def _outcome(self, event: dict) -> str:
         kind = event["event"]
@@ -154,7 +145,7 @@ class Watch:
             reference, ids = self.references.get(event["job"]), event["ids"]
             if reference is None:
                 return "sampled"
-            whole = len(ids) == len(reference) or event["finish"] in ("eos", "stop")   # or its start, where it ended early
+            whole = len(ids) == len(reference) or event["finish"] in ("eos", "stop")   # or its start, ended early
             return "exact" if ids == reference[:len(ids)] and whole else "inexact"
         if event["type"] == "RequestAbortedError" and "target worker" in event["message"]:
             return "aborted (target killed)"
@@ -167,37 +158,42 @@ def run(args) -> dict:
 
     rng, workdir = random.Random(args.seed), tempfile.mkdtemp(prefix="hetspec-chaos-")
     engine = hetspec.launch(args.config)
-    runtime_dir, run_id = engine._launcher.runtime_dir, engine._launcher.run_id
     references = {j: engine.generate(p, max_new_tokens=n, mode="target").token_ids
                   for j, (p, n, t) in enumerate(JOBS) if t == 0}
-    clients = ClientProcesses(engine.endpoint, args.clients, args.seed, args.cancel_p, workdir)
-    watch = Watch(engine, clients, references, () if args.kills else (args.settle, args.requests))
-    started = time.monotonic()
-    kills = _kill_at_random(args, rng, engine, clients, watch)
-    while args.kills == 0 and watch.counts["requests"] < args.requests and not clients.hung():
-        watch.pump(1)
-    watch.pump(5 if args.kills else 0)
+    clients = Clients(engine, args, references, workdir, () if args.kills else (args.settle, args.requests))
+    started, kills = time.monotonic(), _kill_at_random(args, rng, engine, clients)
+    while args.kills == 0 and clients.counts["requests"] < args.requests and not clients.hung():
+        clients.pump(1)
+    clients.pump(5 if args.kills else 0)
     clients.stop()
-    watch.drain()
     info = engine.get_info()
-    live = {"segments": sorted(_segments(run_id)), "runtime_dir": sorted(os.listdir(runtime_dir))}
+    live, leaks = _left_behind(engine, clients)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {"config": args.config or "(embedded default)", "kills": kills, "clients": args.clients,
+            "seconds": round(time.monotonic() - started, 1), "counts": clients.counts, "restarts": info["restarts"],
+            "engine_requests": info["requests"], "memory": clients.memory, "while_running": live, "leaks": leaks,
+            "errors": clients.errors[:20]}
+
+
+def _left_behind(engine, clients: Clients) -> tuple[dict, dict]:
+    """The engine's segments and runtime files while it runs; then, closed, what is left of it and of the clients."""
+    runtime_dir, run_id = engine._launcher.runtime_dir, engine._launcher.run_id
+    segments = lambda: glob.glob(f"/dev/shm/hetspec-{run_id}-*")
+    live = {"segments": sorted(segments()), "runtime_dir": sorted(os.listdir(runtime_dir))}
     foreign = [s for s in glob.glob("/dev/shm/hetspec-*") if f"hetspec-{run_id}-" not in s]
     engine.close()
-    shutil.rmtree(workdir, ignore_errors=True)
-    leaks = {"processes": _mentioning(runtime_dir) + [p.pid for p in clients.procs.values() if p.poll() is None],
-             "segments": _segments(run_id), "runtime_dir": os.path.exists(runtime_dir),
-             "other engines' segments": foreign}
-    return {"config": args.config or "(embedded default)", "kills": kills, "clients": args.clients,
-            "seconds": round(time.monotonic() - started, 1), "counts": watch.counts, "restarts": info["restarts"],
-            "engine_requests": info["requests"], "memory": watch.memory, "while_running": live, "leaks": leaks,
-            "errors": watch.errors[:20]}
+    mentioning = [p.pid for p in psutil.process_iter(["cmdline", "status"])     # the engine's runtime directory
+                  if p.info["status"] != psutil.STATUS_ZOMBIE and runtime_dir in " ".join(p.info["cmdline"] or [])]
+    return live, {"processes": mentioning + [p.pid for p in clients.procs.values() if p.poll() is None],
+                  "segments": segments(), "runtime_dir": os.path.exists(runtime_dir),
+                  "other engines' segments": foreign}
 
 
-def _kill_at_random(args, rng: random.Random, engine, clients: ClientProcesses, watch: Watch) -> dict:
+def _kill_at_random(args, rng: random.Random, engine, clients: Clients) -> dict:
     """--kills SIGKILLs, --min-gap to --max-gap seconds apart, of the draft, the target or a client."""
     kills = dict.fromkeys(("draft", "target", "client"), 0)
     for _ in range(args.kills):
-        watch.pump(rng.uniform(args.min_gap, args.max_gap))
+        clients.pump(rng.uniform(args.min_gap, args.max_gap))
         victim = rng.choices(list(kills), weights=[0.4, 0.3, 0.3])[0]
         if victim == "client":
             clients.kill_one(rng)
@@ -208,8 +204,8 @@ def _kill_at_random(args, rng: random.Random, engine, clients: ClientProcesses, 
 
 
 def _kill_when_ready(engine, role: str) -> None:
-    """SIGKILL the worker once it is up: killing one still loading, again and again, is a
-    crash loop, which the engine rightly gives up on."""
+    """SIGKILL the worker once it is up: killing one still loading, again and again, is a crash loop, which the
+    engine rightly gives up on."""
     deadline = time.monotonic() + HANG_S
     while (worker := engine.get_info()["workers"][role])["state"] != "ready" and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -217,22 +213,6 @@ def _kill_when_ready(engine, role: str) -> None:
         os.kill(worker["pid"], signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _segments(run_id: str) -> list[str]:
-    return glob.glob(f"/dev/shm/hetspec-{run_id}-*")
-
-
-def _rss(engine) -> dict:
-    info = engine.get_info()
-    pids = {"scheduler": info["pid"], **{role: info["workers"][role]["pid"] for role in ("draft", "target")}}
-    return {role: psutil.Process(pid).memory_info().rss for role, pid in pids.items()}
-
-
-def _mentioning(text: str) -> list[int]:
-    """The live processes whose command line names `text` (the engine's runtime directory)."""
-    return [p.pid for p in psutil.process_iter(["cmdline", "status"])
-            if p.info["status"] != psutil.STATUS_ZOMBIE and text in " ".join(p.info["cmdline"] or [])]
 
 
 def verdict(report: dict, max_growth: float) -> list[str]:
@@ -250,10 +230,8 @@ def verdict(report: dict, max_growth: float) -> list[str]:
 
 def _soak_ends(report: dict) -> tuple[dict, dict]:
     """Each process's RSS at the soak's two points (empty where this was no soak)."""
-    if len(report["memory"]) != 2:
-        return {}, {}
-    first, last = (report["memory"][k] for k in sorted(report["memory"]))
-    return first, last
+    memory = report["memory"]
+    return tuple(memory[k] for k in sorted(memory)) if len(memory) == 2 else ({}, {})
 
 
 def table(report: dict) -> str:
@@ -267,7 +245,7 @@ def table(report: dict) -> str:
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
 
-def _parser() -> argparse.ArgumentParser:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="hetspec-chaos", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="engine config (default: the embedded SmolLM2 pair)")
@@ -284,11 +262,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="directory for chaos.json and chaos.md")
     p.add_argument("--client", help=argparse.SUPPRESS)
     p.add_argument("--stop-file", help=argparse.SUPPRESS)
-    return p
-
-
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    args = p.parse_args(argv)
     if args.client:
         client_main(args.client, args.seed, args.stop_file, args.cancel_p)
         return 0

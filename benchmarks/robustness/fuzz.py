@@ -1,20 +1,15 @@
-"""hetspec-fuzz: Hypothesis sends hostile input to every surface of a running engine, and
-to configs (benchmarks/README.md, "hetspec-fuzz", says what each surface is sent).
+"""hetspec-fuzz: Hypothesis sends hostile input to every surface of a running engine, and to configs
+(benchmarks/README.md, "hetspec-fuzz"). Every input must be answered within BOUND_S by a completion or
+an error in the documented shape; after each surface the engine must be alive, unrestarted, greedy-exact.
 
     hetspec-fuzz --examples 10000 --out DIR      the long form (its report: benchmarks/reports/fuzz/)
-
-Every input must be answered within BOUND_S by a completion or an error in the documented
-shape; after each surface the engine must be alive, unrestarted, and greedy-exact.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +23,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from hetspec.benchmarks.bench.machine import describe_machine
+from hetspec.benchmarks.bench.served import HetspecServer
+from hetspec.benchmarks.bench.tables import table
 from hetspec.benchmarks.robustness import fuzz_inputs as inputs
 
 BOUND_S = 30.0             # an answer later than this is a hang
@@ -57,10 +54,6 @@ class Tally:
     def __init__(self, surface: str):
         self.surface, self.outcomes, self.seconds = surface, Counter(), []
 
-    def add(self, outcome: str, seconds: float) -> None:
-        self.outcomes[outcome] += 1
-        self.seconds.append(seconds)
-
     def summary(self) -> dict:
         s = sorted(self.seconds) or [0.0]
         return {"inputs": len(self.seconds), "outcomes": dict(self.outcomes.most_common()),
@@ -68,33 +61,18 @@ class Tally:
 
 
 class Served:
-    """hetspec-launch CONFIG --http on a free loopback port, with an API key; its engine
-    reachable over zmq too. The same engine serves every surface but config."""
+    """hetspec-launch CONFIG --http with an API key, its engine reachable over zmq too: the same engine serves
+    every surface but config."""
 
     def __init__(self, workdir: str):
         import hetspec
 
         toml = Path(workdir) / "fuzz.toml"
         toml.write_text(CONFIG)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(Path(workdir) / "server.log", "w")   # noqa: SIM115 - closed in close()
-        self.process = subprocess.Popen([sys.executable, "-m", "hetspec.cli", str(toml), "--http",
-                                         f"127.0.0.1:{self.port}", "--api-key", KEY, "--served-model-name", MODEL],
-                                        stdout=subprocess.PIPE, stderr=self.log, text=True)
-        self.endpoint = self.process.stdout.readline().strip()
-        self.engine = hetspec.connect(self.endpoint, token=KEY)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        self.http = httpx.Client(base_url=self.url, timeout=BOUND_S)
-        self.zmq = zmq.Context()
+        self.server = HetspecServer(str(toml), Path(workdir) / "server.log", "--api-key", KEY,
+                                    "--served-model-name", MODEL, api_key=KEY)
+        self.endpoint, self.engine = self.server.endpoint, hetspec.connect(self.server.endpoint, token=KEY)
+        self.http, self.zmq = httpx.Client(base_url=self.server.url, timeout=BOUND_S), zmq.Context()
         self.reference = self.engine.generate(PROBE, max_new_tokens=24).token_ids
         self.n_vocab = self.engine.info["n_vocab"]
 
@@ -103,17 +81,15 @@ class Served:
         info = self.engine.get_info(timeout_s=BOUND_S)
         restarts = {**info["restarts"], "scheduler": info["scheduler"]["restarts"]}
         exact = self.engine.generate(PROBE, max_new_tokens=24).token_ids == self.reference
-        alive = self.process.poll() is None and not info["dead"]
-        return {"alive": alive, "restarts": restarts, "exact": exact, "ok": alive and not any(restarts.values()) and exact,
-                "requests": info["requests"]}
+        alive = self.server.process.poll() is None and not info["dead"]
+        ok = alive and not any(restarts.values()) and exact
+        return {"alive": alive, "restarts": restarts, "exact": exact, "ok": ok, "requests": info["requests"]}
 
     def close(self) -> None:
         self.http.close()
         self.engine.close()
         self.zmq.term()
-        self.process.send_signal(signal.SIGINT)
-        self.process.wait(60)
-        self.log.close()
+        self.server.stop()
 
 
 def http_once(served: Served, request: dict) -> str:
@@ -212,7 +188,11 @@ def wire_once(served: Served, frames: list[bytes]) -> str | None:
         sock.send_multipart(frames)
         if isinstance(sent, messages.CancelRequest):   # no answer: the engine must still answer the next
             return "CancelRequest (no answer)"
-        answer = _answer(sock, frames)
+        answer = None
+        while answer is None or isinstance(answer, messages.TokensEvent):    # the first that is not a stream's tokens
+            if not sock.poll(int(BOUND_S * 1000)):
+                raise Finding(f"no answer within {BOUND_S} s to {frames!r}"[:2000])
+            answer = codec.decode(sock.recv_multipart())
     finally:
         sock.close()
     if not isinstance(answer, (messages.Finished, messages.RequestFailed, messages.EngineInfo)):
@@ -222,18 +202,6 @@ def wire_once(served: Served, frames: list[bytes]) -> str | None:
             raise Finding(f"a {answer.kind} failure: {answer.message} for {frames!r}"[:2000])
         return f"RequestFailed ({answer.kind})"
     return type(answer).__name__
-
-
-def _answer(sock, frames: list[bytes]):
-    """The scheduler's first answer that is not a stream's tokens."""
-    from hetspec.ipc import codec, messages
-
-    while True:
-        if not sock.poll(int(BOUND_S * 1000)):
-            raise Finding(f"no answer within {BOUND_S} s to {frames!r}"[:2000])
-        answer = codec.decode(sock.recv_multipart())
-        if not isinstance(answer, messages.TokensEvent):
-            return answer
 
 
 def config_once(value) -> str:
@@ -281,7 +249,8 @@ def run_surface(surface: str, served: Served | None, examples: int, seed: int | 
         if seconds > BOUND_S:
             raise Finding(f"answered after {seconds:.1f} s: {value!r}"[:2000])
         if outcome is not None:
-            tally.add(outcome, seconds)
+            tally.outcomes[outcome] += 1
+            tally.seconds.append(seconds)
 
     if seed is not None and not derandomize:
         check = hypothesis_seed(seed)(check)
@@ -336,26 +305,24 @@ def main(argv=None) -> int:
 
 
 def report(results: dict) -> str:
-    surfaces = results["surfaces"].values()
-    rows = ["| surface | inputs | answered as | median | slowest | finding | after: alive, restarts, exact |",
-            "|---|---|---|---|---|---|---|"]
-    for surface, r in results["surfaces"].items():
-        answered = ", ".join(f"{k} {v}" for k, v in r["outcomes"].items())
-        after = r["after"]
-        rows.append(f"| {surface} | {r['inputs']} | {answered} | {r['median_s'] * 1000:.0f} ms | {r['max_s']:.2f} s | "
-                    f"{r['finding'] or 'none'} | {after['alive']}, {sum(after['restarts'].values())}, {after['exact']} |")
-    findings = [r["finding"] for r in surfaces if r["finding"]]
+    surfaces, findings = results["surfaces"], [r["finding"] for r in results["surfaces"].values() if r["finding"]]
+    rows = [[surface, str(r["inputs"]), ", ".join(f"{k} {v}" for k, v in r["outcomes"].items()),
+             f"{r['median_s'] * 1000:.0f} ms", f"{r['max_s']:.2f} s", r["finding"] or "none",
+             f"{r['after']['alive']}, {sum(r['after']['restarts'].values())}, {r['after']['exact']}"]
+            for surface, r in surfaces.items()]
     return "\n".join([
         "# hetspec-fuzz", "",
         (f"`{results['command']}`, Hypothesis seed {results['seed']}, {results['seconds']:.0f} s; "
          f"{results['machine']['cpu']}, git {results['machine']['git_commit']}."), "",
-        f"- inputs tried: {sum(r['inputs'] for r in surfaces)}",
-        f"- engine deaths (scheduler or worker restarts): {sum(sum(r['after']['restarts'].values()) for r in surfaces)}",
+        f"- inputs tried: {sum(r['inputs'] for r in surfaces.values())}",
+        ("- engine deaths (scheduler or worker restarts): "
+         f"{sum(sum(r['after']['restarts'].values()) for r in surfaces.values())}"),
         f"- hangs (no answer within {BOUND_S:g} s): {sum('no answer' in f for f in findings)}",
         f"- answers in the wrong shape, or other findings: {len(findings)}",
         ("- a greedy request after each surface gave the tokens it gave before: "
-         f"{all(r['after']['exact'] for r in surfaces)}"),
-        "", *rows, "",
+         f"{all(r['after']['exact'] for r in surfaces.values())}"), "",
+        *table(["surface", "inputs", "answered as", "median", "slowest", "finding", "after: alive, restarts, exact"],
+               rows), "",
         ("Each input is answered by a completion or an error in the documented shape (HTTP: OpenAI's error "
          "object with status 400, 401, 404, 405 or 413; Python: a RequestError; zmq: a RequestFailed of kind "
          "request or auth; configs: a ConfigError). The config surface starts no engine; the others share one "
