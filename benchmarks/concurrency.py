@@ -1,10 +1,6 @@
 """Many clients at once: N prompts sent together to one engine, a streaming client thread each,
 against the same requests served one at a time (benchmarks/README.md, "Many clients at once").
 
-    python -m hetspec.benchmarks.concurrency [--config smollm2] [--clients 1 2 4 8] [--max-tokens 128]
-        [--categories stubs code] [--api chat|completions] [--peer llama-server [--peer-draft [GGUF]]]
-        [--no-hetspec] [--slot-context 1024] [--paced PROFILE [--traces DIR]] [--out DIR]
-
 hetspec is served by `hetspec-launch CONFIG --http`; the peer by llama.cpp's `llama-server -np N` on
 the config's target GGUF file, pinned to the cores hetspec's draft and target ran on. `--paced` paces
 the config's target as a GPU instead, the engine in this process and each client on Engine.stream
@@ -24,13 +20,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psutil
-
 from hetspec.benchmarks.bench import llama_bin
 from hetspec.benchmarks.bench.data import ALL_CATEGORIES, load_prompts
 from hetspec.benchmarks.bench.machine import affinity, describe_machine, parse_isa
 from hetspec.benchmarks.bench.paced import paced_config, record_missing
-from hetspec.benchmarks.bench.served import CpuWatch, HetspecServer, LlamaServer, free_port, stream_request
+from hetspec.benchmarks.bench.served import HetspecServer, LlamaServer, free_port, stream_request
 from hetspec.benchmarks.bench.settings import split_config
 from hetspec.benchmarks.bench.stream_figures import request_figures, summarize
 from hetspec.benchmarks.bench.tables import num, table
@@ -70,7 +64,7 @@ def run(config: str, clients: list[int], max_tokens: int = 128, categories=("stu
             server = HetspecServer(config, Path(logs) / "hetspec.log")
             try:
                 engines["hetspec"] = engine = {**_described(server.info), "command": " ".join(server.command)}
-                client = _Client("hetspec", server.url, server.processes, api, max_tokens, {}, count, log,
+                client = _Client("hetspec", server.url, api, max_tokens, {}, count, log,
                                  os.environ.get("HETSPEC_API_KEY", ""))
                 _serve(engine, client, prompts, clients)
                 cores = engine["cores"]
@@ -94,7 +88,7 @@ def _described(info: dict) -> dict:
 def _serve(engine: dict, client, prompts, clients: list[int]) -> dict:
     """A warm-up request, the first max(N) prompts alone, then a pass per N, into `engine`."""
     client.request(prompts[0], WARMUP_TOKENS)
-    engine["alone"], engine["alone_cpu"] = client.alone(prompts, max(clients))
+    engine["alone"] = client.alone(prompts, max(clients))
     engine["passes"] = {str(n): client.concurrent(prompts, n, engine["alone"]) for n in clients}
     return engine
 
@@ -129,11 +123,10 @@ def _llama(target, draft, prompts, clients, max_tokens, api, count, cores, slot_
         try:
             engine["commands"][str(slots)] = " ".join(server.command)
             # each request prefills its whole prompt, as hetspec's target does
-            client = _Client("llama-server", server.url, server.processes, api, max_tokens, {"cache_prompt": False},
-                             count, log)
+            client = _Client("llama-server", server.url, api, max_tokens, {"cache_prompt": False}, count, log)
             client.request(prompts[0], WARMUP_TOKENS)
             if engine["alone"] is None:
-                engine["alone"], engine["alone_cpu"] = client.alone(prompts, max(clients))
+                engine["alone"] = client.alone(prompts, max(clients))
             if slots in clients:
                 engine["passes"][str(slots)] = client.concurrent(prompts, slots, engine["alone"])
         finally:
@@ -144,9 +137,8 @@ def _llama(target, draft, prompts, clients, max_tokens, api, count, cores, slot_
 class _Client:
     """Streaming requests to one server: alone, one after another, or n at once (a thread each)."""
 
-    def __init__(self, name: str, url: str, processes: list, api: str, max_tokens: int, extra: dict, count, log,
-                 api_key: str = ""):
-        self.name, self.url, self.processes, self.api, self.max_tokens = name, url, processes, api, max_tokens
+    def __init__(self, name: str, url: str, api: str, max_tokens: int, extra: dict, count, log, api_key: str = ""):
+        self.name, self.url, self.api, self.max_tokens = name, url, api, max_tokens
         self.extra, self.count, self.log, self.api_key = extra, count, log, api_key
 
     def request(self, prompt, tokens: int | None = None, start=None) -> dict:
@@ -156,13 +148,13 @@ class _Client:
                    else {"prompt": prompt.text})}
         return {**stream_request(self.url, self.api, body, start, self.api_key), "prompt": prompt.key}
 
-    def alone(self, prompts, n: int) -> tuple[dict, dict]:
-        """The first n prompts served one at a time, by prompt key; the CPU time meanwhile."""
-        out, watch = {}, CpuWatch(self.processes)
+    def alone(self, prompts, n: int) -> dict:
+        """The first n prompts served one at a time, by prompt key."""
+        out = {}
         for prompt in prompts[:n]:
             out[prompt.key] = record = request_figures(self.request(prompt), self.count)
             self.log(f"{self.name} alone {prompt.key}: {record['tokens']} tokens in {record['total_s']:.2f} s")
-        return out, watch.done()
+        return out
 
     def concurrent(self, prompts, n: int, alone: dict) -> dict:
         chosen, barrier, records = [prompts[i % len(prompts)] for i in range(n)], threading.Barrier(n), [None] * n
@@ -171,27 +163,25 @@ class _Client:
             records[i] = self.request(chosen[i], start=barrier)
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
-        watch = CpuWatch(self.processes)
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        cpu, start = watch.done(), min(r["sent"] for r in records)
+        start = min(r["sent"] for r in records)
         done = [{**request_figures(r, self.count), "sent_s": r["sent"] - start} for r in records]
         summary = summarize(done, alone, max(r["done"] for r in records) - start)
         if all(r["hetspec"] for r in records):              # how the batch drafted
             summary.update({key: sum(r["hetspec"].get(key, 0) for r in records) for key in DRAFTING})
         self.log(f"{self.name} {n} at once: {summary['aggregate_tokens_per_s']:.1f} tok/s aggregate, "
-                 f"{summary['vs_sequential']:.2f}x sequential, outputs equal alone {summary['equal_alone']}/{n}, "
-                 f"other processes' load {cpu['others_cores']} cores, steal {cpu['steal_cores']}")
-        return {**summary, "cpu": cpu, "requests": done}
+                 f"{summary['vs_sequential']:.2f}x sequential, outputs equal alone {summary['equal_alone']}/{n}")
+        return {**summary, "requests": done}
 
 
 class _EngineClient(_Client):
     """The same requests to an engine in this process (Engine.stream, greedy), timed as stream_request times one."""
 
     def __init__(self, engine, ids: dict[str, list[int]], max_tokens: int, count, log):
-        super().__init__("hetspec", "", psutil.Process().children(recursive=True), "ids", max_tokens, {}, count, log)
+        super().__init__("hetspec", "", "ids", max_tokens, {}, count, log)
         self.engine, self.ids = engine, ids
 
     def request(self, prompt, tokens: int | None = None, start=None) -> dict:
@@ -237,7 +227,7 @@ def report(doc: dict) -> str:
 
 
 def _engine_section(name: str, engine: dict) -> list[str]:
-    llama, alone = name == "llama-server", engine.get("alone_cpu") or {}
+    llama = name == "llama-server"
     if llama:
         where = f"cores {engine['cores']}, {engine['threads']} threads, {engine.get('settings')}" + (
             f", draft `{Path(engine['draft']).name}`" if engine.get("draft") else "")
@@ -253,13 +243,11 @@ def _engine_section(name: str, engine: dict) -> list[str]:
                      f"{p['summed_decode_tokens_per_s']:.1f}", *([predicted] if llama else []),
                      f"{num(p['ttft_mean_s'], 2)} / {num(p['ttft_max_s'], 2)}",
                      (f"{num(p['itl_p50_ms'])} / {num(p['itl_p99_ms'])} (alone {num(p['alone_itl_p50_ms'])} / "
-                      f"{num(p['alone_itl_p99_ms'])})"), f"{p['equal_alone']}/{p['n']}",
-                     f"{p['cpu']['others_cores']} / {p['cpu'].get('steal_cores')}"])
+                      f"{num(p['alone_itl_p99_ms'])})"), f"{p['equal_alone']}/{p['n']}"])
     header = ["N", "tokens", "wall s", "aggregate tok/s", "sequential tok/s", "ratio", "summed decode tok/s",
               *(["Σ predicted_per_second (alone)"] if llama else []), "TTFT mean / max s", "ITL p50 / p99 ms",
-              "equal alone", "others' load / steal"]
-    return [f"## {name}", "", (f"{where}; while served alone, other processes' load {alone.get('others_cores')} "
-                               f"cores, steal {alone.get('steal_cores')}"), "", *table(header, rows), ""]
+              "equal alone"]
+    return [f"## {name}", "", where, "", *table(header, rows), ""]
 
 
 def write(doc: dict, out: Path) -> None:

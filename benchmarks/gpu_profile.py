@@ -1,11 +1,7 @@
 """A target on a GPU, measured (benchmarks/README.md, "On a GPU"): a pass's wall and kernel time by
-window size, eager, on a static cache and captured (CUDA graphs); a captured pass against the
-context it holds; the engine's rounds with a CPU draft; several requests' windows in one pass;
-`generate`; and a paced profile (hetspec.core.gpu_profiles) from the captured curve. The models
+window size, eager, on a static cache and captured (CUDA graphs); the engine's rounds with a CPU
+draft; `generate`; and a paced profile (hetspec.core.gpu_profiles) from the captured curve. The models
 are random, as a lent machine fetches no weights; `--device cpu` rehearses at tiny shapes.
-
-    python -m hetspec.benchmarks.gpu_profile [--device cuda|cpu] [--target SPEC] [--draft SPEC]
-        [--dtype bfloat16] [--context 256] [--tokens 64] [--budget-s 300] [--out FILE.json] [--report FILE.md]
 """
 from __future__ import annotations
 
@@ -29,11 +25,8 @@ SHAPES = {   # device: target, draft, dtype, context, tokens, prompts, repeats
             "random:vocab=320,hidden=64,layers=1,heads=4,seed=1", "float32", 32, 12, 2, 3),
 }
 NAMES = ("target", "draft", "dtype", "context", "tokens", "prompts", "repeats")   # SHAPES' fields
-STEPS = {"curve", "context", "engine", "batch", "generate"}
+STEPS = {"curve", "engine", "generate"}
 SIZES = (1, 2, 4, 8, 16, 32)     # the windows timed after the context (the engine pads to these)
-CONTEXTS = {"cuda": (512, 4096), "cpu": (64, 512)}   # the context step's positions held, and its windows:
-CONTEXT_SIZES = (1, 8)
-BATCHES, BATCH_WINDOW = (1, 2, 4, 8), 5   # requests in one pass, each a speculative round's window of gamma 4
 FLAT = 1.10                      # a size costs "the same" as one token within 10%
 GAMMA = 4                        # the forced speculative rounds' window
 MODES = [("target", "auto"), ("duodec", "always")]
@@ -103,52 +96,6 @@ def curve(kv, args, context: list[int], eager: dict | None = None) -> dict:
     return out
 
 
-def context_curve(lm, args) -> dict:
-    """A captured pass of CONTEXT_SIZES tokens after each of CONTEXTS positions, in a target whose capacity is the
-    longest, and the span attended over: attention reads what is held (to within a span)."""
-    from hetspec.workers.target.captured import CapturedKVModel
-
-    contexts = CONTEXTS[args.device]
-    kv = CapturedKVModel(lm, args.device, contexts[-1] + CONTEXT_SIZES[-1], CONTEXT_SIZES[-1])
-    vocab = lm.config.get_text_config().vocab_size
-    out = {"spans": list(kv.spans)}
-    for held in contexts:
-        kv.use(0)
-        kv.forget()
-        kv.forward([i % vocab for i in range(1, held + 1)], 0, all_logits=False)     # the prompt: eager
-        for n in CONTEXT_SIZES:
-            window = lambda n=n, held=held: kv.forward([i % vocab for i in range(1, n + 1)], held, all_logits=True)
-            out[f"{held}x{n}"] = {**timed(window, args), "span": next(s for s in kv.spans if s >= held + n)}
-    return out
-
-
-def batch_curve(lm, args, context: list[int]) -> dict:
-    """Per batch size, that many requests' windows after `context`: one packed pass over their eager caches
-    (packed_pass.py), their captured passes one after another, and one captured batch pass (a captured target's)."""
-    from hetspec.workers.common.kv_model import KVModel
-    from hetspec.workers.target.captured import CapturedKVModel
-    from hetspec.workers.target.packed_pass import forward_batch
-
-    eager = KVModel(lm, args.device)
-    captured = CapturedKVModel(lm, args.device, len(context) + 2 * SIZES[-1], SIZES[-1], caches=BATCHES[-1])
-    window, keep = list(range(1, BATCH_WINDOW + 1)), len(context)
-    for kv in (eager, captured):
-        for cache in range(BATCHES[-1]):
-            kv.use(cache)
-            kv.forward(context, 0, all_logits=False)
-    out = {"window": BATCH_WINDOW}
-    for batch in BATCHES:
-        windows = [(cache, window, keep, BATCH_WINDOW) for cache in range(batch)]
-        runs = {"packed_ms": lambda windows=windows: forward_batch(eager, windows),
-                "replays_ms": lambda windows=windows: [(captured.use(c), captured.forward(t, k))
-                                                       for c, t, k, _ in windows],
-                "captured_batch_ms": lambda windows=windows: captured.forward_batch(windows)}
-        for run in [*runs.values(), *runs.values()]:     # warm-up: recordings, cuBLAS's choices
-            run()
-        out[str(batch)] = {name: wall_ms(run, args.device, args.repeats) for name, run in runs.items()}
-    return out
-
-
 def paced_profile(captured: dict, context: int, name: str, where: str) -> dict:
     """A GpuProfile's fields from the captured curve. A pass can be padded to a longer one, so a size costs at most
     what any longer one does (that evens out noise); flat_to is the largest size within FLAT of one token's cost,
@@ -196,7 +143,7 @@ def save(args, doc: dict) -> None:
 
 
 def in_process(args, ids: list[list[int]], doc: dict, steps: tuple[str, ...]) -> None:
-    """The `steps` run on the target in this process: the pass curves, context, batch, eager `generate`."""
+    """The `steps` run on the target in this process: the pass curves, eager `generate`."""
     import torch
 
     from hetspec.workers.common.kv_model import KVModel, StaticKVModel
@@ -211,11 +158,6 @@ def in_process(args, ids: list[list[int]], doc: dict, steps: tuple[str, ...]) ->
                 graphs = "CUDA graphs" if kv.graphs else "run eagerly (no CUDA)"
                 doc["curve"][passes]["graphs"] = kv.fallback or graphs
             del kv
-            save(args, doc)
-    for what, key, run in (("context", "by_context", lambda: context_curve(lm, args)),
-                           ("batch", "batch", lambda: batch_curve(lm, args, ids[0]))):
-        if what in steps and due(args, doc, what):
-            doc[key] = run()
             save(args, doc)
     if "generate" in steps and due(args, doc, "generate eager"):
         doc["generate"]["eager"] = generate(lm, ids, args.tokens, args.device)
@@ -300,15 +242,6 @@ def report(doc: dict) -> str:
              *table(["passes", *[f"{n}: wall / kernel ms" for n in SIZES], "prompt ms"],
                     [[passes, *[f"{c[str(n)]['wall_ms'][0]} / {c[str(n)]['kernel_ms']}" for n in SIZES],
                       str(c["prompt_ms"][0])] for passes, c in doc["curve"].items()])]
-    if doc["by_context"]:
-        lines += ["", *table(["positions held x window", "span", "wall / kernel ms", "wall per kernel"],
-                             [[k, str(v["span"]), f"{v['wall_ms'][0]} / {v['kernel_ms']}", str(v["wall_per_kernel"])]
-                              for k, v in doc["by_context"].items() if k != "spans"])]
-    if doc["batch"]:
-        lines += ["", *table([f"requests x {doc['batch']['window']} tokens", "packed pass ms", "captured replays ms",
-                              "captured batch pass ms"],
-                             [[b, *[str(v[k][0]) for k in ("packed_ms", "replays_ms", "captured_batch_ms")]]
-                              for b, v in doc["batch"].items() if b != "window"])]
     lines += ["", *table(["engine passes", "mode", "tok/s", "ms a spec round: draft / verify / round / overhead"],
                          [[passes, mode, str(e[mode]["tokens_per_s"]), " / ".join(map(str, e[mode]["ms_per_spec_round"]
                                                                                       .values()))]
@@ -326,8 +259,7 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     for name, value in zip(NAMES, SHAPES["cuda"]):
         p.add_argument(f"--{name}", type=type(value), help="default: the device's (SHAPES)")
-    p.add_argument("--steps", default="curve,context,engine,batch,generate",
-                   help="which of curve, context, engine, batch, generate (default: all)")
+    p.add_argument("--steps", default="curve,engine,generate", help="which of curve, engine, generate (default: all)")
     p.add_argument("--budget-s", type=float, default=300, help="no step starts after this many seconds")
     p.add_argument("--compile-limit-s", type=float, default=90,
                    help="static-cache generate's limit, compiling included")
@@ -371,11 +303,11 @@ def main(argv=None) -> int:
     args.deadline = start + args.budget_s
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     doc = {"device_name": name, "torch": torch.__version__, "transformers": transformers.__version__,
-           **{k: getattr(args, k) for k in NAMES}, "gamma": GAMMA, "curve": {}, "by_context": {}, "engine": {},
-           "batch": {}, "generate": {}, "paced_profile": None, "skipped": []}
+           **{k: getattr(args, k) for k in NAMES}, "gamma": GAMMA, "curve": {}, "engine": {},
+           "generate": {}, "paced_profile": None, "skipped": []}
     ids = prompts(args)
-    if args.steps & {"curve", "context"}:
-        in_process(args, ids, doc, ("curve", "context"))
+    if "curve" in args.steps:
+        in_process(args, ids, doc, ("curve",))
     if "captured" in doc["curve"]:
         doc["paced_profile"] = paced_profile(doc["curve"]["captured"], args.context,
                                              re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + "-captured",
@@ -384,8 +316,8 @@ def main(argv=None) -> int:
         if due(args, doc, f"engine {passes}"):
             doc["engine"][passes] = through_engine(args, ids, passes)
             save(args, doc)
-    if args.steps & {"batch", "generate"}:
-        in_process(args, ids, doc, ("batch", "generate"))
+    if "generate" in args.steps:
+        in_process(args, ids, doc, ("generate",))
     if due(args, doc, "generate static"):
         doc["generate"]["static"] = static_generate(args)
     doc["elapsed_s"] = round(time.perf_counter() - start, 1)

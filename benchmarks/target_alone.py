@@ -2,9 +2,6 @@
 (150 by default), the prompt of N tokens read (prefill), decode after it, and verify windows of 4
 and 8 tokens there, the two taking turns REPS times (medians), so that both see the machine's drift.
 scripts/gpu_check.sh runs it; llama-bench: scripts/build_llama_cpp.sh (`--isa avx2` for AVX2 alone).
-
-    python -m hetspec.benchmarks.target_alone [--model builtin:smollm2 ...] [--threads 1 2]
-        [--depths 150 2048] [--isa avx2] [--out DIR]
 """
 from __future__ import annotations
 

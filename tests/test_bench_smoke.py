@@ -1,7 +1,7 @@
 """CI smoke run of the benchmark suite (hetspec-bench): one prompt, one category,
-every method, greedy and sampled, a few tokens. It checks that the report,
-results.json and the plots are produced and that the numbers are consistent
-(token counts match, rates are positive), never the timings themselves."""
+every method, greedy and sampled, a few tokens. It checks that the report and
+results.json are produced and that the numbers are consistent (token counts
+match, rates are positive), never the timings themselves."""
 from __future__ import annotations
 
 import json
@@ -41,11 +41,9 @@ def smoke(tmp_path_factory):
 def test_outputs_are_written(smoke):
     out, _ = smoke
     report = (out / "report.md").read_text()
-    for heading in ("Table 1 (greedy)", "Table 1 (sampling)", "Table 2", "Table 3", "Per-round time profile",
+    for heading in ("Table 1 (greedy)", "Table 1 (sampling)", "Table 2", "Per-round time profile",
                     "Number of draft sequences", "The draft model alone", "Consistency checks"):
         assert heading in report
-    for plot in ("speedup", "ttft", "round_profile", "sequences"):
-        assert (out / f"{plot}.png").stat().st_size > 1000
 
 
 def test_every_method_ran_and_the_checks_pass(smoke):
@@ -201,7 +199,6 @@ def test_the_llama_cpp_binary_rows(smoke):
     duodec = doc["results"]["greedy"]["duodec"]["qa"]["decode_tokens_per_s"]
     assert section["vs"]["greedy"]["duodec"]["qa"] == pytest.approx(duodec / bench)
     assert "llama.cpp's own binaries (C++)" in report and "over `llama-bench`'s" in report
-    assert all(v.get("load_ms", 0) > 0 for v in section["load_ms"].values())
 
 
 # ---- llama.cpp's binaries: commands and parsers (captured outputs), no build in CI ------
@@ -267,7 +264,6 @@ def test_llama_cpp_binaries_when_built():
         assert all(r["n_max"] == n and r["decode_tokens_per_s"] > 0 for n, r in spec["by_draft_length"].items())
         for mode in ("ngram-simple", "ngram-mod"):
             assert peer.run(mode, 1, [1, 2, 3], 8)["decode_tokens_per_s"] > 0
-        assert peer.load_time(model)["load_ms"] > 0
     finally:
         peer.close()
 

@@ -15,7 +15,7 @@ from hetspec.core.gpu_profiles import GpuProfile, profile
 
 def test_the_cpu_rehearsal_writes_a_report_whose_paced_profile_loads(tmp_path):
     out, summary = tmp_path / "profile.json", tmp_path / "report.md"
-    command = [sys.executable, "-m", "hetspec.benchmarks.gpu_profile", "--device", "cpu", "--steps", "curve,context,generate",
+    command = [sys.executable, "-m", "hetspec.benchmarks.gpu_profile", "--device", "cpu", "--steps", "curve,generate",
                "--prompts", "1", "--tokens", "4", "--repeats", "2", "--out", str(out), "--report", str(summary)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -26,8 +26,6 @@ def test_the_cpu_rehearsal_writes_a_report_whose_paced_profile_loads(tmp_path):
             median, fastest = passes[str(n)]["wall_ms"]
             assert median >= fastest > 0 and passes[str(n)]["kernel_ms"] > 0     # the profiler's CPU ops, here
     assert doc["curve"]["captured"]["graphs"] == "run eagerly (no CUDA)"
-    held = doc["by_context"]                          # a short context attends over a short span
-    assert held["64x1"]["span"] < held["512x1"]["span"] == held["spans"][-1] and held["512x8"]["kernel_ms"] > 0
     assert set(doc["paced_profile"]) == {field.name for field in dataclasses.fields(GpuProfile)}
     p = profile(str(out))
     assert p == GpuProfile(**doc["paced_profile"]) and p.window_ms > 0 and p.flat_to in SIZES

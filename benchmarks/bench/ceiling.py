@@ -1,12 +1,10 @@
 """The draft model alone, greedy, as the engine runs it: DuoDecoding commits at best as fast as its draft
 drafts, so this is its ceiling. A child process pinned like the draft worker, after the engine stopped.
 
-python -m hetspec.benchmarks.bench.ceiling --model FILE.gguf --cores 0 --threads 1 < prompts.json
-(prompts.json: [{"ids": [...], "max_new_tokens": n}, ...]; prints one JSON object)
+python -m hetspec.benchmarks.bench.ceiling < job.json    (measure_ceiling's arguments; prints one JSON object)
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -18,11 +16,11 @@ def measure_ceiling(model_file: str, cores: list[int], threads: int, prompts: li
                     timeout_s: float = 900, backend: str = "llama.cpp") -> dict:
     """The child's JSON result (or an "error"); backend and weights: the draft's, as in the engine."""
     n_ctx = max(len(p["ids"]) + p["max_new_tokens"] for p in prompts) + 8
-    command = [sys.executable, "-m", "hetspec.benchmarks.bench.ceiling", "--model", model_file, "--threads",
-               str(threads), "--n-ctx", str(n_ctx), "--cores", ",".join(map(str, cores)), "--weights", weights,
-               "--backend", backend]
+    job = {"model_file": model_file, "cores": cores, "threads": threads, "n_ctx": n_ctx, "prompts": prompts,
+           "weights": weights, "backend": backend}
     try:
-        done = subprocess.run(command, input=json.dumps(prompts), capture_output=True, text=True, timeout=timeout_s,
+        done = subprocess.run([sys.executable, "-m", "hetspec.benchmarks.bench.ceiling"], input=json.dumps(job),
+                              capture_output=True, text=True, timeout=timeout_s,
                               env=dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads)),
                               check=False)
     except subprocess.TimeoutExpired:
@@ -70,18 +68,8 @@ def _run(model_file: str, cores: list[int], threads: int, n_ctx: int, prompts: l
             "prefill_ms_per_token": 1000 * prefill_s / prefilled if prefilled else 0.0}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--cores", required=True, help="comma-separated core numbers")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--n-ctx", type=int, default=4096)
-    parser.add_argument("--weights", default="as-is", help="convert the GGUF at load, as [draft] weights does")
-    parser.add_argument("--backend", default="llama.cpp", help="[draft] backend: native or llama.cpp")
-    args = parser.parse_args(argv)
-    cores = [int(c) for c in args.cores.split(",") if c]
-    print(json.dumps(_run(args.model, cores, args.threads, args.n_ctx, json.load(sys.stdin), args.weights,
-                          args.backend)))
+def main() -> int:
+    print(json.dumps(_run(**json.load(sys.stdin))))
     return 0
 
 

@@ -2,10 +2,9 @@
 
     hetspec-bench                                  quick default: 1 prompt per category, every method
     hetspec-bench --limit 0 --out bench-out/full   all 80 prompts per category
-    hetspec-bench --config gemma3-270m --dtype bfloat16 --methods vanilla,sps,duodec
     hetspec-bench --config my-gpu.toml             any engine config (a [bench] table may set defaults)
 
-Writes OUT/report.md, OUT/results.json and OUT/*.png. Exits 1 if the results fail their
+Writes OUT/report.md and OUT/results.json. Exits 1 if the results fail their
 consistency checks (token counts, positive rates), 2 on bad usage.
 """
 from __future__ import annotations
@@ -16,14 +15,21 @@ import sys
 from pathlib import Path
 
 from hetspec.benchmarks.bench.checks import check_results, engine_stat_warnings
-from hetspec.benchmarks.bench.data import ALL_CATEGORIES, load_prompt_file, load_prompts
+from hetspec.benchmarks.bench.data import ALL_CATEGORIES, CATEGORIES, load_prompt_file, load_prompts
 from hetspec.benchmarks.bench.machine import parse_isa
-from hetspec.benchmarks.bench.methods import GROUPS, METHODS
-from hetspec.benchmarks.bench.plots import write_plots
+from hetspec.benchmarks.bench.methods import GROUPS, METHODS, select_methods
 from hetspec.benchmarks.bench.report import write_report
 from hetspec.benchmarks.bench.runner import run_suite, tokenized
-from hetspec.benchmarks.bench.settings import DECODINGS, DTYPES, PROMPT_FORMATS, BenchSettings, split_config
+from hetspec.benchmarks.bench.settings import DECODINGS, DTYPES, PROMPT_FORMATS, bench_arguments, split_config
 from hetspec.core.errors import HetspecError
+
+
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        if int(text) < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}")
+        return int(text)
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,23 +37,22 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="engine config: shipped name (smollm2, gemma3-270m, gemma3-smollm2, "
                                     "qwen2.5-coder, ...) or TOML path (default: the embedded SmolLM2 pair)")
-    p.add_argument("--limit", type=int, help="prompts per category, 0 = all (default 1: the quick run)")
-    p.add_argument("--methods", nargs="+", help=f"methods or groups ({', '.join(GROUPS)}); "
-                                                f"methods: {', '.join(METHODS)} (vanilla is always run)")
-    p.add_argument("--categories", nargs="+", choices=ALL_CATEGORIES,
-                   help="default: the six Spec-Bench ones; code and continuation are hetspec's own")
-    p.add_argument("--decodings", nargs="+", choices=list(DECODINGS), help="default: greedy and sampling")
-    p.add_argument("--dtype", choices=DTYPES,
-                   help="target dtype for the engine and the baselines (default: the config's, auto: float32 on a CPU)")
-    p.add_argument("--max-new-tokens", type=int, help="override the per-category budget (128; 32 for QA, RAG)")
-    p.add_argument("--prompt-format", choices=PROMPT_FORMATS,
+    p.add_argument("--limit", type=_at_least(0), default=1, help="prompts per category, 0 = all (default 1)")
+    p.add_argument("--methods", nargs="+", default=["all"], help=f"methods or groups ({', '.join(GROUPS)}); "
+                   f"methods: {', '.join(METHODS)} (vanilla is always run)")
+    p.add_argument("--categories", nargs="+", choices=ALL_CATEGORIES, default=list(CATEGORIES),
+                   help="default: the six Spec-Bench ones; code, continuation and stubs are hetspec's own")
+    p.add_argument("--decodings", nargs="+", choices=list(DECODINGS), default=list(DECODINGS))
+    p.add_argument("--dtype", choices=DTYPES, help="target dtype for the engine and the baseline (default: the config's)")
+    p.add_argument("--max-new-tokens", type=_at_least(1), help="override the per-category budget (128; 32 for QA, RAG)")
+    p.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="auto",
                    help="auto (default): the chat template when the tokenizer has one")
-    p.add_argument("--baseline-threads", type=int,
-                   help="torch threads of vanilla and PLD (default 0: the faster of all cores and one, measured)")
+    p.add_argument("--baseline-threads", type=_at_least(0), default=0,
+                   help="torch threads of vanilla (default 0: the faster of all cores and one, measured)")
     p.add_argument("--out", default="bench-out", help="output directory (default: bench-out)")
-    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up requests")
-    p.add_argument("--no-ceiling", action="store_true", help="skip timing the draft model alone")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the untimed warm-up requests")
+    p.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="skip timing the draft model alone")
+    p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bars")
     p.add_argument("--paced", metavar="PROFILE",
                    help="the engine's modes against a paced target (simulated GPU) of this profile "
                         "(h100-7b-eager, h100-7b-captured, gpu-40ms), greedy; records missing traces first")
@@ -58,39 +63,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def settings_from_args(args) -> BenchSettings:
-    """[bench] table of the config file first, then the command line on top."""
-    settings = BenchSettings(**split_config(args.config)[1])
-    settings.config = args.config
-    for name in ("limit", "methods", "categories", "decodings", "dtype", "max_new_tokens", "prompt_format",
-                 "baseline_threads"):
-        if getattr(args, name) is not None:
-            setattr(settings, name, getattr(args, name))
-    settings.out = args.out
-    settings.warmup = settings.warmup and not args.no_warmup
-    settings.ceiling = settings.ceiling and not args.no_ceiling
-    settings.progress = not args.quiet
-    return settings.validate()
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The config's [bench] table first, then the command line on top."""
+    parser = build_parser()
+    bench = split_config(parser.parse_known_args(argv)[0].config)[1]
+    args = parse_isa(parser, [*bench_arguments(bench), *argv])
+    select_methods(args.methods)                              # raises on an unknown name
+    if args.prompts and not args.paced:
+        raise ValueError("--prompts needs --paced (the suite's own runs take --categories)")
+    return args
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = parse_isa(build_parser(), argv)
     try:
-        settings = settings_from_args(args)
-        if args.prompts and not args.paced:
-            raise ValueError("--prompts needs --paced (the suite's own runs take --categories)")
+        args = parse(argv)
         if args.paced:
-            return _paced(settings, args, argv)
+            return _paced(args, argv)
     except (ValueError, OSError, KeyError, HetspecError) as exc:
         print(f"hetspec-bench: error: {exc}", file=sys.stderr)
         return 2
-    out = Path(settings.out)
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = run_suite(settings, ["hetspec-bench", *argv])
+    doc = run_suite(args, ["hetspec-bench", *argv])
     doc["checks"], doc["warnings"] = check_results(doc), engine_stat_warnings(doc)
     (out / "results.json").write_text(json.dumps(doc, indent=1))
-    report = write_report(doc, out, write_plots(doc, out))
+    report = write_report(doc, out)
     print(f"\nwrote {report} and {out / 'results.json'} (gamma {doc['chosen_gamma']}, {doc['duration_s']:.0f} s)",
           file=sys.stderr)
     for decoding, by_method in doc["results"].items():
@@ -103,7 +101,7 @@ def main(argv=None) -> int:
     return 1 if doc["checks"] else 0
 
 
-def _paced(settings: BenchSettings, args, argv: list[str]) -> int:
+def _paced(args: argparse.Namespace, argv: list[str]) -> int:
     """hetspec-bench --paced: benchmarks/bench/paced.py, on the suite's prompts or a prompts file."""
     from hetspec.benchmarks.bench import paced
     from hetspec.benchmarks.bench.settings import engine_config
@@ -111,13 +109,12 @@ def _paced(settings: BenchSettings, args, argv: list[str]) -> int:
     from hetspec.models import resolve_model
     from hetspec.scheduler.tokenizer import Tokenizer
 
-    config = engine_config(split_config(settings.config)[0], settings.dtype)
-    prompts = (load_prompt_file(args.prompts, settings.max_new_tokens, settings.limit) if args.prompts
-               else load_prompts(settings.categories, settings.limit, settings.max_new_tokens))
+    config = engine_config(split_config(args.config)[0], args.dtype)
+    prompts = (load_prompt_file(args.prompts, args.max_new_tokens, args.limit) if args.prompts
+               else load_prompts(args.categories, args.limit, args.max_new_tokens))
     tokenizer = Tokenizer(resolve_model(load_config(config).target.model, "target"))
-    ids = tokenized(prompts, tokenizer, settings.prompt_format)[1]
-    return paced.main(settings, args.paced, ids, {p.key: p.max_new_tokens for p in prompts}, config, argv,
-                      args.repeats, args.traces)
+    ids = tokenized(prompts, tokenizer, args.prompt_format)[1]
+    return paced.main(args, ids, {p.key: p.max_new_tokens for p in prompts}, config, argv)
 
 
 if __name__ == "__main__":

@@ -6,59 +6,6 @@ from __future__ import annotations
 import time
 
 from hetspec.benchmarks.bench.methods import Method
-from hetspec.core.errors import EngineDeadError
-
-MAX_RESTARTS = 3
-
-
-class EngineHolder:
-    """One engine for the whole suite, restarted if it dies: one crashed worker must not lose a long run."""
-
-    def __init__(self, config: dict):
-        import hetspec
-
-        self._launch = hetspec.launch
-        self.config = config
-        self.restarts: list[str] = []
-        self.engine = self._launch(config)
-        self.info = self.engine.info
-
-    def restart(self, reason: str) -> bool:
-        """False once MAX_RESTARTS have been used (the remaining runs then fail fast)."""
-        if len(self.restarts) >= MAX_RESTARTS:
-            return False
-        self.restarts.append(f"{reason} (exit codes: {self._exit_codes()})")
-        self.close()
-        try:
-            self.engine = self._launch(self.config)
-        except Exception as exc:  # noqa: BLE001 - then every later engine run fails, and says so
-            self.restarts.append(f"restart failed: {type(exc).__name__}: {exc}")
-            return False
-        return True
-
-    def _exit_codes(self) -> dict:
-        """The engine's processes' exit codes (negative: killed by that signal), for the record."""
-        launcher = getattr(self.engine, "_launcher", None)    # diagnostics only: not public API
-        processes = getattr(launcher, "processes", {}) or {}
-        return {role: p.poll() for role, p in processes.items()}
-
-    def close(self) -> None:
-        if self.engine is not None:
-            try:
-                self.engine.close()
-            finally:
-                self.engine = None
-
-
-def poor_draft_config(config: dict, n_vocab: int) -> dict:
-    """The same engine with a draft that never agrees: a tiny random model of the target's vocabulary
-    (a builtin target lends its tokenizer; any other gets byte tokens, so a bridged vocabulary)."""
-    from hetspec.models import RANDOM_TOKENIZERS
-
-    target = str((config.get("target") or {}).get("model", "builtin:smollm2"))
-    name = target.removeprefix("builtin:")
-    tokenizer = f",tokenizer={name}" if target.startswith("builtin:") and name in RANDOM_TOKENIZERS else ""
-    return {**config, "draft": {"backend": "torch", "model": f"random:vocab={n_vocab},seed=7{tokenizer}"}}
 
 
 def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int], max_new_tokens: int,
@@ -67,14 +14,12 @@ def run_engine(engine, method: Method, gamma: int | None, prompt_ids: list[int],
     # draft would otherwise keep the prompt from the previous method's run of it.
     request = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": 0,
                "seed": seed, "mode": method.mode, "cache_prompt": False}
-    if method.gamma_offset is not None:   # the sweep fixes gamma; the others run the engine's own budget
+    if method.fixed_gamma:                # the others run the engine's own budget
         request["gamma"] = gamma
     if method.mode == "duodec":
         request["sequences"] = method.sequences
     if method.speculation:
         request["speculation"] = method.speculation
-    if engine is None:
-        raise EngineDeadError("the engine died and could not be restarted")
     start, first_piece = time.perf_counter(), None     # the first streamed text: the time to first token, as a client's
     stream = engine.stream(list(prompt_ids), **request)
     for _ in stream:

@@ -230,11 +230,6 @@ class LlamaBinaries:
         tries = {n: spec(draft=self.draft, n_max=n) for n in DRAFT_LENGTHS}
         return {**tries[DRAFT_LENGTHS[0]], "by_draft_length": tries}
 
-    def load_time(self, file: str) -> dict:
-        """llama.cpp's own `load time` of a GGUF file (llama-completion, every core), its warm-up included."""
-        command = completion_command(self.bin_dir, file, len(self.cores), self.cores, self.repack)
-        return {"file": file, **parse_timings(_run(command, stderr=True)), "command": " ".join(command)}
-
     def close(self) -> None:
         self.tmp.cleanup()
 
@@ -262,17 +257,12 @@ def open_binaries(rows: list, target: str, draft: str | None, tokenizer, shared_
 
     cpp = LlamaBinaries(bin_dir, target, draft, cores, detokenize, repack=repacks(target))
     section = {"binaries": str(bin_dir), "build_info": cpp.build_info, "cores": cores, "methods": {}, "skipped": {},
-               "runs": [], "load_ms": {}}
+               "runs": []}
     for m in rows:
         if m.mode == "spec" and (not draft or not shared_vocabulary):
             section["skipped"][m.name] = "the draft is no GGUF file of the target's vocabulary"
         else:
             section["methods"][m.name] = {"label": m.label, "kind": m.kind, "mode": m.mode,
                                           **cpp.resources(m.mode, m.threads)}
-    for file in dict.fromkeys([target, *([draft] if "llama-spec" in section["methods"] else [])]):
-        try:
-            section["load_ms"][Path(file).name] = cpp.load_time(file)
-        except (RuntimeError, ValueError, OSError) as exc:
-            section["load_ms"][Path(file).name] = {"error": str(exc)}
     rows[:] = [m for m in rows if m.name in section["methods"]]
     return cpp, section

@@ -133,19 +133,20 @@ def write_report(doc: dict, out: Path) -> Path:
     return report
 
 
-def main(settings, profile: str, prompts: dict[str, list[int]], max_new: dict[str, int], config: dict,
-         argv: list[str], repeats: int = 1, traces: str = "") -> int:
-    """Run, check, write OUT/results.json and OUT/report.md; 1 where an output left its trace."""
-    names = list(DEFAULT_METHODS) if settings.methods == ["all"] else settings.methods
+def main(args, prompts: dict[str, list[int]], max_new: dict[str, int], config: dict, argv: list[str]) -> int:
+    """hetspec-bench's `args` (--paced PROFILE): run, check, write OUT/results.json and OUT/report.md; 1 where an
+    output left its trace."""
+    profile, repeats, traces = args.paced, args.repeats, args.traces
+    names = list(DEFAULT_METHODS) if args.methods == ["all"] else args.methods
     methods = [METHODS[n] for n in names if n in METHODS and METHODS[n].kind == "engine"]
     if not methods or len(methods) != len(names):
         raise ValueError(f"--paced runs engine methods only ({', '.join(DEFAULT_METHODS)}, ...), "
                          f"got {', '.join(names)}")
-    log = (lambda m: print(m, file=sys.stderr, flush=True)) if settings.progress else (lambda m: None)
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.progress else (lambda m: None)
     doc = run_paced(config, profile, prompts, max_new, methods, traces, repeats, log)
     doc.update(command=" ".join(["hetspec-bench", *argv]), machine=describe_machine(), repeats=repeats)
     doc["summary"] = summarize(doc, methods)
-    out = Path(settings.out)
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(doc, indent=1))
     print(f"wrote {write_report(doc, out)}", file=sys.stderr)

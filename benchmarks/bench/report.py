@@ -17,16 +17,13 @@ from hetspec.benchmarks.bench.tables import pct, table
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 
 
-def write_report(doc: dict, out_dir: str | Path, plots: list[str] = ()) -> Path:
+def write_report(doc: dict, out_dir: str | Path) -> Path:
     lines = ["# hetspec benchmark report", "", *_header(doc), *_methods_table(doc)]
     for decoding in doc["settings"]["decodings"]:
         lines += tables.table1(doc, decoding)
     for section in (tables.tokens_table, tables.llama_cpp_table, tables.table2, tables.acceptance_table,
-                    tables.table3, tables.sequences_table, tables.poor_draft_table, tables.profile_table, _ceiling,
-                    _exactness, _checks):
+                    tables.sequences_table, tables.profile_table, _ceiling, _exactness, _checks):
         lines += section(doc)
-    if plots:
-        lines += ["## Plots", "", *[f"![{Path(p).stem}]({Path(p).name})" for p in plots], ""]
     path = Path(out_dir) / "report.md"
     path.write_text("\n".join(lines + _definitions(doc)))
     return path
@@ -78,8 +75,8 @@ def _budget(budget: dict) -> str:
             + (f", {1000 * prefill:.1f} ms a prompt token" if prefill else "")
             + f"; verify ms by tokens {{{verify}}} at a {budget.get('context')}-token context. `duodec` and "
             "`duodec-s*` start at gamma, then draft each round as long as the target verifies; SpS drafts the window "
-            "of least expected time per token; the sweep fixes gamma. `sps` and `duodec` may rest from speculating, "
-            "as a user's requests do; the ablations force speculation")
+            "of least expected time per token; `sps-fixed` drafts gamma every round. `sps` and `duodec` may rest "
+            "from speculating, as a user's requests do; the ablations force speculation")
 
 
 def _methods_table(doc: dict) -> list[str]:
@@ -153,8 +150,7 @@ def _checks(doc: dict) -> list[str]:
     lines = ["## Consistency checks", "",
              *([] if problems else ["All consistent: token counts match, rates are positive, acceptance adds up."]),
              *_listed(problems, 50, "checks"),
-             *([f"\n{len(errors)} run(s) failed; see results.json \"runs\" (key \"error\")."] if errors else []),
-             *[f"\nThe engine was restarted after: {reason}" for reason in doc.get("engine_restarts", [])]]
+             *([f"\n{len(errors)} run(s) failed; see results.json \"runs\" (key \"error\")."] if errors else [])]
     if warnings:
         lines += ["", (f"Warnings ({len(warnings)}): the engine's own statistics disagree with its tokens. The "
                        "figures above count tokens themselves and do not use these statistics."), "",
@@ -190,7 +186,7 @@ def main(argv=None) -> int:
     doc = complete(json.loads(path.read_text()))      # the figures, and the rules, may have changed since the run
     doc["checks"] = check_results(doc)
     path.write_text(json.dumps(doc, indent=1))
-    print(write_report(doc, path.parent, sorted(str(p) for p in path.parent.glob("*.png"))))
+    print(write_report(doc, path.parent))
     return 0
 
 

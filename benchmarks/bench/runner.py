@@ -11,16 +11,16 @@ import time
 import zlib
 from datetime import UTC, datetime
 
+import hetspec
 from hetspec.benchmarks.bench.baselines import Baselines
 from hetspec.benchmarks.bench.ceiling import measure_ceiling
 from hetspec.benchmarks.bench.data import load_prompts
-from hetspec.benchmarks.bench.engine_runs import EngineHolder, poor_draft_config, run_engine
+from hetspec.benchmarks.bench.engine_runs import run_engine
 from hetspec.benchmarks.bench.machine import affinity, describe_machine
 from hetspec.benchmarks.bench.methods import Method, select_methods
 from hetspec.benchmarks.bench.metrics import complete
-from hetspec.benchmarks.bench.settings import DECODINGS, BenchSettings, engine_config, split_config
+from hetspec.benchmarks.bench.settings import DECODINGS, engine_config, split_config
 from hetspec.config import load_config
-from hetspec.core.errors import EngineDeadError
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 from hetspec.models import resolve_model
 from hetspec.scheduler.tokenizer import Tokenizer
@@ -30,14 +30,14 @@ SCHEMA = "hetspec-bench/1"
 WARMUP_TOKENS = 8
 
 
-def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
-    """Run everything `settings` asks for and return the results document (results.json)."""
-    suite = _Suite(settings.validate())
+def run_suite(settings, argv: list[str] | None = None) -> dict:
+    """Run everything `settings` (hetspec-bench's arguments) asks for; the results document (results.json)."""
+    suite = _Suite(settings)
     try:
         suite.start()
         suite.run_all()
     finally:
-        for part in (suite.holder, suite.poor, suite.cpp):
+        for part in (suite.engine, suite.cpp):
             if part is not None:
                 part.close()
     with suite.clock("ceiling"):
@@ -46,9 +46,9 @@ def run_suite(settings: BenchSettings, argv: list[str] | None = None) -> dict:
 
 
 class _Suite:
-    """One run: the engines and baselines it measures, and the records it keeps."""
+    """One run: the engine and the baseline it measures, and the records it keeps."""
 
-    def __init__(self, settings: BenchSettings):
+    def __init__(self, settings):
         from transformers.utils import logging
 
         self.settings = settings
@@ -65,7 +65,7 @@ class _Suite:
         self.phases: dict[str, float] = {}
         self.runs: list[dict] = []
         self.llama_cpp: dict = {}
-        self.holder = self.poor = self.baselines = self.cpp = None
+        self.engine = self.baselines = self.cpp = None
         logging.disable_progress_bar()          # our progress bar is the one to watch
         logging.set_verbosity_error()
 
@@ -85,15 +85,11 @@ class _Suite:
                 f"{len(s.decodings)} decodings; starting the engine ({target.model}, "
                 f"{target.backend if target.backend != 'transformers' else target.dtype})")
         with self.clock("engine_start"):            # load both models, measure the budget
-            self.holder = EngineHolder(self.config_dict)
-        self.info = self.holder.info
+            self.engine = hetspec.launch(self.config_dict)
+        self.info = self.engine.info
         self.dtype = resolve_dtype(target.dtype, resolve_model(target.model, "target"), self.info["target"]["device"])
-        self.chosen, self.max_gamma = int(self.info["gamma"]), self.config.decoding.max_gamma
-        kinds = {m.kind for m in self.methods}
-        if "poor" in kinds:
-            with self.clock("poor_engine_start"):
-                self.poor = EngineHolder(poor_draft_config(self.config_dict, int(self.info["n_vocab"])))
-        if "baseline" in kinds:
+        self.chosen = int(self.info["gamma"])
+        if any(m.kind == "baseline" for m in self.methods):
             with self.clock("baselines_load"):
                 self.baselines = self._load_baselines()
         if self.cpp_rows:
@@ -101,9 +97,7 @@ class _Suite:
                 self._open_binaries()
         if s.warmup:
             with self.clock("warmup"):
-                self._warm_up(self.holder, [m for m in self.methods if m.kind != "poor"])
-                if self.poor is not None:
-                    self._warm_up(self.poor, [m for m in self.methods if m.kind == "poor"])
+                self._warm_up(self.methods)
 
     def _load_baselines(self) -> Baselines:
         threads = self.settings.baseline_threads
@@ -130,14 +124,14 @@ class _Suite:
             _log(self.settings, self.llama_cpp["missing"], always=True)
             self.cpp_rows = []
 
-    def _warm_up(self, holder: EngineHolder, methods: list[Method]) -> None:
+    def _warm_up(self, methods: list[Method]) -> None:
         """First calls pay for allocations and lazy imports; keep that out of the timings."""
         ids = self.prompt_ids[self.prompts[0].key][:64]
         first_of_a_kind = {(m.kind, m.mode): m for m in reversed(methods)}
         for method in first_of_a_kind.values():
             for params in DECODINGS.values():
                 with contextlib.suppress(Exception):    # the timed run of this method will fail and say why
-                    self._generate(holder, method, ids, WARMUP_TOKENS, params, 0)
+                    self._generate(method, ids, WARMUP_TOKENS, params, 0)
 
     def run_all(self) -> None:
         s = self.settings
@@ -157,32 +151,26 @@ class _Suite:
             bar.close()
 
     def _run(self, method: Method, prompt, decoding: str | None) -> dict:
-        """One run's record; a failed run keeps its error (and a dead engine is started again)."""
+        """One run's record; a failed run keeps its error."""
         ids, seed = self.prompt_ids[prompt.key], zlib.crc32(prompt.key.encode())
         record = {"method": method.name, "category": prompt.category, "question_id": prompt.question_id,
                   "prompt_tokens": len(ids), "max_new_tokens": prompt.max_new_tokens}
         if decoding is not None:
             record.update(decoding=decoding, seed=seed if decoding != "greedy" else None)
-        holder = self.poor if method.kind == "poor" else self.holder
         try:
             record.update(self.cpp.run(method.mode, method.threads, ids, prompt.max_new_tokens) if decoding is None
-                          else self._generate(holder, method, ids, prompt.max_new_tokens, DECODINGS[decoding], seed))
+                          else self._generate(method, ids, prompt.max_new_tokens, DECODINGS[decoding], seed))
         except Exception as exc:  # noqa: BLE001 - one failed run must not sink the suite
             record["error"] = f"{type(exc).__name__}: {exc}"
             _log(self.settings, f"\n{method.name} on {prompt.key} ({decoding or 'once'}) failed: {record['error']}")
-            if isinstance(exc, EngineDeadError) and holder.restart(record["error"]):
-                _log(self.settings, "restarted the engine")
-                if self.settings.warmup:
-                    self._warm_up(holder, [m for m in self.methods if m.kind == method.kind])
         return record
 
-    def _generate(self, holder: EngineHolder, method: Method, ids: list[int], max_new: int, params: dict,
-                  seed: int) -> dict:
+    def _generate(self, method: Method, ids: list[int], max_new: int, params: dict, seed: int) -> dict:
         temperature, top_p = params["temperature"], params["top_p"]
         if method.kind == "baseline":
-            return self.baselines.run(method.mode, ids, max_new, temperature, top_p, seed).record()
-        return run_engine(holder.engine, method, method.gamma(self.chosen, self.max_gamma), ids, max_new,
-                          temperature, top_p, seed)
+            return self.baselines.run(ids, max_new, temperature, top_p, seed)
+        return run_engine(self.engine, method, method.gamma(self.chosen), ids, max_new, temperature, top_p,
+                          seed)
 
     def document(self, argv: list[str] | None, ceiling: dict) -> dict:
         """The results document (results.json) before its figures (metrics.complete)."""
@@ -204,13 +192,12 @@ class _Suite:
                          "max_new_tokens": {p.category: p.max_new_tokens for p in self.prompts}},
             "chosen_gamma": chosen,
             "engine": {**{k: info.get(k) for k in ("budget", "draft", "target", "prompt_kv", "vocabulary")},
-                       "gamma": chosen, "poor_draft": self.poor.config["draft"]["model"] if self.poor else None},
+                       "gamma": chosen},
             "methods": {m.name: {"label": m.label, "kind": m.kind, "mode": m.mode, "sequences": m.sequences,
-                                 "gamma": m.gamma(chosen, self.max_gamma), "rebalanced": m.rebalanced(measured),
+                                 "gamma": m.gamma(chosen), "rebalanced": m.rebalanced(measured),
                                  "speculation": m.speculation or "auto", **self._resources(m)}
                         for m in self.methods},
             "draft_ceiling": ceiling,
-            "engine_restarts": self.holder.restarts + (self.poor.restarts if self.poor else []),
             "runs": self.runs, "results": {},
         }
         if self.llama_cpp:

@@ -153,35 +153,6 @@ class LlamaServer(Served):
         self.wait_ready()
 
 
-class CpuWatch:
-    """The machine's busy CPU seconds over a span less those of the server's processes and this one (on a shared
-    machine, someone else's load), and the time the hypervisor gave other guests (steal), in cores."""
-
-    def __init__(self, processes: list[psutil.Process]):
-        self.processes = [psutil.Process(), *processes]
-        self.start = self._now()
-
-    def _now(self) -> tuple[float, ...]:
-        ours = 0.0
-        for p in self.processes:
-            try:
-                ours += sum(p.cpu_times()[:2])           # user, system
-            except psutil.NoSuchProcess:
-                pass
-        try:     # /proc/stat, every core: busy (user, nice, system, irq, softirq) and steal
-            ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]] + [0] * 8
-        except (OSError, ValueError):
-            ticks = [0] * 8
-        tick = os.sysconf("SC_CLK_TCK")
-        return time.perf_counter(), sum(ticks[i] for i in (0, 1, 2, 5, 6)) / tick, ticks[7] / tick, ours
-
-    def done(self) -> dict:
-        wall, busy, steal, ours = (a - b for a, b in zip(self._now(), self.start))
-        return {"wall_s": round(wall, 3), "machine_busy_s": round(busy, 3), "ours_s": round(ours, 3),
-                "others_cores": round(max(0.0, busy - ours) / wall, 3) if wall > 0 else None,
-                "steal_cores": round(steal / wall, 3) if wall > 0 else None}
-
-
 def stream_request(url: str, api: str, body: dict, start: threading.Barrier | None = None, api_key: str = "") -> dict:
     """POST one streaming request (after `start`, when given) and time its events: the send, every chunk with text
     (perf_counter seconds, its text), the final usage, llama-server's `timings`, hetspec's statistics, the finish

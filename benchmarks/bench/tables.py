@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from hetspec.benchmarks.bench.data import TITLES
-from hetspec.benchmarks.bench.methods import CPP_PEER, SWEEP
+from hetspec.benchmarks.bench.methods import CPP_PEER
 
 
 def sequence_rows(doc: dict) -> list[tuple]:
@@ -96,10 +96,6 @@ def llama_cpp_table(doc: dict) -> list[str]:
 
 def _cpp_notes(section: dict) -> list[str]:
     notes = [f"- `{name}` not run: {why}." for name, why in section.get("skipped", {}).items()]
-    for file, load in section.get("load_ms", {}).items():
-        notes.append(f"- llama.cpp's own load time of `{file}`: " + (
-            f"{load['load_ms']:.0f} ms (llama-completion's `load time`: the model and a context, up to its "
-            "first evaluation)" if "load_ms" in load else f"not measured ({load.get('error')})"))
     errors = [r for r in section.get("runs", []) if "error" in r]
     if errors:
         notes.append(f"- {len(errors)} C++ run(s) failed, the first: {errors[0]['method']}: {errors[0]['error']}")
@@ -141,25 +137,6 @@ def acceptance_table(doc: dict) -> list[str]:
              "all new tokens they committed."), "", *_per_decoding(doc, columns), ""]
 
 
-def table3(doc: dict) -> list[str]:
-    present = [n for n in SWEEP if n in doc["methods"]]
-    if len(present) < 2:
-        return []
-    header = [""]
-    for n in present:
-        m = doc["methods"][n]
-        header.append(f"{n} (gamma {m['gamma']})" if n != "duodec" else
-                      f"**chosen (gamma {m['gamma']}{', rebalanced' if m.get('rebalanced') else ''})**")
-    figures = (("tok/s", lambda d, n: num(average(doc, d, n).get("tokens_per_s"))),
-               ("speedup", lambda d, n: times(average(doc, d, n).get("speedup"))),
-               ("vs target-only", lambda d, n: times(average(doc, d, n).get("vs_target"))),
-               ("vs llama.cpp", lambda d, n: times(vs_llama(doc, d, n))),
-               ("tokens/round", lambda d, n: num(average(doc, d, n).get("mean_accepted_per_round"), 2)))
-    rows = [[f"{d} {title}", *[figure(d, n) for n in present]]
-            for d in doc["settings"]["decodings"] for title, figure in figures]
-    return ["## Table 3: gamma sweep around the chosen budget (dynamic sequences)", "", *table(header, rows), ""]
-
-
 def sequences_table(doc: dict) -> list[str]:
     rows = sequence_rows(doc)
     if not rows:
@@ -169,28 +146,6 @@ def sequences_table(doc: dict) -> list[str]:
             for d, name, hist in rows]
     return ["## Number of draft sequences per round", "",
             *table(["decoding", "method", *[f"k={k}" for k in ks], "rounds"], body), ""]
-
-
-def poor_draft_table(doc: dict) -> list[str]:
-    """A second engine, the same but for a draft that never agrees: what the gate saves."""
-    names = [n for n in ("target", "poor", "poor-forced", "duodec") if n in doc["methods"]]
-    if "poor" not in names:
-        return []
-    rows = []
-    for d in doc["settings"]["decodings"]:
-        for name in names:
-            avg = average(doc, d, name)
-            tokens = avg.get("new_tokens")
-            rows.append([d, f"`{name}`", num(avg.get("tokens_per_s")), times(avg.get("vs_target")),
-                         times(vs_llama(doc, d, name)), pct(avg.get("acceptance_rate")),
-                         pct(avg.get("rested", 0) / tokens if tokens else None)])
-    return ["## A poor draft", "",
-            (f"`poor` and `poor-forced` run on a second engine, the same but for its draft "
-             f"(`{doc['engine'].get('poor_draft')}`, random weights: it never agrees). `poor` lets the engine rest "
-             "from speculating while it does not pay (target-only rounds, probing again now and then); `poor-forced` "
-             "asks for speculation on every round. Rested: the share of tokens decoded target-only by that choice."),
-            "",
-            *table(["decoding", "method", "tok/s", "vs target-only", "vs llama.cpp", "acceptance", "rested"], rows), ""]
 
 
 def profile_table(doc: dict) -> list[str]:

@@ -1,68 +1,46 @@
-"""One IPC round trip from the engine's TargetLink to the echo target (echo_workers.py: no compute): a greedy
-window of gamma + 1 ids, and gamma + 1 vocabulary-sized probability rows that the scheduler reads in full."""
+"""One IPC round trip from the scheduler's TargetLink to a target worker on a tiny random model: a greedy window
+of gamma + 1 ids, and gamma + 1 vocabulary-sized probability rows that the scheduler reads in full. The trip itself
+is extra_info's beside_the_model_ms: the measured median less the worker's own seconds for its pass."""
 from __future__ import annotations
-
-import shutil
-import subprocess
-import sys
-import tempfile
 
 import numpy as np
 import pytest
-import zmq
 
-from hetspec.benchmarks.micro.conftest import GAMMA, VOCABS
-from hetspec.benchmarks.micro.echo_workers import EchoSpec, command, echo_next
+from hetspec.benchmarks.micro.conftest import GAMMA, VOCABS, beside_the_model, in_process_scheduler, tiny_config
 from hetspec.core.sampling import GREEDY, Rule, Sampling
-from hetspec.ipc.channel import Channel, ipc_endpoint, make_runtime_dir
-from hetspec.ipc.messages import WorkerHello
-from hetspec.ipc.shm import new_run_id
-from hetspec.scheduler.decoding.links import TargetLink
 
 ROWS = GAMMA + 1
-
-@pytest.fixture(scope="module", params=list(VOCABS), ids=lambda v: f"vocab-{v}")
-def echo_link(request):
-    vocab = VOCABS[request.param]
-    runtime = make_runtime_dir(tempfile.mkdtemp(prefix="hetspec-bench-ipc-"))
-    context = zmq.Context()
-    link = TargetLink("target", Channel(context, ipc_endpoint(runtime, "echo"), bind=True))
-    worker = subprocess.Popen([sys.executable, *command("target", link.channel.endpoint, EchoSpec(vocab=vocab))])
-    try:
-        hello = link.wait(60)
-        assert isinstance(hello, WorkerHello), hello
-        link.hello = hello
-        link.attach(new_run_id(), {"input": ((4096,), np.int32), "choice": ((ROWS,), np.int32),
-                                   "probs": ((ROWS, vocab), np.float32)})
-        yield link, vocab
-    finally:
-        link.close()
-        worker.wait(10)
-        link.channel.close()
-        context.term()
-        shutil.rmtree(runtime, ignore_errors=True)
+CONTEXT = 100
 
 
-def _round_trip(link, window, sampling, read_probs):
-    link.start_verify(1, 0, window, 100, ROWS, sampling)
+@pytest.fixture(scope="module", params=list(VOCABS), ids=lambda v: f"vocab-{VOCABS[v]}")
+def link(request):
+    """The target link, its worker holding a context of CONTEXT tokens."""
+    with in_process_scheduler(tiny_config(request.param)) as scheduler:
+        scheduler.target.start_verify(1, 0, np.arange(1000, 1000 + CONTEXT, dtype=np.int32), 0, 1, GREEDY)
+        scheduler.target.finish_verify(1)
+        yield scheduler.target, VOCABS[request.param]
+
+
+def _round_trip(link, sampling, worker_s: list[float]):
+    link.start_verify(1, 0, np.arange(2000, 2000 + ROWS, dtype=np.int32), CONTEXT, ROWS, sampling)
     result = link.finish_verify(ROWS)
-    if read_probs:
-        return np.array(result.probs)      # the scheduler reads every row it was sent
-    return result.choice
+    worker_s.append(result.seconds)
+    return result.choice if result.probs is None else np.array(result.probs)   # the scheduler reads every row
 
 
-def test_ipc_round_trip_token_window(benchmark, echo_link):
-    link, vocab = echo_link
-    window = np.arange(ROWS, dtype=np.int32)
-    benchmark.extra_info.update(tokens=ROWS, vocab=vocab)
-    choice = benchmark(_round_trip, link, window, GREEDY, False)
-    assert list(choice) == list(echo_next(window, vocab))
+def test_ipc_round_trip_token_window(benchmark, link):
+    link, vocab = link
+    worker_s = []
+    choice = benchmark(_round_trip, link, GREEDY, worker_s)
+    assert len(choice) == ROWS and all(0 <= t < vocab for t in choice)
+    beside_the_model(benchmark, worker_s, tokens=ROWS, vocab=vocab)
 
 
-def test_ipc_round_trip_probability_rows(benchmark, echo_link):
-    link, vocab = echo_link
-    window = np.arange(ROWS, dtype=np.int32)
-    benchmark.extra_info.update(rows=ROWS, vocab=vocab, megabytes=ROWS * vocab * 4 / 2**20)
-    probs = benchmark(_round_trip, link, window, Sampling(Rule.UNKEYED, 0.7, 0, 0.9, 1), True)
+def test_ipc_round_trip_probability_rows(benchmark, link):
+    link, vocab = link
+    worker_s = []
+    probs = benchmark(_round_trip, link, Sampling(Rule.UNKEYED, 0.7, 0, 0.9, 1), worker_s)
     assert probs.shape == (ROWS, vocab)
     assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-3)
+    beside_the_model(benchmark, worker_s, rows=ROWS, vocab=vocab, megabytes=ROWS * vocab * 4 / 2**20)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hetspec.benchmarks.micro.conftest import beside_the_model
 from hetspec.core.sampling import GREEDY
 
 ROUNDS = 200       # steps decoded ahead, timed one by one
@@ -23,7 +24,7 @@ def test_target_alone_round(benchmark, scheduler, context_ids):
         return int(verdict.choice[0])
 
     benchmark(one_round)
-    _beside_the_model(benchmark, worker_s, len(context), borrow)
+    beside_the_model(benchmark, worker_s, context=len(context), borrowed_cores=borrow)
 
 
 def test_target_alone_step_decoded_ahead(benchmark, scheduler, context_ids):
@@ -41,13 +42,4 @@ def test_target_alone_step_decoded_ahead(benchmark, scheduler, context_ids):
 
     benchmark.pedantic(one_step, rounds=ROUNDS, iterations=1)
     scheduler.target.settle()
-    _beside_the_model(benchmark, worker_s, len(context_ids), borrow)
-
-
-def _beside_the_model(benchmark, worker_s: list[float], context: int, borrow: bool) -> None:
-    """The worker's median seconds for the pass, and the rest of the measured median (none when disabled)."""
-    worker = float(np.median(worker_s))
-    if benchmark.stats is None:
-        return
-    benchmark.extra_info.update(context=context, borrowed_cores=borrow, worker_median_ms=1e3 * worker,
-                                beside_the_model_ms=1e3 * (benchmark.stats.stats.median - worker))
+    beside_the_model(benchmark, worker_s, context=len(context_ids), borrowed_cores=borrow)
