@@ -1,9 +1,12 @@
-"""A batch's step as a unit, with no processes (scheduler/batch.py, step.py): Batch.plan
-gives each running request its part, and commit applies the target's verdict on it. The
+"""A step as a unit, with no processes (scheduler/batch.py): Batch.plan gives each
+running request its part (a lone request its own kind's, Decoder.own_part), and
+commit applies the target's verdict on it. The
 verdicts are the target's own tokens where the parts ask for them, written out from a
 rule that stands in for the target's greedy choice: the next token is a function of the
 context. Whatever joins and leaves, whatever the budget, every request commits exactly
-that rule's tokens, and no step holds more than its tokens and rows."""
+that rule's tokens, and no batch's step holds more than its tokens and rows. The links
+are real but connected to no worker: nothing here sends a command (the requests go
+without the draft, so a lone one's kinds send none either)."""
 from __future__ import annotations
 
 import functools
@@ -16,15 +19,15 @@ from hetspec.config import load_config
 from hetspec.core.params import SamplingParams
 from hetspec.ipc.messages import GenerateRequest
 from hetspec.models import resolve_model
-from hetspec.scheduler.batch import Batch, commit
+from hetspec.scheduler.batch import Batch
 from hetspec.scheduler.clients import Pending
 from hetspec.scheduler.decoding.acceptance_prior import AcceptancePrior
 from hetspec.scheduler.decoding.decoder import Decoder
+from hetspec.scheduler.decoding.links import DraftLink, TargetLink
 from hetspec.scheduler.decoding.request import Capabilities
 from hetspec.scheduler.decoding.round import Verification
 from hetspec.scheduler.resolve import Resolver
 from hetspec.scheduler.slots import Slots
-from hetspec.scheduler.step import Together
 from hetspec.scheduler.tokenizer import Tokenizer
 
 VOCAB = 256
@@ -49,7 +52,8 @@ def admit(slots: Slots, rid: int, prompt: list[int], max_new: int):
     params = {"max_new_tokens": max_new}
     pending = Pending(b"client", GenerateRequest(rid, prompt, params=params), SamplingParams.make(params))
     request, output = resolver().resolve(pending)
-    return slots.admit(lambda cache: Decoder(request, CAPS, None, None, output, cache=cache, client=pending))
+    return slots.admit(lambda cache: Decoder(request, CAPS, DraftLink("draft", None), TargetLink("target", None),
+                                             output, without_draft="none in this test", cache=cache, client=pending))
 
 
 def verdict(part) -> Verification:
@@ -75,13 +79,14 @@ def run_steps(slots: Slots, batch: Batch, arrivals: dict[int, list], limit: int 
             admit(slots, rid, prompt, max_new)
         if not slots.running and k > max(arrivals):
             return done
-        step = Together(batch, batch.plan(list(slots.running), lambda r, exc: faults.append((r, exc))))
+        parts = batch.plan(list(slots.running), lambda r, exc: faults.append((r, exc)))
         assert not faults, faults
-        assert sum(len(p.tokens) for p in step.parts) <= batch.batch_tokens
-        assert sum(p.rows for p in step.parts) <= batch.rows
-        assert len({p.decoder.cache for p in step.parts}) == len(step.parts)
-        for i, part in enumerate(step.parts):
-            step.commit(i, verdict(part))
+        if not batch.alone:                    # (alone, a request reads the rest of its prompt at once)
+            assert sum(len(p.tokens) for p in parts) <= batch.batch_tokens
+            assert sum(p.rows for p in parts) <= batch.rows
+        assert len({p.decoder.cache for p in parts}) == len(parts)
+        for part in parts:
+            batch.commit(part, verdict(part))
             if part.decoder.out.done:
                 done[part.decoder.client.id] = part.decoder.out.new_ids
                 slots.remove(part.decoder)
@@ -112,10 +117,10 @@ def test_requests_join_and_leave_between_steps():
             admit(slots, *queue.pop(0))
         if not slots.running and not queue and not pending:
             break
-        step = Together(batch, batch.plan(list(slots.running), lambda r, exc: faults.append(exc)))
-        assert len(step.parts) <= 3 and sum(len(p.tokens) for p in step.parts) <= 16
-        for i, part in enumerate(step.parts):
-            step.commit(i, verdict(part))
+        parts = batch.plan(list(slots.running), lambda r, exc: faults.append(exc))
+        assert len(parts) <= 3 and (batch.alone or sum(len(p.tokens) for p in parts) <= 16)
+        for part in parts:
+            batch.commit(part, verdict(part))
             if part.decoder.out.done:
                 done[part.decoder.client.id] = part.decoder.out.new_ids
                 slots.remove(part.decoder)
@@ -153,7 +158,7 @@ def test_a_part_that_raises_is_left_out_and_the_others_step():
     faults = []
     parts = batch.plan(list(slots.running), lambda r, exc: faults.append((r, str(exc))))
     assert [p.decoder for p in parts] == [good] and faults == [(bad, "its lookup failed")]
-    commit(parts[0], verdict(parts[0]))
+    batch.commit(parts[0], verdict(parts[0]))
     assert good.out.new_ids == expected([3, 4, 5], len(good.out.new_ids))
 
 

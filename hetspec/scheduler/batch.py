@@ -1,10 +1,18 @@
-"""Several requests stepped together (continuous batching).
+"""A step of the scheduler's loop: one target pass for the parts (round.Part) of every
+running request, whatever their number (continuous batching).
 
-While more than one request is admitted, each step is one target pass over all of
-them (VerifyBatch): every request puts in a chunk of its prompt, or its next token
-after a lookup guess where it has one (part_of); requests join and
-leave between steps. On a CPU a pass over a few tokens costs little more than a
-pass over one, since each block of weights is unpacked once for all of them
+  plan     each request's part: alone, its own kind (Decoder.own_part: a pipelined
+           round, SpS, a target-only step that may run ahead, a rest, a catch-up, its
+           prompt); beside others, a chunk of its prompt or its next token after a
+           lookup guess (Decoder.prefill, target_step), or a window the draft drafted
+           beside the last pass (Drafts)
+  start    the target's pass sent (a lone part: its own command; several: VerifyBatch),
+           the draft drafting beside it
+  finish   the verdicts collected
+  commit   each part's verdict, as its kind commits it
+
+Requests join and leave between steps. On a CPU a pass over a few tokens costs little
+more than a pass over one, since each block of weights is unpacked once for all of them
 (e7e822d:docs/performance.md, "Several requests in one target pass"); on a GPU the pass
 costs the same up to its width.
 
@@ -24,43 +32,22 @@ prompt just read, a rest just over), a chunk a step, before it drafts.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
+from hetspec.core.params import Mode
+from hetspec.core.sampling import Rule
 from hetspec.ipc.messages import BatchWindow, VerifyCommand
 from hetspec.scheduler.decoding.budget import CostModel
 from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerError, WorkerLost
-from hetspec.scheduler.decoding.round import EMPTY, Verification, Window
+from hetspec.scheduler.decoding.round import EMPTY, Part, Verification, Window
 
 READY_LAG = 16       # a draft cache this many tokens behind its context catches up inside the draft's first step
 MIN_CATCH_UP = 16    # tokens of context a draft cache reads at least, a step it catches up beside the pass
-
-
-@dataclass
-class Part:
-    """One request's part of a step: tokens run after the first `keep` of its cache; its
-    window is a lookup guess, or drafted (then the draft's batch took draft_s seconds)."""
-    decoder: Decoder
-    tokens: np.ndarray
-    keep: int
-    guess: Window
-    drafted: bool = False
-    draft_s: float = 0.0
-    shadow: Window | None = None   # a drafting request's lookup guess, never verified: what a step without
-                                   # drafts would have kept of it is weighed against drafting (shadow_step)
-
-    @property
-    def drafting(self) -> bool:
-        """The draft drafts this request's next window beside the step (Drafts.windows)."""
-        return self.shadow is not None
-
-    @property
-    def rows(self) -> int:
-        return len(self.guess) + 1
 
 
 class Batch:
@@ -70,12 +57,17 @@ class Batch:
         self.rows = rows                   # answer rows a step holds: the target's buffers
         self.drafts = drafts               # None: the draft drafts no batch
         self.size = 0                      # requests in the last step
+        self.alone = False                 # the step is a lone request's
 
     def plan(self, running: list[Decoder], fault: Callable[[Decoder, Exception], None]) -> list[Part]:
-        """Each request's part of the next step, decoding requests first (a drafted window,
-        or a lookup guess), then prompts in order of arrival while there is room (at least
-        a token for the first). A request whose part raises is handed to fault(decoder,
-        exc) and left out."""
+        """Each request's part of the next step. Alone, its own; beside others, decoding
+        requests first (a drafted window, or a lookup guess), then prompts in order of
+        arrival while there is room (at least a token for the first). A request whose part
+        raises is handed to fault(decoder, exc) and left out."""
+        self.alone = len(running) == 1
+        return _own(running[0], fault) if self.alone else self._together(running, fault)
+
+    def _together(self, running: list[Decoder], fault: Callable[[Decoder, Exception], None]) -> list[Part]:
         decoding = [r for r in running if r.out.length > r.out.n_prompt]
         reading = sorted((r for r in running if r.out.length == r.out.n_prompt),
                          key=lambda r: r.client.arrived)
@@ -90,7 +82,7 @@ class Batch:
             if room <= 0 and r is not reading[0]:
                 continue                       # no room for its prompt this step
             try:
-                parts.append(part_of(r, max(room, 1)))
+                parts.append(_part(r, max(room, 1)))
             except Exception as exc:  # noqa: BLE001 - this request's fault boundary
                 fault(r, exc)
                 continue
@@ -98,17 +90,33 @@ class Batch:
         return parts
 
     def start(self, parts: list[Part], borrow_cores: bool) -> None:
-        """One pass for all the parts (finish collects it); beside it, the draft drafts the
-        next step's windows (Drafts), the draft's cores then not borrowed."""
+        """One pass for all the parts (finish collects it). Alone, the part's own command
+        (its kind sent its draft's); else beside the pass, the draft drafts the next step's
+        windows (Drafts), the draft's cores then not borrowed."""
+        self.size = len(parts)
+        if self.alone:
+            if parts[0].tokens is not None:
+                parts[0].decoder.send(parts[0])
+            return
         commands = [VerifyCommand(p.decoder.id, p.keep, len(p.tokens), p.rows,
                                   p.decoder.request.sampling, cache=p.decoder.cache) for p in parts]
-        self.size = len(parts)
         predicted, gamma = self.drafts.plan(parts) if self.drafts is not None else ([], 0)
         self.target.start_batch(commands, [p.tokens for p in parts], borrow_cores and not predicted)
         if predicted:
             self.drafts.start(predicted, gamma)
 
-    def finish(self, parts: list[Part]) -> list[Verification]:
+    def commit(self, part: Part, verdict: Verification | None) -> None:
+        """The step's verdict on a request's part, committed as its kind does."""
+        decoder = part.decoder
+        batched = not self.alone and decoder.out.length > decoder.out.n_prompt
+        if part.shadow is not None:
+            shadow_step(part, verdict)
+        part.finish(verdict)
+        decoder.stats.batched_rounds += batched
+
+    def finish(self, parts: list[Part]) -> list[Verification | None]:
+        if self.alone:                     # (None: it ran ahead; its finish takes the token)
+            return [None if parts[0].tokens is None else self.target.finish_verify(parts[0].rows)]
         verdicts = self.target.finish_batch()
         if self.drafts is not None:
             self.drafts.observe(parts, verdicts)
@@ -145,7 +153,7 @@ class Drafts:
         drafted = {r.id: _take(r) for r in decoding}   # (each is used once, if at all)
         if self.draft.busy or not self.available():
             return []
-        ready = [r for r in decoding if r.drafts_in_batch() and self._lag(r) <= READY_LAG]
+        ready = [r for r in decoding if _drafts_for(r) and self._lag(r) <= READY_LAG]
         self.next_gamma = self._window(ready, [r for r in decoding if r not in ready], room)
         if self.next_gamma < 1:
             return []
@@ -153,7 +161,8 @@ class Drafts:
         for r in ready:
             context, (window, seconds) = r.out.context, self._came_true(r, drafted[r.id])
             parts.append(Part(r, np.concatenate([context[-1:], window.tokens]), len(context) - 1, window,
-                              drafted=len(window) > 0, draft_s=seconds, shadow=r.guess(self.next_gamma)))
+                              functools.partial(_commit_drafted, r, window, seconds),
+                              shadow=r.guess(self.next_gamma)))
         return parts
 
     def _came_true(self, r: Decoder, drafted) -> tuple[Window, float]:
@@ -182,7 +191,7 @@ class Drafts:
         pay with every cache caught up."""
         decoding = [p.decoder for p in parts if p.decoder.out.length > p.decoder.out.n_prompt]
         drafting = {p.decoder.id for p in parts if p.drafting}
-        could = [r for r in decoding if r.drafts_in_batch()]
+        could = [r for r in decoding if _drafts_for(r)]
         lagging = [r for r in could if r.id not in drafting and self._lag(r) > READY_LAG]
         pays = lagging and self._window(could, [r for r in decoding if r not in could],
                                         len(decoding) * (self.max_gamma + 1)) > 0
@@ -262,37 +271,43 @@ class Drafts:
                                        [r.stats.target_step_yield for r in others], top, forced)
 
 
+def _own(r: Decoder, fault: Callable[[Decoder, Exception], None]) -> list[Part]:
+    """A lone request's part, of its own kind (none if it raised, or is done)."""
+    try:
+        part = r.own_part()
+    except Exception as exc:  # noqa: BLE001 - this request's fault boundary
+        fault(r, exc)
+        return []
+    return [] if part is None else [part]
+
+
+def _part(r: Decoder, room: int) -> Part:
+    """A request's part in a batch's step, in at most `room` tokens, of the kinds a lone
+    request's are: a chunk of its prompt, or its next token after a lookup guess."""
+    return r.prefill(room) if r.out.length == r.out.n_prompt else r.target_step(alone=False, room=room)
+
+
+def _drafts_for(r: Decoder) -> bool:
+    """Whether a batch's step may draft for r: a speculative mode it does not rest from,
+    not the unkeyed rule (a batch's draft returns no probability rows)."""
+    return (r.caps.batch_drafts and r.mode is not Mode.TARGET and r.gate.speculate
+            and r.request.rule is not Rule.UNKEYED)
+
+
+def _commit_drafted(r: Decoder, window: Window, draft_s: float, verdict: Verification) -> None:
+    """The step of a request the draft drafted for beside the last pass: the window drafted
+    then (none: a bare step, its next token)."""
+    if not len(window):
+        r.commit_target_step(window, verdict)
+        return
+    n_accepted, _, kept = r.accept_and_commit(window, verdict)
+    r.stats.spec_round(verdict.seconds, draft_s, verdict.seconds, len(window), min(n_accepted, kept), kept,
+                       parallel=True)
+
+
 def _take(decoder: Decoder):
     drafted, decoder.batch_drafted = decoder.batch_drafted, None
     return drafted
-
-
-def part_of(decoder: Decoder, room: int) -> Part:
-    """What a request puts in the next step, at most `room` tokens: the next chunk of its
-    prompt (each chunk answers for its last token: the last chunk's answer is the first
-    token), or its last token after the cached ones and a lookup guess."""
-    context = decoder.out.context
-    if decoder.out.length == decoder.out.n_prompt:
-        return Part(decoder, context[decoder.read:decoder.read + room], decoder.read, EMPTY)
-    guess = decoder.guess(room - 1)
-    return Part(decoder, np.concatenate([context[-1:], guess.tokens]), len(context) - 1, guess)
-
-
-def commit(part: Part, verdict: Verification) -> None:
-    """The step's verdict on a request's part: its tokens, or how far its prompt is read."""
-    decoder = part.decoder
-    if part.shadow is not None:
-        shadow_step(part, verdict)
-    if part.drafted:
-        decoder.commit_drafted_step(part.guess, verdict, part.draft_s)
-        decoder.stats.batched_rounds += 1
-    elif decoder.out.length > decoder.out.n_prompt:
-        decoder.commit_target_step(part.guess, verdict)
-        decoder.stats.batched_rounds += 1
-    elif decoder.read + len(part.tokens) < len(decoder.out.context):
-        decoder.read += len(part.tokens)       # a chunk of the prompt: its answer is not needed
-    else:
-        decoder.first_token(verdict)
 
 
 def shadow_step(part: Part, verdict: Verification) -> None:

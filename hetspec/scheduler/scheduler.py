@@ -1,7 +1,7 @@
 """The scheduler process: owns the workers' links and shared memory, measures
 the draft budget, queues requests from any number of clients and runs them
 through one loop: between steps it reads clients, ends what must end and admits
-requests; each step is one target pass for every running request (step.py).
+requests; each step is one target pass for every running request (batch.py).
 
 python -m hetspec.scheduler RUN_FILE   (the run file is written by the launcher)
 """
@@ -27,9 +27,9 @@ from hetspec.scheduler.decoding.bridge import BridgedDraft
 from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.gate import memories
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerLost
+from hetspec.scheduler.decoding.round import Part
 from hetspec.scheduler.resolve import Resolver
 from hetspec.scheduler.slots import Slots
-from hetspec.scheduler.step import Alone, Together
 from hetspec.scheduler.supervisor import Crew, State
 from hetspec.scheduler.tokenizer import Tokenizer
 
@@ -168,7 +168,7 @@ class Scheduler:
         target = self.crew.workers["target"]
         return target.failure if target.state is State.FAILED else None
 
-    # ---- admission, then a step (step.py) ----------------------------------------------
+    # ---- admission, then a step (batch.py) ---------------------------------------------
 
     def _admit(self) -> None:
         """Queued requests join the running ones while there is room (and the target is up)."""
@@ -193,51 +193,58 @@ class Scheduler:
         return Decoder(request, self.caps, self.draft, self.target, output, self.costs, without_draft,
                        self.memories.get(request.params.mode), cache, pending, self._target_starts())
 
-    def _plan(self) -> Alone | Together:
-        """Each running request's part in the next step: alone, its own round; else a batch's."""
+    def _plan(self) -> list[Part]:
+        """Each running request's part in the next step (Batch.plan), once their caches are
+        known to be in the target that runs now."""
         running = self.slots.running
+        try:
+            for decoder in running:
+                self._check_cache(decoder)
+        except WorkerLost as lost:
+            self._drain()
+            self._target_lost(lost)
+            return []
         if len(running) == 1:
             if self.batch.drafts is not None and self.slots.last is not running[0]:
                 self.batch.drafts.settle()     # a new turn: a batch's draft caches caught up in the background
             self.slots.begin(running[0])
-            return Alone(running[0])
-        self.slots.batching()
-        return Together(self.batch, self.batch.plan(running, self._end))
+        else:
+            self.slots.batching()
+        return self.batch.plan(running, self._end)
 
-    def _run(self, step: Alone | Together) -> None:
+    def _run(self, parts: list[Part]) -> None:
         """Start the step, stream each request's tokens of the last step while the workers
         compute, finish it, commit. Each request has its own fault boundary; one that ends
         leaves the running ones."""
-        if not step.running:                   # (every part of a batch failed as it was planned)
+        if not parts:                          # (every part failed as it was planned)
             return
-        reading = [r.out.length == r.out.n_prompt for r in step.running]
+        running = [p.decoder for p in parts]
+        reading = [r.out.length == r.out.n_prompt for r in running]
         try:
-            for decoder in step.running:
-                self._check_cache(decoder)
-            step.start(borrow_cores=self.caps.batch_borrows_cores and not self.draft_link.busy)
-        except Exception as exc:  # noqa: BLE001 - before the pass: every request ends as the first check did
-            for decoder in step.running:
+            self.batch.start(parts, borrow_cores=self.caps.batch_borrows_cores and not self.draft_link.busy)
+        except Exception as exc:  # noqa: BLE001 - before the pass: every request ends as the first did
+            for decoder in running:
                 self._end(decoder, exc)
             return
-        gone = [not self._send_round(decoder) for decoder in step.running]
+        gone = [not self._send_round(decoder) for decoder in running]
         self.crew.check()
         self._read_clients(timeout_ms=0)
         try:
-            verdicts = step.finish()
+            verdicts = self.batch.finish(parts)
         except WorkerLost as lost:
             self._drain()
             self._target_lost(lost)
             return
         except Exception as exc:  # noqa: BLE001 - the worker dropped every cache of the pass (WorkerError)
-            for decoder in step.running:
+            for decoder in running:
                 self._end(decoder, exc)
             return
-        for i, decoder in enumerate(step.running):
+        for part, verdict, client_gone, first in zip(parts, verdicts, gone, reading):
             try:
-                step.commit(i, verdicts[i])
-                self._after_step(decoder, gone[i], first=reading[i])
+                self.batch.commit(part, verdict)
+                self._after_step(part.decoder, client_gone, first)
             except Exception as exc:  # noqa: BLE001 - this request's fault boundary
-                self._end(decoder, exc)
+                self._end(part.decoder, exc)
 
     def _after_step(self, decoder: Decoder, client_gone: bool, first: bool) -> None:
         """A request ends if it is done or must stop; its first token goes out at once."""

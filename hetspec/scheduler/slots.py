@@ -2,8 +2,8 @@
 
 Up to [server] max_running requests are admitted at once, in order of arrival; each
 keeps its own cache in the target (Decoder.cache), so moving between them costs the
-target nothing. More than one: each step is a batch's (step.Together). One alone:
-each step is its own round (step.Alone), and a request that waits joins it once it
+target nothing. More than one: each step is a batch's (batch.py). One alone: each
+step is its own part (Decoder.own_part), and a request that waits joins it once it
 has run alone for [server] turn_s (whole rounds). The draft has one cache for the
 request that runs alone (a batch's are others, batch.py): a request alone again
 brings it up to date first (Decoder.draft_catches_up).

@@ -1,18 +1,18 @@
 """A running request, the one owner of its state: its client, its cache in the target, what
-the draft's caches hold of it, its output, statistics, and its part in each step. Alone, its
-part is one of three explicit modes (core.params.Mode):
+the draft's caches hold of it, its output, statistics, and its part in each step
+(round.Part: the tokens the step's target pass runs for it, and what commits the
+verdict). Each kind of part is one method. Alone, a request's part follows one of
+three explicit modes (core.params.Mode):
 
   duodec      DuoDecoding: the draft drafts the next window while the target
               verifies the current one (duodec_round);
   sequential  ordinary speculative decoding (SpS): draft, then verify (sequential_round);
   target      the target alone, one token a pass (target_step);
 
-or the prompt (prefill), a rest while speculating does not pay (rest_step, gate.py),
-or target-only steps while the draft catches up (draft_catches_up). Each kind is one
-method that sends its passes and returns what finishes it; the loop streams the last
-step's tokens and reads its clients in between (start, finish). Beside other
-requests its parts are a batch's (scheduler/batch.py: read, guess, first_token,
-commit_target_step, commit_drafted_step).
+or it is the prompt (prefill), a rest while speculating does not pay (rest_step,
+gate.py), or a target-only step while the draft catches up (draft_catches_up). In a
+batch's step (scheduler/batch.py) it is a chunk of its prompt (prefill), its next token
+after a lookup guess (target_step), or a window drafted beside the last pass.
 
 A draft that is restarting, dies, fails or cannot hold the text (another vocabulary's)
 leaves the request target-only: it loses speed, never tokens. A target-only step in a
@@ -26,6 +26,8 @@ at every position of W and after it. The draft's caches keep in step by longest 
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import time
 from typing import NamedTuple
@@ -42,7 +44,7 @@ from hetspec.scheduler.decoding.links import DraftLink, TargetLink
 from hetspec.scheduler.decoding.lookup import PromptLookup
 from hetspec.scheduler.decoding.output import Output
 from hetspec.scheduler.decoding.request import Capabilities, Request
-from hetspec.scheduler.decoding.round import EMPTY, NO_DRAFT, Draft, Verification, Window
+from hetspec.scheduler.decoding.round import EMPTY, NO_DRAFT, Draft, Part, Verification, Window
 from hetspec.scheduler.decoding.stats import Stats
 
 AHEAD = 256        # tokens the target may decode ahead of a target-only step (Decoder.ahead)
@@ -76,45 +78,51 @@ class Decoder:
         self.batch_drafted = None              # ... (predicted context, the tokens it drafted after it, its seconds)
         self.read = 0                          # prompt tokens in the target's cache, until its first token
         self.pending = EMPTY                   # the window drafted beside the last pass, for the next (duodec)
-        self.underway = None                   # what finishes this request's part in the step under way
         self.catching_up: PrefillPlan | None = None   # the draft's prefill under way, as planned
-        self.a_round = False                   # the part under way is a round (not the prompt, not a catch-up)
-        self.rounds_alone = 0                  # ... such parts done: a lone request's turn holds one at least
+        self.rounds_alone = 0                  # rounds alone (not its prompt, not a catch-up): a turn holds one
 
     @property
     def mode(self) -> Mode:
         """The request's mode, or target while it goes on without the draft (stats.fallback says why)."""
         return Mode.TARGET if self.stats.fallback is not None else self.params.mode
 
-    def start(self) -> None:
-        """This request's part in the next step: its kind, its passes sent (finish collects
-        them). A draft that fails leaves the request target-only, at once."""
-        while self.underway is None and not self.out.done:
+    def own_part(self) -> Part | None:
+        """Alone: its part in the next step, of its next kind (its draft's commands sent);
+        a draft that fails leaves the request target-only, at once. None: it is done."""
+        while not self.out.done:
             try:
                 kind = self.next_part()
-                self.underway = kind()
-                self.a_round = kind not in (self.prefill, self.draft_catches_up)
+                part = kind()
             except Exception as exc:  # noqa: BLE001 - WorkerLost, WorkerError, ContextTooLong name the role
                 self.without_draft(exc)
+                continue
+            if part is not None:
+                a_round = kind not in (self.prefill, self.draft_catches_up)
+                return dataclasses.replace(part, finish=functools.partial(self._finish_own, part.finish, a_round))
+        return None
 
-    def finish(self) -> None:
-        """The step's verdict for this request, its tokens committed."""
-        underway, self.underway = self.underway, None
+    def _finish_own(self, finish, a_round: bool, verdict: Verification | None) -> None:
+        """A lone part's verdict committed; once the request is done, what the workers still
+        do for it stops (a prefill begun beside the target's, for a request done at once)."""
         try:
-            if underway is not None:
-                underway()
-                self.rounds_alone += self.a_round
-            if self.out.done:                  # what the workers still do for it stops (a prefill begun
-                if self.draft.busy:            # beside the target's, for a request done at once)
+            finish(verdict)
+            self.rounds_alone += a_round
+            if self.out.done:
+                if self.draft.busy:
                     self.draft.finish_prefill()
                 self.draft.settle()
                 self.target.settle()
         except Exception as exc:  # noqa: BLE001 - the draft's failures: without_draft raises the others
             self.without_draft(exc)
 
+    def send(self, part: Part) -> None:
+        """A lone part's pass, its own command: it may borrow the draft's cores, and run ahead."""
+        self.target.start_verify(self.id, self.cache, part.tokens, part.keep, part.rows, self.request.sampling,
+                                 bool(part.borrow), part.ahead)
+
     def next_part(self):
-        """The kind of this request's next part: a method that sends its passes and returns
-        what finishes it (None: done without a pass, as a draft that caught up at once)."""
+        """The kind of this request's next part alone: a method that sends its draft's
+        commands and returns its part (None: none, as a draft that caught up at once)."""
         if self.out.length == self.out.n_prompt:
             return self.prefill
         if self.mode is Mode.TARGET:
@@ -132,7 +140,7 @@ class Decoder:
         if getattr(exc, "role", None) != "draft":
             raise exc
         self.target.discard()
-        self.stats.fallback, self.pending, self.underway = str(exc), EMPTY, None
+        self.stats.fallback, self.pending = str(exc), EMPTY
 
     def suspend(self) -> None:
         """Another request's turn: the draft will hold its context (the target keeps ours in our slot)."""
@@ -154,10 +162,8 @@ class Decoder:
                               self.extend_to(len(pending)))
             self.draft.start_window(self.id, np.concatenate([self.out.context, pending.tokens]), gamma,
                                     self.request.sampling, plan)
-        self.start_verify(pending)             # both workers busy: the loop streams the last step's tokens
 
-        def finish() -> None:
-            verdict = self.target.finish_verify(len(pending) + 1)
+        def finish(verdict: Verification) -> None:
             if gamma > 0:
                 self.draft.halt()              # its extension can stop: what it has drafted is all W' takes
             n_accepted, token, kept = self.accept_and_commit(pending, verdict)
@@ -170,7 +176,7 @@ class Decoder:
                 after = drafted.branch_after(token)   # the target's bonus token picks W's successor
                 self.stats.branch_hits += after is not None
                 self.pending = after or EMPTY
-        return finish
+        return self.verify_part(pending, finish)   # both workers busy: the loop streams the last step's tokens
 
     def sequential_round(self):
         """SpS: draft a window, the target waiting, then verify it."""
@@ -178,34 +184,34 @@ class Decoder:
         window, drafted = self.draft_now(self.windows.sequential(self.stats.acceptance, self.out.remaining - 1))
         if drafted.branches:
             self.stats.sequences_hist[1] += 1
-        self.start_verify(window)
 
-        def finish() -> None:
-            verdict = self.target.finish_verify(len(window) + 1)
+        def finish(verdict: Verification) -> None:
             n_accepted, _, kept = self.accept_and_commit(window, verdict)
             self.record(started, window, verdict, drafted, n_accepted, kept, parallel=False)
-        return finish
+        return self.verify_part(window, finish)
 
-    def target_step(self, alone: bool):
-        """The target's next token, after the tokens of a lookup guess it agrees with (alone:
-        on the draft's cores too where allowed; else beside the draft's prefill). Without a
-        guess it often ran ahead already (Decoder.ahead). Finish: (seconds, tokens committed)."""
-        started, guess = time.perf_counter(), self.guess()
-        ask = {"borrow": alone and self.caps.alone_borrows_cores, "ahead": self.ahead(alone)}
-        ahead = not len(guess) and self.target.running_ahead(self.id, self.cache)
-        if not ahead:
-            self.start_verify(guess, **ask)
+    def target_step(self, alone: bool = True, room: int | None = None) -> Part:
+        """The target's next token, after the tokens of a lookup guess it agrees with: a lone
+        request's (alone: on the draft's cores too where allowed, and often run ahead
+        already, Decoder.ahead; else beside the draft's prefill), or in a batch's step in
+        at most `room` tokens. Finish: (seconds, tokens committed)."""
+        lone = room is None
+        started, guess = time.perf_counter(), self.guess(None if lone else room - 1)
+        ran = lone and not len(guess) and self.target.running_ahead(self.id, self.cache)
 
-        def finish() -> tuple[float, int]:
-            verdict = self.target.ran_ahead(self.out.context) if ahead else None
-            self.stats.ran_ahead += verdict is not None
-            if verdict is None:
-                if ahead:                      # the run went from another context: ask
-                    self.start_verify(guess, **ask)
-                verdict = self.target.finish_verify(len(guess) + 1)
+        def finish(verdict: Verification | None) -> tuple[float, int]:
+            if ran:
+                verdict = self.target.ran_ahead(self.out.context)
+                self.stats.ran_ahead += verdict is not None
+                if verdict is None:            # the run went from another context: ask
+                    self.send(part)
+                    verdict = self.target.finish_verify(part.rows)
             kept = self.commit_target_step(guess, verdict)
             return time.perf_counter() - started, max(kept, 1)
-        return finish
+        part = self.verify_part(guess, finish, alone and self.caps.alone_borrows_cores, self.ahead(alone))
+        if not lone:
+            return dataclasses.replace(part, borrow=None, ahead=0)     # as the batch's pass does
+        return dataclasses.replace(part, tokens=None) if ran else part
 
     def commit_target_step(self, guess: Window, verdict: Verification) -> int:
         """A target-only step's tokens (the guess's the target agrees with, then its own): how many."""
@@ -216,18 +222,6 @@ class Decoder:
             self.stats.lookup_accepted += min(n_accepted, kept)
         self.stats.rounds += 1
         self.stats.target_only_rounds += 1
-        return kept
-
-    def drafts_in_batch(self) -> bool:
-        """Whether a batch's step may draft for it: a speculative mode it does not rest from,
-        not the unkeyed rule (a batch's draft returns no probability rows)."""
-        return (self.caps.batch_drafts and self.mode is not Mode.TARGET and self.gate.speculate
-                and self.request.rule is not Rule.UNKEYED)
-
-    def commit_drafted_step(self, window: Window, verdict: Verification, draft_s: float) -> int:
-        n_accepted, _, kept = self.accept_and_commit(window, verdict)   # drafted beside a batch's last pass
-        self.stats.spec_round(verdict.seconds, draft_s, verdict.seconds, len(window),
-                              min(n_accepted, kept), kept, parallel=True)
         return kept
 
     def ahead(self, alone: bool) -> int:
@@ -248,19 +242,19 @@ class Decoder:
         room = self.out.remaining - 1 if limit is None else min(self.out.remaining - 1, limit)
         return Window(self.lookup.guess(self.out.context, lambda hit_rate: self.windows.lookup(hit_rate, room)))
 
-    def rest_step(self):
+    def rest_step(self) -> Part:
         """A target-only step while speculating does not pay (gate.py); once the rest
         is over, the draft catches up with the context before the next probe."""
-        step = self.target_step(alone=True)
+        step = self.target_step()
 
-        def finish() -> None:
-            seconds, committed = step()
+        def finish(verdict: Verification | None) -> None:
+            seconds, committed = step.finish(verdict)
             self.gate.rested(seconds, committed)
             self.stats.rested += committed
             if self.gate.speculate and not self.out.done:
                 self.stats.probes += 1
                 self.draft_ready = False
-        return finish
+        return dataclasses.replace(step, finish=finish)
 
     # ---- a round's steps -------------------------------------------------------------
 
@@ -272,11 +266,10 @@ class Decoder:
         drafted = self.draft.finish_window()
         return drafted.window(0), drafted
 
-    def start_verify(self, window: Window, borrow: bool = False, ahead: int = 0) -> None:
-        """The target's cache holds all but the last committed token: feed it, then the window."""
-        context = self.out.context
-        self.target.start_verify(self.id, self.cache, np.concatenate([context[-1:], window.tokens]),
-                                 len(context) - 1, len(window) + 1, self.request.sampling, borrow, ahead)
+    def verify_part(self, window: Window, finish, borrow: bool = False, ahead: int = 0) -> Part:
+        """The target's cache holds all but the last committed token: the part feeds it, then the window."""
+        tokens = np.concatenate([self.out.context[-1:], window.tokens])
+        return Part(self, tokens, len(self.out.context) - 1, window, finish, borrow, ahead)
 
     def accept_and_commit(self, window: Window, verdict: Verification) -> tuple[int, int, int]:
         """(draft tokens accepted, the target's own next token, tokens actually
@@ -324,19 +317,26 @@ class Decoder:
 
     # ---- getting started: the prompt, then the draft catching up ---------------------
 
-    def prefill(self):
-        """The prompt through the target; its first token is the time to first token.
-        A long prompt borrows the draft's cores (the draft prefills afterwards); a
-        short one leaves them, and the draft prefills at the same time."""
-        context = self.out.context
-        long_prompt = len(context) - self.read >= LONG_PROMPT
-        borrow = self.caps.borrow_cores and long_prompt
-        self.target.start_verify(self.id, self.cache, context[self.read:], self.read, 1, self.request.sampling,
-                                 borrow)       # (the rest of it, if a batch began it: batch.part_of)
-        if self.mode is not Mode.TARGET and not borrow and self.gate.speculate and self.drafting_pays():
-            self.draft.start_prefill(self.id, context, self.params.seed, self.params.cache_prompt,
-                                     borrow_cores=False)
-        return lambda: self.first_token(self.target.finish_verify(1))
+    def prefill(self, room: int | None = None) -> Part:
+        """The prompt through the target: the rest of it alone, else a chunk of at most `room`
+        tokens in a batch's step. The last chunk's answer is the first token (the time to
+        first token). Alone, a long prompt borrows the draft's cores (the draft prefills
+        afterwards); a short one leaves them, and the draft prefills at the same time."""
+        context, read = self.out.context, self.read
+        tokens = context[read:] if room is None else context[read:read + room]
+        borrow = None
+        if room is None:
+            borrow = self.caps.borrow_cores and len(tokens) >= LONG_PROMPT
+            if self.mode is not Mode.TARGET and not borrow and self.gate.speculate and self.drafting_pays():
+                self.draft.start_prefill(self.id, context, self.params.seed, self.params.cache_prompt,
+                                         borrow_cores=False)
+
+        def finish(verdict: Verification) -> None:
+            if read + len(tokens) < len(context):
+                self.read += len(tokens)       # a chunk: its answer is not needed
+            else:
+                self.first_token(verdict)
+        return Part(self, tokens, read, EMPTY, finish, borrow)
 
     def first_token(self, verdict: Verification) -> None:
         """The prompt is read: the target's token after it is the first."""
@@ -363,7 +363,7 @@ class Decoder:
             self.draft_ready, self.catching_up = True, None
             return None
         step = self.target_step(alone=False)
-        return lambda: self.gate.probing(step()[1])
+        return dataclasses.replace(step, finish=lambda verdict: self.gate.probing(step.finish(verdict)[1]))
 
     def plan_draft_prefill(self) -> PrefillPlan | None:
         """A long prompt's draft prefill takes the target's cache where the draft is a quantized

@@ -1,6 +1,8 @@
-"""What one round passes between the draft, the target and the acceptance rule
-(the round itself: decoder.py).
+"""What one step passes between the draft, the target and the acceptance rule
+(the kinds of part: decoder.py; a step's parts: scheduler/batch.py).
 
+  part          one request's part in a step: the tokens the target runs for it in
+                the step's pass, and what commits the target's verdict on them
   window        draft tokens waiting for the target's verdict (Window); EMPTY: none
   draft         what the draft returned (Draft); NO_DRAFT: nothing was drafted
   branch        one drafted sequence: a pipelined draft proposes several, each starting
@@ -15,7 +17,9 @@ condition comes first.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -60,3 +64,30 @@ class Draft:
 
 
 NO_DRAFT = Draft([], None, 0.0)
+
+
+@dataclass
+class Part:
+    """One request's part in a step: `tokens` run after the first `keep` of its cache in
+    the step's pass (None: no pass, the target ran ahead), whose verdict on its last
+    `rows` positions `finish` commits. A lone request's part may borrow the draft's
+    cores and ask the target to run ahead; a batch's parts borrow as the batch does
+    (borrow None). A request the draft drafts for beside a batch's pass has a lookup
+    guess it never verifies (shadow: batch.shadow_step)."""
+    decoder: Any                   # its decoding.decoder.Decoder
+    tokens: np.ndarray | None
+    keep: int
+    guess: Window                  # the tokens verified after the last committed one: a window or a lookup guess
+    finish: Callable[[Verification | None], Any]
+    borrow: bool | None = None
+    ahead: int = 0
+    shadow: Window | None = None
+
+    @property
+    def drafting(self) -> bool:
+        """The draft drafts this request's next window beside the step (batch.Drafts.windows)."""
+        return self.shadow is not None
+
+    @property
+    def rows(self) -> int:
+        return len(self.guess) + 1
