@@ -56,7 +56,7 @@ class Batch:
         self.batch_tokens = batch_tokens   # tokens a step holds: [server] batch_tokens
         self.rows = rows                   # answer rows a step holds: the target's buffers
         self.drafts = drafts               # None: the draft drafts no batch
-        self.size = 0                      # requests in the last step
+        self.size = 0                      # requests in the last step of several
         self.alone = False                 # the step is a lone request's
 
     def plan(self, running: list[Decoder], fault: Callable[[Decoder, Exception], None]) -> list[Part]:
@@ -93,11 +93,11 @@ class Batch:
         """One pass for all the parts (finish collects it). Alone, the part's own command
         (its kind sent its draft's); else beside the pass, the draft drafts the next step's
         windows (Drafts), the draft's cores then not borrowed."""
-        self.size = len(parts)
         if self.alone:
             if parts[0].tokens is not None:
                 parts[0].decoder.send(parts[0])
             return
+        self.size = len(parts)
         commands = [VerifyCommand(p.decoder.id, p.keep, len(p.tokens), p.rows,
                                   p.decoder.request.sampling, cache=p.decoder.cache) for p in parts]
         predicted, gamma = self.drafts.plan(parts) if self.drafts is not None else ([], 0)
