@@ -16,8 +16,8 @@ after a lookup guess (target_step), or a window drafted beside the last pass.
 
 A draft that is restarting, dies, fails or cannot hold the text (another vocabulary's)
 leaves the request target-only: it loses speed, never tokens. A target-only step in a
-speculative mode verifies a free prompt-lookup guess (lookup.py). The draft is a
-DraftLink or a BridgedDraft (bridge.py). Windows: budget.Windows; the words: round.py.
+speculative mode verifies a free prompt-lookup guess (lookup.py). The draft: a DraftLink
+or a BridgedDraft (bridge.py); windows: budget.Windows; the words: round.py.
 
 Invariant: the target's KV cache holds every committed token but the last, so each
 verify pass feeds [last committed token] + pending window W and reads the target's choice
@@ -26,7 +26,6 @@ at every position of W and after it. The draft's caches keep in step by longest 
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
@@ -87,8 +86,7 @@ class Decoder:
         return Mode.TARGET if self.stats.fallback is not None else self.params.mode
 
     def own_part(self) -> Part | None:
-        """Alone: its part in the next step, of its next kind (its draft's commands sent);
-        a draft that fails leaves the request target-only, at once. None: it is done."""
+        """Alone: its part in the next step, of its next kind (a failing draft leaves it target-only). None: done."""
         while not self.out.done:
             try:
                 kind = self.next_part()
@@ -97,16 +95,15 @@ class Decoder:
                 self.without_draft(exc)
                 continue
             if part is not None:
-                a_round = kind not in (self.prefill, self.draft_catches_up)
-                return dataclasses.replace(part, finish=functools.partial(self._finish_own, part.finish, a_round))
+                part.finish = functools.partial(self._finish_own, part.finish, kind)
+                return part
         return None
 
-    def _finish_own(self, finish, a_round: bool, verdict: Verification | None) -> None:
-        """A lone part's verdict committed; once the request is done, what the workers still
-        do for it stops (a prefill begun beside the target's, for a request done at once)."""
+    def _finish_own(self, finish, kind, verdict: Verification | None) -> None:
+        """A lone part's verdict committed; once done, what the workers still do for it stops."""
         try:
             finish(verdict)
-            self.rounds_alone += a_round
+            self.rounds_alone += kind not in (self.prefill, self.draft_catches_up)   # a round
             if self.out.done:
                 if self.draft.busy:
                     self.draft.finish_prefill()
@@ -204,14 +201,15 @@ class Decoder:
                 verdict = self.target.ran_ahead(self.out.context)
                 self.stats.ran_ahead += verdict is not None
                 if verdict is None:            # the run went from another context: ask
-                    self.send(part)
+                    self.send(self.verify_part(guess, finish, part.borrow, part.ahead))
                     verdict = self.target.finish_verify(part.rows)
             kept = self.commit_target_step(guess, verdict)
             return time.perf_counter() - started, max(kept, 1)
-        part = self.verify_part(guess, finish, alone and self.caps.alone_borrows_cores, self.ahead(alone))
-        if not lone:
-            return dataclasses.replace(part, borrow=None, ahead=0)     # as the batch's pass does
-        return dataclasses.replace(part, tokens=None) if ran else part
+        borrow = alone and self.caps.alone_borrows_cores if lone else None   # (None: as the batch's pass does)
+        part = self.verify_part(guess, finish, borrow, self.ahead(alone))
+        if ran:
+            part.tokens = None
+        return part
 
     def commit_target_step(self, guess: Window, verdict: Verification) -> int:
         """A target-only step's tokens (the guess's the target agrees with, then its own): how many."""
@@ -247,14 +245,15 @@ class Decoder:
         is over, the draft catches up with the context before the next probe."""
         step = self.target_step()
 
-        def finish(verdict: Verification | None) -> None:
-            seconds, committed = step.finish(verdict)
+        def finish(verdict: Verification | None, target_step=step.finish) -> None:
+            seconds, committed = target_step(verdict)
             self.gate.rested(seconds, committed)
             self.stats.rested += committed
             if self.gate.speculate and not self.out.done:
                 self.stats.probes += 1
                 self.draft_ready = False
-        return dataclasses.replace(step, finish=finish)
+        step.finish = finish
+        return step
 
     # ---- a round's steps -------------------------------------------------------------
 
@@ -363,7 +362,8 @@ class Decoder:
             self.draft_ready, self.catching_up = True, None
             return None
         step = self.target_step(alone=False)
-        return dataclasses.replace(step, finish=lambda verdict: self.gate.probing(step.finish(verdict)[1]))
+        step.finish = lambda verdict, target_step=step.finish: self.gate.probing(target_step(verdict)[1])
+        return step
 
     def plan_draft_prefill(self) -> PrefillPlan | None:
         """A long prompt's draft prefill takes the target's cache where the draft is a quantized
