@@ -1,34 +1,22 @@
 """A step of the scheduler's loop: one target pass for the parts (round.Part) of every
 running request, whatever their number (continuous batching).
 
-  plan     each request's part: alone, its own kind (Decoder.own_part: a pipelined
-           round, SpS, a target-only step that may run ahead, a rest, a catch-up, its
-           prompt); beside others, a chunk of its prompt or its next token after a
-           lookup guess (Decoder.prefill, target_step), or a window the draft drafted
+  plan     each request's part: alone, its own kind (Decoder.own_part); beside others,
+           a prompt chunk, a target step with its lookup guess, or a window drafted
            beside the last pass (Drafts)
   start    the target's pass sent (a lone part: its own command; several: VerifyBatch),
            the draft drafting beside it
   finish   the verdicts collected
   commit   each part's verdict, as its kind commits it
 
-Requests join and leave between steps. On a CPU a pass over a few tokens costs little
-more than a pass over one, since each block of weights is unpacked once for all of them
-(e7e822d:docs/performance.md, "Several requests in one target pass"); on a GPU the pass
-costs the same up to its width.
+A pass over a few tokens costs little more than a pass over one (a CPU unpacks each
+block of weights once for all; a GPU's pass is flat up to its width). A step holds at
+most [server] batch_tokens: the decoding requests' tokens first, then prompt chunks in
+order of arrival (chunked prefill), within the target's answer rows.
 
-A step holds at most [server] batch_tokens tokens: the decoding requests' first,
-then prompt chunks in order of arrival, so that a new prompt is read beside the
-others' steps instead of stalling them (vLLM's chunked prefill). The answer rows
-of a step are shared out so that they fit the target's buffers: a request's guess
-shrinks as the batch grows.
-
-The draft drafts for a batch too (Drafts), beside the target's pass as DuoDecoding's
-rounds are: each request in a cache of its own in the draft worker
-(workers/draft/batch_drafter.py), each draft token one batched step for all of them. The cost
-model picks one window for all (CostModel.batch_window): it shrinks as the batch's pass
-stops being free, down to none, where every request steps target-only with its lookup
-guess. A request's draft cache catches up with its context in the same draft passes (a
-prompt just read, a rest just over), a chunk a step, before it drafts.
+A batch's draft (Drafts) runs beside its pass as DuoDecoding's rounds do: each request
+in a cache of its own in the draft worker (workers/draft/batch_drafter.py), one window
+for all (CostModel.batch_window), none where the pass stops being free.
 """
 from __future__ import annotations
 
@@ -60,10 +48,8 @@ class Batch:
         self.alone = False                 # the step is a lone request's
 
     def plan(self, running: list[Decoder], fault: Callable[[Decoder, Exception], None]) -> list[Part]:
-        """Each request's part of the next step. Alone, its own; beside others, decoding
-        requests first (a drafted window, or a lookup guess), then prompts in order of
-        arrival while there is room (at least a token for the first). A request whose part
-        raises is handed to fault(decoder, exc) and left out."""
+        """Each request's part of the next step: alone, its own; else decoding requests first,
+        then prompts while there is room. One whose part raises goes to fault(decoder, exc)."""
         self.alone = len(running) == 1
         return _own(running[0], fault) if self.alone else self._together(running, fault)
 
@@ -90,9 +76,8 @@ class Batch:
         return parts
 
     def start(self, parts: list[Part], borrow_cores: bool) -> None:
-        """One pass for all the parts (finish collects it). Alone, the part's own command
-        (its kind sent its draft's); else beside the pass, the draft drafts the next step's
-        windows (Drafts), the draft's cores then not borrowed."""
+        """One pass for all the parts: alone, the part's own command; else one VerifyBatch,
+        the draft drafting the next step's windows beside it (its cores then not borrowed)."""
         if self.alone:
             if parts[0].tokens is not None:
                 parts[0].decoder.send(parts[0])
@@ -124,13 +109,10 @@ class Batch:
 
 
 class Drafts:
-    """The draft's part in a batch's steps, pipelined as DuoDecoding's rounds are: while
-    the target verifies a step, the draft drafts each request's next window as if the
-    step's window will be kept whole, the first drafted token guessing the target's
-    bonus token after it. Where it does, the rest is the request's window in the next
-    step; where not, the request takes a bare step (its next token), and the draft
-    drafts from its new context meanwhile. A request's draft cache that lags (a prompt
-    just read, a rest just over) catches up in the same passes of the draft."""
+    """The draft's part in a batch's steps: while the target verifies a step, the draft
+    drafts each request's next window as if the step's will be kept whole, its first
+    token guessing the bonus token. Where it does, the rest is the next step's window;
+    else the request takes a bare step. A lagging draft cache catches up in the same passes."""
 
     def __init__(self, draft: DraftLink, costs: CostModel | None, max_gamma: int, available: Callable[[], bool]):
         self.draft, self.costs, self.max_gamma = draft, costs, max_gamma
@@ -143,12 +125,10 @@ class Drafts:
         self.next_gamma = 0                # the next window of the requests drafted for in this step
 
     def windows(self, decoding: list[Decoder], room: int) -> list[Part]:
-        """The parts of the requests the draft drafts for in this step, in at most `room`
-        tokens: those whose draft cache holds their context, where the cost model finds a
-        window that pays (0: none, they step with their lookup guesses). Each one's
-        window is the one drafted beside the last pass, where its prediction came true
-        (its context is the predicted one and the window's first token: the rest is the
-        window), else none: a bare step, whose next token the draft guesses meanwhile."""
+        """The parts of the requests drafted for in this step, in `room` tokens: those whose
+        draft cache holds their context, where the cost model finds a window that pays.
+        Each one's window is the one drafted beside the last pass, if its prediction came
+        true; else a bare step."""
         self.caught_up(block=self.gamma > 0)   # windows under way are waited for; a catch-up is not
         drafted = {r.id: _take(r) for r in decoding}   # (each is used once, if at all)
         if self.draft.busy or not self.available():
@@ -166,8 +146,7 @@ class Drafts:
         return parts
 
     def _came_true(self, r: Decoder, drafted) -> tuple[Window, float]:
-        """The window drafted for r beside the last pass, where its prediction came true
-        (its context is the predicted one and the drafted first token), and the draft's seconds."""
+        """(r's window drafted beside the last pass, if its prediction came true; the draft's seconds)."""
         if drafted is None:
             return EMPTY, 0.0
         (predicted, tokens, seconds), context = drafted, r.out.context
@@ -176,10 +155,8 @@ class Drafts:
         return EMPTY, seconds
 
     def plan(self, parts: list[Part]) -> tuple[list[tuple[Decoder, np.ndarray]], int]:
-        """What the draft does beside this step's pass: the next window of each request it
-        drafts for, after its context and its part's window (its predicted context), and
-        a chunk of the context of each that could draft but whose cache lags, where
-        drafting could pay with every cache caught up; ([], 0) where it has nothing to do."""
+        """What the draft does beside this step's pass: (each request and its predicted context:
+        its context and its part's window, or a lagging cache's context to catch up; gamma)."""
         if not self.caught_up() or not self.available():
             return [], 0
         predicted = [(p.decoder, np.concatenate([p.decoder.out.context, p.guess.tokens])) for p in parts if p.drafting]
@@ -187,8 +164,7 @@ class Drafts:
         return predicted + lagging, self.next_gamma if predicted else 0
 
     def _lagging(self, parts: list[Part]) -> list[Decoder]:
-        """The decoding requests that could draft but whose cache lags, where drafting could
-        pay with every cache caught up."""
+        """Requests that could draft but whose cache lags, where drafting would pay once caught up."""
         decoding = [p.decoder for p in parts if p.decoder.out.length > p.decoder.out.n_prompt]
         drafting = {p.decoder.id for p in parts if p.drafting}
         could = [r for r in decoding if _drafts_for(r)]
@@ -212,8 +188,7 @@ class Drafts:
         self.sent, self.gamma = predicted, gamma
 
     def caught_up(self, block: bool = False) -> bool:
-        """Whether the draft is free: the batch under way is collected once done (or now,
-        blocking); one whose reply was dropped (a request's end drains both links) is over."""
+        """Whether the draft is free, the batch under way collected once done (or now, blocking)."""
         if self.sent and self.draft.busy:
             try:
                 done = block or self.draft.poll()
@@ -236,9 +211,8 @@ class Drafts:
             self.costs.observe_batch(sum(len(p.tokens) for p in parts), verdicts[0].seconds)
 
     def _collect(self) -> None:
-        """The draft's reply to the batch under way: each window drafted is pending for the
-        next step. Where the draft failed or died there is none, and its requests step
-        without drafts (a draft's fault never costs a request its tokens)."""
+        """Each window of the batch under way is pending for the next step; where the draft
+        failed there is none, and its requests step without drafts."""
         try:
             reply, drafted = self.draft.finish_batch()
         except (WorkerError, WorkerLost) as exc:
@@ -257,9 +231,8 @@ class Drafts:
         return len(r.out.context) - (held if epoch == self.epoch else 0)
 
     def _window(self, ready: list[Decoder], others: list[Decoder], room: int) -> int:
-        """One window for the ready requests: the cost model's (forced to 2 or more where
-        every one of them is), without one the smallest of their configured gammas;
-        never more than fits in `room` tokens beside the others' next tokens."""
+        """One window for the ready requests: the cost model's (without one, the smallest
+        configured gamma), fitting `room` tokens beside the others' next tokens."""
         if not ready:
             return 0
         top = min(self.max_gamma, (room - len(others)) // len(ready))
@@ -282,21 +255,18 @@ def _own(r: Decoder, fault: Callable[[Decoder, Exception], None]) -> list[Part]:
 
 
 def _part(r: Decoder, room: int) -> Part:
-    """A request's part in a batch's step, in at most `room` tokens, of the kinds a lone
-    request's are: a chunk of its prompt, or its next token after a lookup guess."""
+    """A request's part in a batch's step of `room` tokens: a prompt chunk, or a target step."""
     return r.prefill(room) if r.out.length == r.out.n_prompt else r.target_step(alone=False, room=room)
 
 
 def _drafts_for(r: Decoder) -> bool:
-    """Whether a batch's step may draft for r: a speculative mode it does not rest from,
-    not the unkeyed rule (a batch's draft returns no probability rows)."""
+    """Whether a batch may draft for r: speculating, and not unkeyed (a batch's draft has no probabilities)."""
     return (r.caps.batch_drafts and r.mode is not Mode.TARGET and r.gate.speculate
             and r.request.rule is not Rule.UNKEYED)
 
 
 def _commit_drafted(r: Decoder, window: Window, draft_s: float, verdict: Verification) -> None:
-    """The step of a request the draft drafted for beside the last pass: the window drafted
-    then (none: a bare step, its next token)."""
+    """A drafted request's step: its window (none: a bare step)."""
     if not len(window):
         r.commit_target_step(window, verdict)
         return
@@ -311,10 +281,9 @@ def _take(decoder: Decoder):
 
 
 def shadow_step(part: Part, verdict: Verification) -> None:
-    """How many tokens of a drafting request's lookup guess the target's own tokens in this
-    step would have kept (its choices: greedy or keyed, so a guess is judged without being
-    verified), for the lookup's hit rates and the yield of a step without drafts
-    (Stats.target_step_yield) that the budget weighs drafting against."""
+    """How much of a drafting request's lookup guess the target's tokens in this step would
+    have kept (judged unverified), for the lookup's hit rates and Stats.target_step_yield,
+    which the budget weighs drafting against."""
     guess, decoder = part.shadow.tokens, part.decoder
     targets = _target_path(part.guess.tokens, verdict.choice)
     n = len(guess)
@@ -327,8 +296,7 @@ def shadow_step(part: Part, verdict: Verification) -> None:
 
 
 def _target_path(window: np.ndarray, choice: np.ndarray) -> np.ndarray:
-    """The target's own tokens after the context, as far as this step shows them: the
-    window's tokens it agrees with, then its choice where it first disagrees (or after)."""
+    """The target's own tokens as far as this step shows them."""
     agree = np.flatnonzero(window != choice[:len(window)])
     k = int(agree[0]) if len(agree) else len(window)
     return np.append(window[:k], choice[k])

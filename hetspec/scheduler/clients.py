@@ -1,10 +1,6 @@
-"""The scheduler's side of its clients: one ROUTER socket, the queue of requests
-waiting to be admitted (the admitted ones are in slots.py), cancels, deadlines,
-and the count of how requests ended.
-
-A client is gone when a send to it fails (ipc.channel.Router): its request is
-then cancelled like one whose client asked.
-"""
+"""The scheduler's side of its clients: one ROUTER socket, the queue (the admitted requests
+are in slots.py), cancels, deadlines, and how requests ended. A client whose send fails is
+gone: its request is cancelled."""
 from __future__ import annotations
 
 import secrets
@@ -24,8 +20,7 @@ MAX_EARLY_CANCELS = 1024
 
 @dataclass
 class Pending:
-    """A client's request with its parameters checked (the one place they are, for a
-    request off the wire), and when it must be done by (timeout_s, from arrival)."""
+    """A client's request, its parameters checked (the one place they are, off the wire)."""
     identity: bytes
     message: GenerateRequest
     params: SamplingParams
@@ -61,9 +56,8 @@ class Clients:
         return self.router.send(identity, message)
 
     def read(self, timeout_ms: int, running: int) -> list[tuple[bytes, object]]:
-        """Queue requests and apply cancels that arrived; answer what is malformed,
-        unauthorized or over the queue's bound (max_queue, counting the `running` ones too);
-        return the rest (info, stop) for the scheduler to answer."""
+        """Queue requests and apply cancels; answer what is malformed, unauthorized or over
+        max_queue (queued and `running`); return the rest (info, stop) for the scheduler."""
         if not self.router.waiting(timeout_ms):
             return []
         others = []
@@ -144,8 +138,7 @@ class Clients:
         self.queue.clear()
 
     def _cancel(self, rid: int) -> None:
-        """A queued request ends at once, an admitted one at its next round, and one
-        not seen yet (its cancel overtook it on another socket) as soon as it arrives."""
+        """Queued: ends now; admitted: at its next step; not seen yet: as it arrives."""
         for pending in list(self.queue):
             if pending.id == rid:
                 self.queue.remove(pending)

@@ -1,7 +1,5 @@
-"""A client's request (its parameters checked on arrival: clients.Pending) resolved
-against the engine: its prompt tokenized, the engine's limits applied, and the
-engine's choices for it (gamma, branches, seed, the acceptance rule), each made
-here once and carried whole from then on."""
+"""A client's request resolved against the engine, once: its prompt tokenized, the limits
+applied, and the engine's choices for it (gamma, branches, seed, the acceptance rule)."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +20,7 @@ from hetspec.scheduler.tokenizer import Tokenizer
 
 @dataclass(frozen=True)
 class Resolver:
-    """What resolving a request needs of the engine, fixed at start-up but for the
-    acceptance history it reads."""
+    """What resolving needs of the engine, fixed at start-up (but the acceptance history)."""
     tokenizer: Tokenizer
     n_vocab: int
     eos: frozenset[int]
@@ -71,9 +68,8 @@ class Resolver:
         return prompt_ids
 
     def _sampling(self, params: SamplingParams, seed: int) -> Sampling:
-        """The rule: greedy at temperature 0; keyed draws for a seed (its tokens are then
-        the target alone's) or a draft of another vocabulary (whose distribution the
-        target cannot weigh); else speculative sampling."""
+        """Greedy at temperature 0; keyed draws for a seed (the tokens are the target alone's)
+        or another vocabulary's draft (whose distribution the target cannot weigh); else unkeyed."""
         if params.greedy:
             return Sampling(Rule.GREEDY)
         rule = Rule.KEYED if params.seed is not None or self.cross_vocab else Rule.UNKEYED

@@ -1,10 +1,5 @@
-"""The scheduler process: owns the workers' links and shared memory, measures
-the draft budget, queues requests from any number of clients and runs them
-through one loop: between steps it reads clients, ends what must end and admits
-requests; each step is one target pass for every running request (batch.py).
-
-python -m hetspec.scheduler RUN_FILE   (the run file is written by the launcher)
-"""
+"""The scheduler's loop: between steps it reads clients, ends what must end and admits
+requests; each step is one target pass for every running request (batch.py)."""
 from __future__ import annotations
 
 import os
@@ -47,8 +42,7 @@ class Stopped(Exception):
 
 
 class Scheduler:
-    """The links to both workers are draft_link and target; `draft` is what a request
-    drafts with: the draft link itself, or a BridgedDraft over it (another vocabulary)."""
+    """`draft` is what a request drafts with: draft_link, or a BridgedDraft over it."""
 
     def __init__(self, spec: RunSpec):
         self.spec = spec
@@ -71,8 +65,7 @@ class Scheduler:
         self.acceptance = AcceptancePrior()
 
     def start(self) -> None:
-        """Start the workers and load the tokenizers while they load their models, then
-        wire them up (startup.py's steps, in order)."""
+        """Start the workers, load the tokenizers while they load, then wire them up (startup.py)."""
         spec, links = self.spec, (self.draft_link, self.target)
         self.crew.start()
         tokenizer = Tokenizer(spec.target_model)
@@ -105,9 +98,8 @@ class Scheduler:
     # ---- serving ---------------------------------------------------------------
 
     def serve(self) -> None:
-        """Until asked to stop, or orphaned. A fault outside any one request (each has
-        its own boundary: _run) is logged and the loop goes on; one that repeats
-        MAX_LOOP_FAULTS times in a row ends the process, and its launcher starts anew."""
+        """Until asked to stop, or orphaned. A fault outside any request is logged; MAX_LOOP_FAULTS
+        in a row end the process (its launcher starts it again)."""
         faults = 0
         while not self.stopping and os.getppid() == self.parent:
             try:
@@ -122,8 +114,7 @@ class Scheduler:
         self.clients.refuse_all([d.client for d in self.slots.running] if self.slots else [], "the engine stopped")
 
     def _step(self) -> None:
-        """Between steps: the workers checked, clients read, requests that must end ended,
-        queued ones admitted; then a step for the running ones."""
+        """Between steps: workers checked, clients read, requests ended and admitted; then a step."""
         self.crew.check()
         self._read_clients(timeout_ms=0 if self._can_run() else 100)
         self._sweep()
@@ -132,8 +123,7 @@ class Scheduler:
             self._run(self._plan())
 
     def _can_run(self) -> bool:
-        """Requests run once the target is up (or given up: then they are answered at
-        once); while the target restarts, they wait."""
+        """Requests wait while the target restarts (given up, they are answered at once)."""
         return bool(self.clients.queue or self.slots.running) and self._target_up()
 
     def _target_up(self) -> bool:
@@ -153,8 +143,7 @@ class Scheduler:
                 self.clients.send(identity, RequestFailed(-1, "internal", _internal(exc)))
 
     def _live_info(self) -> dict:
-        """The start-up info, with what changes: the queue, the requests so far, the
-        workers (restarts, state), and why the engine cannot serve, if it cannot."""
+        """The start-up info, with what changes: the queue, requests, workers, and why it cannot serve."""
         workers = self.crew.info()
         for role in ("draft", "target"):
             self.info[role]["pid"] = workers[role]["pid"]
@@ -164,14 +153,14 @@ class Scheduler:
                 "dead": self._dead()}
 
     def _dead(self) -> str | None:
-        """Why no request can be served, if none can: the target was given up."""
+        """Why no request can be served (the target was given up), if none can."""
         target = self.crew.workers["target"]
         return target.failure if target.state is State.FAILED else None
 
     # ---- admission, then a step (batch.py) ---------------------------------------------
 
     def _admit(self) -> None:
-        """Queued requests join the running ones while there is room (and the target is up)."""
+        """Queued requests join the running ones while there is room."""
         while self.slots.may_admit() and self._target_up() and (pending := self.clients.admit()):
             if dead := self._dead():
                 self.clients.done(pending)
@@ -194,8 +183,7 @@ class Scheduler:
                        self.memories.get(request.params.mode), cache, pending, self._target_starts())
 
     def _plan(self) -> list[Part]:
-        """Each running request's part in the next step (Batch.plan), once their caches are
-        known to be in the target that runs now."""
+        """Each running request's part in the next step, once its cache is known to be in the target."""
         running = self.slots.running
         try:
             for decoder in running:
@@ -213,9 +201,8 @@ class Scheduler:
         return self.batch.plan(running, self._end)
 
     def _run(self, parts: list[Part]) -> None:
-        """Start the step, stream each request's tokens of the last step while the workers
-        compute, finish it, commit. Each request has its own fault boundary; one that ends
-        leaves the running ones."""
+        """Start the step, stream the last step's tokens while the workers compute, finish,
+        commit. Each request has its own fault boundary."""
         if not parts:                          # (every part failed as it was planned)
             return
         running = [p.decoder for p in parts]
@@ -275,8 +262,7 @@ class Scheduler:
         self._retire(decoder)
 
     def _end(self, decoder: Decoder, exc: Exception) -> None:
-        """The fault boundary of one request: whatever it raised ends it alone, with an
-        answer to its client (the other requests go on)."""
+        """One request's fault boundary: whatever it raised ends it alone, with an answer."""
         pending, out = decoder.client, decoder.out
         if isinstance(exc, Stopped):       # both workers may be mid-round: collect their replies first
             self._drain()
@@ -301,16 +287,15 @@ class Scheduler:
         self._retire(decoder)
 
     def _sweep(self) -> None:
-        """Running requests that were cancelled or timed out end now, with the tokens they
-        have, and so do queued ones past their deadline."""
+        """Cancelled or timed-out requests end now, with the tokens they have."""
         self.clients.expire()
         for decoder in list(self.slots.running):
             if reason := self.clients.must_stop(decoder.client):
                 self._end(decoder, Stopped(reason))
 
     def _target_lost(self, lost: WorkerLost) -> None:
-        """Every admitted request had its cache in the dead target: one with no token yet
-        runs again, first, once the target is back (once); the others are aborted."""
+        """Every running request's cache died with the target: one with no token yet runs again
+        (once), first; the others are aborted."""
         for decoder in sorted(self.slots.running, key=lambda r: r.client.arrived, reverse=True):
             pending, out = decoder.client, decoder.out
             self._retire(decoder)
@@ -324,8 +309,7 @@ class Scheduler:
                                                                   "serving: send the request again"))
 
     def _finished(self, decoder: Decoder) -> None:
-        """Send what was not streamed yet (a request stopped early: text held back, in case it
-        began a stop string), then the whole result."""
+        """What was not streamed yet (text held back for a stop string), then the whole result."""
         pending, out = decoder.client, decoder.out
         ids, text = out.take_round()
         if ids or text:

@@ -1,13 +1,6 @@
-"""The admitted requests: their caches in the target, and when one runs alone.
-
-Up to [server] max_running requests are admitted at once, in order of arrival; each
-keeps its own cache in the target (Decoder.cache), so moving between them costs the
-target nothing. More than one: each step is a batch's (batch.py). One alone: each
-step is its own part (Decoder.own_part), and a request that waits joins it once it
-has run alone for [server] turn_s (whole rounds). The draft has one cache for the
-request that runs alone (a batch's are others, batch.py): a request alone again
-brings it up to date first (Decoder.draft_catches_up).
-"""
+"""The admitted requests (up to [server] max_running, each in its own cache of the target),
+and which one runs alone: the draft's lone cache is its. A request that waits joins a lone
+one once that has run alone for [server] turn_s and a round."""
 from __future__ import annotations
 
 import time
@@ -25,8 +18,7 @@ class Slots:
         self.alone_since = (0.0, 0)              # ... since when, alone this time, and its rounds alone then
 
     def may_admit(self) -> bool:
-        """Room for one more, unless a request runs alone and its turn is not over: turn_s,
-        and a round at least (Decoder.rounds_alone: not only its prompt or the draft catching up)."""
+        """Room for one more, unless a lone request's turn (turn_s, and a round) is not over."""
         if not self.free or len(self.running) != 1 or self.last is not self.running[0]:
             return bool(self.free)
         since, rounds = self.alone_since
@@ -50,8 +42,7 @@ class Slots:
             self.last, self.alone_since = decoder, (time.monotonic(), decoder.rounds_alone)
 
     def batching(self) -> None:
-        """A batch steps (or another request runs alone): the request that ran alone last is
-        suspended, its draft stopped (an extension of its last window must stop)."""
+        """A batch steps, or another request runs alone: the last lone one is suspended."""
         if self.last is not None:
             self.last.suspend()
             self.last = None

@@ -1,7 +1,4 @@
-"""The scheduler's start-up steps, each named (Scheduler.start runs them in order):
-wait for the workers, check the vocabularies, attach the shared buffers,
-calibrate the draft budget, fix the capabilities, and describe the engine.
-"""
+"""The scheduler's start-up steps, in the order Scheduler.start runs them."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,10 +27,8 @@ VERIFY_SIZES = [1, 2, 4, 6, 8, 10, 12, 16, 24, 32]
 
 
 def draft_tokenizer(draft: ModelSpec, target: ModelSpec, target_tokenizer: Tokenizer) -> Tokenizer | None:
-    """The draft's tokenizer, when the draft is another model than the target (its
-    vocabulary may then differ); None when it is the target's own file. A draft whose
-    kept tokenizer files are the target's (Qwen2.5-Coder 0.5B and 1.5B) shares its
-    object: a second copy of a large vocabulary's rules held 50 MB more."""
+    """The draft's tokenizer (None: the draft is the target's own file). One whose kept files
+    are the target's shares its object: a large vocabulary's second copy holds 50 MB."""
     if (draft.kind, draft.file, draft.random) == (target.kind, target.file, target.random):
         return None
     if same_files(kept_tokenizer(draft), kept_tokenizer(target)):
@@ -53,8 +48,7 @@ def same_files(a: str, b: str) -> bool:
 
 
 def wait_for_workers(crew: Crew, links: tuple[DraftLink, TargetLink], timeout_s: float) -> dict[str, WorkerHello]:
-    """Each worker's hello once its model is loaded. A worker that dies while starting
-    fails the start (no restarts), with its last log lines."""
+    """Each worker's hello once loaded; one that dies meanwhile fails the start, with its log."""
     hellos = {}
     for link in links:
         try:
@@ -70,8 +64,7 @@ def wait_for_workers(crew: Crew, links: tuple[DraftLink, TargetLink], timeout_s:
 
 def check_vocabularies(target: Tokenizer, draft: Tokenizer | None, hellos: dict[str, WorkerHello],
                        draft_model: ModelSpec) -> str | None:
-    """Each tokenizer fits its model; returns how the two vocabularies differ (None: one
-    vocabulary). A draft of another vocabulary must carry plain text through."""
+    """How the vocabularies differ (None: one), once each tokenizer is known to fit its model."""
     for role, tokenizer in (("target", target), ("draft", draft)):
         n_vocab = hellos[role].n_vocab
         if tokenizer and tokenizer.size is not None and tokenizer.size > n_vocab:   # (bytes: a test model's)
@@ -84,11 +77,9 @@ def check_vocabularies(target: Tokenizer, draft: Tokenizer | None, hellos: dict[
 
 
 def with_running(config: EngineConfig, target: WorkerHello, worker: Worker) -> EngineConfig:
-    """The config with [server] max_running as the target holds it: as configured, or
-    for "auto" what its device holds (workers/target/devices.py, running_caches). The
-    target is started again with that many, not fitted anew: free memory may have
-    shrunk meanwhile, and the running requests' caches must all be there. Only a CUDA
-    target's "auto" is left to the worker (config.py resolves the others)."""
+    """The config with [server] max_running as the target holds it. Only a CUDA target's "auto"
+    gets here (config.py resolves the others); a restarted target gets that number, not a
+    new fit: free memory may have shrunk, and every running request's cache must be there."""
     if config.server.max_running != AUTO:
         return config
     at = worker.args.index("--spec") + 1
@@ -98,15 +89,13 @@ def with_running(config: EngineConfig, target: WorkerHello, worker: Worker) -> E
 
 
 def answer_rows(config: EngineConfig) -> int:
-    """Rows of answers a verify pass may ask for: a window of max_gamma and the bonus
-    token, and one more; a step of a batch (batch.py), at least one each."""
+    """Answer rows a pass may ask for: a window, its bonus token and one more; a batch's, one each."""
     return max(config.decoding.max_gamma + 2, config.server.max_running)
 
 
 def attach_buffers(config: EngineConfig, run_id: str, draft: DraftLink, target: TargetLink,
                    hellos: dict[str, WorkerHello]) -> SharedArray | None:
-    """Create each worker's shared buffers and have it map them; returns the buffer a
-    prompt's KV cache crosses in, when the draft can take the target's (else None)."""
+    """Each worker's shared buffers; returns the one a prompt's KV cache crosses in (None: none)."""
     rows = answer_rows(config)
     max_tokens = config.server.max_context + rows
     # The draft reports a cache shape only with [draft] prompt_kv = "auto": one it
@@ -130,8 +119,7 @@ def attach_buffers(config: EngineConfig, run_id: str, draft: DraftLink, target: 
 
 
 def calibrate(config: EngineConfig, draft: DraftLink, target: TargetLink) -> tuple[int, dict, CostModel | None]:
-    """(gamma, how it was chosen, the cost model): gamma = "auto" times both workers at
-    once (as they will run) and balances them."""
+    """(gamma, how it was chosen, the cost model): "auto" times both workers at once, as they run."""
     decoding = config.decoding
     if decoding.gamma != AUTO:
         return decoding.gamma, {"source": "config"}, None
@@ -153,14 +141,9 @@ def calibrate(config: EngineConfig, draft: DraftLink, target: TargetLink) -> tup
 
 
 def borrows_cores(config: EngineConfig, target: TargetLink, device: str) -> tuple[bool, float, bool]:
-    """(alone, pace, batch): whether the target decoding alone also takes the draft's
-    cores, and whether a batch's pass does (batch.py: where its draft idles): as
-    configured, or ("auto") each if its pass is at least 5% faster so (the draft idle),
-    after a short context: one token for decoding alone, max_running tokens for a
-    batch, whose rows split among threads better. On a small CPU a second thread can
-    cost more in synchronisation than it gains. Also how much faster a token alone is
-    than on the target's own cores (1.0 where not measured): the gate's first figure
-    for the target alone, which speculation must beat (gate.Memory)."""
+    """(alone, pace, batch): whether the target alone, and a batch's pass, take the draft's cores
+    too: as configured, or ("auto") where that is 5% faster (on a small CPU a second thread can
+    cost more than it gains); and the alone token's speed-up so, which speculation must beat."""
     choice = config.target.alone_borrows_draft_cores
     if choice != AUTO or device != "cpu" or not set(config.draft.cores) - set(config.target.cores):
         return choice is True and device == "cpu", 1.0, choice is True and device == "cpu"
@@ -180,9 +163,7 @@ def borrows_cores(config: EngineConfig, target: TargetLink, device: str) -> tupl
 def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handover: bool,
                  alone_borrows: bool, batch_borrows: bool, differ: str | None) -> Capabilities:
     keep = config.decoding.keep_drafting
-    # On a CPU target both workers share the memory bus: a draft that never
-    # rests slows verification more than its extra tokens gain (e7e822d:docs/performance.md).
-    # A GPU target (or one paced as a GPU) leaves the draft's cores alone.
+    # Beside a CPU target a draft that never rests slows verifying (one memory bus); not beside a GPU.
     keep_drafting = hellos["target"].device != "cpu" if keep == AUTO else keep
     return Capabilities(
         max_gamma=config.decoding.max_gamma, max_sequences=config.decoding.max_sequences,
@@ -190,14 +171,13 @@ def capabilities(config: EngineConfig, hellos: dict[str, WorkerHello], kv_handov
         alone_borrows_cores=alone_borrows, batch_borrows_cores=batch_borrows,
         draft_borrows_cores=config.draft.prefill_borrows_target_cores and hellos["draft"].prefill_threads,
         keep_drafting=keep_drafting, kv_handover=kv_handover, lookup=config.decoding.lookup,
-        # a batch's drafts: the native draft's (workers/draft/batch_drafter.py), in the target's own tokens
         batch_drafts=config.decoding.batch_drafts and config.server.max_running > 1 and not differ
         and hellos["draft"].backend == "native")
 
 
 def describe(config: EngineConfig, endpoint: str, gamma: int, budget: dict, caps: Capabilities, differ: str | None,
              hellos: dict[str, WorkerHello], spec: RunSpec) -> dict:
-    """The engine's info as clients see it (Engine.get_info), at start-up."""
+    """The engine's info as clients see it (Engine.get_info)."""
     n_target, n_draft = hellos["target"].n_vocab, hellos["draft"].n_vocab
     return {
         "pid": os.getpid(), "launcher_pid": spec.launcher_pid, "endpoint": endpoint,
@@ -221,13 +201,8 @@ def _redacted(config: dict) -> dict:
 
 def _vocabulary(differ: str | None, n_target: int, n_draft: int) -> dict:
     """How the draft's tokens become the target's (bridge.py)."""
-    if not differ:
-        return {"shared": True, "target": n_target, "draft": n_draft,
-                "bridge": "none: the draft and the target use the same tokens"}
-    return {"shared": False, "target": n_target, "draft": n_draft,
-            "bridge": f"text: {differ}; committed tokens reach the draft as text in its own tokens, and its "
-                      "windows reach the target as text in the target's tokens (sampling accepts each "
-                      "proposed token with the target's probability)"}
+    bridge = f"text: {differ}" if differ else "none: the draft and the target use the same tokens"
+    return {"shared": not differ, "target": n_target, "draft": n_draft, "bridge": bridge}
 
 
 def _worker_info(hello: WorkerHello) -> dict:

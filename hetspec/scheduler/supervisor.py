@@ -1,10 +1,7 @@
-"""The scheduler supervises its two workers: it starts them, notices when one
-dies, and starts it again, so a killed draft costs speed and a killed target
-costs the one request it was running, never the engine.
-
-A worker that dies before it is ready (while loading its model) CRASH_LOOP
-times in a row is given up: bad weights or too little memory would fail the
-same way forever. The engine then says why, with the worker's last log lines.
+"""Supervised processes: the scheduler restarts a worker that dies (a killed draft costs
+speed, a killed target its running requests, never the engine), and the launcher the
+scheduler. One that dies before it is ready CRASH_LOOP times in a row is given up (bad
+weights or too little memory fail the same way forever), with its last log lines.
 """
 from __future__ import annotations
 
@@ -26,9 +23,8 @@ LOG_LINES = 5         # log lines quoted when a worker is given up
 
 
 def spawn(args: list[str], log_path: str, threads: int) -> subprocess.Popen:
-    """A hetspec Python process in its own session (a Ctrl-C reaches only the launcher),
-    logging to log_path. One OpenMP/MKL thread per owned core; a prefill on borrowed
-    cores asks for more explicitly and re-pins every thread (workers/common/thread_pinning.py)."""
+    """A hetspec Python process in its own session (a Ctrl-C reaches only the launcher), one
+    OpenMP thread per owned core (borrowing cores re-pins: workers/common/thread_pinning.py)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"), PYTHONUNBUFFERED="1")
@@ -87,8 +83,7 @@ class Worker:
         return None if self.process is None else exit_reason(self.process)
 
     def died(self, reason: str, before_start=None) -> None:
-        """Record a death, and start the process again unless it is in a crash loop;
-        before_start(reason), if given, runs just before it starts again."""
+        """Record a death; start it again (after before_start(reason)) unless in a crash loop."""
         self.deaths.append((time.time(), reason))
         self.failed_in_a_row = self.failed_in_a_row + 1 if self.state is State.STARTING else 0
         if self.state is State.STARTING and self.failed_in_a_row >= CRASH_LOOP:
@@ -139,8 +134,7 @@ class Worker:
 
 
 class Crew:
-    """Both workers with their links: started together, watched between rounds, and
-    each started again when it dies (a restarted worker maps the same buffers)."""
+    """Both workers with their links, watched between steps; a restarted one maps the same buffers."""
 
     def __init__(self, spec: RunSpec, links: dict):
         self.links = links
@@ -154,10 +148,8 @@ class Crew:
             worker.start()
 
     def check(self) -> None:
-        """Start a worker that died again (or give it up), and finish bringing up one
-        that has loaded its model. Cheap: a waitpid and a socket poll per worker. A
-        link with a command outstanding is left alone: its wait() reports the death
-        to whoever sent the command (links.WorkerLost), and the next check restarts."""
+        """Restart a worker that died (or give it up), and finish bringing up one that has
+        loaded. A link with a command outstanding is left alone: its wait() reports the death."""
         for role, worker in self.workers.items():
             link = self.links[role]
             if worker.state is State.FAILED or link.busy:

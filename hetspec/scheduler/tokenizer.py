@@ -13,8 +13,7 @@ from hetspec.models import resolve_model
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as tokens (ids 0-255), for the tiny random test models that
-    ship no tokenizer. Ids above 255 decode to nothing."""
+    """UTF-8 bytes as tokens, for the tiny random test models (ids above 255 decode to nothing)."""
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -41,9 +40,8 @@ SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token", "se
 
 
 class Tokenizer:
-    """A model's tokenizer, run by `tokenizers` (Rust) with its chat template in jinja2,
-    as transformers' fast tokenizers run them. transformers itself, slow to import and
-    large, is imported only to convert a GGUF file's tokenizer the first time."""
+    """A model's tokenizer, run by `tokenizers` with its chat template in jinja2, as transformers'
+    fast tokenizers are; transformers (slow to import) only converts a GGUF file's, once."""
 
     def __init__(self, model: ModelSpec):
         self.backend = None        # a tokenizers.Tokenizer; None: UTF-8 bytes (a random model's)
@@ -83,8 +81,7 @@ class Tokenizer:
         return set() if token is None else {token}
 
     def encode_prompt(self, prompt: str) -> list[int]:
-        """RequestError if the tokenizer rejects the text (core.params.check_text
-        already refused what UTF-8 cannot encode)."""
+        """RequestError if the tokenizer rejects the text."""
         try:
             if self.backend is None:
                 return self.byte.encode(prompt)
@@ -127,8 +124,7 @@ class Tokenizer:
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def encode_with_ends(self, text: str) -> tuple[list[int], list[int]]:
-        """encode_text, and where in the text each token ends (-1 where unsure). An end
-        is checked by decoding the tokens up to it before it is relied on (Anchor)."""
+        """encode_text, and where in the text each token ends (-1: unsure; Anchor checks them)."""
         if self.backend is None:
             return self.byte.encode_with_ends(text)
         encoded = self.backend.encode(text, add_special_tokens=False)
@@ -188,11 +184,8 @@ def _clean_up(text: str) -> str:
 
 
 class IncrementalText:
-    """Text of generated tokens, piece by piece, without re-decoding everything.
-
-    A token can end mid-character (byte fallback) or change how the previous
-    one renders, so each step decodes a short window and holds back a piece
-    that ends in an incomplete character (the vLLM approach)."""
+    """Text of generated tokens, piece by piece: each step decodes a short window and holds
+    back a piece that ends mid-character (a token may change how the one before renders)."""
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int]):
         self.tokenizer = tokenizer

@@ -1,9 +1,6 @@
-"""Where a request's acceptance estimate starts: what the engine's earlier
-requests of the same kind (greedy, keyed or unkeyed sampling) saw.
-
-The estimate sets window lengths (SpS's gamma, restarts, branch budgets).
-Starting every request at a generic 0.8 makes the first rounds of a pair that
-almost always agrees far too short."""
+"""Where a request's acceptance estimate starts: what the engine's earlier requests of its kind (greedy, keyed or
+unkeyed sampling) saw. The estimate sets window lengths (SpS's gamma, restarts, branch budgets), and a generic 0.8
+for every request makes the first rounds of a pair that almost always agrees far too short."""
 from __future__ import annotations
 
 GENERIC = 0.8

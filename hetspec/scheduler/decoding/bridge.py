@@ -1,25 +1,12 @@
 """Drafting across vocabularies: a draft whose tokenizer is not the target's.
 
-The draft works in its own token space and never sees a target token; the
-target never sees a draft token. Text is the common ground:
-
-  to the draft   the committed target tokens are decoded to text and that
-                 text is encoded by the draft's tokenizer; the draft's cache
-                 then keeps its longest common prefix with the result, as it
-                 does for a shared vocabulary (workers/draft/drafter.py);
-  to the target  each drafted branch is decoded to text and encoded by the
-                 target's tokenizer: a window of target tokens.
-
-A translated window is only a proposal, so exactness never depends on the
-translation: greedy verification keeps what the target itself would choose.
-Sampling needs care: the draft's distribution lives in another vocabulary,
-so every request is keyed (Rule.KEYED): the target makes its own keyed draw
-at each position (core/sampling.draw_keyed) and keeps a translated token only
-if it is that draw, and the draft proposes its likeliest tokens.
-
-Re-encoding the whole context every round would cost milliseconds on a long
-prompt, so the text up to an anchor a few dozen tokens back is encoded once
-and kept; only the tail after it is encoded again (Anchor).
+Neither model ever sees the other's tokens; text is the common ground. Committed target tokens are decoded and
+encoded by the draft's tokenizer (its cache keeps the longest common prefix, as for a shared vocabulary:
+workers/draft/drafter.py); each drafted branch is decoded and encoded by the target's, a window of target tokens.
+A translated window is only a proposal, so exactness never depends on the translation. The draft's distribution
+lives in another vocabulary, so every request is keyed (Rule.KEYED): the target keeps a translated token only if it
+is its own keyed draw (core/sampling.draw_keyed), and the draft proposes its likeliest tokens. Re-encoding the whole
+context every round would cost milliseconds on a long prompt, so only the tail after an anchor is (Anchor).
 """
 from __future__ import annotations
 
@@ -38,8 +25,7 @@ LOOKBEHIND = 4     # draft tokens decoded before a branch, so the branch's first
 
 
 def describe_vocabularies(target: Tokenizer, draft: Tokenizer, n_target: int, n_draft: int) -> str | None:
-    """None when draft and target share one vocabulary (the same tokens, the same ids);
-    else how they differ."""
+    """None when draft and target share one vocabulary (the same tokens, the same ids); else how they differ."""
     if n_target == n_draft and target.vocabulary() == draft.vocabulary():
         return None
     return f"the draft has {n_draft} tokens, the target {n_target}" if n_target != n_draft else \
@@ -57,14 +43,10 @@ def check_expressible(draft: Tokenizer, name: str) -> None:
 
 
 class Anchor:
-    """The draft's tokens of a context's text, re-encoding only its tail.
-
-    The kept part ends where a target token and a draft token both end, at
-    least `lag` target tokens back, so a rejected window (never longer than
-    lag) never reaches into it. Encoding the tail alone matches encoding the
-    whole text as long as no token crosses that boundary, which is what a
-    boundary both tokenizers chose makes likely; when it fails the draft
-    proposes worse, never wrongly."""
+    """The draft's tokens of a context's text, re-encoding only its tail. The kept part ends where a target and a
+    draft token both end, at least `lag` target tokens back, so a rejected window (never longer) never reaches into
+    it. Encoding the tail alone matches encoding the whole unless a token crosses that boundary, which one both
+    tokenizers chose makes unlikely; if one does, the draft proposes worse, never wrongly."""
 
     def __init__(self, target: Tokenizer, draft: Tokenizer, lag: int):
         self.target, self.draft, self.lag = target, draft, lag
@@ -103,9 +85,7 @@ class Anchor:
 
 
 class BridgedDraft:
-    """A DraftLink that takes and returns target tokens, for a draft of another vocabulary.
-
-    The decoding loop uses it exactly as it uses a DraftLink."""
+    """A DraftLink (and used as one) that takes and returns target tokens, for a draft of another vocabulary."""
 
     def __init__(self, link: DraftLink, target: Tokenizer, draft: Tokenizer, max_gamma: int, n_ctx: int,
                  n_vocab: int):
@@ -141,9 +121,8 @@ class BridgedDraft:
 
     def start_window(self, request_id: int, context, gamma: int, sampling: Sampling,
                      branches: BranchPlan | None = None) -> None:
-        """The draft proposes its likeliest tokens: the target keeps a token x only
-        if it is its own keyed draw, with probability p(x) whatever the draft's
-        distribution, and the likeliest is the one it keeps most often."""
+        """The draft proposes its likeliest tokens: the target keeps x only if it is its own keyed draw, with
+        probability p(x) whatever the draft's distribution, so the likeliest is kept most often."""
         self.link.start_window(request_id, self._to_draft(context), gamma, GREEDY, branches)
 
     def finish_window(self) -> Draft:
@@ -165,10 +144,9 @@ class BridgedDraft:
         if len(ids) > self.room:
             raise ContextTooLong(f"the context is {len(ids)} tokens in the draft's vocabulary, more than its cache "
                                  f"leaves room for ({self.room}); the target went on alone")
-        # Token healing: a context that ends in spaces ends where the draft's own text
-        # rarely does (its tokens carry a space at their start: " return"), so those
-        # spaces are left for the draft to write again, and taken off its proposals.
-        # (Healing newlines too was measured to commit fewer tokens a round.)
+        # Token healing: a context ending in spaces ends where the draft's text rarely does (its tokens start with
+        # the space: " return"), so they are left for the draft to write again and taken off its proposals.
+        # Newlines are not healed: that commits fewer tokens a round.
         last = self.tokenizer.decode(ids[-1:]) if len(ids) > len(self.anchor.start) + 1 else ""
         self.healed = last if last and not last.strip(" ") else ""
         self.context = ids[:-1] if self.healed else ids
@@ -176,7 +154,6 @@ class BridgedDraft:
 
 
 class ContextTooLong(Exception):
-    """The draft's tokens of this context do not fit its cache: the target goes on alone,
-    as when the draft worker is lost (Decoder.without_draft)."""
+    """The draft's tokens of this context overflow its cache: the target goes on alone (Decoder.without_draft)."""
     role = "draft"
 

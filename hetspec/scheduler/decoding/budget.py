@@ -1,28 +1,18 @@
-"""The hardware-aware draft budget: pick gamma so drafting the next window
-takes about as long as verifying the current one, so neither side idles."""
+"""The draft budget: pick gamma so drafting the next window takes about as long as verifying the current one."""
 from __future__ import annotations
 
 import math
 
 CONTENTION = 1.3    # a target step beside a draft prefill takes this much longer: they share the memory bus
-LONG_PROMPT = 16    # tokens: a shorter prompt prefills fast, so neither worker borrows the other's cores for it,
-                    # and a draft prefill as short costs too little to weigh (prefill_pays) or to time
-BATCH_MARGIN = 1.1  # a batch drafts only where the cost model expects this many times the tokens a second of its
-                    # steps without drafts: their lookup guesses (uncounted) commit some too, and a batch's draft
-                    # step costs more than its calibration (catch-up tokens, a round trip)
+LONG_PROMPT = 16    # tokens: a shorter prefill is too cheap to share cores for, to weigh (prefill_pays) or to time
+BATCH_MARGIN = 1.1  # a batch drafts only where the cost model expects this many times the rate without drafts: their
+                    # uncounted lookup guesses commit too, and a batched draft step costs more than calibrated
 WORTH_GUESSING = 0.1  # without measured costs, a lookup token is guessed while it is kept at least this often
-                      # (a CPU target's window costs about a tenth of a token more per token)
 
 
 def choose_gamma(draft_s_per_token: float, verify_s: dict[int, float], max_gamma: int) -> int:
-    """Smallest gamma with gamma * t_draft >= t_verify(gamma).
-
-    verify_s maps a verify size (tokens per target pass) to its measured time;
-    sizes in between are interpolated linearly, beyond the last extrapolated.
-    In a pipelined round the draft makes gamma forward passes while the target
-    verifies the last committed token plus the pending window, whose first
-    token the target already chose: gamma tokens in all.
-    """
+    """Smallest gamma with gamma * t_draft >= t_verify(gamma): in a pipelined round the draft makes gamma passes
+    while the target verifies gamma tokens (the last committed one, and the pending window less its first)."""
     if draft_s_per_token <= 0 or not verify_s:
         raise ValueError("need a positive draft time and at least one verify timing")
     for gamma in range(1, max_gamma + 1):
@@ -32,9 +22,7 @@ def choose_gamma(draft_s_per_token: float, verify_s: dict[int, float], max_gamma
 
 
 def monotone(verify_s: dict[int, float]) -> dict[int, float]:
-    """Verify timings with each size capped by the fastest larger size: a pass of
-    more tokens never costs less, so a smaller size measured slower than a larger
-    one was slowed by the machine (a busy neighbour at start-up), not by its size."""
+    """Each size capped by the fastest larger one: a pass measured slower than a longer one was slowed by a neighbour."""
     fixed, fastest = {}, float("inf")
     for n in sorted(verify_s, reverse=True):
         fastest = min(fastest, verify_s[n])
@@ -60,9 +48,8 @@ def interpolate(points: dict[int, float], x: int) -> float:
 
 
 def restart_tokens(acceptance: float, pace: float, draft_s: float, limit: int) -> int:
-    """Tokens worth drafting while the target waits: the j-th is kept with probability
-    acceptance**j, and is worth a draft step while that times the pipeline's pace
-    (seconds per committed token) beats the step; at most limit."""
+    """Tokens worth drafting while the target waits: the j-th (kept with probability acceptance**j) while that
+    times pace (seconds per committed token) beats a draft step; at most limit."""
     n = 0
     while n < limit and acceptance ** (n + 1) * pace >= draft_s:
         n += 1
@@ -70,17 +57,14 @@ def restart_tokens(acceptance: float, pace: float, draft_s: float, limit: int) -
 
 
 def _committed(acceptance: float, n: int) -> float:
-    """Expected tokens a pass verifying n drafted tokens commits: 1 + a + ... + a**n
-    (in closed form: the window search runs every round)."""
+    """Expected tokens a pass verifying n drafted ones commits: 1 + a + ... + a**n, in closed form."""
     if acceptance >= 1:
         return n + 1.0
     return (1 - acceptance ** (n + 1)) / (1 - acceptance)
 
 
 class CostModel:
-    """What a draft token and a verify pass cost, from the start-up measurement,
-    kept honest by the rounds' own timings (costs grow with the context and
-    drift on a shared machine)."""
+    """Draft and verify costs: measured at start-up, tracked by the rounds (costs grow with the context, and drift)."""
 
     SMOOTHING = 0.2
 
@@ -105,7 +89,6 @@ class CostModel:
             self.verify_scale += self.SMOOTHING * (ratio - self.verify_scale)
 
     def observe_batch(self, n_tokens: int, seconds: float) -> None:
-        """A batch's pass of n_tokens."""
         if n_tokens > 0 and seconds > 0:
             self.batch_scale += self.SMOOTHING * (seconds / self.measured(n_tokens) - self.batch_scale)
 
@@ -117,18 +100,13 @@ class CostModel:
 
     def batch_window(self, acceptances: list[float], yields: list[float], others: list[float], max_gamma: int,
                      forced: bool = False) -> int:
-        """The window each of a batch's drafting requests gets, at their per-token
-        acceptances (one length for all: each draft token is one batched draft step for
-        all of them), drafted beside a pass (batch.py's Drafts): the one of most committed
-        tokens a second. A step lasts the longer of the gamma draft steps and a pass that
-        holds every drafting request's gamma tokens (its last token and the window after
-        the first drafted one, the bonus token's guess) and the others' next tokens. A
-        request's window is there in a step with probability a**gamma (its last one kept
-        whole, the bonus token guessed), else it takes a bare step. yields, others: the
-        tokens a target-only step commits with its lookup guess, for each drafting request
-        (were it not drafting) and each other one. 0 (no drafting) where no window beats steps without drafts by
-        BATCH_MARGIN, unless forced (then at least 2, a window of one token). A batch's pass stops being free as
-        it grows, and its draft steps grow too: the window shrinks, down to none."""
+        """The one window length, for all of a batch's drafting requests (one batched draft step per token), of most
+        committed tokens a second. A step lasts the longer of gamma draft steps and a pass of every drafting request's
+        gamma tokens and the others' next ones; a request's window is there with probability a**gamma (its last kept
+        whole, the bonus token guessed), else its step is bare. yields, others: what a target-only step commits with
+        its lookup guess, per drafting and per other request. 0 unless a window beats no drafting by BATCH_MARGIN;
+        forced: at least 2 (one token). As a batch grows its pass stops being free and its draft steps slow: windows
+        shrink, down to none."""
         n = len(acceptances)
         if not n or not self.batch_draft_s or max_gamma < 1:
             return 0
@@ -148,13 +126,10 @@ class CostModel:
             self.prefill_s += self.SMOOTHING * (seconds / n_tokens - self.prefill_s)
 
     def prefill_pays(self, n_tokens: int, remaining: int, gain: float) -> bool:
-        """Whether the draft should prefill n prompt tokens beside the target, which
-        decodes alone meanwhile but CONTENTION times slower, before speculating at
-        gain g (CostModel.gain): over prefill time P it loses P * (1 - 1/(g * CONTENTION))
-        against the target alone, and speculating wins back (1 - 1/g) of the rest of
-        the request's time (docs/design.md). Speculation that is not expected to pay
-        never does, however little the draft has to read (a prompt it mostly holds
-        already); otherwise a short prefill always goes, and the gate judges."""
+        """Whether the draft should prefill n prompt tokens beside the target (decoding alone meanwhile, CONTENTION
+        times slower) before speculating at gain g: over prefill time P it loses P * (1 - 1/(g * CONTENTION)), and
+        speculating wins back (1 - 1/g) of the request's remaining time (docs/design.md). Never where speculation is
+        not expected to pay, however little there is to read; otherwise a short prefill always goes, the gate judges."""
         if gain <= 1:
             return False
         if n_tokens < LONG_PROMPT:
@@ -164,38 +139,24 @@ class CostModel:
         return lost < remaining * target_s * (1 - 1 / gain)
 
     def s_per_token(self, gamma: int, acceptance: float) -> float:
-        """A pipelined round's expected seconds per committed token: it lasts the
-        longer of gamma draft steps and a verify of gamma tokens, and commits
-        1 + a + ... + a**(gamma - 1) tokens at per-token acceptance a."""
+        """A pipelined round's expected seconds per committed token: the longer of gamma draft steps and a verify
+        of gamma tokens, over the 1 + a + ... + a**(gamma - 1) tokens it commits."""
         round_s = max(gamma * self.draft_s, self._verify(gamma))
         return round_s / _committed(acceptance, gamma - 1)
 
     def best_sequential(self, max_gamma: int, acceptance: float) -> int:
-        """SpS's gamma: the one with the least expected time per committed token.
-
-        A sequential round drafts gamma tokens (gamma draft steps), then verifies
-        them with the last committed token (a pass of gamma + 1 tokens), and
-        commits 1 + a + ... + a**gamma tokens at per-token acceptance a. The
-        pipelined balance point (choose_gamma) is no optimum here: nothing runs
-        beside the draft, and a long window costs the target little more than a
-        short one, so at high acceptance SpS gains from longer windows
-        (e7e822d:docs/performance.md, "SpS window")."""
+        """SpS's gamma of least expected time per committed token: gamma draft steps, then a pass of gamma + 1 tokens
+        committing 1 + a + ... + a**gamma. Not choose_gamma's balance point: nothing runs beside the draft, and a
+        longer window costs the target little more, so at high acceptance longer windows win."""
         def per_token(gamma: int) -> float:
             round_s = gamma * self.draft_s + self._verify(gamma + 1)
             return round_s / _committed(acceptance, gamma)
         return min(range(1, max_gamma + 1), key=per_token)
 
     def best_pipelined(self, max_gamma: int, acceptance: float) -> int:
-        """The pipelined window of least expected time per committed token: a round
-        lasts the longer of drafting n tokens and verifying them (with the last
-        committed token), and commits 1 + a + ... + a**n tokens. Where verifying
-        costs little more for a longer window this is the balance point; where it
-        costs much more (a large output layer on a CPU) and acceptance is modest,
-        a shorter window commits nearly as much for far less (docs/design.md, "Never
-        slower than the target alone").
-
-        A round after a rejection asks twice with the same costs (its restart's window,
-        then the next window): the last answer is kept for the same question."""
+        """The pipelined window of least expected time per committed token (_pipelined_s): the balance point where a
+        longer verify costs little more, shorter where it costs much more (a large output layer on a CPU) at modest
+        acceptance (docs/design.md). Memoized: a round after a rejection asks twice with the same costs."""
         question = (max_gamma, acceptance, self.draft_s, self.verify_scale)
         if self._best_pipelined[0] != question:
             terms = self._terms(acceptance, max_gamma)
@@ -204,15 +165,12 @@ class CostModel:
         return self._best_pipelined[1]
 
     def best_lookup(self, max_tokens: int, acceptance: float) -> int:
-        """A target-only step's guess length: the one of least expected time per
-        committed token (a pass of k + 1 tokens commits 1 + a + ... + a**k), 0..max_tokens."""
+        """A target-only step's guess length (0..max_tokens) of least expected time per committed token."""
         return min(range(max_tokens + 1),
                    key=lambda k: self._verify(k + 1) / _committed(acceptance, k))
 
     def gain(self, max_gamma: int, acceptance: float) -> float:
-        """Speculation's expected pace over the target alone's, at the best pipelined window.
-        The target alone may take the draft's cores too, and then a pipelined round,
-        each worker on its own cores, must beat that pace, not the one-core token's."""
+        """Speculation's expected pace at the best pipelined window over the target alone's (which may take all cores)."""
         best = self._pipelined_s(self.best_pipelined(max_gamma, acceptance), acceptance)
         return self.alone_s() / best
 
@@ -221,25 +179,20 @@ class CostModel:
         return self._verify(1) * self.alone_pace
 
     def covering(self, gamma: int, pending: int) -> int:
-        """Draft for as long as the target will take to verify the last committed token
-        plus the pending window, at most gamma. After a rejection (nothing pending)
-        that is a short draft, not a full gamma the target would wait for."""
+        """Draft as long as the target takes to verify the last committed token and the pending window, at most
+        gamma: after a rejection (nothing pending), a short draft, not a full gamma the target would wait for."""
         return max(1, min(gamma, math.ceil(self._verify(pending + 1) / self.draft_s)))
 
     def _terms(self, acceptance: float, top: int) -> tuple[list[float], list[float], list[float]]:
-        """acceptance ** k, _committed(acceptance, k) and _verify(k) for k = 0 .. top + 1: what
-        _pipelined_s reads, worked out once for a search over every window length."""
+        """acceptance ** k, _committed(acceptance, k) and _verify(k) for k = 0 .. top + 1, once per window search."""
         ks = range(top + 2)
         return [acceptance ** k for k in ks], [_committed(acceptance, k) for k in ks], [self._verify(k) for k in ks]
 
     def _pipelined_s(self, n: int, acceptance: float, terms: tuple | None = None) -> float:
-        """Seconds per committed token of pipelined rounds whose draft windows hold n
-        tokens: the first guesses the target's bonus token, so a round verifies the
-        n - 1 others. A round that keeps its whole window and whose bonus token the
-        draft guessed hands the next one a window drafted meanwhile; any other is
-        followed by a restart round, whose r tokens are drafted while the target
-        waits (Windows.restart). The two kinds alternate as a two-state chain, and
-        its stationary mix weighs them. terms: _terms(acceptance, n or more)."""
+        """Seconds per committed token of pipelined rounds of n-token windows, the first token guessing the target's
+        bonus token (a round verifies the other n - 1). A round keeping its whole window and guessing the bonus token
+        hands the next a window drafted meanwhile; any other is followed by a restart round of r tokens drafted while
+        the target waits (Windows.restart): a two-state chain, weighed by its stationary mix. terms: _terms(a, >= n)."""
         a = acceptance
         powers, committed, verify = terms or self._terms(a, n)
         full_s, full_n = max(n * self.draft_s, verify[n]), committed[n - 1]
@@ -255,9 +208,7 @@ class CostModel:
         return self.verify_scale * self.measured(n)
 
     def measured(self, n: int) -> float:
-        """A verify pass of n tokens as measured at start-up (interpolated), worked out once
-        per size: the windows' searches ask for every size, every round, and the measured
-        points never change."""
+        """A verify pass of n tokens as measured at start-up, interpolated once per size (asked for every round)."""
         seconds = self._interpolated.get(n)
         if seconds is None:
             seconds = self._interpolated[n] = interpolate(self.verify_s, n)
@@ -265,21 +216,17 @@ class CostModel:
 
 
 class Windows:
-    """One request's draft windows, each round's gamma: its budget, as the engine's
-    costs (CostModel) and the request's own rounds say. Every window length the
-    decoder uses comes from here."""
+    """One request's draft windows: every window length the decoder uses comes from here (the costs, its rounds)."""
 
     def __init__(self, gamma: int, rebalance: bool, max_gamma: int, costs: CostModel | None, max_lookup: int = 0):
         self.gamma, self.rebalance, self.max_gamma, self.costs = gamma, rebalance, max_gamma, costs
         self.max_lookup = max_lookup
 
     def pipelined(self, pending: int, acceptance: float, room: int) -> int:
-        """The next window, drafted while the target verifies `pending` tokens: gamma,
-        or less when the target will be done sooner (CostModel.covering), and no more
-        than `room`, what could still be committed after the pending window and the
-        target's own next token (0: drafting would be wasted). With an automatic
-        budget gamma is only where the first round starts: the rounds' own timings
-        then set each length, up to max_gamma."""
+        """The next window, drafted while the target verifies `pending` tokens: gamma, less where the target will be
+        done sooner (CostModel.covering), at most `room` (what could still commit after the pending window and the
+        target's next token; 0: drafting would be wasted). With an automatic budget gamma only starts the first
+        round; the rounds' timings then set each length, up to max_gamma."""
         gamma = self.max_gamma if self.rebalance else self.gamma
         if self.costs is not None:
             if self.rebalance:
@@ -288,25 +235,18 @@ class Windows:
         return min(gamma, room)
 
     def sequential(self, acceptance: float, room: int) -> int:
-        """SpS: with an automatic budget, the window of least expected time per token
-        (CostModel.best_sequential): no verify runs alongside to be matched."""
+        """SpS: with an automatic budget, the window of least expected time per token (no verify runs alongside)."""
         gamma = self.gamma
         if self.rebalance and self.costs is not None:
             gamma = self.costs.best_sequential(self.max_gamma, acceptance)
         return min(gamma, room)
 
     def restart(self, acceptance: float, pace: float | None, room: int) -> int:
-        """How many tokens to draft, the target waiting, before a verify pass that
-        would otherwise have no window (the first round, and the round after a
-        rejection or a missed branch): such a pass commits one token for the cost
-        of a whole window. Each token costs a draft step and its j-th is accepted
-        with probability acceptance**j: draft it while that beats the pipeline's
-        own pace (seconds per committed token: this request's rounds', or the cost
-        model's before there are enough), up to the pipelined window less one and
-        `room`. Without a cost model every window is a full one. With an automatic
-        budget the pipelined window is the cost model's (best_pipelined), not the
-        start-up gamma: where drafting never catches up with a verify, that is
-        max_gamma, and restarts as long would make the target wait for them."""
+        """Tokens to draft, the target waiting, before a pass that would otherwise verify no window (the first round,
+        after a rejection or a missed branch) and commit one token for a whole window's cost. The j-th is kept with
+        probability acceptance**j: draft it while that beats the pipeline's pace (this request's rounds', else the cost
+        model's), up to the pipelined window less one and `room`. With an automatic budget that window is
+        best_pipelined's: the start-up gamma is max_gamma where drafting never catches up, too long to wait for."""
         window = self.gamma
         if self.rebalance and self.costs is not None:
             window = self.costs.best_pipelined(self.max_gamma, acceptance)
@@ -317,10 +257,8 @@ class Windows:
         return restart_tokens(acceptance, pace, self.costs.draft_s, limit)
 
     def lookup(self, acceptance: float, room: int) -> int:
-        """How many lookup tokens a target-only step may guess (lookup.py), at most
-        max_lookup and `room`: the length of least expected time per token from the
-        costs; without them (a configured gamma), every token kept with probability
-        at least WORTH_GUESSING."""
+        """Lookup tokens a target-only step may guess (lookup.py), at most max_lookup and `room`: the costs' best
+        length, or without them (a configured gamma) while each is kept with probability at least WORTH_GUESSING."""
         k = self.max_lookup
         if k > 0 and self.costs is not None:
             k = self.costs.best_lookup(k, acceptance)

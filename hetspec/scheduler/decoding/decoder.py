@@ -1,27 +1,19 @@
-"""A running request, the one owner of its state: its client, its cache in the target, what
-the draft's caches hold of it, its output, statistics, and its part in each step
-(round.Part: the tokens the step's target pass runs for it, and what commits the
-verdict). Each kind of part is one method. Alone, a request's part follows one of
-three explicit modes (core.params.Mode):
+"""A running request, the one owner of its state: its client, its cache in the target,
+what the draft's caches hold of it, its output, statistics, and its part in each step
+(round.Part). Each kind of part is one method. Alone, a request follows its mode
+(core.params.Mode): duodec (duodec_round: the draft drafts the next window while the
+target verifies this one), sequential (SpS: draft, then verify) or target (target_step);
+or it reads its prompt (prefill), rests while speculating does not pay (rest_step,
+gate.py), or steps target-only while the draft catches up (draft_catches_up). In a
+batch's step (scheduler/batch.py) it is a prompt chunk, a target step or a drafted window.
 
-  duodec      DuoDecoding: the draft drafts the next window while the target
-              verifies the current one (duodec_round);
-  sequential  ordinary speculative decoding (SpS): draft, then verify (sequential_round);
-  target      the target alone, one token a pass (target_step);
+A draft that restarts, dies, fails or cannot hold the text leaves the request
+target-only: it loses speed, never tokens. Target-only steps of a speculative mode
+verify free prompt-lookup guesses (lookup.py).
 
-or it is the prompt (prefill), a rest while speculating does not pay (rest_step,
-gate.py), or a target-only step while the draft catches up (draft_catches_up). In a
-batch's step (scheduler/batch.py) it is a chunk of its prompt (prefill), its next token
-after a lookup guess (target_step), or a window drafted beside the last pass.
-
-A draft that is restarting, dies, fails or cannot hold the text (another vocabulary's)
-leaves the request target-only: it loses speed, never tokens. A target-only step in a
-speculative mode verifies a free prompt-lookup guess (lookup.py). The draft: a DraftLink
-or a BridgedDraft (bridge.py); windows: budget.Windows; the words: round.py.
-
-Invariant: the target's KV cache holds every committed token but the last, so each
-verify pass feeds [last committed token] + pending window W and reads the target's choice
-at every position of W and after it. The draft's caches keep in step by longest common prefix
+Invariant: the target's cache holds every committed token but the last, so each pass
+feeds [last committed token] + window and reads the target's choice at each position of
+the window and after it. The draft's caches keep in step by longest common prefix
 (workers/draft/drafter.py): a wrong draft_ready costs time, never tokens.
 """
 from __future__ import annotations
@@ -118,8 +110,8 @@ class Decoder:
                                  bool(part.borrow), part.ahead)
 
     def next_part(self):
-        """The kind of this request's next part alone: a method that sends its draft's
-        commands and returns its part (None: none, as a draft that caught up at once)."""
+        """The kind of its next part alone: a method that sends its draft's commands and
+        returns the part (None: none, as a draft that caught up at once)."""
         if self.out.length == self.out.n_prompt:
             return self.prefill
         if self.mode is Mode.TARGET:
@@ -188,10 +180,10 @@ class Decoder:
         return self.verify_part(window, finish)
 
     def target_step(self, alone: bool = True, room: int | None = None) -> Part:
-        """The target's next token, after the tokens of a lookup guess it agrees with: a lone
-        request's (alone: on the draft's cores too where allowed, and often run ahead
-        already, Decoder.ahead; else beside the draft's prefill), or in a batch's step in
-        at most `room` tokens. Finish: (seconds, tokens committed)."""
+        """The target's next token after the lookup guess's tokens it agrees with: a lone
+        request's (alone: perhaps on the draft's cores, and often run ahead already; else
+        beside the draft's prefill), or in a batch's step of `room` tokens. Finish returns
+        (seconds, tokens committed)."""
         lone = room is None
         started, guess = time.perf_counter(), self.guess(None if lone else room - 1)
         ran = lone and not len(guess) and self.target.running_ahead(self.id, self.cache)
@@ -212,7 +204,7 @@ class Decoder:
         return part
 
     def commit_target_step(self, guess: Window, verdict: Verification) -> int:
-        """A target-only step's tokens (the guess's the target agrees with, then its own): how many."""
+        """A target-only step's tokens committed: how many."""
         n_accepted, _, kept = self.accept_and_commit(guess, verdict)
         if len(guess):
             self.lookup.verified(len(guess), n_accepted)
@@ -224,25 +216,22 @@ class Decoder:
 
     def ahead(self, alone: bool) -> int:
         """Tokens the target may decode ahead after a target-only step, each then a step
-        without a round trip (links.TargetLink.ran_ahead), to the end of the request or
-        the rest. Not where lookup guesses (a guess stops the run, its pass under way
-        lost), nor beside the draft's prefill, nor where the scheduler samples (unkeyed)."""
+        without a round trip (TargetLink.ran_ahead). Not where lookup guesses (a guess stops
+        the run), beside the draft's prefill, nor where the scheduler samples (unkeyed)."""
         if not alone or self.lookup is not None or self.request.rule is Rule.UNKEYED:
             return 0
         left = self.out.remaining - 1 if self.mode is Mode.TARGET else min(self.out.remaining, self.gate.rest) - 1
         return max(0, min(left, AHEAD))
 
     def guess(self, limit: int | None = None) -> Window:
-        """A lookup guess for a target-only round (lookup.py), as long as its hit rate
-        makes pay, of at most `limit` tokens; none in mode target."""
+        """A lookup guess as long as its hit rate makes pay, at most `limit` tokens."""
         if self.lookup is None or limit == 0:
             return EMPTY
         room = self.out.remaining - 1 if limit is None else min(self.out.remaining - 1, limit)
         return Window(self.lookup.guess(self.out.context, lambda hit_rate: self.windows.lookup(hit_rate, room)))
 
     def rest_step(self) -> Part:
-        """A target-only step while speculating does not pay (gate.py); once the rest
-        is over, the draft catches up with the context before the next probe."""
+        """A target-only step while speculating does not pay (gate.py); after the rest, a probe."""
         step = self.target_step()
 
         def finish(verdict: Verification | None, target_step=step.finish) -> None:
@@ -271,8 +260,7 @@ class Decoder:
         return Part(self, tokens, len(self.out.context) - 1, window, finish, borrow, ahead)
 
     def accept_and_commit(self, window: Window, verdict: Verification) -> tuple[int, int, int]:
-        """(draft tokens accepted, the target's own next token, tokens actually
-        committed: fewer if EOS, a stop string or the limit came first)."""
+        """(draft tokens accepted, the target's next token, tokens committed: fewer at a stop)."""
         if self.request.rule is Rule.UNKEYED:
             n_accepted, token = accept_sampled(window.tokens, window.probs, verdict.probs, self.rng)
         else:                                  # the target's own argmax or keyed draws
@@ -309,18 +297,17 @@ class Decoder:
         return self.stats.round_s / max(self.stats.committed_in_spec_rounds, 1)
 
     def extend_to(self, pending: int) -> int:
-        """How far the draft may grow the next window while the target verifies, in time it
-        would sit idle: free beside a GPU target; beside a CPU one it competes for the memory
-        bus (off there by default); never past what could still be committed."""
+        """How far the draft may grow the next window while the target verifies: free beside
+        a GPU target; beside a CPU one it competes for the memory bus (off by default)."""
         return min(self.caps.max_gamma, self.room(pending)) if self.caps.keep_drafting else 0
 
     # ---- getting started: the prompt, then the draft catching up ---------------------
 
     def prefill(self, room: int | None = None) -> Part:
-        """The prompt through the target: the rest of it alone, else a chunk of at most `room`
-        tokens in a batch's step. The last chunk's answer is the first token (the time to
-        first token). Alone, a long prompt borrows the draft's cores (the draft prefills
-        afterwards); a short one leaves them, and the draft prefills at the same time."""
+        """The prompt through the target: the rest of it alone, else a chunk of `room` tokens
+        in a batch's step; the last chunk's answer is the first token. Alone, a long prompt
+        borrows the draft's cores (the draft prefills afterwards); a short one leaves them
+        to the draft's prefill beside it."""
         context, read = self.out.context, self.read
         tokens = context[read:] if room is None else context[read:read + room]
         borrow = None
@@ -345,9 +332,8 @@ class Decoder:
         self.gate.start()
 
     def draft_catches_up(self):
-        """Speculation starts once the draft holds the context: its prefill planned (or none:
-        target-only) and started, unless one began beside the target's. Meanwhile target-only
-        steps, unless the target waits (a handed-over cache, borrowed cores). None: ready."""
+        """The draft's prefill planned and started (unless one began beside the target's);
+        meanwhile target-only steps, unless the target waits for it. None: ready."""
         if not self.draft.busy:
             self.catching_up = self.plan_draft_prefill()
             if self.catching_up is None:
@@ -367,8 +353,8 @@ class Decoder:
 
     def plan_draft_prefill(self) -> PrefillPlan | None:
         """A long prompt's draft prefill takes the target's cache where the draft is a quantized
-        copy of it (kv_handover), or borrows its cores, the target waiting, where speculating
-        more than doubles the pace. None: it would not pay; the request goes on target-only."""
+        copy of it (kv_handover), or borrows its cores where speculating more than doubles
+        the pace. None: it would not pay; the request goes on target-only."""
         long_prompt = len(self.out.context) >= LONG_PROMPT
         handover = len(self.out.context) - 1 if self.caps.kv_handover and long_prompt else 0
         n_tokens = 0 if handover else self.draft.to_prefill(self.out.context, self.params.cache_prompt)
@@ -386,11 +372,9 @@ class Decoder:
         self.stats.draft_prompt_kv = "target" if plan.handover else "own"
 
     def drafting_pays(self, n_prefill: int = 0) -> bool:
-        """Whether speculating may beat the target alone after the draft first reads
-        n_prefill prompt tokens beside it (CostModel.prefill_pays, at this request's
-        acceptance estimate). A short prompt's draft prefill, begun beside the
-        target's, asks with nothing to read. Always where speculation is forced,
-        and without a cost model (a configured gamma)."""
+        """Whether speculating may beat the target alone after the draft reads n_prefill
+        prompt tokens beside it (CostModel.prefill_pays); always where forced, or without
+        a cost model."""
         if self.costs is None or self.request.speculation is Speculation.ALWAYS:
             return True
         return self.costs.prefill_pays(n_prefill, self.out.remaining, self.gain())

@@ -1,21 +1,14 @@
-"""Whether speculation pays, learnt online: a draft that guesses badly must not
-make the engine slower than the target alone.
+"""Whether speculation pays, learnt online: a draft that guesses badly must not make the engine slower than the
+target alone.
 
-A request speculates, and its recent rounds are judged against what the target
-alone takes per token. When speculating commits tokens more slowly, or no more
-than one a round (what the target alone commits a pass), the request rests: it
-decodes target-only for a while, then probes again with a few speculative
-rounds. Each failed probe doubles the rest (up to MAX_REST), and
-makes it long enough that the probe's cost (the draft catching up with the
-text, its slower rounds) is at most PROBE_SHARE of the rest's time; one that
-pays resets it. The rest carries over to the engine's next request in
-the same mode (Memory), so an engine with a hopeless draft keeps to the target,
-probing now and then. Each mode has its own: SpS and DuoDecoding cost
-differently, so a verdict on one says nothing of the other.
-
-Judging by the clock is safe for every request: greedy tokens and keyed draws
-(seeded requests) are the same in either kind of round, and an unseeded
-request's tokens are random anyway.
+A request's recent speculative rounds are judged against the target alone's time per token. Where speculating commits
+more slowly, or no more than a token a round (what a target pass commits), the request rests: it decodes target-only
+for a while, then probes with a few speculative rounds. A failed probe doubles the rest (up to MAX_REST) and makes it
+long enough that the probe's cost (the draft catching up, its slower rounds) is at most PROBE_SHARE of the rest's
+time; one that pays resets it. The rest carries over to the engine's next request of the same mode (Memory), so a
+hopeless draft keeps the engine on the target, probing now and then; each mode has its own, as SpS and DuoDecoding
+cost differently. Judging by the clock is safe: greedy tokens and keyed draws (seeded requests) are the same in
+either kind of round, and an unseeded request's tokens are random anyway.
 """
 from __future__ import annotations
 
@@ -38,8 +31,7 @@ SMOOTHING = 0.2
 @dataclass
 class Memory:
     """What the engine's earlier requests of one mode learnt."""
-    target_s: float | None     # seconds per token of the target without the draft, lookup guesses
-                               # included (None: not measured yet)
+    target_s: float | None     # seconds per token of the target alone, lookup guesses included (None: not yet)
     rest: int = 0              # target-only tokens the next request starts with
     rest_len: int = FIRST_REST  # the next rest, should a probe fail
 
@@ -50,9 +42,8 @@ def memories(target_s: float | None) -> dict[str, Memory]:
 
 
 class Gate:
-    """One request's gate. Its rest and rest_len start from the engine's Memory and are
-    written back to it as they change; they are this request's own, not views of the
-    Memory, because requests of one mode taking turns (slots.py) share that Memory."""
+    """One request's gate. rest and rest_len start from the engine's Memory and are written back as they change;
+    they are the request's own, as requests of one mode taking turns (slots.py) share that Memory."""
 
     def __init__(self, memory: Memory, forced: bool, clock=time.perf_counter):
         self.memory, self.forced, self.clock = memory, forced, clock
@@ -64,9 +55,8 @@ class Gate:
         self.probe_tokens = 0                       # tokens it has committed since
 
     def start(self) -> None:
-        """The prompt is in: a request that begins by speculating begins a probe, timed
-        like one after a rest, so that a failed one rests as long as it cost (else every
-        request of an engine whose draft cannot pay would probe again at its start)."""
+        """The prompt is in: a request that begins by speculating begins a timed probe, so a failed one rests as long
+        as it cost (else every request of an engine whose draft cannot pay would probe at its start)."""
         if self.speculate and not self.forced:
             self.probe_began, self.probe_tokens = self.clock(), 0
 
@@ -75,8 +65,7 @@ class Gate:
         return self.rest <= 0
 
     def rested(self, seconds: float, committed: int) -> None:
-        """A target-only step by the gate's choice (several tokens where a lookup guess
-        held); probe again when the rest is over."""
+        """A target-only step by the gate's choice (several tokens where a lookup guess held); probe after the rest."""
         self.rest = max(self.rest - committed, 0)
         self.fresh = self.rest <= 0
         self.observe_target(seconds / committed)
@@ -85,8 +74,7 @@ class Gate:
             self.probe_began, self.probe_tokens = self.clock(), 0
 
     def probing(self, committed: int) -> None:
-        """Tokens committed during a probe: by its speculative rounds (judge), and by the
-        target alone while the draft caught up for it."""
+        """Tokens committed during a probe: by its rounds (judge), and by the target alone while the draft caught up."""
         if self.probe_began is not None:
             self.probe_tokens += committed
 
@@ -115,17 +103,15 @@ class Gate:
         self.memory.rest, self.memory.rest_len = self.rest, self.rest_len
 
     def _paid_back(self) -> int:
-        """Target-only tokens over which a failed probe's cost, beyond what the target
-        alone would have taken for its tokens, is PROBE_SHARE of the time."""
+        """Target-only tokens over which a failed probe's cost, beyond the target alone's time for its tokens, is
+        PROBE_SHARE of the time."""
         if self.probe_began is None:
             return 0
         lost = self.clock() - self.probe_began - self.probe_tokens * self.memory.target_s
         return min(MAX_PROBE_REST, max(0, math.ceil(lost / (PROBE_SHARE * self.memory.target_s))))
 
     def _pays(self) -> bool:
-        """Faster per token than the target alone, and more than a token a round: a round
-        that commits one token takes a target pass, as the target alone does, so it can
-        only seem to pay against a target_s timed at a slow moment, never corrected while
-        the request speculates."""
+        """Faster per token than the target alone, and more than a token a round: a one-token round costs a target pass,
+        as the target alone does, so it only seems to pay against a target_s timed slow, never retimed meanwhile."""
         seconds, committed = sum(s for s, _ in self.recent), sum(c for _, c in self.recent)
         return committed > len(self.recent) and seconds / committed < self.memory.target_s

@@ -1,10 +1,6 @@
-"""The scheduler's handles on its two workers.
-
-Each link writes its inputs into shared memory, sends one command, and later
-collects the reply, reading bulk outputs back from shared memory. Waiting
-never blocks forever: a worker that died raises WorkerLost, naming it, and
-the supervisor (supervisor.py) starts it again.
-"""
+"""The scheduler's handles on its two workers: inputs go into shared memory, one command goes out, and its reply
+(bulk outputs read back from shared memory) is collected later. Waiting never blocks forever: a dead worker raises
+WorkerLost, naming it, and the supervisor (supervisor.py) starts it again."""
 from __future__ import annotations
 
 import numpy as np
@@ -152,8 +148,7 @@ class WorkerLink:
         self.busy = True
 
     def attach(self, run_id: str, layout: dict[str, tuple], shared: dict[str, SharedArray] | None = None) -> None:
-        """Create this worker's shared buffers and have it map them, and `shared`
-        ones too (both workers', closed by whoever made them)."""
+        """Create this worker's shared buffers and have it map them and `shared` ones (closed by whoever made them)."""
         for key, (shape, dtype) in layout.items():
             self.buffers[key] = SharedArray.create(segment_name(run_id, f"{self.role}-{key}"), shape, dtype)
         self.specs = {k: b.spec() for k, b in {**self.buffers, **(shared or {})}.items()}
@@ -182,9 +177,8 @@ class TargetLink(WorkerLink):
 
     def start_verify(self, request_id: int, cache: int, tokens, keep: int, rows: int, sampling: Sampling,
                      borrow_cores: bool = False, ahead: int = 0) -> None:
-        """Crop the target's cache `cache` to `keep` tokens and run `tokens` after it;
-        answers for the last `rows` positions (finish_verify). With `ahead`, the target
-        then goes on alone, a token at a time (ran_ahead)."""
+        """Crop cache `cache` to `keep` tokens and run `tokens` after it, answering for the last `rows` positions;
+        with `ahead` the target then goes on alone, a token at a time (ran_ahead)."""
         self.buffers["input"].array[:len(tokens)] = tokens
         self.with_probs = sampling.rule is Rule.UNKEYED
         self.run += 1
@@ -200,15 +194,13 @@ class TargetLink(WorkerLink):
         return Verification(choice, probs, reply.seconds)
 
     def start_batch(self, commands: list[VerifyCommand], tokens: list[np.ndarray], borrow_cores: bool) -> None:
-        """Several requests' start_verify as one pass (VerifyBatch): command i runs tokens[i]
-        in its own cache; finish_batch collects every answer."""
+        """Several requests' start_verify as one pass (VerifyBatch): command i runs tokens[i] in its own cache."""
         self.buffers["input"].array[:sum(map(len, tokens))] = np.concatenate(tokens)
         self.batch = tuple(commands)
         self.send(VerifyBatch(commands, borrow_cores))
 
     def finish_batch(self) -> list[Verification]:
-        """Each command's verification, in order; its rows are where finish_verify reads a
-        lone command's, one command's after another's."""
+        """Each command's verification, in order, its rows after the previous command's."""
         reply = self.wait()
         assert isinstance(reply, Verified), reply
         answers, row = [], 0
@@ -225,8 +217,8 @@ class TargetLink(WorkerLink):
         return self.ahead is not None and self.ahead[:2] == (request_id, cache)
 
     def ran_ahead(self, context: np.ndarray) -> Verification | None:
-        """The target's next token after `context`, decoded ahead (waits for it); None
-        where the run went from another context (a guess of its command was cut short)."""
+        """The target's next token after `context`, decoded ahead (waits for it); None where the run went from
+        another context (its command's guess was cut short)."""
         request_id, cache, left = self.ahead
         message = self.wait(AHEAD_TIMEOUT_S)
         assert isinstance(message, RanAhead), message
@@ -254,8 +246,7 @@ class TargetLink(WorkerLink):
         self.ahead = None
 
     def export_kv(self, request_id: int, cache: int, length: int) -> None:
-        """Have the target write cache `cache`'s first `length` positions to the shared
-        "kv" buffer, for the draft to take; returns once it is written."""
+        """Have the target write cache `cache`'s first `length` positions to the shared "kv" buffer, for the draft."""
         self.send(ExportKV(request_id, length, cache))
         reply = self.wait()
         assert isinstance(reply, KVExported), reply
@@ -273,29 +264,25 @@ class DraftLink(WorkerLink):
 
     def start_prefill(self, request_id: int, context, seed: int, reuse_cache: bool, borrow_cores: bool,
                       kv_length: int = 0) -> None:
-        """Bring the draft's cache up to date with context, first taking the target's
-        cache of kv_length tokens if given; finish_prefill collects the reply."""
+        """Bring the draft's cache up to date with context, first taking the target's cache of kv_length tokens."""
         self.buffers["context"].array[:len(context)] = self.sent = np.array(context, np.int32)
         self.extending = False
         self.send(PrefillDraft(request_id, len(context), seed, reuse_cache, borrow_cores, kv_length))
 
     def finish_prefill(self) -> float:
-        """The prefill's seconds."""
         reply = self.wait()
         assert isinstance(reply, Prefilled), reply
         return reply.seconds
 
     def to_prefill(self, context, reuse_cache: bool) -> int:
-        """How many tokens a prefill of context would run: those after its longest
-        common prefix with what the draft last saw (all, without reuse)."""
+        """Tokens a prefill of context would run: those after its common prefix with what the draft last saw."""
         n = min(len(self.sent), len(context)) if reuse_cache else 0
         mismatch = np.flatnonzero(self.sent[:n] != np.asarray(context[:n]))
         return len(context) - (int(mismatch[0]) if len(mismatch) else n)
 
     def start_window(self, request_id: int, context, gamma: int, sampling: Sampling,
                      branches: BranchPlan | None = None) -> None:
-        """Draft gamma tokens after context: one plain sequence, or the pipeline's next
-        window as branches (see BranchPlan); finish_window collects them."""
+        """Draft gamma tokens after context: one sequence, or the pipeline's next window as branches (BranchPlan)."""
         self.buffers["context"].array[:len(context)] = self.sent = np.array(context, np.int32)
         self.slot ^= 1   # double buffering: the pending window's rows stay readable
         self.command += 1
@@ -316,8 +303,8 @@ class DraftLink(WorkerLink):
         return Draft([b.copy() for b in tokens], probs, seconds)
 
     def start_batch(self, windows: list[BatchWindow], contexts: list[np.ndarray], gamma: int, catch_up: int) -> None:
-        """Several requests' windows as one command (DraftBatch): window i after contexts[i],
-        in its own cache (a cache catching up first reads at most catch_up tokens)."""
+        """Several requests' windows as one command (DraftBatch): window i after contexts[i], in its own cache
+        (a cache catching up first reads at most catch_up tokens)."""
         for window, context in zip(windows, contexts):
             self.buffers["contexts"].array[window.cache, :len(context)] = context
         self.batch = tuple(windows)
@@ -331,21 +318,17 @@ class DraftLink(WorkerLink):
         return reply, [drafts[w.cache, :n].copy() for w, n in zip(self.batch, reply.lengths)]
 
     def halt(self) -> None:
-        """The target's verdict is in: an extension of the last window stops at once,
-        midway through a step (the native draft, which checks the shared "halt" flag
-        between layers; the others between steps), so that the next window's command
-        does not wait for a step. The draft clears the flag as a window's command arrives."""
+        """The verdict is in: stop an extension of the last window mid-step (the native draft checks the shared "halt"
+        flag between layers, others between steps) so the next command need not wait; a window's command clears it."""
         if self.extending and "halt" in self.buffers:
             self.buffers["halt"].array[0] = 1
 
     def is_stale(self, message) -> bool:
-        """Extensions are collected by finish_window right after their command's
-        reply; any met while waiting for another reply came too late."""
+        """Extensions are collected by finish_window right after their reply: any met later came too late."""
         return isinstance(message, DraftExtended)
 
     def settle(self) -> None:
-        """Stop an extension still running after the last command (the end of a
-        request), so it does not compete with whatever runs next."""
+        """Stop an extension still running at a request's end, so it does not compete with what runs next."""
         if self.extending:
             self.halt()                        # mid-step, rather than after it
             self.extending = False

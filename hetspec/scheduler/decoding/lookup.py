@@ -1,19 +1,12 @@
-"""Free guesses for the target's solo steps: prompt lookup (Saxena 2023; llama.cpp's
-`lookup` example). The context's last n tokens (n = NGRAM down to 1) are looked up
-earlier in the context, and the tokens that followed them there are the guess.
+"""Free guesses for the target's solo steps: prompt lookup (Saxena 2023; llama.cpp's `lookup` example). The context's
+last n tokens (n = NGRAM down to 1) are looked up earlier in it, and the tokens that followed there are the guess.
 
-A target-only step that verifies [last token] + a guess of k tokens costs little
-more than one that verifies the last token alone (a CPU target reads its weights
-once for the whole window), and commits every guessed token the target agrees
-with. Text that repeats itself (code, a document quoted back, a base model's
-loops) then goes several tokens a pass. The guess is a function of the committed
-context alone, so the acceptance rules keep the output the target's own
-(core/acceptance.py: a guess is a draft proposed with certainty).
-
-Where an n-gram was followed by different tokens, the guess follows the one seen
-most often (the latest on a tie): in code, after `self.` it guesses the name used
-most, not the one used last. How long a guess may be depends on n: a match of one
-token holds far less often than one of three, so each n keeps its own hit rate.
+Verifying [last token] + k guessed tokens costs a target little more than the last token alone (a CPU target reads
+its weights once for the window) and commits every guessed token it agrees with, so text that repeats itself (code,
+a document quoted back, a base model's loops) goes several tokens a pass. The guess depends on the committed context
+alone, so the acceptance rules keep the output the target's own (core/acceptance.py: a draft proposed with
+certainty). It follows the n-gram's most frequent follower, the latest on a tie (after `self.`, the name used most,
+not last), and each n keeps its own hit rate: a one-token match holds far less often than a three-token one.
 """
 from __future__ import annotations
 
@@ -29,9 +22,7 @@ NOTHING = np.zeros(0, dtype=np.int32)
 
 
 class PromptLookup:
-    """One request's index: for each n-gram of its context, the tokens that followed
-    it, each with how often and the position of its latest occurrence. Grown as
-    tokens are committed."""
+    """One request's index: each n-gram's followers, with how often and where each last came; grown as tokens commit."""
 
     def __init__(self):
         # [n - 1]: n-gram -> {follower: (times seen, position of its latest occurrence)}
@@ -41,8 +32,7 @@ class PromptLookup:
         self.matched = 0          # n of the last guess
 
     def guess(self, context: np.ndarray, length: Callable[[float], int]) -> np.ndarray:
-        """The likeliest continuation of the longest suffix of `context` seen earlier
-        in it, length(hit rate of guesses that matched as many tokens) tokens long."""
+        """The likeliest continuation of the longest suffix seen earlier, length(that match length's hit rate) long."""
         self.matched, start = self.match(context)
         if not self.matched:
             return NOTHING
@@ -60,8 +50,7 @@ class PromptLookup:
         return (kept + HIT_PRIOR_WEIGHT * HIT_PRIOR) / (kept + cut + HIT_PRIOR_WEIGHT)
 
     def match(self, context: np.ndarray) -> tuple[int, int]:
-        """(n, start): the longest suffix of `context` seen earlier in it, n tokens
-        (0: none), and where the guess starts: its likeliest follower's latest occurrence."""
+        """(n, start): the longest suffix seen earlier, n tokens (0: none), and its likeliest follower's latest position."""
         self._index(context)
         tail = context[-NGRAM:].tolist()
         for n in range(min(NGRAM, len(tail)), 0, -1):

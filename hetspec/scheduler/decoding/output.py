@@ -1,8 +1,5 @@
-"""Committed tokens of one request: where generation stops, and the text streamed so far.
-
-Tokens are committed one at a time so that EOS, a stop string or the token
-budget ends generation at exactly the token a plain decoder would stop at.
-"""
+"""Committed tokens of one request: where generation stops, and the text streamed so far. Tokens are committed one
+at a time so that EOS, a stop string or the token budget ends generation exactly where a plain decoder would."""
 from __future__ import annotations
 
 import numpy as np
@@ -77,8 +74,7 @@ class Output:
         return False
 
     def take_round(self) -> tuple[list[int], str]:
-        """Tokens and text committed since the last call (for streaming). Text that
-        might be the start of a stop string is held back until it is not."""
+        """Tokens and text committed since the last call (streaming), holding back text that may begin a stop string."""
         start_tokens, start_text = self._round_start
         end_text = len(self.text) if self.done else len(self.text) - self._stop_prefix_length()
         end_text = max(end_text, start_text)

@@ -1,5 +1,4 @@
-"""What the decoder is given: a request, resolved against the engine once
-(scheduler/resolve.py), and the engine's capabilities, fixed at start-up."""
+"""What the decoder is given: a request resolved once (scheduler/resolve.py), and the engine's fixed capabilities."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,19 +1,15 @@
-"""What one step passes between the draft, the target and the acceptance rule
-(the kinds of part: decoder.py; a step's parts: scheduler/batch.py).
+"""What a step passes between draft, target and acceptance rule (kinds of part: decoder.py; steps: scheduler/batch.py).
 
-  part          one request's part in a step: the tokens the target runs for it in
-                the step's pass, and what commits the target's verdict on them
+  part          one request's part in a step: the tokens the target runs for it, and what commits its verdict
   window        draft tokens waiting for the target's verdict (Window); EMPTY: none
   draft         what the draft returned (Draft); NO_DRAFT: nothing was drafted
-  branch        one drafted sequence: a pipelined draft proposes several, each starting
-                with another candidate for the target's next token, which picks one
+  branch        one drafted sequence; a pipelined draft proposes several, each starting with another candidate
+                for the target's next token, which picks one
   verification  the target's choice at each window position and after it (Verification)
   accepted      the window's first tokens, as many as the acceptance rule keeps
-  bonus token   the target's own token after the accepted ones: its correction at the
-                first rejected position, or one more after a window kept whole
+  bonus token   the target's token after the accepted ones: its correction at the first rejection, or one more
 
-A round commits the accepted tokens and the bonus token, fewer only where a stop
-condition comes first.
+A round commits the accepted tokens and the bonus token, fewer only where a stop condition comes first.
 """
 from __future__ import annotations
 
@@ -28,8 +24,7 @@ from hetspec.core.branches import pick_branch
 
 @dataclass
 class Window:
-    """Draft tokens waiting for the target's verdict, and the draft's distribution
-    at each when the acceptance rule needs it (accept_sampled)."""
+    """Draft tokens waiting for the verdict, and the draft's distribution at each where accept_sampled needs it."""
     tokens: np.ndarray
     probs: np.ndarray | None = None
 
@@ -68,12 +63,10 @@ NO_DRAFT = Draft([], None, 0.0)
 
 @dataclass
 class Part:
-    """One request's part in a step: `tokens` run after the first `keep` of its cache in
-    the step's pass (None: no pass, the target ran ahead), whose verdict on its last
-    `rows` positions `finish` commits. A lone request's part may borrow the draft's
-    cores and ask the target to run ahead; a batch's parts borrow as the batch does
-    (borrow None). A request the draft drafts for beside a batch's pass has a lookup
-    guess it never verifies (shadow: batch.shadow_step)."""
+    """One request's part in a step: `tokens` run after the first `keep` of its cache in the step's pass (None: no
+    pass, the target ran ahead), whose verdict on its last `rows` positions `finish` commits. A lone request's part
+    may borrow the draft's cores and have the target run ahead; a batch's borrow as the batch does (borrow None).
+    shadow: the lookup guess, never verified, of a request drafted for beside a batch's pass (batch.shadow_step)."""
     decoder: Any                   # its decoding.decoder.Decoder
     tokens: np.ndarray | None
     keep: int

@@ -50,8 +50,7 @@ class Stats:
 
     @property
     def target_step_yield(self) -> float:
-        """Tokens a target-only step commits, its lookup guess's kept ones included, so far
-        (from one, as a step without a guess commits), its unverified guesses' too."""
+        """Tokens a target-only step commits so far with its lookup guess, unverified ones' included (from one)."""
         return 1 + (self.lookup_accepted + self.shadow_accepted) / (self.target_only_rounds + self.shadow_rounds + 1)
 
     def spec_round(self, wall: float, draft_s: float, verify_s: float, drafted: int, accepted: int,
