@@ -213,6 +213,13 @@ def write_toml(directory) -> str:
     return path
 
 
+def orphaned_segments() -> list[str]:
+    """hetspec's /dev/shm segments whose engine's process is gone (a run id begins with its
+    pid): what an engine left behind, and not another engine's, running beside the test."""
+    return [n for n in os.listdir("/dev/shm")
+            if n.startswith("hetspec-") and not psutil.pid_exists(int(n.split("-")[1]))]
+
+
 def cli_leftovers(pid: int) -> tuple[list[str], list[str], list[psutil.Process]]:
     """Segments, runtime directories and processes of any engine the CLI process `pid` started
     (its run ids begin with its pid)."""

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import hetspec
 from hetspec.core.errors import AuthError
 
-from helpers import random_engine_config
+from helpers import orphaned_segments, random_engine_config
 
 pytestmark = pytest.mark.integration          # the default SmolLM2 pair: chat needs its template
 KEY = "test-key"
@@ -70,7 +70,7 @@ def server():
     server = Server()
     yield server
     server.stop()
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith("hetspec-")]
+    assert not orphaned_segments()
 
 
 @pytest.fixture(scope="module")

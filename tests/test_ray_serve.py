@@ -12,6 +12,8 @@ import openai
 import psutil
 import pytest
 
+from helpers import orphaned_segments
+
 pytest.importorskip("ray.serve", reason="Ray Serve is the optional extra: pip install 'hetspec[ray]'")
 
 KEY = "ray-key"
@@ -62,4 +64,4 @@ def test_one_replica_serves_the_openai_api_and_shuts_down_clean(tmp_path):
         subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "stop", "--force"],
                        capture_output=True, timeout=120, env=env, check=False)
     assert [p.pid for p in alive] == []
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith("hetspec-")]
+    assert not orphaned_segments()
