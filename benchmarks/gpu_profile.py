@@ -1,8 +1,7 @@
 """A target on a GPU, measured (benchmarks/README.md, "On a GPU"): a pass's wall and kernel time by
 window size, eager, on a static cache and captured (CUDA graphs); the engine's rounds with a CPU
 draft; `generate`; and a paced profile (hetspec.core.gpu_profiles) from the captured curve. The models
-are random, as a lent machine fetches no weights; `--device cpu` rehearses at tiny shapes.
-"""
+are random, as a lent machine fetches no weights; `--device cpu` rehearses at tiny shapes."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +15,19 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
+import torch
+import transformers
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+import hetspec
 from hetspec.benchmarks.bench.tables import table
+from hetspec.models import resolve_model
+from hetspec.workers.common.hf_loading import load_causal_lm
+from hetspec.workers.common.kv_model import KVModel, StaticKVModel
+from hetspec.workers.target.attention import use_grouped_attention
+from hetspec.workers.target.captured import CapturedKVModel
 
 SHAPES = {   # device: target, draft, dtype, context, tokens, prompts, repeats
     "cuda": ("random:vocab=152064,hidden=3584,layers=28,heads=28,kv_heads=4,intermediate=18944,seed=0,init=device",
@@ -34,16 +45,12 @@ COUNTED = ("rounds", "spec_rounds", "drafted", "accepted", "new_tokens", "draft_
 
 
 def sync(device: str) -> None:
-    import torch
-
     if device == "cuda":
         torch.cuda.synchronize()
 
 
 def wall_ms(run, device: str, repeats: int) -> list[float]:
     """[median, fastest] ms of `run`, each synchronised: what the host waits for a pass."""
-    import numpy as np
-
     times = []
     for _ in range(repeats):
         sync(device)
@@ -57,9 +64,6 @@ def wall_ms(run, device: str, repeats: int) -> list[float]:
 def kernel_ms(run, device: str) -> float:
     """ms of GPU kernels (on a CPU: of ops) in one run, self times summed as torch.profiler's table totals
     them: the time the device itself computed, launches and Python aside."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
     gpu = device == "cuda"
     sync(device)
     with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu) as prof:
@@ -70,29 +74,23 @@ def kernel_ms(run, device: str) -> float:
                      for e in prof.events() if e.device_type == kind and not e.is_user_annotation) / 1e3, 3)
 
 
-def timed(window, args) -> dict:
-    """wall_ms and kernel_ms after two warm-up runs (cuBLAS's choices, a captured size's recording), and their ratio."""
-    window()
-    window()
-    wall, kernels = wall_ms(window, args.device, args.repeats), kernel_ms(window, args.device)
-    return {"wall_ms": wall, "kernel_ms": kernels, "wall_per_kernel": round(wall[0] / kernels, 2) if kernels else None}
-
-
 def curve(kv, args, context: list[int], eager: dict | None = None) -> dict:
-    """Per window size after `context`, and the prompt pass's wall ms. Where the profiler sees no kernels (a CUDA
+    """Per window size after `context`, wall_ms and kernel_ms after two warm-up passes (cuBLAS's choices, a captured
+    size's recording), and their ratio; and the prompt pass's wall ms. Where the profiler sees no kernels (a CUDA
     graph's replay on some versions), the eager pass's of the same size stand in, and kernel_source says so."""
     kv.use(0)
     prompt = lambda: kv.forward(context, 0, all_logits=False)
     prompt()                             # warm-up (and a static cache's allocation)
     out = {"prompt_ms": wall_ms(prompt, args.device, 3)}
     for n in SIZES:
-        out[str(n)] = cell = timed(lambda n=n: kv.forward(list(range(1, n + 1)), len(context), all_logits=True), args)
-        cell["kernel_source"] = "profiled"
-        if cell["kernel_ms"] == 0:
-            stand_in = eager[str(n)]["kernel_ms"] if eager else None
-            cell.update(kernel_ms=stand_in, kernel_source=("the eager pass's" if eager else "none:")
-                        + " the profiler saw no kernels",
-                        wall_per_kernel=round(cell["wall_ms"][0] / stand_in, 2) if stand_in else None)
+        window = lambda n=n: kv.forward(list(range(1, n + 1)), len(context), all_logits=True)
+        window(), window()
+        wall, kernels, source = wall_ms(window, args.device, args.repeats), kernel_ms(window, args.device), "profiled"
+        if kernels == 0:
+            kernels = eager[str(n)]["kernel_ms"] if eager else None
+            source = ("the eager pass's" if eager else "none:") + " the profiler saw no kernels"
+        out[str(n)] = {"wall_ms": wall, "kernel_ms": kernels, "kernel_source": source,
+                       "wall_per_kernel": round(wall[0] / kernels, 2) if kernels else None}
     return out
 
 
@@ -116,10 +114,6 @@ def paced_profile(captured: dict, context: int, name: str, where: str) -> dict:
 
 def load(args, grouped: bool = True):
     """The target as the worker loads it: its dtype, and grouped-query attention unrepeated."""
-    from hetspec.models import resolve_model
-    from hetspec.workers.common.hf_loading import load_causal_lm
-    from hetspec.workers.target.attention import use_grouped_attention
-
     lm = load_causal_lm(resolve_model(args.target), args.dtype, args.device)
     if grouped:
         use_grouped_attention(lm)
@@ -128,12 +122,10 @@ def load(args, grouped: bool = True):
 
 def due(args, doc: dict, what: str) -> bool:
     """Whether step `what` runs: chosen (--steps) and starting within the budget (else named as skipped)."""
-    if what.split()[0] not in args.steps:
-        return False
-    if time.perf_counter() < args.deadline:
-        return True
-    doc["skipped"].append(what)
-    return False
+    chosen, in_time = what.split()[0] in args.steps, time.perf_counter() < args.deadline
+    if chosen and not in_time:
+        doc["skipped"].append(what)
+    return chosen and in_time
 
 
 def save(args, doc: dict) -> None:
@@ -142,24 +134,19 @@ def save(args, doc: dict) -> None:
         Path(args.out).write_text(json.dumps(doc, indent=1))
 
 
-def in_process(args, ids: list[list[int]], doc: dict, steps: tuple[str, ...]) -> None:
-    """The `steps` run on the target in this process: the pass curves, eager `generate`."""
-    import torch
-
-    from hetspec.workers.common.kv_model import KVModel, StaticKVModel
-    from hetspec.workers.target.captured import CapturedKVModel
-
+def in_process(args, ids: list[list[int]], doc: dict, step: str) -> None:
+    """`step` on the target in this process: the pass curves (captured, eager, static), or eager `generate`."""
     lm = load(args)
-    for passes, kind in [("captured", CapturedKVModel), ("eager", KVModel), ("static", StaticKVModel)]:
-        if "curve" in steps and due(args, doc, f"curve {passes}"):
+    kinds = [("captured", CapturedKVModel), ("eager", KVModel), ("static", StaticKVModel)] if step == "curve" else []
+    for passes, kind in kinds:
+        if due(args, doc, f"curve {passes}"):
             kv = kind(lm, args.device, *([] if kind is KVModel else [args.context + 2 * SIZES[-1], SIZES[-1]]))
             doc["curve"][passes] = curve(kv, args, ids[0], doc["curve"].get("eager"))
             if passes == "captured":
-                graphs = "CUDA graphs" if kv.graphs else "run eagerly (no CUDA)"
-                doc["curve"][passes]["graphs"] = kv.fallback or graphs
+                doc["curve"][passes]["graphs"] = kv.fallback or ("CUDA graphs" if kv.graphs else "run eagerly (no CUDA)")
             del kv
             save(args, doc)
-    if "generate" in steps and due(args, doc, "generate eager"):
+    if step == "generate" and due(args, doc, "generate eager"):
         doc["generate"]["eager"] = generate(lm, ids, args.tokens, args.device)
         save(args, doc)
     lm = None                     # freed, and the GPU's cache emptied, before the engine loads its own
@@ -169,8 +156,6 @@ def in_process(args, ids: list[list[int]], doc: dict, steps: tuple[str, ...]) ->
 
 def generate(lm, ids: list[list[int]], tokens: int, device: str, **how) -> dict:
     """Greedy `generate`'s tokens/s after a warm-up run (where a static cache's step compiles), and that run's s."""
-    import torch
-
     new = wall = first = 0.0
     for i, prompt in enumerate([ids[0], *ids]):
         x = torch.tensor([prompt], device=device)
@@ -208,8 +193,6 @@ def static_generate(args) -> dict:
 
 def through_engine(args, ids: list[list[int]], passes: str) -> dict:
     """The engine, its target's passes `passes`, the draft on a CPU core: per mode, tok/s and a speculative round."""
-    import hetspec
-
     config = {"target": {"backend": "transformers", "model": args.target, "device": args.device,
                          "dtype": args.dtype, "passes": passes},
               "draft": {"backend": "torch", "model": args.draft}, "server": {"max_context": 1024}}
@@ -261,8 +244,7 @@ def parse(argv) -> argparse.Namespace:
         p.add_argument(f"--{name}", type=type(value), help="default: the device's (SHAPES)")
     p.add_argument("--steps", default="curve,engine,generate", help="which of curve, engine, generate (default: all)")
     p.add_argument("--budget-s", type=float, default=300, help="no step starts after this many seconds")
-    p.add_argument("--compile-limit-s", type=float, default=90,
-                   help="static-cache generate's limit, compiling included")
+    p.add_argument("--compile-limit-s", type=float, default=90, help="static-cache generate's limit, compiling included")
     p.add_argument("--out", help="write the JSON here (and print its summary, not the JSON)")
     p.add_argument("--report", help="write the summary (markdown) here")
     p.add_argument("--static-generate", action="store_true", help=argparse.SUPPRESS)   # static_generate's child
@@ -279,10 +261,6 @@ def parse(argv) -> argparse.Namespace:
 
 def prompts(args) -> list[list[int]]:
     """`--prompts` random prompts of `--context` ids (one length: one static cache shape for generate)."""
-    import numpy as np
-
-    from hetspec.models import resolve_model
-
     vocab = (resolve_model(args.target).random or {}).get("vocab", 32000)     # a random model's, else Llama's
     return np.random.default_rng(0).integers(0, vocab, (args.prompts, args.context)).tolist()
 
@@ -293,9 +271,6 @@ def main(argv=None) -> int:
         print(json.dumps({**generate(load(args, grouped=False), prompts(args), args.tokens, args.device,
                                      cache_implementation="static"), "compiled": args.device == "cuda"}))
         return 0
-    import torch
-    import transformers
-
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_profile: no CUDA GPU (--device cpu rehearses with small shapes)", file=sys.stderr)
         return 2
@@ -307,7 +282,7 @@ def main(argv=None) -> int:
            "generate": {}, "paced_profile": None, "skipped": []}
     ids = prompts(args)
     if "curve" in args.steps:
-        in_process(args, ids, doc, ("curve",))
+        in_process(args, ids, doc, "curve")
     if "captured" in doc["curve"]:
         doc["paced_profile"] = paced_profile(doc["curve"]["captured"], args.context,
                                              re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + "-captured",
@@ -317,7 +292,7 @@ def main(argv=None) -> int:
             doc["engine"][passes] = through_engine(args, ids, passes)
             save(args, doc)
     if "generate" in args.steps:
-        in_process(args, ids, doc, ("generate",))
+        in_process(args, ids, doc, "generate")
     if due(args, doc, "generate static"):
         doc["generate"]["static"] = static_generate(args)
     doc["elapsed_s"] = round(time.perf_counter() - start, 1)

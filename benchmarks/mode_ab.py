@@ -13,13 +13,12 @@ import sys
 import time
 from collections import Counter
 
+import hetspec
 from hetspec.benchmarks.bench.data import ALL_CATEGORIES, load_prompts
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    import hetspec
-
     started = time.perf_counter()
     with hetspec.launch(args.config) as engine:
         print(f"started in {time.perf_counter() - started:.1f} s; gamma {engine.get_info()['gamma']}")

@@ -1,8 +1,7 @@
 """The native target alone against llama-bench on the same GGUF file and cores: at each depth N
 (150 by default), the prompt of N tokens read (prefill), decode after it, and verify windows of 4
 and 8 tokens there, the two taking turns REPS times (medians), so that both see the machine's drift.
-scripts/gpu_check.sh runs it; llama-bench: scripts/build_llama_cpp.sh (`--isa avx2` for AVX2 alone).
-"""
+scripts/gpu_check.sh runs it; llama-bench: scripts/build_llama_cpp.sh (`--isa avx2` for AVX2 alone)."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +16,7 @@ import numpy as np
 
 from hetspec.benchmarks.bench import llama_bin
 from hetspec.benchmarks.bench.machine import affinity, describe_machine, parse_isa
-from hetspec.benchmarks.bench.tables import table
+from hetspec.benchmarks.bench.tables import table, write_outputs
 from hetspec.core.pinning import pin
 from hetspec.models import resolve_model
 from hetspec.workers.common.thread_pinning import pin_threads
@@ -75,7 +74,7 @@ def measure(spec: str, thread_counts: list[int], depths: list[int], bin_dir: Pat
     done = subprocess.run(llama_bin.completion_command(bin_dir, path, len(cores), cores), capture_output=True,
                           text=True, check=False)
     try:                            # llama.cpp's own load time of the file (llama-completion's, one token)
-        llama_load_s = llama_bin.parse_timings(done.stderr + done.stdout)["load_ms"] / 1000
+        llama_load_s = llama_bin.parse_load_ms(done.stderr + done.stdout) / 1000
     except ValueError:
         llama_load_s = None
     start = time.perf_counter()
@@ -140,9 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, machine)
     print(text)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        Path(args.out, "report.md").write_text(text)
-        Path(args.out, "results.json").write_text(json.dumps({"machine": machine, "results": results}, indent=1))
+        write_outputs(args.out, {"machine": machine, "results": results}, text)
     return 0
 
 

@@ -42,7 +42,7 @@ def test_outputs_are_written(smoke):
     out, _ = smoke
     report = (out / "report.md").read_text()
     for heading in ("Table 1 (greedy)", "Table 1 (sampling)", "Table 2", "Per-round time profile",
-                    "Number of draft sequences", "The draft model alone", "Consistency checks"):
+                    "Number of draft sequences", "Consistency checks"):
         assert heading in report
 
 
@@ -104,7 +104,6 @@ def test_results_json_schema(smoke):
     assert doc["machine"]["logical_cores"] >= 1 and doc["settings"]["dtype"] == "float32"
     for key in ("tokens_per_s", "speedup", "ttft_rel", "acceptance_rate", "mean_accepted_per_round"):
         assert key in doc["results"]["greedy"]["duodec"]["average"]
-    assert doc["draft_ceiling"].get("tokens_per_s", 0) > 0
 
 
 # ---- the checks themselves, on a synthetic document (no models, instant) -----------
@@ -126,17 +125,6 @@ def _synthetic_doc() -> dict:
            "methods": {"vanilla": {"gamma": None}, "duodec": {"gamma": 3}}, "chosen_gamma": 3, "runs": runs}
     doc["results"] = aggregate(doc)
     return doc
-
-
-def test_engine_stat_disagreement_is_a_warning():
-    from hetspec.benchmarks.bench.checks import engine_stat_warnings
-    from hetspec.benchmarks.bench.metrics import aggregate
-
-    doc = _synthetic_doc()      # the engine counted a token past the end (EOS or the length limit)
-    doc["runs"][2].update(accepted=3, engine_committed_in_spec_rounds=4)
-    doc["results"] = aggregate(doc)
-    assert check_results(doc) == []
-    assert any("the engine's stats count 4 tokens" in w for w in engine_stat_warnings(doc))
 
 
 def test_checks_pass_a_consistent_document():
@@ -234,8 +222,7 @@ def test_llama_cpp_parsers_on_captured_output():
     spec = llama_bin.parse_spec_output((LLAMA_OUTPUTS / "speculative-simple.txt").read_text())
     assert spec["n_max"] == 8 and 0 <= spec["accepted"] <= spec["drafted"] and spec["new_tokens"] >= 32
     assert spec["decode_tokens_per_s"] == pytest.approx(spec["new_tokens"] / spec["decode_s"])
-    timings = llama_bin.parse_timings((LLAMA_OUTPUTS / "completion.txt").read_text())
-    assert timings["load_ms"] > 0 and timings["eval_tokens"] >= 0
+    assert llama_bin.parse_load_ms((LLAMA_OUTPUTS / "completion.txt").read_text()) > 0
     with pytest.raises(ValueError):
         llama_bin.parse_spec_output("no timings here")
     with pytest.raises(ValueError):
@@ -260,8 +247,7 @@ def test_llama_cpp_binaries_when_built():
         bench = peer.run("bench", 1, list(range(32)), 4)
         assert bench["depth"] == 32 and bench["new_tokens"] == 4 and bench["decode_tokens_per_s"] > 0
         spec = peer.run("spec", 1, [1, 2, 3], 8)
-        assert set(spec["by_draft_length"]) == set(llama_bin.DRAFT_LENGTHS)
-        assert all(r["n_max"] == n and r["decode_tokens_per_s"] > 0 for n, r in spec["by_draft_length"].items())
+        assert spec["n_max"] == llama_bin.DRAFT_LENGTH and spec["decode_tokens_per_s"] > 0
         for mode in ("ngram-simple", "ngram-mod"):
             assert peer.run(mode, 1, [1, 2, 3], 8)["decode_tokens_per_s"] > 0
     finally:

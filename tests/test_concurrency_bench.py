@@ -12,7 +12,6 @@ import pytest
 
 from hetspec.benchmarks import concurrency
 from hetspec.benchmarks.bench import llama_bin
-from hetspec.benchmarks.bench.stream_figures import chunk_counts
 from hetspec.core.errors import ConfigError
 from hetspec.models import resolve_model
 
@@ -90,17 +89,16 @@ def test_chunk_counts_follow_the_text_and_end_at_usage():
     def words(text: str) -> int:              # a stand-in tokenizer: one token a word
         return len(text.split())
 
-    assert chunk_counts(["a b", " c", " d e"], 5, words) == [2, 1, 2]
-    assert chunk_counts(["a b", " c"], 2, words) == [2, 0]        # never past the server's count
-    assert chunk_counts(["a", "b"], 2, words) == [1, 1]           # "ab" re-tokenized as one: the usage rules
+    assert concurrency.chunk_counts(["a b", " c", " d e"], 5, words) == [2, 1, 2]
+    assert concurrency.chunk_counts(["a b", " c"], 2, words) == [2, 0]        # never past the server's count
+    assert concurrency.chunk_counts(["a", "b"], 2, words) == [1, 1]           # "ab" re-tokenized as one: the usage rules
 
 
 def test_llama_servers_command():
-    command = llama_bin.server_command(Path("/b/llama-server"), "t.gguf", 4, 1024, 2, [0, 1], 8080, draft="d.gguf",
-                                       repack=False)
+    command = llama_bin.server_command(Path("/b/llama-server"), "t.gguf", 4, 1024, 2, [0, 1], 8080, repack=False)
     command = command[command.index("/b/llama-server"):]         # after taskset's own "-c" where it pins
     assert command[command.index("-np") + 1] == "4" and command[command.index("-c") + 1] == "4096"
-    assert command[command.index("-md") + 1] == "d.gguf" and command[-1] == "--no-repack"
+    assert command[-1] == "--no-repack"
     assert command[command.index("--host") + 1] == "127.0.0.1" and command[command.index("-t") + 1] == "2"
 
 
@@ -108,7 +106,7 @@ def test_a_missing_llama_server_names_the_build_command(monkeypatch):
     _default_pair_or_skip()
     monkeypatch.setattr(llama_bin, "find_server", lambda: None)
     with pytest.raises(SystemExit, match=r"scripts/build_llama_cpp.sh --server"):
-        concurrency.run("smollm2", [1], hetspec=False, peer="llama-server", log=lambda _: None)
+        concurrency.run("smollm2", [1], peer="llama-server", log=lambda _: None)     # before hetspec starts
 
 
 def test_ci_never_builds_llama_server():

@@ -155,13 +155,11 @@ def test_a_paced_target_needs_a_profile_and_leaves_the_draft_every_core_the_sche
 
 
 def test_hetspec_bench_paced_writes_a_report_checked_against_the_traces(tmp_path):
-    """The command a user runs, on a prompts file of their own: records its trace (untimed),
-    runs the modes, titles the report by its profile, and finds every output equal to the
-    trace; a bad profile or prompts file is a usage error that names it."""
-    prompts = tmp_path / "mine.jsonl"
-    prompts.write_text('{"turns": ["def fibonacci(n):"]}\n{"text": "The capital of France is"}\n')
+    """The command a user runs: records its trace (untimed), runs the modes, titles the report
+    by its profile, and finds every output equal to the trace; a bad profile or method is a
+    usage error that names it."""
     command = [sys.executable, "-m", "hetspec.benchmarks.bench.cli", "--config", "smollm2", "--paced",
-               "h100-7b-captured", "--prompts", str(prompts), "--limit", "1", "--max-new-tokens", "24",
+               "h100-7b-captured", "--categories", "code", "--limit", "1", "--max-new-tokens", "24",
                "--traces", str(tmp_path / "traces"), "--out", str(tmp_path / "out"), "--quiet"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -173,11 +171,9 @@ def test_hetspec_bench_paced_writes_a_report_checked_against_the_traces(tmp_path
                for s in summary.values())
     bad = subprocess.run([*command[:3], "--paced", "tpu"], capture_output=True, text=True, timeout=120, check=False)
     assert bad.returncode == 2 and "unknown GPU profile 'tpu'" in bad.stderr
-    empty = tmp_path / "prompts.jsonl"
-    empty.write_text('{"turns": []}\n')
-    bad = subprocess.run([*command[:3], "--paced", "gpu-40ms", "--prompts", str(empty)], capture_output=True,
+    bad = subprocess.run([*command[:3], "--paced", "gpu-40ms", "--methods", "vanilla"], capture_output=True,
                          text=True, timeout=120, check=False)
-    assert bad.returncode == 2 and "prompts.jsonl" in bad.stderr
+    assert bad.returncode == 2 and "engine methods only" in bad.stderr
 
 
 def test_concurrent_requests_are_one_paced_pass_a_step_and_each_the_trace(traces):

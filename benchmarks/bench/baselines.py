@@ -1,7 +1,6 @@
 """The transformers baseline in the benchmark process: vanilla `generate`, every speedup's denominator.
 It loads the target as the engine's target worker does, in its dtype, so methods differ in decoding
-only; it may use every core while the engine idles.
-"""
+only; it may use every core while the engine idles."""
 from __future__ import annotations
 
 import contextlib
@@ -19,12 +18,10 @@ class _Clock:
     """A generate() streamer: the first put() is the prompt, the second the first new token."""
 
     def __init__(self):
-        self.calls, self.first_token_at = 0, None
+        self.puts: list[float] = []
 
     def put(self, value) -> None:
-        self.calls += 1
-        if self.calls == 2:
-            self.first_token_at = time.perf_counter()
+        self.puts.append(time.perf_counter())
 
     def end(self) -> None:
         pass
@@ -33,9 +30,8 @@ class _Clock:
 class Baselines:
     def __init__(self, model_spec: str, dtype: str, device: str, extra_eos: set[int] = frozenset(),
                  threads: int | None = None):
-        """Load the target; `extra_eos`: the tokenizer's EOS, as the engine adds; threads None: choose_threads() may."""
+        """Load the target; `extra_eos`: the tokenizer's EOS, as the engine adds; threads None: every core."""
         self.device, self.dtype, self.cores = device, dtype, affinity()
-        self.thread_trial: dict[str, float] = {}
         if device == "cpu":
             torch.set_num_threads(threads or len(self.cores))
         self.threads = torch.get_num_threads()
@@ -44,23 +40,7 @@ class Baselines:
         self.eos = sorted(set(eos_token_ids(self.model)) | set(extra_eos))
 
     def resources(self) -> dict:
-        return {"device": self.device, "cores": self.cores, "threads": self.threads, "dtype": self.dtype,
-                "thread_trial_tokens_per_s": self.thread_trial or None}
-
-    def choose_threads(self, probes: list[list[int]], tokens: int = 16) -> int:
-        """Every core or one, whichever runs the probes (whole greedy runs, best of two) faster: on a busy
-        machine an OpenMP team waits for its slowest thread, and a slowed baseline flatters every speedup."""
-        if self.device != "cpu" or len(self.cores) < 2:
-            return self.threads
-        speeds = {}
-        for threads in (len(self.cores), 1):
-            torch.set_num_threads(threads)
-            seconds = sum(min(self.run(ids, tokens)["total_s"] for _ in range(2)) for ids in probes)
-            speeds[threads] = tokens * len(probes) / seconds
-        self.thread_trial = {str(k): round(v, 2) for k, v in speeds.items()}
-        self.threads = max(speeds, key=speeds.get)
-        torch.set_num_threads(self.threads)
-        return self.threads
+        return {"device": self.device, "cores": self.cores, "threads": self.threads, "dtype": self.dtype}
 
     @torch.inference_mode()
     def run(self, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
@@ -81,7 +61,7 @@ class Baselines:
         total_s = time.perf_counter() - start
         token_ids = out[0, len(prompt_ids):].tolist()
         return {"token_ids": token_ids, "new_tokens": len(token_ids), "total_s": total_s,
-                "ttft_s": (clock.first_token_at - start) if clock.first_token_at else total_s,
+                "ttft_s": clock.puts[1] - start if len(clock.puts) > 1 else total_s,
                 "finish_reason": "eos" if token_ids and token_ids[-1] in self.eos else "length"}
 
     def _sync(self) -> None:

@@ -5,22 +5,21 @@
     hetspec-bench --config my-gpu.toml             any engine config (a [bench] table may set defaults)
 
 Writes OUT/report.md and OUT/results.json. Exits 1 if the results fail their
-consistency checks (token counts, positive rates), 2 on bad usage.
-"""
+consistency checks (token counts, positive rates), 2 on bad usage."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
-from hetspec.benchmarks.bench.checks import check_results, engine_stat_warnings
-from hetspec.benchmarks.bench.data import ALL_CATEGORIES, CATEGORIES, load_prompt_file, load_prompts
+from hetspec.benchmarks.bench import paced
+from hetspec.benchmarks.bench.checks import check_results
+from hetspec.benchmarks.bench.data import ALL_CATEGORIES, CATEGORIES
 from hetspec.benchmarks.bench.machine import parse_isa
 from hetspec.benchmarks.bench.methods import GROUPS, METHODS, select_methods
-from hetspec.benchmarks.bench.report import write_report
-from hetspec.benchmarks.bench.runner import run_suite, tokenized
-from hetspec.benchmarks.bench.settings import DECODINGS, DTYPES, PROMPT_FORMATS, bench_arguments, split_config
+from hetspec.benchmarks.bench.report import render
+from hetspec.benchmarks.bench.runner import run_suite
+from hetspec.benchmarks.bench.settings import DECODINGS, DTYPES, bench_arguments, split_config
+from hetspec.benchmarks.bench.tables import write_outputs
 from hetspec.core.errors import HetspecError
 
 
@@ -45,21 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decodings", nargs="+", choices=list(DECODINGS), default=list(DECODINGS))
     p.add_argument("--dtype", choices=DTYPES, help="target dtype for the engine and the baseline (default: the config's)")
     p.add_argument("--max-new-tokens", type=_at_least(1), help="override the per-category budget (128; 32 for QA, RAG)")
-    p.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="auto",
-                   help="auto (default): the chat template when the tokenizer has one")
     p.add_argument("--baseline-threads", type=_at_least(0), default=0,
-                   help="torch threads of vanilla (default 0: the faster of all cores and one, measured)")
+                   help="torch threads of vanilla (default 0: every core of this process)")
     p.add_argument("--out", default="bench-out", help="output directory (default: bench-out)")
-    p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the untimed warm-up requests")
-    p.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="skip timing the draft model alone")
     p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bars")
     p.add_argument("--paced", metavar="PROFILE",
                    help="the engine's modes against a paced target (simulated GPU) of this profile "
                         "(h100-7b-eager, h100-7b-captured, gpu-40ms), greedy; records missing traces first")
-    p.add_argument("--repeats", type=int, default=1, help="--paced: passes over the prompts")
     p.add_argument("--traces", default="", help="--paced: the folder of recorded traces (default: hetspec's cache)")
-    p.add_argument("--prompts", metavar="FILE", help="--paced: prompts from a JSON-lines file ({\"turns\": [text]} "
-                                                     "or {\"text\": ...} a line) instead of the categories")
     return p
 
 
@@ -69,8 +61,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     bench = split_config(parser.parse_known_args(argv)[0].config)[1]
     args = parse_isa(parser, [*bench_arguments(bench), *argv])
     select_methods(args.methods)                              # raises on an unknown name
-    if args.prompts and not args.paced:
-        raise ValueError("--prompts needs --paced (the suite's own runs take --categories)")
     return args
 
 
@@ -79,42 +69,20 @@ def main(argv=None) -> int:
     try:
         args = parse(argv)
         if args.paced:
-            return _paced(args, argv)
+            return paced.main(args, argv)
     except (ValueError, OSError, KeyError, HetspecError) as exc:
         print(f"hetspec-bench: error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     doc = run_suite(args, ["hetspec-bench", *argv])
-    doc["checks"], doc["warnings"] = check_results(doc), engine_stat_warnings(doc)
-    (out / "results.json").write_text(json.dumps(doc, indent=1))
-    report = write_report(doc, out)
-    print(f"\nwrote {report} and {out / 'results.json'} (gamma {doc['chosen_gamma']}, {doc['duration_s']:.0f} s)",
-          file=sys.stderr)
+    doc["checks"] = check_results(doc)
+    report = write_outputs(args.out, doc, render(doc))
+    print(f"\nwrote {report} and results.json (gamma {doc['chosen_gamma']}, {doc['duration_s']:.0f} s)", file=sys.stderr)
     for decoding, by_method in doc["results"].items():
-        print(f"{decoding}: " + "; ".join(f"{m} {c['average']['tokens_per_s']:.1f} tok/s "
-                                          f"({c['average']['speedup'] or 0:.2f}x)"
+        print(f"{decoding}: " + "; ".join(f"{m} {c['average']['tokens_per_s']:.1f} tok/s ({c['average']['speedup'] or 0:.2f}x)"
                                           for m, c in by_method.items() if c.get("average")), file=sys.stderr)
-    for key, what in (("checks", "consistency problem(s)"), ("warnings", "warning(s)")):
-        if doc[key]:
-            print(f"{len(doc[key])} {what}, first: {doc[key][0]}", file=sys.stderr)
+    if doc["checks"]:
+        print(f"{len(doc['checks'])} consistency problem(s), first: {doc['checks'][0]}", file=sys.stderr)
     return 1 if doc["checks"] else 0
-
-
-def _paced(args: argparse.Namespace, argv: list[str]) -> int:
-    """hetspec-bench --paced: benchmarks/bench/paced.py, on the suite's prompts or a prompts file."""
-    from hetspec.benchmarks.bench import paced
-    from hetspec.benchmarks.bench.settings import engine_config
-    from hetspec.config import load_config
-    from hetspec.models import resolve_model
-    from hetspec.scheduler.tokenizer import Tokenizer
-
-    config = engine_config(split_config(args.config)[0], args.dtype)
-    prompts = (load_prompt_file(args.prompts, args.max_new_tokens, args.limit) if args.prompts
-               else load_prompts(args.categories, args.limit, args.max_new_tokens))
-    tokenizer = Tokenizer(resolve_model(load_config(config).target.model, "target"))
-    ids = tokenized(prompts, tokenizer, args.prompt_format)[1]
-    return paced.main(args, ids, {p.key: p.max_new_tokens for p in prompts}, config, argv)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,11 @@
 """The benchmark's prompts, shipped in benchmarks/data/ so a run depends on nothing outside the project:
 the six Spec-Bench categories of the DuoDecoding paper (first turns; 128 new tokens, 32 for QA and RAG)
-and hetspec's own for base models (code and text to continue, 64; HumanEval-style stubs, 128).
-"""
+and hetspec's own for base models (code and text to continue, 64; HumanEval-style stubs, 128)."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 
 # The paper's column order (Tables 1-3), with the short column titles it uses.
 CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -34,33 +32,18 @@ class Prompt:
 def load_prompts(categories=CATEGORIES, limit: int | None = None, max_new_tokens: int | None = None) -> list[Prompt]:
     """The first `limit` questions (all if None or 0) of each category, in file order, so that --limit N
     always picks the same prompts; `max_new_tokens` overrides the per-category budget."""
-    prompts = []
-    for category in categories:
-        if category not in ALL_CATEGORIES:
-            raise ValueError(f"unknown category {category!r}; known: {', '.join(ALL_CATEGORIES)}")
-        rows = _read(category)[:limit or None]
-        budget = max_new_tokens or MAX_NEW_TOKENS[category]
-        prompts += [Prompt(category, int(row["question_id"]), row["turns"][0], budget) for row in rows]
-    return prompts
+    if unknown := [c for c in categories if c not in ALL_CATEGORIES]:
+        raise ValueError(f"unknown category {unknown[0]!r}; known: {', '.join(ALL_CATEGORIES)}")
+    return [Prompt(c, int(row["question_id"]), row["turns"][0], max_new_tokens or MAX_NEW_TOKENS[c])
+            for c in categories for row in _read(c)[:limit or None]]
 
 
-def load_prompt_file(path: str, max_new_tokens: int | None = None, limit: int | None = None) -> list[Prompt]:
-    """Prompts from a JSON-lines file of the shipped files' form ({"turns": [text, ...]},
-    optionally "question_id"; or {"text": ...}), category "file"; 128 new tokens unless
-    max_new_tokens says otherwise."""
-    prompts = []
-    for i, line in enumerate(Path(path).read_text("utf-8").splitlines()):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        turns = row.get("turns") if isinstance(row, dict) else None
-        text = turns[0] if isinstance(turns, list) and turns else row.get("text") if isinstance(row, dict) else None
-        if not isinstance(text, str) or not text:
-            raise ValueError(f"{path}, line {i + 1}: a prompt needs \"turns\" (a list of texts) or \"text\"")
-        prompts.append(Prompt("file", int(row.get("question_id", len(prompts) + 1)), text, max_new_tokens or 128))
-    if not prompts:
-        raise ValueError(f"{path} holds no prompts")
-    return prompts[:limit or None]
+def tokenized(prompts, tokenizer, chat: bool | None = None) -> tuple[bool, dict[str, list[int]]]:
+    """(whether the chat template is used, each prompt's ids by key): the template's user message where `chat`,
+    by default where the tokenizer has one; else the plain text."""
+    chat = bool(tokenizer.backend is not None and tokenizer.chat_template) if chat is None else chat
+    return chat, {p.key: tokenizer.encode_chat([{"role": "user", "content": p.text}]) if chat
+                  else tokenizer.encode_prompt(p.text) for p in prompts}
 
 
 def _read(category: str) -> list[dict]:

@@ -2,8 +2,7 @@
 scripts/build_llama_cpp.sh builds them; each row runs once per prompt on the target's GGUF file and
 the benchmark process's cores: `llama-bench` (the prompt's new tokens after a context of its length)
 or `llama-speculative-simple` (the draft's GGUF file, or n-grams). The report's "vs llama.cpp"
-divides by llama-bench's decode tok/s.
-"""
+divides by llama-bench's decode tok/s."""
 from __future__ import annotations
 
 import json
@@ -20,7 +19,8 @@ from hetspec.workers.kernels.build import isa
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
 SERVER = "llama-server"              # opt-in: `scripts/build_llama_cpp.sh --server` (benchmarks/concurrency.py)
 BENCH_REPS = 3                       # llama-bench repetitions per prompt (their mean)
-DRAFT_LENGTHS = (3, 8, 16)           # --spec-draft-n-max tried for the draft-model row
+DRAFT_LENGTH = 3                     # the draft-model row's --spec-draft-n-max: of 3, 8 and 16 the fastest in
+                                     # every committed run (reports/qwen2.5-coder-epyc)
 TIMEOUT_S = 600
 
 
@@ -113,7 +113,7 @@ def bench_command(bin_dir: Path, model: str, threads: int, depth: int, tokens: i
 
 
 def spec_command(bin_dir: Path, model: str, threads: int, prompt_file: str, tokens: int, context: int,
-                 cores: list[int], draft: str | None = None, n_max: int | None = None, spec_type: str | None = None,
+                 cores: list[int], draft: str | None = None, n_max: int = DRAFT_LENGTH, spec_type: str | None = None,
                  repack: bool = True) -> list[str]:
     """llama-speculative-simple, greedy: with a `draft` model (up to `n_max` tokens a round) or by n-grams."""
     drafting = ["-md", draft, "-td", str(threads), "--spec-draft-n-max", str(n_max)] if draft else []
@@ -129,12 +129,11 @@ def completion_command(bin_dir: Path, model: str, threads: int, cores: list[int]
 
 
 def server_command(binary: Path, model: str, slots: int, slot_context: int, threads: int, cores: list[int],
-                   port: int, draft: str | None = None, repack: bool = True) -> list[str]:
+                   port: int, repack: bool = True) -> list[str]:
     """llama-server with `slots` parallel slots sharing a context of slots x slot_context, on loopback;
-    `draft`: speculative with that GGUF file; repack False where llama.cpp's repacked weights die (repacks())."""
+    repack False where llama.cpp's repacked weights die (repacks())."""
     return (_tool(binary, model, threads, cores, "-np", str(slots), "-c", str(slots * slot_context), "--host",
-                  "127.0.0.1", "--port", str(port), *(["-md", draft, "-td", str(threads)] if draft else []))
-            + ([] if repack else ["--no-repack"]))
+                  "127.0.0.1", "--port", str(port)) + ([] if repack else ["--no-repack"]))
 
 
 # ---- parsers (of the real outputs: tests/data/llama_cpp/) --------------------------
@@ -157,12 +156,10 @@ _SPEC = {"prompt_tokens": rf"encoded\s+(\d+) tokens in\s+{_FLOAT} seconds",
 
 def parse_spec_output(text: str) -> dict:
     """llama-speculative-simple's closing lines: prompt and decoded tokens and seconds, drafted, accepted."""
-    found = {}
-    for key, pattern in _SPEC.items():
-        match = re.search(pattern, text)
-        if match is None:
-            raise ValueError(f"no {key} line in llama-speculative-simple's output")
-        found[key] = match.groups()
+    found = {key: re.search(pattern, text) for key, pattern in _SPEC.items()}
+    if missing := [key for key, match in found.items() if match is None]:
+        raise ValueError(f"no {missing[0]} line in llama-speculative-simple's output")
+    found = {key: match.groups() for key, match in found.items()}
     decoded, seconds = int(found["decoded"][0]), float(found["decoded"][1])
     return {"prompt_tokens": int(found["prompt_tokens"][0]), "prompt_s": float(found["prompt_tokens"][1]),
             "new_tokens": decoded, "decode_s": seconds,
@@ -171,19 +168,13 @@ def parse_spec_output(text: str) -> dict:
             "accepted": int(found["n_accept"][0])}
 
 
-def parse_timings(text: str) -> dict:
-    """llama.cpp's perf lines (common_perf_print or llama_perf_context_print): load, prompt eval, eval."""
+def parse_load_ms(text: str) -> float:
+    """llama.cpp's load time, ms, from its perf lines (common_perf_print or llama_perf_context_print)."""
     body = "\n".join(line for line in text.splitlines() if "perf_" in line and "print" in line) or text
     load = re.search(rf"load time =\s+{_FLOAT} ms", body)
     if load is None:
         raise ValueError("no load time line in llama.cpp's output")
-    out: dict = {"load_ms": float(load.group(1))}
-    for key, pattern in (("prompt", rf"prompt eval time =\s+{_FLOAT} ms /\s+(\d+) tokens"),
-                         ("eval", rf"\beval time =\s+{_FLOAT} ms /\s+(\d+) runs")):
-        if match := re.search(pattern, body):
-            ms, n = float(match.group(1)), int(match.group(2))
-            out.update({f"{key}_ms": ms, f"{key}_tokens": n, f"{key}_tokens_per_s": 1000 * n / ms if ms > 0 else None})
-    return out
+    return float(load.group(1))
 
 
 # ---- the rows ---------------------------------------------------------------------
@@ -201,13 +192,13 @@ class LlamaBinaries:
         self.build_info = info.read_text().strip() if info.exists() else ""
 
     def resources(self, mode: str, threads: int | None) -> dict:
-        out = {"device": "cpu", "cores": self.cores, "threads": threads or len(self.cores), "dtype": "gguf",
-               "tool": "llama-bench" if mode == "bench" else "llama-speculative-simple",
-               "binaries": str(self.bin_dir), "settings": repack_note(self.repack)}
-        return {**out, "draft": self.draft, "draft_lengths": list(DRAFT_LENGTHS)} if mode == "spec" else out
+        return {"device": "cpu", "cores": self.cores, "threads": threads or len(self.cores), "dtype": "gguf",
+                "tool": "llama-bench" if mode == "bench" else "llama-speculative-simple",
+                "binaries": str(self.bin_dir), "settings": repack_note(self.repack),
+                **({"draft": self.draft, "draft_length": DRAFT_LENGTH} if mode == "spec" else {})}
 
     def run(self, mode: str, threads: int | None, ids: list[int], max_new_tokens: int) -> dict:
-        """One prompt: mode "bench", "spec" (every draft length) or an n-gram spec type."""
+        """One prompt: mode "bench", "spec" (the draft model) or an n-gram spec type."""
         threads = threads or len(self.cores)
         if mode == "bench":
             command = bench_command(self.bin_dir, self.target, threads, len(ids), max_new_tokens, self.cores,
@@ -218,25 +209,18 @@ class LlamaBinaries:
                     "samples_ts": test["samples_ts"], "command": " ".join(command)}
         prompt = Path(self.tmp.name) / "prompt.txt"
         prompt.write_text(self.detokenize(ids) + "\n")      # llama.cpp's -f drops one final newline
-
-        def spec(**how) -> dict:
-            command = spec_command(self.bin_dir, self.target, threads, str(prompt), max_new_tokens,
-                                   len(ids) + max_new_tokens + 64, self.cores, repack=self.repack, **how)
-            done = parse_spec_output(_run(command, stderr=True))
-            return {"depth": done["prompt_tokens"], **done, "command": " ".join(command)}
-
-        if mode != "spec":
-            return spec(spec_type=mode)
-        tries = {n: spec(draft=self.draft, n_max=n) for n in DRAFT_LENGTHS}
-        return {**tries[DRAFT_LENGTHS[0]], "by_draft_length": tries}
+        how = {"draft": self.draft} if mode == "spec" else {"spec_type": mode}
+        command = spec_command(self.bin_dir, self.target, threads, str(prompt), max_new_tokens,
+                               len(ids) + max_new_tokens + 64, self.cores, repack=self.repack, **how)
+        done = parse_spec_output(_run(command, stderr=True))
+        return {"depth": done["prompt_tokens"], **done, "command": " ".join(command)}
 
     def close(self) -> None:
         self.tmp.cleanup()
 
 
 def _run(command: list[str], stderr: bool = False) -> str:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-                          stdin=subprocess.DEVNULL)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         tail = " | ".join(done.stderr.strip().splitlines()[-3:])
         raise RuntimeError(f"{Path(command[command.index('-m') - 1]).name} exited {done.returncode}: {tail}")
@@ -252,8 +236,7 @@ def open_binaries(rows: list, target: str, draft: str | None, tokenizer, shared_
     start = tokenizer.encode_start()
 
     def detokenize(ids: list[int]) -> str:     # special tokens spelt out, no start tokens: llama.cpp adds its own
-        return tokenizer.decode(ids[len(start):] if start and ids[:len(start)] == start else ids,
-                                skip_special_tokens=False)
+        return tokenizer.decode(ids[len(start):] if start and ids[:len(start)] == start else ids, skip_special_tokens=False)
 
     cpp = LlamaBinaries(bin_dir, target, draft, cores, detokenize, repack=repacks(target))
     section = {"binaries": str(bin_dir), "build_info": cpp.build_info, "cores": cores, "methods": {}, "skipped": {},

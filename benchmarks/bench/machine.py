@@ -1,6 +1,7 @@
 """The machine a run happened on: speedups only mean something next to it."""
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -64,10 +65,9 @@ def _cpuinfo(key: str) -> str:
 
 
 def _version(name: str) -> str | None:
-    try:
+    with contextlib.suppress(metadata.PackageNotFoundError):
         return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+    return None
 
 
 def _git_commit() -> str | None:

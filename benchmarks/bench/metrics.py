@@ -3,8 +3,7 @@
 Per category, rates are pooled (total tokens / total seconds, as Spec-Bench), so a long prompt
 weighs by its tokens; "average" is the mean of the categories' figures, as the paper's "Avg.",
 its histograms and profiles pooled over every round. A figure that does not apply (acceptance of
-a method that never drafts) is None, never 0.
-"""
+a method that never drafts) is None, never 0."""
 from __future__ import annotations
 
 from collections import Counter
@@ -14,8 +13,7 @@ from hetspec.benchmarks.bench.methods import CPP_PEER
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 
 # figure -> (the method it divides by, the figure of that method)
-RATIOS = {"speedup": ("vanilla", "tokens_per_s"), "vs_target": ("target", "tokens_per_s"),
-          "ttft_rel": ("vanilla", "ttft_s")}
+RATIOS = {"speedup": ("vanilla", "tokens_per_s"), "vs_target": ("target", "tokens_per_s"), "ttft_rel": ("vanilla", "ttft_s")}
 AVERAGED = ("tokens_per_s", "decode_tokens_per_s", "ttft_s", *RATIOS, "acceptance_rate", "lookup_acceptance",
             "from_lookup", "mean_accepted_per_round", "exact_match")
 SUMMED = ("prompts", "new_tokens", "total_s", "spec_rounds", "rested")
@@ -23,13 +21,8 @@ PROFILE = ("draft", "verify", "round", "overhead")
 
 
 def complete(doc: dict) -> dict:
-    """Every figure of a results document from its runs: "results", the ceiling's fraction, the C++ rows'."""
+    """Every figure of a results document from its runs: "results", and the C++ rows'."""
     doc["results"] = aggregate(doc)
-    ceiling = doc.get("draft_ceiling") or {}
-    if ceiling.get("tokens_per_s"):       # DuoDecoding's decode speed as a fraction of the draft alone
-        averages = {d: by_method.get("duodec", {}).get("average", {}) for d, by_method in doc["results"].items()}
-        ceiling["duodec_fraction"] = {d: avg["decode_tokens_per_s"] / ceiling["tokens_per_s"]
-                                      for d, avg in averages.items() if avg.get("decode_tokens_per_s")}
     section = doc.get("llama_cpp")
     if section:
         section["results"] = summarize(section.get("runs", []), doc["settings"]["categories"])
@@ -142,19 +135,10 @@ def _ratio(value, base):
 # ---- llama.cpp's C++ rows (results.json "llama_cpp") ---------------------------------
 
 def summarize(runs: list[dict], categories: list[str]) -> dict:
-    """Per C++ row: pooled decode tok/s per category and their mean; a draft row keeps its fastest draft length."""
-    out: dict = {}
-    for method in dict.fromkeys(r["method"] for r in runs if "error" not in r):
-        mine = [r for r in runs if r["method"] == method and "error" not in r]
-        if "by_draft_length" not in mine[0]:
-            out[method] = _pooled(mine, categories)
-            continue
-        by_length = {n: _pooled([{**r["by_draft_length"][n], "category": r["category"]} for r in mine], categories)
-                     for n in mine[0]["by_draft_length"]}
-        best = max(by_length, key=lambda n: by_length[n]["average"]["decode_tokens_per_s"] or 0)
-        out[method] = {**by_length[best], "draft_length": int(best),
-                       "by_draft_length": {str(n): v["average"] for n, v in by_length.items()}}
-    return out
+    """Per C++ row: pooled decode tok/s per category and their mean."""
+    done = [r for r in runs if "error" not in r]
+    return {method: _pooled([r for r in done if r["method"] == method], categories)
+            for method in dict.fromkeys(r["method"] for r in done)}
 
 
 def _pooled(runs: list[dict], categories: list[str]) -> dict:

@@ -1,32 +1,23 @@
-"""report.md from a results document, in the shape of the paper's Tables 1-3. It reads results.json
-only, so a report can be rebuilt (with the figures and checks of today's code) without a run:
-
-    python -m hetspec.benchmarks.bench.report bench-out/quick/results.json
-"""
+"""report.md from a results document, in the shape of the paper's Tables 1 and 2: it reads results.json only."""
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 from hetspec.benchmarks.bench import tables
-from hetspec.benchmarks.bench.checks import check_results
 from hetspec.benchmarks.bench.data import TITLES
-from hetspec.benchmarks.bench.metrics import complete, greedy_reference
+from hetspec.benchmarks.bench.metrics import greedy_reference
 from hetspec.benchmarks.bench.tables import pct, table
 from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 
 
-def write_report(doc: dict, out_dir: str | Path) -> Path:
+def render(doc: dict) -> str:
     lines = ["# hetspec benchmark report", "", *_header(doc), *_methods_table(doc)]
     for decoding in doc["settings"]["decodings"]:
         lines += tables.table1(doc, decoding)
-    for section in (tables.tokens_table, tables.llama_cpp_table, tables.table2, tables.acceptance_table,
-                    tables.sequences_table, tables.profile_table, _ceiling, _exactness, _checks):
+    for section in (tables.llama_cpp_table, tables.table2, tables.acceptance_table, tables.sequences_table,
+                    tables.profile_table, _exactness, _checks, _definitions):
         lines += section(doc)
-    path = Path(out_dir) / "report.md"
-    path.write_text("\n".join(lines + _definitions(doc)))
-    return path
+    return "\n".join(lines)
 
 
 def _header(doc: dict) -> list[str]:
@@ -34,12 +25,8 @@ def _header(doc: dict) -> list[str]:
     prompts = len({(r["category"], r["question_id"]) for r in doc["runs"]})
     return [f"Run {doc['created']} in {doc['duration_s']:.0f} s: `{doc['command']}`", "",
             (f"- **Machine**: {m['cpu']}, {m['logical_cores']} logical cores (affinity {m['affinity']}), "
-             f"{m['memory_gb']} GB, {m.get('isa', 'instruction set not recorded')}"
-             f"{'; GPU ' + m['gpu'] if m.get('gpu') else '; no GPU'}; load average (1, 5, 15 min) "
-             f"{m.get('load_average_start')} at the start, {m.get('load_average')} at the end; "
-             f"git {m.get('git_commit')}"),
-            "- **Phases** (s): " + ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in doc.get("phases_s", {})
-                                              .items()),
+             f"{m['memory_gb']} GB, {m['isa']}{'; GPU ' + m['gpu'] if m['gpu'] else '; no GPU'}; load average (1, 5, 15 "
+             f"min) {m['load_average_start']} at the start, {m['load_average']} at the end; git {m['git_commit']}"),
             "- **Software**: " + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v),
             f"- **Models**: draft `{s['draft_model']}`, target `{s['target_model']}`; {_models(s, doc['engine'])}",
             f"- **Draft budget**: gamma = **{doc['chosen_gamma']}** ({budget.get('source', '?')})" + _budget(budget),
@@ -55,11 +42,10 @@ def _models(s: dict, e: dict) -> str:
     if s.get("target_backend") in GGUF_TARGET_BACKENDS:
         runner = "hetspec's kernels" if s["target_backend"] == "native" else "llama.cpp"
         target = (f"the engine's target computes the GGUF file's own blocks through {runner}, as the llama.cpp rows "
-                  f"compute that file; vanilla and PLD run it in **{s['dtype']}**")
+                  f"compute that file; vanilla runs it in **{s['dtype']}**")
     else:
         target = f"target dtype **{s['dtype']}** for the engine and every baseline"
-    kernels = [f"{role} runs {(e.get(role) or {}).get('kernels')}" for role in ("draft", "target")
-               if (e.get(role) or {}).get("kernels")]         # older results lack the field
+    kernels = [f"{role} runs {e[role]['kernels']}" for role in ("draft", "target") if e[role].get("kernels")]
     if kernels and e.get("prompt_kv") == "target":
         kernels[0] += ", takes the target's cache of a prompt (prompt_kv)"
     return f"{target}; engine config {s['config']}" + (
@@ -73,10 +59,8 @@ def _budget(budget: dict) -> str:
     prefill = budget.get("draft_prefill_s_per_token")
     return (f": draft {1000 * budget['draft_s_per_token']:.1f} ms/token"
             + (f", {1000 * prefill:.1f} ms a prompt token" if prefill else "")
-            + f"; verify ms by tokens {{{verify}}} at a {budget.get('context')}-token context. `duodec` and "
-            "`duodec-s*` start at gamma, then draft each round as long as the target verifies; SpS drafts the window "
-            "of least expected time per token; `sps-fixed` drafts gamma every round. `sps` and `duodec` may rest "
-            "from speculating, as a user's requests do; the ablations force speculation")
+            + f"; verify ms by tokens {{{verify}}} at a {budget.get('context')}-token context (benchmarks/README.md, "
+            "`--methods`, says how each method drafts)")
 
 
 def _methods_table(doc: dict) -> list[str]:
@@ -98,33 +82,11 @@ def _methods_table(doc: dict) -> list[str]:
 def _resources(m: dict) -> str:
     """Where a method computed: the benchmark process's cores, or the engine's workers'."""
     if "cores" in m:
-        trial = m.get("thread_trial_tokens_per_s")
-        why = ("; chosen as the faster on short and long prompt probes, prefill included: "
-               + ", ".join(f"{t} thread(s) {v:.1f} tok/s" for t, v in trial.items()) if trial else "")
-        return f"{m['device']}, cores {m['cores']}, {m['threads']} thread(s) (benchmark process{why})"
+        return f"{m['device']}, cores {m['cores']}, {m['threads']} thread(s) (benchmark process)"
     target = f"{m['device']}, cores {m['target_cores']}, {m['target_threads']} thread(s)"
     if "draft_cores" in m:
         return f"draft: cores {m['draft_cores']}, {m['draft_threads']} thread(s); target: {target}"
     return f"target: {target}"
-
-
-def _ceiling(doc: dict) -> list[str]:
-    c = doc.get("draft_ceiling") or {}
-    if "tokens_per_s" not in c:
-        return ["## The draft model alone (ceiling)", "",
-                f"Not measured: {c.get('skipped') or c.get('error') or 'not measured'}.", ""]
-    weights = f", weights {c['weights']} as in the engine" if c.get("weights", "as-is") != "as-is" else ""
-    lines = ["## The draft model alone (ceiling)", "",
-             (f"{'The native draft' if c.get('backend') == 'native' else 'llama.cpp'} greedy on the draft's cores "
-              f"{c['cores']} with {c['threads']} thread(s){weights}: **{c['tokens_per_s']:.1f} tok/s** "
-              f"({c['ms_per_token']:.2f} ms/token after the prompt; prompt prefill {c['prefill_ms_per_token']:.2f} "
-              f"ms/token; {c['prompts']} prompts). DuoDecoding cannot decode faster than its draft drafts, however "
-              "often the two agree.")]
-    for d, fraction in (c.get("duodec_fraction") or {}).items():
-        avg = doc["results"][d]["duodec"]["average"]
-        lines.append(f"- {d}: DuoDecoding decodes at {avg['decode_tokens_per_s']:.1f} tok/s after its first token "
-                     f"(**{fraction:.0%} of the ceiling**; {avg['tokens_per_s']:.1f} tok/s including the prompt)")
-    return lines + [""]
 
 
 def _exactness(doc: dict) -> list[str]:
@@ -134,61 +96,32 @@ def _exactness(doc: dict) -> list[str]:
     if not rows:
         return []
     if reference == "target":
-        return ["## Greedy output identical to the target alone", "",
-                ("Share of prompts whose greedy tokens equal the engine's `target` method's (the GGUF target "
-                 "computes the GGUF file's blocks, and its verification is batch-invariant, so any speculative "
-                 "method must give them exactly)."), "", *table(["method", "identical"], rows), ""]
-    return ["## Greedy output identical to vanilla", "",
-            ("Share of prompts whose greedy tokens equal transformers `generate`'s. Below 100% can be a float "
-             "near-tie (batched verification, another thread count) rather than a bug: see the runs in results.json."),
-            "", *table(["method", "identical"], rows), ""]
+        title, about = "the target alone", ("Share of prompts whose greedy tokens equal the engine's `target` "
+                                            "method's (the GGUF target computes the GGUF file's blocks, and its "
+                                            "verification is batch-invariant, so any speculative method must give "
+                                            "them exactly).")
+    else:
+        title, about = "vanilla", ("Share of prompts whose greedy tokens equal transformers `generate`'s. Below 100% "
+                                   "can be a float near-tie (batched verification, another thread count) rather than "
+                                   "a bug: see the runs in results.json.")
+    return [f"## Greedy output identical to {title}", "", about, "", *table(["method", "identical"], rows), ""]
 
 
 def _checks(doc: dict) -> list[str]:
-    problems, warnings = doc.get("checks", []), doc.get("warnings", [])
-    errors = [r for r in doc["runs"] if "error" in r]
-    lines = ["## Consistency checks", "",
-             *([] if problems else ["All consistent: token counts match, rates are positive, acceptance adds up."]),
-             *_listed(problems, 50, "checks"),
-             *([f"\n{len(errors)} run(s) failed; see results.json \"runs\" (key \"error\")."] if errors else [])]
-    if warnings:
-        lines += ["", (f"Warnings ({len(warnings)}): the engine's own statistics disagree with its tokens. The "
-                       "figures above count tokens themselves and do not use these statistics."), "",
-                  *_listed(warnings, 20, "warnings")]
-    return lines + [""]
-
-
-def _listed(items: list[str], most: int, key: str) -> list[str]:
-    more = [f"- ... and {len(items) - most} more (results.json \"{key}\")"] if len(items) > most else []
-    return [f"- {item}" for item in items[:most]] + more
+    problems, errors, most = doc["checks"], [r for r in doc["runs"] if "error" in r], 50
+    return ["## Consistency checks", "",
+            *([] if problems else ["All consistent: token counts match, rates are positive, acceptance adds up."]),
+            *[f"- {problem}" for problem in problems[:most]],
+            *([f"- ... and {len(problems) - most} more (results.json \"checks\")"] if len(problems) > most else []),
+            *([f"\n{len(errors)} run(s) failed; see results.json \"runs\" (key \"error\")."] if errors else []), ""]
 
 
 def _definitions(doc: dict) -> list[str]:
-    borrow = (" (the target borrows the draft's cores for the prompt prefill)" if doc["settings"].get(
-        "engine_config", {}).get("target", {}).get("prefill_borrows_draft_cores") else "")
     return ["## Definitions", "",
-            ("- tok/s: new tokens / wall seconds, pooled over a category's prompts, measured by the caller "
-             "(the engine's figures include the request's trip through the scheduler)."),
-            ("- Avg.: mean of the per-category figures. Speedup: tok/s over vanilla's, same category and decoding; "
-             "vs target-only: over the engine's `target` method's."),
+            ("- tok/s: new tokens / wall seconds, pooled over a category's prompts, measured by the caller (the "
+             "engine's include the request's trip through the scheduler). Avg.: the mean of the categories' figures."),
             ("- TTFT: time until the first new token is out (baselines: a generate streamer; engine: the "
              "client's first streamed text)."),
-            ("- The `llama-*` rows run llama.cpp's own C++ programs on the target's GGUF file and the benchmark "
-             "process's cores (scripts/build_llama_cpp.sh; their section above)."),
-            ("- Vanilla and PLD run in the benchmark process and may use every core; the engine's draft and target "
-             f"each own their cores{borrow}. A busy machine (see the load average) hurts multi-threaded "
-             "baselines most: compare runs made under similar load."), ""]
-
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    path = Path(argv[0] if argv else "bench-out/results.json")
-    doc = complete(json.loads(path.read_text()))      # the figures, and the rules, may have changed since the run
-    doc["checks"] = check_results(doc)
-    path.write_text(json.dumps(doc, indent=1))
-    print(write_report(doc, path.parent))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            ("- Vanilla runs in the benchmark process and may use every core; the engine's draft and target each own "
+             "their cores. A busy machine (see the load average) hurts multi-threaded baselines most: compare runs "
+             "made under similar load."), ""]

@@ -1,7 +1,6 @@
 """The whole suite in one process: one engine, the baselines beside it, every method on every
-prompt, then the draft-alone ceiling. Methods take turns per prompt, so that a slow spell on a
-shared machine hits every method alike; every sampled run of a prompt has the same seed.
-"""
+prompt. Methods take turns per prompt, so that a slow spell on a shared machine hits every method
+alike; every sampled run of a prompt has the same seed."""
 from __future__ import annotations
 
 import contextlib
@@ -11,13 +10,15 @@ import time
 import zlib
 from datetime import UTC, datetime
 
+from tqdm import tqdm
+from transformers.utils import logging
+
 import hetspec
 from hetspec.benchmarks.bench.baselines import Baselines
-from hetspec.benchmarks.bench.ceiling import measure_ceiling
-from hetspec.benchmarks.bench.data import load_prompts
-from hetspec.benchmarks.bench.engine_runs import run_engine
+from hetspec.benchmarks.bench.data import load_prompts, tokenized
+from hetspec.benchmarks.bench.llama_bin import open_binaries
 from hetspec.benchmarks.bench.machine import affinity, describe_machine
-from hetspec.benchmarks.bench.methods import Method, select_methods
+from hetspec.benchmarks.bench.methods import Method, run_engine, select_methods
 from hetspec.benchmarks.bench.metrics import complete
 from hetspec.benchmarks.bench.settings import DECODINGS, engine_config, split_config
 from hetspec.config import load_config
@@ -40,17 +41,13 @@ def run_suite(settings, argv: list[str] | None = None) -> dict:
         for part in (suite.engine, suite.cpp):
             if part is not None:
                 part.close()
-    with suite.clock("ceiling"):
-        ceiling = _ceiling(settings, suite.config, suite.prompts, suite.prompt_ids, suite.info)
-    return complete(suite.document(argv, ceiling))
+    return complete(suite.document(argv))
 
 
 class _Suite:
     """One run: the engine and the baseline it measures, and the records it keeps."""
 
     def __init__(self, settings):
-        from transformers.utils import logging
-
         self.settings = settings
         self.config_dict = engine_config(split_config(settings.config)[0], settings.dtype)
         self.config = load_config(self.config_dict)
@@ -59,24 +56,14 @@ class _Suite:
         self.cpp_rows = [m for m in methods if m.kind == "cpp"]      # llama.cpp's binaries: results.json "llama_cpp"
         self.prompts = load_prompts(settings.categories, settings.limit, settings.max_new_tokens)
         self.tokenizer = Tokenizer(resolve_model(self.config.target.model, "target"))
-        self.use_chat, self.prompt_ids = tokenized(self.prompts, self.tokenizer, settings.prompt_format)
+        self.use_chat, self.prompt_ids = tokenized(self.prompts, self.tokenizer)
         self.started = time.perf_counter()
         self.load_at_start = [round(x, 2) for x in os.getloadavg()]
-        self.phases: dict[str, float] = {}
         self.runs: list[dict] = []
         self.llama_cpp: dict = {}
         self.engine = self.baselines = self.cpp = None
         logging.disable_progress_bar()          # our progress bar is the one to watch
         logging.set_verbosity_error()
-
-    @contextlib.contextmanager
-    def clock(self, phase: str):
-        """Wall time of a phase of the suite (engine start, warm-up, runs, ...), for the report."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.phases[phase] = time.perf_counter() - start
 
     def start(self) -> None:
         s, target = self.settings, self.config.target
@@ -84,34 +71,19 @@ class _Suite:
         _log(s, f"hetspec-bench: {len(self.prompts)} prompts x {len(self.methods)} methods{cpp_note} x "
                 f"{len(s.decodings)} decodings; starting the engine ({target.model}, "
                 f"{target.backend if target.backend != 'transformers' else target.dtype})")
-        with self.clock("engine_start"):            # load both models, measure the budget
-            self.engine = hetspec.launch(self.config_dict)
+        self.engine = hetspec.launch(self.config_dict)      # load both models, measure the budget
         self.info = self.engine.info
         self.dtype = resolve_dtype(target.dtype, resolve_model(target.model, "target"), self.info["target"]["device"])
         self.chosen = int(self.info["gamma"])
         if any(m.kind == "baseline" for m in self.methods):
-            with self.clock("baselines_load"):
-                self.baselines = self._load_baselines()
+            self.baselines = Baselines(target.model, self.dtype, self.info["target"]["device"],
+                                       extra_eos=self.tokenizer.eos_token_ids, threads=s.baseline_threads or None)
         if self.cpp_rows:
-            with self.clock("llama_cpp_load"):
-                self._open_binaries()
-        if s.warmup:
-            with self.clock("warmup"):
-                self._warm_up(self.methods)
-
-    def _load_baselines(self) -> Baselines:
-        threads = self.settings.baseline_threads
-        baselines = Baselines(self.config.target.model, self.dtype, self.info["target"]["device"],
-                              extra_eos=self.tokenizer.eos_token_ids, threads=threads or None)
-        if not threads:
-            first, longest = self.prompt_ids[self.prompts[0].key], max(self.prompt_ids.values(), key=len)
-            baselines.choose_threads([first] if longest is first else [first, longest])
-        return baselines
+            self._open_binaries()
+        self._warm_up(self.methods)
 
     def _open_binaries(self) -> None:
         """llama.cpp's own binaries on the target's GGUF file; where they are not built, one line says how."""
-        from hetspec.benchmarks.bench.llama_bin import open_binaries
-
         target = resolve_model(self.config.target.model, "target")
         if not target.gguf_file:
             raise ValueError(f"llama.cpp's rows need a GGUF target, got {self.config.target.model!r}: leave out "
@@ -135,20 +107,20 @@ class _Suite:
 
     def run_all(self) -> None:
         s = self.settings
-        with self.clock("runs"):
-            bar = _progress(s, len(self.prompts) * (len(self.methods) * len(s.decodings) + len(self.cpp_rows)))
-            for decoding in s.decodings:
-                # llama.cpp's binaries decode each prompt once (greedy, or no sampling at all: llama-bench)
-                cpp = self.cpp_rows if decoding == s.decodings[0] else []
-                for prompt in self.prompts:
-                    for method in [*self.methods, *cpp]:
-                        bar.set_postfix_str(f"{decoding} {prompt.category} {method.name}", refresh=False)
-                        if method.kind == "cpp":
-                            self.llama_cpp["runs"].append(self._run(method, prompt, None))
-                        else:
-                            self.runs.append(self._run(method, prompt, decoding))
-                        bar.update(1)
-            bar.close()
+        bar = tqdm(total=len(self.prompts) * (len(self.methods) * len(s.decodings) + len(self.cpp_rows)),
+                   desc="hetspec-bench", unit="run", disable=not s.progress, dynamic_ncols=True)
+        for decoding in s.decodings:
+            # llama.cpp's binaries decode each prompt once (greedy, or no sampling at all: llama-bench)
+            cpp = self.cpp_rows if decoding == s.decodings[0] else []
+            for prompt in self.prompts:
+                for method in [*self.methods, *cpp]:
+                    bar.set_postfix_str(f"{decoding} {prompt.category} {method.name}", refresh=False)
+                    if method.kind == "cpp":
+                        self.llama_cpp["runs"].append(self._run(method, prompt, None))
+                    else:
+                        self.runs.append(self._run(method, prompt, decoding))
+                    bar.update(1)
+        bar.close()
 
     def _run(self, method: Method, prompt, decoding: str | None) -> dict:
         """One run's record; a failed run keeps its error."""
@@ -169,10 +141,9 @@ class _Suite:
         temperature, top_p = params["temperature"], params["top_p"]
         if method.kind == "baseline":
             return self.baselines.run(ids, max_new, temperature, top_p, seed)
-        return run_engine(self.engine, method, method.gamma(self.chosen), ids, max_new, temperature, top_p,
-                          seed)
+        return run_engine(self.engine, method, method.gamma(self.chosen), ids, max_new, temperature, top_p, seed)
 
-    def document(self, argv: list[str] | None, ceiling: dict) -> dict:
+    def document(self, argv: list[str] | None) -> dict:
         """The results document (results.json) before its figures (metrics.complete)."""
         info, chosen, s = self.info, self.chosen, self.settings
         measured = (info.get("budget") or {}).get("source") == "measured"
@@ -180,7 +151,6 @@ class _Suite:
             "schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "command": " ".join(sys.argv if argv is None else argv),
             "duration_s": round(time.perf_counter() - self.started, 1),
-            "phases_s": {k: round(v, 1) for k, v in self.phases.items()},
             "machine": {**describe_machine(), "load_average_start": self.load_at_start},
             "settings": {"config": s.config or "smollm2 (embedded default)",
                          "engine_config": info.get("config", self.config.to_dict()),
@@ -197,7 +167,6 @@ class _Suite:
                                  "gamma": m.gamma(chosen), "rebalanced": m.rebalanced(measured),
                                  "speculation": m.speculation or "auto", **self._resources(m)}
                         for m in self.methods},
-            "draft_ceiling": ceiling,
             "runs": self.runs, "results": {},
         }
         if self.llama_cpp:
@@ -217,38 +186,6 @@ class _Suite:
             out.update(target_cores=sorted(target["cores"] + draft["cores"]),
                        target_threads=target["threads"] + draft["threads"])
         return out
-
-
-def tokenized(prompts, tokenizer: Tokenizer, prompt_format: str) -> tuple[bool, dict[str, list[int]]]:
-    """(whether the chat template is used, each prompt's ids by key): the template where asked, or by default
-    where the tokenizer has one."""
-    use_chat = prompt_format == "chat" or (
-        prompt_format == "auto" and bool(tokenizer.backend is not None and tokenizer.chat_template))
-    return use_chat, {p.key: tokenizer.encode_chat([{"role": "user", "content": p.text}]) if use_chat
-                      else tokenizer.encode_prompt(p.text) for p in prompts}
-
-
-def _ceiling(settings, config, prompts, prompt_ids, info) -> dict:
-    """The draft alone on one prompt per category, in its own tokens (the target's, unless the vocabularies differ)."""
-    if not settings.ceiling:
-        return {"skipped": "disabled (--no-ceiling)"}
-    if config.draft.backend not in ("native", "llama.cpp"):
-        return {"skipped": f"the draft backend is {config.draft.backend!r}, not native or llama.cpp"}
-    _log(settings, "measuring the draft model alone (greedy)...")
-    draft = resolve_model(config.draft.model, "draft")
-    own = None if (info.get("vocabulary") or {}).get("shared", True) else Tokenizer(draft)
-    first = {}
-    for p in prompts:
-        ids = own.encode_prompt(p.text) if own else prompt_ids[p.key]
-        first.setdefault(p.category, {"ids": ids, "max_new_tokens": p.max_new_tokens})
-    return measure_ceiling(draft.file, list(info["draft"]["cores"]), int(info["draft"]["threads"]),
-                           list(first.values()), config.draft.weights, backend=config.draft.backend)
-
-
-def _progress(settings, total: int):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="hetspec-bench", unit="run", disable=not settings.progress, dynamic_ncols=True)
 
 
 def _log(settings, message: str, always: bool = False) -> None:

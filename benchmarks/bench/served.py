@@ -1,10 +1,10 @@
 """Real servers for the concurrency benchmark and hetspec-fuzz, each in its own process group:
 `hetspec-launch CONFIG --http` and llama.cpp's `llama-server` on a free loopback port, ready once
 `GET /health` answers 200, stopped whole (what was left behind is killed, removed and named); and
-one streaming OpenAI request, its server-sent events timed as they arrive.
-"""
+one streaming OpenAI request, its server-sent events timed as they arrive."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+import hetspec
+
 START_TIMEOUT_S = 600           # a first start compiles hetspec's kernels; a 1.5B model loads in seconds
 STOP_TIMEOUT_S = 60
 REQUEST_TIMEOUT_S = 1800
@@ -33,13 +35,12 @@ def free_port() -> int:
 
 
 class Served:
-    """A server process on 127.0.0.1:port, logging to `log` (its stdout piped instead where `first_line`)."""
+    """A server process on 127.0.0.1:port, logging to `log` (its stdout piped instead where `first_line`), such as
+    llama.cpp's llama-server (llama_bin.server_command)."""
 
-    name = "server"
-
-    def __init__(self, command: list[str], log: Path, first_line: bool = False):
+    def __init__(self, command: list[str], log: Path, first_line: bool = False, name: str = "llama-server"):
         self.port = int(command[command.index("--port") + 1]) if "--port" in command else None
-        self.command, self.log_path = command, log
+        self.command, self.log_path, self.name = command, log, name
         log.write_text("")
         self.log = open(log, "a")  # noqa: SIM115 - closed by stop(); appending, as the server's own writes do
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE if first_line else self.log, stderr=self.log,
@@ -55,13 +56,11 @@ class Served:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited {self.process.returncode} while starting: {self.tail()}")
-            try:
+            with contextlib.suppress(httpx.TransportError):
                 if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
                     root = psutil.Process(self.process.pid)
                     self.processes = [root, *root.children(recursive=True)]
                     return
-            except httpx.TransportError:
-                pass
             time.sleep(0.25)
         self.stop()
         raise RuntimeError(f"{self.name} did not answer /health within {START_TIMEOUT_S} s: {self.tail()}")
@@ -79,15 +78,12 @@ class Served:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(STOP_TIMEOUT_S)
-        _, alive = psutil.wait_procs(self.processes, timeout=STOP_TIMEOUT_S)
         left = []
-        for p in alive:
-            try:
+        for p in psutil.wait_procs(self.processes, timeout=STOP_TIMEOUT_S)[1]:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 if p.status() != psutil.STATUS_ZOMBIE:
                     left.append(f"process {p.pid} ({p.name()})")
                 p.kill()
-            except psutil.NoSuchProcess:
-                pass
         self.log.close()
         return left + self._left_segments()
 
@@ -98,41 +94,31 @@ class Served:
 class HetspecServer(Served):
     """`hetspec-launch CONFIG --http 127.0.0.1:PORT [ARGS]`; `info` is the engine's get_info() once ready."""
 
-    name = "hetspec-launch"
-
     def __init__(self, config: str, log: Path, *args: str, api_key: str | None = None):
-        import hetspec
-
         port = free_port()
         super().__init__([sys.executable, "-m", "hetspec.cli", *([config] if config else []), "--http",
-                          f"127.0.0.1:{port}", *args], log, first_line=True)
+                          f"127.0.0.1:{port}", *args], log, first_line=True, name="hetspec-launch")
         self.port = port
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read_stdout, args=(lines,), daemon=True).start()
-        try:
+        self.endpoint = ""
+        with contextlib.suppress(queue.Empty):
             self.endpoint = lines.get(timeout=START_TIMEOUT_S).strip()     # the zmq endpoint comes first
-        except queue.Empty:
-            self.endpoint = ""
         if not self.endpoint.startswith(("ipc://", "tcp://")):
             self.stop()
             raise RuntimeError(f"hetspec-launch printed no endpoint: {self.tail()}")
         self.wait_ready()
-        engine = hetspec.connect(self.endpoint, token=os.environ.get("HETSPEC_API_KEY", "") if api_key is None
-                                 else api_key)
-        try:
+        with hetspec.connect(self.endpoint, token=os.environ.get("HETSPEC_API_KEY", "") if api_key is None
+                             else api_key) as engine:
             self.info = engine.get_info()
-        finally:
-            engine.close()
 
     def _read_stdout(self, lines: queue.Queue) -> None:
         """The first line to `lines`, the rest to the log (a pipe nobody reads would block the server)."""
         lines.put(self.process.stdout.readline())
-        try:
+        with contextlib.suppress(ValueError, OSError):       # the log closed by stop()
             for line in self.process.stdout:
                 self.log.write(line)
                 self.log.flush()
-        except (ValueError, OSError):       # the log closed by stop()
-            pass
 
     def _left_segments(self) -> list[str]:
         """hetspec-launch's run ids begin with its pid: its segments and runtime folders."""
@@ -141,16 +127,6 @@ class HetspecServer(Served):
         for path in left:
             subprocess.run(["rm", "-rf", path], check=False)
         return left
-
-
-class LlamaServer(Served):
-    """llama.cpp's llama-server (llama_bin.server_command)."""
-
-    name = "llama-server"
-
-    def __init__(self, command: list[str], log: Path):
-        super().__init__(command, log)
-        self.wait_ready()
 
 
 def stream_request(url: str, api: str, body: dict, start: threading.Barrier | None = None, api_key: str = "") -> dict:

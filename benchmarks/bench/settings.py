@@ -1,7 +1,6 @@
 """What one benchmark run does: the engine config (a shipped name or a TOML path, so the suite runs on
 any machine and model pair), prompts, methods, decodings. A TOML file's [bench] table holds this suite's
-defaults, as command-line arguments that the command line's own override; it never reaches the engine.
-"""
+defaults, as command-line arguments that the command line's own override; it never reaches the engine."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,13 +8,9 @@ from pathlib import Path
 from hetspec.config import SHIPPED_CONFIGS, load_config, read_config
 
 # The paper's two settings: greedy, and nucleus sampling.
-DECODINGS = {"greedy": {"temperature": 0.0, "top_p": 1.0},
-             "sampling": {"temperature": 0.7, "top_p": 0.9}}
-PROMPT_FORMATS = ("auto", "chat", "plain")
+DECODINGS = {"greedy": {"temperature": 0.0, "top_p": 1.0}, "sampling": {"temperature": 0.7, "top_p": 0.9}}
 DTYPES = ("float32", "bfloat16", "float16")
-# the [bench] keys: hetspec-bench's options (warmup and ceiling: false for --no-warmup, --no-ceiling)
-BENCH_KEYS = ("limit", "methods", "categories", "decodings", "dtype", "max_new_tokens", "prompt_format",
-              "baseline_threads", "warmup", "ceiling")
+BENCH_KEYS = ("limit", "methods", "categories", "decodings", "dtype", "max_new_tokens", "baseline_threads")  # options
 
 
 def split_config(source: str | None) -> tuple[dict, dict]:
@@ -34,13 +29,8 @@ def split_config(source: str | None) -> tuple[dict, dict]:
 
 def bench_arguments(bench: dict) -> list[str]:
     """A [bench] table as hetspec-bench's arguments (a string for a one-item list)."""
-    argv = []
-    for key, value in bench.items():
-        if isinstance(value, bool):
-            argv += [] if value else [f"--no-{key}"]
-        else:
-            argv += [f"--{key.replace('_', '-')}", *map(str, value if isinstance(value, list) else [value])]
-    return argv
+    return [arg for key, value in bench.items()
+            for arg in (f"--{key.replace('_', '-')}", *map(str, value if isinstance(value, list) else [value]))]
 
 
 def engine_config(config: dict, dtype: str | None) -> dict:

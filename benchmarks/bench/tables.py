@@ -1,37 +1,30 @@
-"""The report's results tables (report.py puts them in order), each read from a results document."""
+"""The report's results tables (report.py puts them in order), each read from a results document; and the
+formatting and writing every benchmark's report shares."""
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from hetspec.benchmarks.bench.data import TITLES
 from hetspec.benchmarks.bench.methods import CPP_PEER
 
 
-def sequence_rows(doc: dict) -> list[tuple]:
-    """(decoding, method, histogram of draft sequences per round) of the DuoDecoding methods."""
-    return [(d, name, cells["average"]["sequences_hist"]) for d in doc["settings"]["decodings"]
-            for name, cells in doc["results"][d].items()
-            if cells.get("average", {}).get("sequences_hist") and doc["methods"][name]["mode"] == "duodec"]
-
-
-def profile_rows(doc: dict) -> list[tuple]:
-    """(decoding, method, per-round time profile) of the methods that ran speculative rounds."""
-    return [(d, name, cells["average"]["profile_ms"]) for d in doc["settings"]["decodings"]
-            for name, cells in doc["results"][d].items() if cells.get("average", {}).get("profile_ms")]
-
-
-def vs_llama(doc: dict, decoding: str, name: str) -> float | None:
-    """A method's average decode tok/s over llama-bench's (None where llama-bench did not run)."""
-    return (((doc.get("llama_cpp") or {}).get("vs") or {}).get(decoding, {}).get(name) or {}).get("average")
+def _averages(doc: dict, key: str) -> list[tuple]:
+    """(decoding, method, its average cell's `key`) of the methods whose average has one."""
+    return [(d, name, cells["average"][key]) for d in doc["settings"]["decodings"]
+            for name, cells in doc["results"][d].items() if cells.get("average", {}).get(key)]
 
 
 def table1(doc: dict, decoding: str) -> list[str]:
     cats, section = doc["settings"]["categories"], doc.get("llama_cpp") or {}
+    vs_llama = (section.get("vs") or {}).get(decoding, {})        # decode tok/s over llama-bench's, by method
     rows = []
     for name in doc["methods"]:
         cells = doc["results"][decoding].get(name, {})
         avg = cells.get("average", {})
         rows.append([f"`{name}`", *[times(cells.get(c, {}).get("speedup")) for c in cats],
                      times(avg.get("speedup"), bold=True), times(avg.get("vs_target"), bold=True),
-                     times(vs_llama(doc, decoding, name), bold=True), num(avg.get("tokens_per_s"))])
+                     times((vs_llama.get(name) or {}).get("average"), bold=True), num(avg.get("tokens_per_s"))])
     about = (f"decode tok/s after the first token over `{CPP_PEER}`'s, llama.cpp's own C++ benchmark decoding the "
              "same GGUF file at each prompt's depth on every core (per category, then averaged)")
     if not section.get("vs"):
@@ -44,17 +37,7 @@ def table1(doc: dict, decoding: str) -> list[str]:
                     "Avg. vs llama.cpp", "tok/s (avg)"], rows), ""]
 
 
-def tokens_table(doc: dict) -> list[str]:
-    cats = doc["settings"]["categories"]
-    out = ["## Tokens per second", ""]
-    for decoding in doc["settings"]["decodings"]:
-        rows = [[f"`{n}`", *_per_category(doc["results"][decoding].get(n, {}), cats, "tokens_per_s")]
-                for n in doc["methods"]]
-        out += [f"{decoding}:", "", *table(["method", *[TITLES[c] for c in cats], "Avg."], rows), ""]
-    return out
-
-
-def _per_category(cells: dict, cats: list[str], key: str, bold: bool = False) -> list[str]:
+def _per_category(cells: dict, cats: list[str], key: str, bold: bool = True) -> list[str]:
     """A figure per category, then its average."""
     return [*[num(cells.get(c, {}).get(key)) for c in cats], num(cells.get("average", {}).get(key), bold=bold)]
 
@@ -70,26 +53,25 @@ def llama_cpp_table(doc: dict) -> list[str]:
     for name, m in section["methods"].items():
         cells = section.get("results", {}).get(name, {})
         what = f"{m['tool']}{'' if m['mode'] in ('bench', 'spec') else ' ' + m['mode']}, {m['threads']} thread(s)"
-        if "draft_length" in cells:
-            what += f", `--spec-draft-n-max` {cells['draft_length']} (" + ", ".join(
-                f"{n}: {num(v['decode_tokens_per_s'])}" for n, v in cells["by_draft_length"].items()) + " tok/s)"
+        if "draft_length" in m:
+            what += f", `--spec-draft-n-max` {m['draft_length']}"
         drafted = cells.get("average", {}).get("drafted")
-        rows.append([f"`{name}`", what, *_per_category(cells, cats, "decode_tokens_per_s", bold=True),
+        rows.append([f"`{name}`", what, *_per_category(cells, cats, "decode_tokens_per_s"),
                      "none drafted" if drafted == 0 else pct(cells.get("average", {}).get("acceptance_rate"))])
     first = next(iter(doc["settings"]["decodings"]))
     for name in ("target", "sps", "duodec"):          # the engine's decode tok/s beside them
         cells = doc["results"].get(first, {}).get(name)
         if cells:
             rows.append([f"`{name}`", f"{first}, after the first token",
-                         *_per_category(cells, cats, "decode_tokens_per_s", bold=True),
+                         *_per_category(cells, cats, "decode_tokens_per_s"),
                          pct(cells.get("average", {}).get("acceptance_rate"))])
     return ["## llama.cpp's own binaries (C++)", "",
             ("Decode tok/s on the target's GGUF file, per category pooled over its prompts, beside the engine's decode "
              "tok/s after its first token. `llama-bench`: `llama-bench -p 0 -n NEW -d PROMPT -r 3 -o json` per prompt "
              "(NEW one-token decodes after a PROMPT-token context: the positions the engine decodes), the mean of the "
              "repetitions. `llama-speculative-simple` (greedy, the prompt's text): its \"decoded N tokens in S "
-             "seconds\", from the prompt's last token; the draft-model row keeps the draft length fastest on average. "
-             "Same cores as the benchmark process; every C++ row runs once per prompt, between the other methods."), "",
+             "seconds\", from the prompt's last token. Same cores as the benchmark process; every C++ row runs once "
+             "per prompt, between the other methods."), "",
             *table(["row", "what", *[TITLES[c] for c in cats], "Avg. decode tok/s", "acceptance"], rows), "",
             *_cpp_notes(section), ""]
 
@@ -138,7 +120,8 @@ def acceptance_table(doc: dict) -> list[str]:
 
 
 def sequences_table(doc: dict) -> list[str]:
-    rows = sequence_rows(doc)
+    rows = [(d, name, hist) for d, name, hist in _averages(doc, "sequences_hist")
+            if doc["methods"][name]["mode"] == "duodec"]
     if not rows:
         return []
     ks = sorted({k for _, _, hist in rows for k in hist}, key=int)
@@ -151,7 +134,7 @@ def sequences_table(doc: dict) -> list[str]:
 def profile_table(doc: dict) -> list[str]:
     rows = [[d, f"`{name}`", *[num(p[k], 1) for k in ("draft", "verify", "round", "overhead")],
              pct(p["overhead"] / p["round"] if p["round"] else None), str(p["rounds"])]
-            for d, name, p in profile_rows(doc)]
+            for d, name, p in _averages(doc, "profile_ms")]
     if not rows:
         return []
     return ["## Per-round time profile (ms per speculative round)", "",
@@ -162,7 +145,16 @@ def profile_table(doc: dict) -> list[str]:
             ""]
 
 
-# ---- formatting -----------------------------------------------------------------
+# ---- formatting and writing ---------------------------------------------------------
+
+def write_outputs(out, doc: dict, report: str, names: tuple[str, str] = ("results.json", "report.md")) -> Path:
+    """OUT/results.json and OUT/report.md (OUT made where missing); the report's path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / names[0]).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    (out / names[1]).write_text(report)
+    return out / names[1]
+
 
 def average(doc: dict, decoding: str, name: str) -> dict:
     return doc["results"][decoding].get(name, {}).get("average", {})
@@ -172,14 +164,13 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def num(value, digits: int = 1, bold: bool = False) -> str:
-    text = "-" if value is None else f"{value:.{digits}f}"
+def num(value, digits: int = 1, bold: bool = False, unit: str = "") -> str:
+    text = "-" if value is None else f"{value:.{digits}f}{unit}"
     return f"**{text}**" if bold and value is not None else text
 
 
 def times(value, bold: bool = False) -> str:
-    text = "-" if value is None else f"{value:.2f}x"
-    return f"**{text}**" if bold and value is not None else text
+    return num(value, 2, bold, "x")
 
 
 def pct(value) -> str:

@@ -5,11 +5,11 @@ SIGKILL at random; then count what survived (benchmarks/README.md, "hetspec-chao
     hetspec-chaos --kills 0 --requests 1000    a soak: memory after --settle requests against the end
 
 Exits 1 if a request hung or was lost to a draft kill, a greedy completion differed from the
-target's own output, memory grew (soak), or anything was left behind.
-"""
+target's own output, memory grew (soak), or anything was left behind."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -26,21 +26,21 @@ from pathlib import Path
 
 import psutil
 
+import hetspec
+from hetspec.benchmarks.bench.tables import write_outputs
+
 # (prompt, max_new_tokens, temperature): greedy ones are checked token for token
 JOBS = [("The capital of France is", 16, 0.0), ("Write a haiku about the sea.", 48, 0.0),
         ("1, 2, 3, 4, 5,", 96, 0.0), ("Explain photosynthesis in one paragraph.", 64, 0.7),
         ("def fibonacci(n):", 32, 0.7)]
 HANG_S = 120           # a request open this long has hung
-RUNTIME_FILES = {"run.json", "ready", "scheduler.log", "draft.log", "target.log", "client.sock", "draft.sock",
-                 "target.sock"}
+RUNTIME_FILES = {"run.json", "ready", "scheduler.log", "draft.log", "target.log", "client.sock", "draft.sock", "target.sock"}
 COUNTS = ("requests", "exact", "sampled", "cancelled", "client killed", "inexact", "aborted (target killed)",
           "other errors", "lost to a draft kill", "hung", "finished target-only")
 
 
 def client_main(endpoint: str, seed: int, stop_file: str, cancel_p: float) -> None:
     """One client process: stream random jobs until the stop file appears; one JSON line per event."""
-    import hetspec
-
     rng, engine = random.Random(seed), hetspec.connect(endpoint)
     while not os.path.exists(stop_file):
         job = rng.randrange(len(JOBS))
@@ -103,10 +103,8 @@ class Clients:
         """Count events for `seconds`, or until a request hangs."""
         until = time.monotonic() + seconds
         while (left := until - time.monotonic()) > 0 and not self.hung():
-            try:
+            with contextlib.suppress(queue.Empty):
                 self.handle(*self.events.get(timeout=min(left, 0.5)))
-            except queue.Empty:
-                pass
 
     def stop(self) -> None:
         """Let every client finish its request and leave (a client stuck in one is killed); then the events left,
@@ -133,8 +131,7 @@ class Clients:
         if self.counts["requests"] in self.soak_at:
             info = self.engine.get_info()
             pids = {"scheduler": info["pid"], **{role: info["workers"][role]["pid"] for role in ("draft", "target")}}
-            self.memory[self.counts["requests"]] = {role: psutil.Process(pid).memory_info().rss
-                                                    for role, pid in pids.items()}
+            self.memory[self.counts["requests"]] = {role: psutil.Process(pid).memory_info().rss for role, pid in pids.items()}
 
     def _outcome(self, event: dict) -> str:
         kind = event["event"]
@@ -154,8 +151,6 @@ class Clients:
 
 
 def run(args) -> dict:
-    import hetspec
-
     rng, workdir = random.Random(args.seed), tempfile.mkdtemp(prefix="hetspec-chaos-")
     engine = hetspec.launch(args.config)
     references = {j: engine.generate(p, max_new_tokens=n, mode="target").token_ids
@@ -209,10 +204,8 @@ def _kill_when_ready(engine, role: str) -> None:
     deadline = time.monotonic() + HANG_S
     while (worker := engine.get_info()["workers"][role])["state"] != "ready" and time.monotonic() < deadline:
         time.sleep(0.2)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(worker["pid"], signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def verdict(report: dict, max_growth: float) -> list[str]:
@@ -271,9 +264,8 @@ def main(argv=None) -> int:
     text = table(report) + "\n\n" + ("\n".join(f"FAIL: {x}" for x in problems) or "PASS") + "\n"
     print(text)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        Path(args.out, "chaos.json").write_text(json.dumps(report, indent=1))
-        Path(args.out, "chaos.md").write_text(f"`hetspec-chaos {' '.join(argv or sys.argv[1:])}`\n\n{text}")
+        write_outputs(args.out, report, f"`hetspec-chaos {' '.join(argv or sys.argv[1:])}`\n\n{text}",
+                      ("chaos.json", "chaos.md"))
     return 1 if problems else 0
 
 

@@ -22,10 +22,15 @@ import zmq
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
+import hetspec
+from hetspec import RequestError
 from hetspec.benchmarks.bench.machine import describe_machine
 from hetspec.benchmarks.bench.served import HetspecServer
-from hetspec.benchmarks.bench.tables import table
+from hetspec.benchmarks.bench.tables import table, write_outputs
 from hetspec.benchmarks.robustness import fuzz_inputs as inputs
+from hetspec.config import load_config
+from hetspec.core.errors import ConfigError, InternalError
+from hetspec.ipc import codec, messages
 
 BOUND_S = 30.0             # an answer later than this is a hang
 KEY = "fuzz-key"
@@ -51,8 +56,8 @@ class Finding(AssertionError):
 class Tally:
     """What one surface saw: how inputs were answered, and how long answers took."""
 
-    def __init__(self, surface: str):
-        self.surface, self.outcomes, self.seconds = surface, Counter(), []
+    def __init__(self):
+        self.outcomes, self.seconds = Counter(), []
 
     def summary(self) -> dict:
         s = sorted(self.seconds) or [0.0]
@@ -65,8 +70,6 @@ class Served:
     every surface but config."""
 
     def __init__(self, workdir: str):
-        import hetspec
-
         toml = Path(workdir) / "fuzz.toml"
         toml.write_text(CONFIG)
         self.server = HetspecServer(str(toml), Path(workdir) / "server.log", "--api-key", KEY,
@@ -94,10 +97,8 @@ class Served:
 
 def http_once(served: Served, request: dict) -> str:
     headers = {k: v.encode("latin-1") for k, v in request["headers"].items()}
-    if request["auth"] == "good":
-        headers["authorization"] = f"Bearer {KEY}".encode()
-    elif request["auth"] != "none":
-        headers["authorization"] = request["auth"].encode("latin-1")
+    if request["auth"] != "none":
+        headers["authorization"] = (f"Bearer {KEY}" if request["auth"] == "good" else request["auth"]).encode("latin-1")
     try:
         with served.http.stream(request["method"], request["path"], headers=headers, content=request["body"]) as r:
             lines = list(r.iter_lines())
@@ -148,19 +149,15 @@ def _error_shape(text: str, request: dict) -> None:
 
 
 def client_once(served: Served, call: dict) -> str:
-    from hetspec import RequestError
-    from hetspec.core.errors import InternalError
-
+    args, kwargs = (call["prompt"],), {"messages": call["messages"], "params": call["params"], **call["overrides"]}
     try:
         if call["stream"]:
-            stream = served.engine.stream(call["prompt"], messages=call["messages"], params=call["params"],
-                                          **call["overrides"])
+            stream = served.engine.stream(*args, **kwargs)
             pieces = list(stream)
             result = stream.result
             assert "".join(pieces) == result.text, "the streamed pieces are the text"
         else:
-            result = served.engine.generate(call["prompt"], messages=call["messages"], params=call["params"],
-                                            **call["overrides"])
+            result = served.engine.generate(*args, **kwargs)
         assert result.finish_reason in ("eos", "stop", "length", "cancelled", "timeout"), result
         assert len(result.token_ids) <= 32 and all(0 <= t < served.n_vocab for t in result.token_ids), result
         return f"Result ({result.finish_reason})"
@@ -173,8 +170,6 @@ def client_once(served: Served, call: dict) -> str:
 
 
 def wire_once(served: Served, frames: list[bytes]) -> str | None:
-    from hetspec.ipc import codec, messages
-
     try:                                        # what the frames are, as the scheduler will read them
         sent = codec.decode(frames)
     except codec.Malformed:
@@ -197,25 +192,18 @@ def wire_once(served: Served, frames: list[bytes]) -> str | None:
         sock.close()
     if not isinstance(answer, (messages.Finished, messages.RequestFailed, messages.EngineInfo)):
         raise Finding(f"answered {answer!r} to {frames!r}"[:2000])
-    if isinstance(answer, messages.RequestFailed):
-        if answer.kind not in ("request", "auth"):
-            raise Finding(f"a {answer.kind} failure: {answer.message} for {frames!r}"[:2000])
-        return f"RequestFailed ({answer.kind})"
-    return type(answer).__name__
+    if isinstance(answer, messages.RequestFailed) and answer.kind not in ("request", "auth"):
+        raise Finding(f"a {answer.kind} failure: {answer.message} for {frames!r}"[:2000])
+    return f"RequestFailed ({answer.kind})" if isinstance(answer, messages.RequestFailed) else type(answer).__name__
 
 
 def config_once(value) -> str:
-    from hetspec.config import load_config
-    from hetspec.core.errors import ConfigError
-
     try:
-        if not isinstance(value, str):
-            load_config(value)
-        else:
-            with tempfile.TemporaryDirectory() as folder:
-                path = Path(folder, "fuzz.toml")
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder, "fuzz.toml")
+            if isinstance(value, str):
                 path.write_text(value, encoding="utf-8", errors="surrogatepass")
-                load_config(str(path))
+            load_config(str(path) if isinstance(value, str) else value)
         return "EngineConfig"
     except ConfigError:
         return "ConfigError"
@@ -226,7 +214,7 @@ def config_once(value) -> str:
 def run_surface(surface: str, served: Served | None, examples: int, seed: int | None = None,
                 derandomize: bool = False) -> Tally:
     """Hypothesis draws `examples` inputs for the surface; a Finding is shrunk and raised."""
-    tally = Tally(surface)
+    tally = Tally()
     strategy, once = {
         "http": (inputs.http_requests(), lambda x: http_once(served, x)),
         "client": (inputs.client_calls(), lambda x: client_once(served, x)),
@@ -265,7 +253,7 @@ def fuzz_surface(served: Served, surface: str, examples: int, seed: int) -> dict
     try:
         tally = run_surface(surface, served, examples, seed)
     except Exception as exc:  # noqa: BLE001 - Hypothesis raises a Finding, or a group of them
-        finding, tally = "".join(traceback.format_exception_only(exc)), Tally(surface)
+        finding, tally = "".join(traceback.format_exception_only(exc)), Tally()
         traceback.print_exception(exc)
     summary = {**tally.summary(), "finding": finding, "after": served.health()}
     print(json.dumps(summary, indent=1, default=str), file=sys.stderr, flush=True)
@@ -282,8 +270,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
     total = sum(SURFACES[s] for s in args.surfaces)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     results = {"seed": seed, "command": " ".join(["hetspec-fuzz", *(argv or sys.argv[1:])]), "surfaces": {},
                "machine": describe_machine()}
     started = time.monotonic()
@@ -298,8 +284,7 @@ def main(argv=None) -> int:
     results["seconds"] = time.monotonic() - started
     failed = [s for s, r in results["surfaces"].items() if r["finding"] or not r["after"]["ok"]]
     results["passed"] = not failed
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    (out / "report.md").write_text(report(results))
+    write_outputs(args.out, results, report(results))
     print(report(results))
     return 1 if failed else 0
 
