@@ -216,8 +216,8 @@ def write_toml(directory) -> str:
 def orphaned_segments() -> list[str]:
     """hetspec's /dev/shm segments whose engine's process is gone (a run id begins with its
     pid): what an engine left behind, and not another engine's, running beside the test."""
-    return [n for n in os.listdir("/dev/shm")
-            if n.startswith("hetspec-") and not psutil.pid_exists(int(n.split("-")[1]))]
+    pids = {n: n.split("-")[1] for n in os.listdir("/dev/shm") if n.startswith("hetspec-")}
+    return [n for n, pid in pids.items() if not (pid.isdigit() and psutil.pid_exists(int(pid)))]
 
 
 def cli_leftovers(pid: int) -> tuple[list[str], list[str], list[psutil.Process]]:

@@ -37,9 +37,9 @@ def table1(doc: dict, decoding: str) -> list[str]:
                     "Avg. vs llama.cpp", "tok/s (avg)"], rows), ""]
 
 
-def _per_category(cells: dict, cats: list[str], key: str, bold: bool = True) -> list[str]:
-    """A figure per category, then its average."""
-    return [*[num(cells.get(c, {}).get(key)) for c in cats], num(cells.get("average", {}).get(key), bold=bold)]
+def _per_category(cells: dict, cats: list[str], key: str) -> list[str]:
+    """A figure per category, then its average (bold)."""
+    return [*[num(cells.get(c, {}).get(key)) for c in cats], num(cells.get("average", {}).get(key), bold=True)]
 
 
 def llama_cpp_table(doc: dict) -> list[str]:
