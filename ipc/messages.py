@@ -32,7 +32,8 @@ class WorkerHello:
     prefill_threads: bool = True  # the model prefills faster on more threads (borrowed cores): every
                                   # draft backend does now (the native one splits its window products)
     caches: int = 1           # target: the caches it keeps, the requests stepped together at most
-                              # ([server] max_running; "auto": what its device holds)
+                              # ([server] max_running; "auto": what its device holds); draft: a
+                              # request's own (1: one cache for all)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class PrefillDraft:
     borrow_cores: bool = False  # run on the target's cores as well, the target waiting
     kv_length: int = 0         # > 0: first take the cache of the first kv_length tokens from the shared
                                # "kv" buffer (the target's, see ExportKV), and evaluate only the rest
+    cache: int = 0             # the request's draft cache (its target cache's number)
 
 
 @dataclass
@@ -105,6 +107,7 @@ class DraftWindow:
     sampling: Sampling
     slot: int                  # which half of the double-buffered output to write
     branches: BranchPlan | None = None
+    cache: int = 0             # the request's draft cache (PrefillDraft's)
 
 
 @dataclass

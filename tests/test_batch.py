@@ -30,6 +30,7 @@ from hetspec.scheduler.decoding.budget import CostModel
 from hetspec.scheduler.decoding.links import TargetLink, WorkerError
 from hetspec.workers.draft.backends import load_draft_model
 from hetspec.workers.draft.batch_drafter import BatchDrafter
+from hetspec.workers.draft.drafter import Drafter
 
 from helpers import random_engine_config
 
@@ -193,22 +194,43 @@ def test_a_batch_drafts_each_request_as_it_drafts_it_alone(native_draft):
     rng = np.random.default_rng(3)
     contexts = [rng.integers(1, 2000, n).astype(np.int32) for n in (40, 9, 25)]
     samplings = [GREEDY, KEYED, GREEDY]
-    together = BatchDrafter(native_draft, 3)
+    together = BatchDrafter(Drafter(native_draft, N_CTX, 3))
     tokens, lengths, cached = together.draft([(c, contexts[c], samplings[c]) for c in range(3)], 5, 64)
     assert lengths == [5, 5, 5] and cached == [40, 9, 25]
     for c in range(3):
-        alone = BatchDrafter(native_draft, 1).draft([(0, contexts[c], samplings[c])], 5, 64)[0]
+        alone = BatchDrafter(Drafter(native_draft, N_CTX, 4)).draft([(3, contexts[c], samplings[c])], 5, 64)[0]
         np.testing.assert_array_equal(tokens[c], alone[0])
     # the next step: two accepted, a bonus token of the target's own, and a rollback in cache 2
     later = [np.concatenate([contexts[0], tokens[0, :2], [7]]), np.concatenate([contexts[1], [11]]),
              contexts[2][:20]]
     again = together.draft([(c, later[c], samplings[c]) for c in range(3)], 4, 64)[0]
-    fresh = BatchDrafter(native_draft, 3).draft([(c, later[c], samplings[c]) for c in range(3)], 4, 64)[0]
+    fresh = BatchDrafter(Drafter(native_draft, N_CTX, 3)).draft([(c, later[c], samplings[c]) for c in range(3)], 4, 64)[0]
     np.testing.assert_array_equal(again, fresh)
-    slow = BatchDrafter(native_draft, 1)
+    slow = BatchDrafter(Drafter(native_draft, N_CTX, 1))
     assert slow.draft([(0, later[0], GREEDY)], 3, 16)[1:] == ([0], [16])
     assert slow.draft([(0, later[0], GREEDY)], 3, 16)[1:] == ([0], [32])
     np.testing.assert_array_equal(slow.draft([(0, later[0], GREEDY)], 4, 16)[0][0], fresh[0])
+
+
+def test_a_request_drafts_alone_and_in_a_batch_in_one_cache_of_its_own(native_draft):
+    """A request's draft cache is the same alone and in a batch (Drafter.use): a lone
+    window starts from what the batch left there, and drafting alone in one cache leaves
+    the others as they were (a batch step in another drafts what a fresh cache does)."""
+    rng = np.random.default_rng(5)
+    contexts = [rng.integers(1, 2000, 30).astype(np.int32) for _ in range(2)]
+    drafter = Drafter(native_draft, N_CTX, 2)
+    batch = BatchDrafter(drafter)
+    tokens = batch.draft([(c, contexts[c], GREEDY) for c in range(2)], 3, 64)[0]
+    assert drafter.lengths == [32, 32]                  # each context, and its window but the last token
+    drafter.use(1)
+    grown = np.concatenate([contexts[1], tokens[1, :1], [5]])
+    np.testing.assert_array_equal(drafter.held(1)[:31], grown[:31])
+    drafter.draft(grown, 4, GREEDY)
+    assert drafter.lengths == [32, len(grown) + 3]
+    later = np.concatenate([contexts[0], tokens[0, :2], [7]])
+    again = batch.draft([(0, later, GREEDY)], 4, 64)[0]
+    fresh = BatchDrafter(Drafter(native_draft, N_CTX, 1)).draft([(0, later, GREEDY)], 4, 64)[0]
+    np.testing.assert_array_equal(again, fresh)
 
 
 def test_a_batch_window_shrinks_as_the_batch_pass_stops_being_free():

@@ -55,7 +55,7 @@ def worker(tmp_path_factory):
 
 def _window(link: DraftLink, context: list[int]) -> Drafted:
     """A pipelined window of 2 tokens that may grow to ROWS; its reply."""
-    link.start_window(1, context, 2, GREEDY, BranchPlan(1, 1, 0.8, extend_to=ROWS))
+    link.start_window(1, 0, context, 2, GREEDY, BranchPlan(1, 1, 0.8, extend_to=ROWS))
     reply = link.wait(30)
     assert isinstance(reply, Drafted)
     return reply

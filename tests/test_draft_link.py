@@ -39,7 +39,7 @@ def _command(worker: Channel) -> messages.DraftWindow:
 
 def test_extensions_grow_the_last_branch(link_and_worker):
     link, worker = link_and_worker
-    link.start_window(7, [1, 2, 3], 4, GREEDY, BranchPlan("dynamic", 4, 0.8, extend_to=8))
+    link.start_window(7, 0, [1, 2, 3], 4, GREEDY, BranchPlan("dynamic", 4, 0.8, extend_to=8))
     command = _command(worker)
     assert command.branches.extend_to == 8 and link.extending
     tokens = link.buffers["tokens"].array[command.slot]
@@ -55,12 +55,12 @@ def test_extensions_grow_the_last_branch(link_and_worker):
 
 def test_late_extensions_of_an_earlier_command_are_dropped(link_and_worker):
     link, worker = link_and_worker
-    link.start_window(7, [1, 2, 3], 2, GREEDY, BranchPlan(1, 4, 0.8, extend_to=8))
+    link.start_window(7, 0, [1, 2, 3], 2, GREEDY, BranchPlan(1, 4, 0.8, extend_to=8))
     first = _command(worker)
     link.buffers["tokens"].array[first.slot, :2] = [5, 6]
     worker.send(messages.Drafted(7, first.slot, [2], 0.01))
     assert link.finish_window().branches[0].tolist() == [5, 6]
-    link.start_window(7, [1, 2, 3, 6], 2, GREEDY, BranchPlan(1, 4, 0.8, extend_to=8))
+    link.start_window(7, 0, [1, 2, 3, 6], 2, GREEDY, BranchPlan(1, 4, 0.8, extend_to=8))
     second = _command(worker)
     # the worker was still extending the first command when the second arrived
     worker.send(messages.DraftExtended(first.command, first.slot, 3, 0.02))
@@ -74,7 +74,7 @@ def test_late_extensions_of_an_earlier_command_are_dropped(link_and_worker):
 
 def test_settle_stops_an_extension_and_is_needed_only_once(link_and_worker):
     link, worker = link_and_worker
-    link.start_window(7, [1, 2, 3], 2, GREEDY, BranchPlan(1, 4, 0.8, extend_to=8))
+    link.start_window(7, 0, [1, 2, 3], 2, GREEDY, BranchPlan(1, 4, 0.8, extend_to=8))
     command = _command(worker)
     worker.send(messages.Drafted(7, command.slot, [2], 0.01))
     link.finish_window()
@@ -82,6 +82,6 @@ def test_settle_stops_an_extension_and_is_needed_only_once(link_and_worker):
     assert isinstance(worker.recv(2.0), messages.Idle)
     link.settle()
     assert worker.recv(0.1) is None
-    link.start_window(7, [1, 2, 3], 2, GREEDY)   # sequential: one plain sequence, no extension
+    link.start_window(7, 0, [1, 2, 3], 2, GREEDY)   # sequential: one plain sequence, no extension
     _command(worker)
     assert not link.extending

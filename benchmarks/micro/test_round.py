@@ -21,7 +21,7 @@ def primed(scheduler, context_ids):
     context = np.asarray(context_ids, dtype=np.int32)
     scheduler.target.start_verify(1, 0, context, 0, 1, GREEDY)
     scheduler.target.finish_verify(1)
-    scheduler.draft.start_window(1, context, GAMMA, GREEDY)
+    scheduler.draft.start_window(1, 0, context, GAMMA, GREEDY)
     window = scheduler.draft.finish_window().branches[0]
     return context, window
 
@@ -33,7 +33,7 @@ def test_duodec_round(benchmark, scheduler, primed):
 
     def one_round():
         target.start_verify(1, 0, np.concatenate([context[-1:], window]), len(context) - 1, len(window) + 1, GREEDY)
-        draft_link.start_window(1, np.concatenate([context, window]), GAMMA, GREEDY,
+        draft_link.start_window(1, 0, np.concatenate([context, window]), GAMMA, GREEDY,
                                 BranchPlan("dynamic", max_sequences, 0.8))
         verification = target.finish_verify(len(window) + 1)
         draft = draft_link.finish_window()

@@ -15,8 +15,8 @@ most [server] batch_tokens: the decoding requests' tokens first, then prompt chu
 order of arrival (chunked prefill), within the target's answer rows.
 
 A batch's draft (Drafts) runs beside its pass as DuoDecoding's rounds do: each request
-in a cache of its own in the draft worker (workers/draft/batch_drafter.py), one window
-for all (CostModel.batch_window), none where the pass stops being free.
+in its own draft cache, the one it drafts in alone (workers/draft/batch_drafter.py), one
+window for all (CostModel.batch_window), none where the pass stops being free.
 """
 from __future__ import annotations
 
@@ -34,7 +34,6 @@ from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerError, WorkerLost
 from hetspec.scheduler.decoding.round import EMPTY, Part, Verification, Window
 
-READY_LAG = 16       # a draft cache this many tokens behind its context catches up inside the draft's first step
 MIN_CATCH_UP = 16    # tokens of context a draft cache reads at least, a step it catches up beside the pass
 
 
@@ -117,8 +116,6 @@ class Drafts:
     def __init__(self, draft: DraftLink, costs: CostModel | None, max_gamma: int, available: Callable[[], bool]):
         self.draft, self.costs, self.max_gamma = draft, costs, max_gamma
         self.available = available         # the draft worker is up (not restarting)
-        self.epoch = 0                     # the draft worker's caches as of (Decoder.batch_held): a new one
-                                           # each time they are lost
         self.sent: list[tuple[Decoder, np.ndarray]] = []   # the draft's batch under way: each request's
                                                            # predicted context
         self.gamma = 0                     # ... and its window (0: it only catches caches up)
@@ -133,7 +130,7 @@ class Drafts:
         drafted = {r.id: _take(r) for r in decoding}   # (each is used once, if at all)
         if self.draft.busy or not self.available():
             return []
-        ready = [r for r in decoding if _drafts_for(r) and self._lag(r) <= READY_LAG]
+        ready = [r for r in decoding if _drafts_for(r) and self.draft.ready(r.cache, r.out.context)]
         self.next_gamma = self._window(ready, [r for r in decoding if r not in ready], room)
         if self.next_gamma < 1:
             return []
@@ -168,7 +165,7 @@ class Drafts:
         decoding = [p.decoder for p in parts if p.decoder.out.length > p.decoder.out.n_prompt]
         drafting = {p.decoder.id for p in parts if p.drafting}
         could = [r for r in decoding if _drafts_for(r)]
-        lagging = [r for r in could if r.id not in drafting and self._lag(r) > READY_LAG]
+        lagging = [r for r in could if r.id not in drafting and not self.draft.ready(r.cache, r.out.context)]
         pays = lagging and self._window(could, [r for r in decoding if r not in could],
                                         len(decoding) * (self.max_gamma + 1)) > 0
         return lagging if pays else []
@@ -182,8 +179,7 @@ class Drafts:
                                          / self.costs.prefill_s) // len(predicted))
         try:
             self.draft.start_batch(windows, [context for _, context in predicted], gamma, catch_up)
-        except WorkerLost:                 # the supervisor restarts it; its caches are gone
-            self.epoch += 1
+        except WorkerLost:                 # the supervisor restarts it; its caches are gone (DraftLink.lost)
             return
         self.sent, self.gamma = predicted, gamma
 
@@ -192,8 +188,7 @@ class Drafts:
         if self.sent and self.draft.busy:
             try:
                 done = block or self.draft.poll()
-            except WorkerLost:             # (poll: the link forgets the command)
-                self.epoch += 1
+            except WorkerLost:             # (poll: the link forgets the command, and its caches)
                 done = False
             if done:
                 self._collect()
@@ -217,18 +212,12 @@ class Drafts:
             reply, drafted = self.draft.finish_batch()
         except (WorkerError, WorkerLost) as exc:
             print(f"hetspec: a batch's draft failed, its requests step target-only: {exc}", file=sys.stderr)
-            self.epoch += 1
             return
-        for (r, context), tokens, cached in zip(self.sent, drafted, reply.cached):
-            r.batch_held = (self.epoch, cached)
+        for (r, context), tokens in zip(self.sent, drafted):
             if len(tokens):
                 r.batch_drafted = (context, tokens, reply.seconds)
         if self.costs is not None and all(reply.lengths):      # (a batch's catch-up would weigh on its steps)
             self.costs.observe_batch_draft(len(reply.lengths), self.gamma, reply.seconds)
-
-    def _lag(self, r: Decoder) -> int:
-        epoch, held = r.batch_held
-        return len(r.out.context) - (held if epoch == self.epoch else 0)
 
     def _window(self, ready: list[Decoder], others: list[Decoder], room: int) -> int:
         """One window for the ready requests: the cost model's (without one, the smallest

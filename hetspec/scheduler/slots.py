@@ -1,6 +1,6 @@
 """The admitted requests (up to [server] max_running, each in its own cache of the target),
-and which one runs alone: the draft's lone cache is its. A request that waits joins a lone
-one once that has run alone for [server] turn_s and a round."""
+and which one runs alone. A request that waits joins a lone one once that has run alone
+for [server] turn_s and a round."""
 from __future__ import annotations
 
 import time
@@ -14,7 +14,7 @@ class Slots:
         self.turn_s = turn_s
         self.running: list[Decoder] = []         # the admitted requests, in order of arrival
         self.free = list(range(max_running))     # the target's caches not in use
-        self.last: Decoder | None = None         # the request that ran alone last: the draft's cache is its
+        self.last: Decoder | None = None         # the request that ran alone last
         self.alone_since = (0.0, 0)              # ... since when, alone this time, and its rounds alone then
 
     def may_admit(self) -> bool:

@@ -104,6 +104,7 @@ class NativeModel:
         self._kcache = lazy_zeros((model.n_layer, model.n_kv, blocks, model.head_dim, self._key_block), np.float16)
         self._vcache = lazy_zeros((model.n_layer, model.n_kv, n_ctx, model.head_dim), np.float16)
         model.kcache, model.vcache = self._kcache.ctypes.data, self._vcache.ctypes.data
+        self._caches = [(self._kcache, self._vcache)]   # cache(i): the first is the one made here
         self._work = np.zeros(self._lib.hs_window_work_floats(ctypes.byref(model), self.max_window), np.float32)
         model.work = self._work.ctypes.data
         self._window_tokens = np.zeros(self.max_window, np.int32)
@@ -201,6 +202,18 @@ class NativeModel:
         """Keys and values for another cache shaped as the model's own (forward_batch's), zero,
         its pages taken only as a request fills them (lazy_zeros)."""
         return lazy_zeros(self._kcache.shape, self._kcache.dtype), lazy_zeros(self._vcache.shape, self._vcache.dtype)
+
+    def cache(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Cache i's keys and values (0: the model's own; the others made as first asked)."""
+        while len(self._caches) <= i:
+            self._caches.append(self.new_cache())
+        return self._caches[i]
+
+    def use_cache(self, i: int, n_cached: int) -> None:
+        """Steps, windows and import_kv read and write cache i from now on; it holds n_cached positions."""
+        self._kcache, self._vcache = self.cache(i)
+        self._model.kcache, self._model.vcache = self._kcache.ctypes.data, self._vcache.ctypes.data
+        self.n_cached = n_cached
 
     def window_logits(self, norms: np.ndarray) -> np.ndarray:
         """The logits of final-norm rows (forward_batch's), through the whole output layer

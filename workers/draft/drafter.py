@@ -1,10 +1,12 @@
 """The draft algorithm, over any model with forward(tokens, pos) -> last logits.
 
-The drafter keeps its KV cache in step with the scheduler by longest common
-prefix (as llama.cpp's common/speculative.cpp does): each command carries the
-whole context, the drafter keeps what matches and evaluates the rest. So the
-scheduler never tracks the draft's cache, and tokens the draft has not yet
-seen (the target's bonus token, a correction) are fed automatically.
+The drafter keeps each of its KV caches in step with the scheduler by longest
+common prefix (as llama.cpp's common/speculative.cpp does): each command carries
+the whole context, the drafter keeps what matches and evaluates the rest. So the
+scheduler only estimates what a cache holds (DraftLink.held), and tokens the draft
+has not yet seen (the target's bonus token, a correction) are fed automatically.
+A request drafts in a cache of its own, alone or in a batch (batch_drafter.py),
+where the model holds several (the native one's use_cache); else all share one.
 """
 from __future__ import annotations
 
@@ -24,15 +26,38 @@ class DraftOutput:
 
 
 class Drafter:
-    def __init__(self, model, n_ctx: int):
+    def __init__(self, model, n_ctx: int, caches: int = 1):
         self.model = model
-        self.cached = np.zeros(n_ctx, dtype=np.int32)   # tokens whose KV entries are in the cache
-        self.n_cached = 0
+        self.tokens = np.zeros((caches, n_ctx), dtype=np.int32)   # each cache's tokens whose KV entries it holds
+        self.lengths = [0] * caches                               # ... how many
+        self.cache = 0                                            # the cache commands read and write (use)
         self.rng = np.random.default_rng()
         self._likeliest = ([], [], None, None, False)   # (branch, rows, dist, choose, keep_rows) of the last
                                                         # speculative draft
 
     # ---- cache bookkeeping -------------------------------------------------
+
+    @property
+    def cached(self) -> np.ndarray:
+        return self.tokens[self.cache]
+
+    @property
+    def n_cached(self) -> int:
+        return self.lengths[self.cache]
+
+    @n_cached.setter
+    def n_cached(self, n: int) -> None:
+        self.lengths[self.cache] = n
+
+    def use(self, cache: int) -> None:
+        """Read and write a request's cache (its target cache's number) from now on; with one cache, every
+        request's is it. Called before each command: a batch's draft may have changed what the cache holds."""
+        if len(self.lengths) > 1:
+            self.cache = cache
+            self.model.use_cache(cache, self.n_cached)
+
+    def held(self, cache: int) -> np.ndarray:
+        return self.tokens[cache, :self.lengths[cache]]
 
     def _feed(self, tokens, pos: int, halt: np.ndarray | None = None) -> np.ndarray | None:
         """The logits after `tokens` at pos..; None where `halt` stopped the model (the

@@ -38,7 +38,8 @@ class DraftState:
             set_torch_threads(spec.threads)
         self.model, self.backend, self.kernels = load_draft_model(spec)
         self.kv_geometry = self.model.kv_geometry() if spec.prompt_kv == "auto" else []
-        self.drafter = Drafter(self.model, spec.n_ctx)
+        # a cache per request where the native model holds several (batch_drafter.py), else one for all
+        self.drafter = Drafter(self.model, spec.n_ctx, spec.caches if self.backend == "native" else 1)
         self.request_id = None
         self.spec = spec
         self.threads = spec.threads
@@ -50,7 +51,7 @@ class DraftState:
         # the cores its threads use: a native draft measured at fewer threads than cores keeps the first ones
         self.cores = spec.cores[:self.threads] if self.native else spec.cores
         # drafts for several requests at once (batch.py): the native model only
-        self.batch = BatchDrafter(self.model, spec.caches, spec.vocab) if self.native and spec.caches > 1 else None
+        self.batch = BatchDrafter(self.drafter, spec.vocab) if self.native and spec.caches > 1 else None
 
     def _native_threads(self) -> str:
         """Set the native step's thread count: measured where the config leaves it to the
@@ -98,6 +99,7 @@ def load(spec: DraftSpec):
     hello = WorkerHello(role="draft", pid=os.getpid(), n_vocab=state.model.n_vocab, device="cpu",
                         cores=state.cores, threads=state.threads, load_s=time.perf_counter() - start,
                         backend=state.backend, kernels=state.kernels, kv_geometry=state.kv_geometry,
+                        caches=len(state.drafter.lengths),
                         prefill_threads=True)   # on borrowed cores (the native model: its window products' pool)
     return hello, state
 
@@ -107,6 +109,7 @@ def prefill(state: DraftState, cmd: PrefillDraft, buffers) -> Prefilled:
     state.request_id = cmd.request_id                  # a new request, or its next turn: a fresh random stream
     state.drafter.rng = np.random.default_rng([cmd.seed, 1, cmd.context_len])
     kv = buffers["kv"].array if "kv" in buffers else None   # shared with the target, when handing over
+    state.drafter.use(cmd.cache)
     state.prefill(buffers["context"].array[:cmd.context_len], cmd.reuse_cache, cmd.borrow_cores, kv, cmd.kv_length)
     return Prefilled(cmd.request_id, time.perf_counter() - start)
 
@@ -114,6 +117,7 @@ def prefill(state: DraftState, cmd: PrefillDraft, buffers) -> Prefilled:
 def draft(state: DraftState, cmd: DraftWindow, buffers):
     start = time.perf_counter()
     halt = state.halt_flag(buffers)
+    state.drafter.use(cmd.cache)
     if cmd.request_id != state.request_id:             # drafting without a prefill (e.g. calibration, tests)
         state.request_id = cmd.request_id
         state.drafter.rng = np.random.default_rng([cmd.sampling.seed, 1, cmd.context_len])
@@ -167,6 +171,7 @@ def calibrate(state: DraftState, cmd: CalibrateDraft, buffers) -> DraftCalibrati
     token of that context, read first in one feed as a prompt is."""
     rng = np.random.default_rng(0)
     context = rng.integers(0, state.model.n_vocab, cmd.context_len).astype(np.int32)
+    state.drafter.use(0)
     start = time.perf_counter()
     state.drafter.sync(context, reuse=False)
     prefill_s = (time.perf_counter() - start) / len(context)

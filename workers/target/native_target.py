@@ -36,8 +36,7 @@ class NativeTarget:
         self._net = NativeModel(path, n_ctx, cache_root, fast_head=False, exact_kquants=True, window_layout=True)
         self._lib, model = self._net._lib, self._net._model
         self.max_window = self._net.max_window
-        first = (self._net._kcache, self._net._vcache)
-        self._caches = [first] + [self._net.new_cache() for _ in range(caches - 1)]
+        self._caches = [self._net.cache(i) for i in range(caches)]
         self.n_vocab, self.n_ctx, self.caches = model.n_vocab, n_ctx, caches
         self.set_threads(threads)
         self.lengths = [0] * caches

@@ -15,7 +15,7 @@ import numpy as np
 from hetspec.core.errors import EngineStartError
 from hetspec.core.sampling import GREEDY, Sampling
 from hetspec.ipc.messages import BranchPlan
-from hetspec.scheduler.decoding.links import DraftLink
+from hetspec.scheduler.decoding.links import READY_LAG, DraftLink
 from hetspec.scheduler.decoding.round import Draft
 from hetspec.scheduler.tokenizer import Tokenizer
 
@@ -108,22 +108,28 @@ class BridgedDraft:
     def halt(self) -> None:
         self.link.halt()
 
-    def start_prefill(self, request_id: int, context, seed: int, reuse_cache: bool, borrow_cores: bool,
+    def start_prefill(self, request_id: int, cache: int, context, seed: int, reuse_cache: bool, borrow_cores: bool,
                       kv_length: int = 0) -> None:
         """kv_length is always 0: the draft cannot take a cache of another model's tokens."""
-        self.link.start_prefill(request_id, self._to_draft(context), seed, reuse_cache, borrow_cores)
+        self.link.start_prefill(request_id, cache, self._to_draft(context), seed, reuse_cache, borrow_cores)
 
     def finish_prefill(self) -> float:
         return self.link.finish_prefill()
 
-    def to_prefill(self, context, reuse_cache: bool) -> int:
-        return self.link.to_prefill(self.anchor(np.asarray(context, np.int32)), reuse_cache)
+    def to_prefill(self, cache: int, context, reuse_cache: bool) -> int:
+        return self.link.to_prefill(cache, self.anchor(np.asarray(context, np.int32)), reuse_cache)
 
-    def start_window(self, request_id: int, context, gamma: int, sampling: Sampling,
+    def ready(self, cache: int, context) -> bool:
+        return self.to_prefill(cache, context, True) <= READY_LAG
+
+    def forget(self, cache: int) -> None:
+        self.link.forget(cache)
+
+    def start_window(self, request_id: int, cache: int, context, gamma: int, sampling: Sampling,
                      branches: BranchPlan | None = None) -> None:
         """The draft proposes its likeliest tokens: the target keeps x only if it is its own keyed draw, with
         probability p(x) whatever the draft's distribution, so the likeliest is kept most often."""
-        self.link.start_window(request_id, self._to_draft(context), gamma, GREEDY, branches)
+        self.link.start_window(request_id, cache, self._to_draft(context), gamma, GREEDY, branches)
 
     def finish_window(self) -> Draft:
         """The draft's branches as target tokens, no longer than the draft's."""

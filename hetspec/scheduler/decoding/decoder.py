@@ -13,8 +13,10 @@ verify free prompt-lookup guesses (lookup.py).
 
 Invariant: the target's cache holds every committed token but the last, so each pass
 feeds [last committed token] + window and reads the target's choice at each position of
-the window and after it. The draft's caches keep in step by longest common prefix
-(workers/draft/drafter.py): a wrong draft_ready costs time, never tokens.
+the window and after it. The request's draft cache keeps in step by longest common
+prefix (workers/draft/drafter.py), alone and in a batch; what the scheduler believes it
+holds (DraftLink.held) decides when it catches up, and a wrong belief costs time, never
+tokens.
 """
 from __future__ import annotations
 
@@ -55,6 +57,8 @@ class Decoder:
                  cache: int = 0, client=None, target_starts: int = 0):
         self.request, self.caps, self.id, self.params = request, caps, request.id, request.params
         self.draft, self.target, self.out = draft, target, output
+        if not self.params.cache_prompt:       # its draft cache keeps no prefix from an earlier request
+            draft.forget(cache)
         self.client = client                   # the client's request (clients.Pending): whom to answer, its arrival
         self.cache = cache                     # the target's cache of this request (slots.py)
         self.target_starts = target_starts     # the target's starts at admission: its cache lives in that one
@@ -64,9 +68,8 @@ class Decoder:
         self.rng = np.random.default_rng([request.params.seed, 0])
         self.stats = Stats(prior=request.prior, fallback=without_draft)
         self.gate = Gate(memory or Memory(None), forced=request.speculation is Speculation.ALWAYS)
-        self.draft_ready = False               # the draft's cache holds this request's context
-        self.batch_held = (0, 0)               # a batch's draft (batch.Drafts): (its epoch, tokens its cache holds)
-        self.batch_drafted = None              # ... (predicted context, the tokens it drafted after it, its seconds)
+        self.batch_drafted = None              # a batch's draft (batch.Drafts): (predicted context, the tokens it
+                                               # drafted after it, its seconds)
         self.read = 0                          # prompt tokens in the target's cache, until its first token
         self.pending = EMPTY                   # the window drafted beside the last pass, for the next (duodec)
         self.catching_up: PrefillPlan | None = None   # the draft's prefill under way, as planned
@@ -119,8 +122,8 @@ class Decoder:
         if not self.gate.speculate:            # resting: the draft's next window, if any, is dropped
             self.pending = EMPTY
             return self.rest_step
-        if not self.draft_ready:               # first, after a rest, or after another request's turn
-            self.pending = EMPTY
+        if self.draft.busy or not self.draft.ready(self.cache, self.out.context):   # its prefill is under way,
+            self.pending = EMPTY                                                     # or its cache lags
             return self.draft_catches_up
         return self.duodec_round if self.mode is Mode.DUODEC else self.sequential_round
 
@@ -132,9 +135,9 @@ class Decoder:
         self.stats.fallback, self.pending = str(exc), EMPTY
 
     def suspend(self) -> None:
-        """Another request's turn: the draft will hold its context (the target keeps ours in our slot)."""
+        """Another request's turn, or a batch's: our next window is not drafted beside their passes."""
         self.draft.settle()
-        self.draft_ready, self.pending, self.catching_up = False, EMPTY, None
+        self.pending, self.catching_up = EMPTY, None
 
     # ---- the three kinds of round ----------------------------------------------------
 
@@ -149,7 +152,7 @@ class Decoder:
         if gamma > 0:                          # W' as if W will be accepted
             plan = BranchPlan(self.request.sequences, self.caps.max_sequences, self.stats.acceptance,
                               self.extend_to(len(pending)))
-            self.draft.start_window(self.id, np.concatenate([self.out.context, pending.tokens]), gamma,
+            self.draft.start_window(self.id, self.cache, np.concatenate([self.out.context, pending.tokens]), gamma,
                                     self.request.sampling, plan)
 
         def finish(verdict: Verification) -> None:
@@ -240,7 +243,6 @@ class Decoder:
             self.stats.rested += committed
             if self.gate.speculate and not self.out.done:
                 self.stats.probes += 1
-                self.draft_ready = False
         step.finish = finish
         return step
 
@@ -250,7 +252,7 @@ class Decoder:
         """gamma tokens drafted after the context while the target waits (one sequence; 0: none)."""
         if gamma <= 0:
             return EMPTY, NO_DRAFT
-        self.draft.start_window(self.id, self.out.context, gamma, self.request.sampling)
+        self.draft.start_window(self.id, self.cache, self.out.context, gamma, self.request.sampling)
         drafted = self.draft.finish_window()
         return drafted.window(0), drafted
 
@@ -314,7 +316,7 @@ class Decoder:
         if room is None:
             borrow = self.caps.borrow_cores and len(tokens) >= LONG_PROMPT
             if self.mode is not Mode.TARGET and not borrow and self.gate.speculate and self.drafting_pays():
-                self.draft.start_prefill(self.id, context, self.params.seed, self.params.cache_prompt,
+                self.draft.start_prefill(self.id, self.cache, context, self.params.seed, self.params.cache_prompt,
                                          borrow_cores=False)
 
         def finish(verdict: Verification) -> None:
@@ -345,7 +347,7 @@ class Decoder:
             seconds = self.draft.finish_prefill()   # a timed prefill teaches the cost model
             if self.costs is not None and plan is not None and not target_waits:
                 self.costs.observe_prefill(plan.n_tokens, seconds)
-            self.draft_ready, self.catching_up = True, None
+            self.catching_up = None
             return None
         step = self.target_step(alone=False)
         step.finish = lambda verdict, target_step=step.finish: self.gate.probing(target_step(verdict)[1])
@@ -357,7 +359,7 @@ class Decoder:
         the pace. None: it would not pay; the request goes on target-only."""
         long_prompt = len(self.out.context) >= LONG_PROMPT
         handover = len(self.out.context) - 1 if self.caps.kv_handover and long_prompt else 0
-        n_tokens = 0 if handover else self.draft.to_prefill(self.out.context, self.params.cache_prompt)
+        n_tokens = 0 if handover else self.draft.to_prefill(self.cache, self.out.context, self.params.cache_prompt)
         if not self.drafting_pays(n_tokens):
             self.stats.fallback = f"the draft's prefill ({n_tokens} tokens) would not pay"
             return None
@@ -367,7 +369,7 @@ class Decoder:
     def start_draft_prefill(self, plan: PrefillPlan) -> None:
         if plan.handover:                      # the target's cache holds the prompt: a copy of a few ms
             self.target.export_kv(self.id, self.cache, plan.handover)
-        self.draft.start_prefill(self.id, self.out.context, self.params.seed, self.params.cache_prompt,
+        self.draft.start_prefill(self.id, self.cache, self.out.context, self.params.seed, self.params.cache_prompt,
                                  borrow_cores=plan.borrow, kv_length=plan.handover)
         self.stats.draft_prompt_kv = "target" if plan.handover else "own"
 

@@ -38,6 +38,7 @@ from hetspec.ipc.shm import SharedArray, segment_name
 from hetspec.scheduler.decoding.round import Draft, Verification
 
 POLL_S = 0.2
+READY_LAG = 16           # a draft cache this many tokens behind its context catches up inside the draft's next window
 AHEAD_TIMEOUT_S = 60.0   # a token decoded ahead that has not come by then is not coming (its pass failed)
 
 
@@ -259,36 +260,52 @@ class DraftLink(WorkerLink):
         self.command = 0
         self.extending = False   # the last window may grow after its reply (DraftExtended)
         self.with_probs = False  # the last window comes with probability rows
-        self.sent = np.zeros(0, np.int32)   # the last command's context: the draft's cache holds it (drafter.sync)
-        self.batch: tuple = ()   # the last DraftBatch's windows
+        self.held: dict[int, np.ndarray] = {}   # what each draft cache holds, as far as the replies tell
+        self.batch: tuple = ()   # the last DraftBatch's windows and contexts
 
-    def start_prefill(self, request_id: int, context, seed: int, reuse_cache: bool, borrow_cores: bool,
+    def cache(self, cache: int) -> int:
+        """The draft cache of a request in target cache `cache`: its own, unless the draft holds one for all."""
+        return cache if self.hello is not None and self.hello.caches > 1 else 0
+
+    def ready(self, cache: int, context) -> bool:
+        """The request's draft cache holds its context but a lag its first window catches up in passing."""
+        return self.to_prefill(cache, context, True) <= READY_LAG
+
+    def forget(self, cache: int) -> None:
+        """Its cache is to be read afresh (a request that keeps no prompt prefix)."""
+        self.held.pop(self.cache(cache), None)
+
+    def start_prefill(self, request_id: int, cache: int, context, seed: int, reuse_cache: bool, borrow_cores: bool,
                       kv_length: int = 0) -> None:
-        """Bring the draft's cache up to date with context, first taking the target's cache of kv_length tokens."""
-        self.buffers["context"].array[:len(context)] = self.sent = np.array(context, np.int32)
+        """Bring the request's draft cache up to date with context, first taking the target's cache of kv_length
+        tokens."""
+        cache = self.cache(cache)
+        self.buffers["context"].array[:len(context)] = self.held[cache] = np.array(context, np.int32)
         self.extending = False
-        self.send(PrefillDraft(request_id, len(context), seed, reuse_cache, borrow_cores, kv_length))
+        self.send(PrefillDraft(request_id, len(context), seed, reuse_cache, borrow_cores, kv_length, cache))
 
     def finish_prefill(self) -> float:
         reply = self.wait()
         assert isinstance(reply, Prefilled), reply
         return reply.seconds
 
-    def to_prefill(self, context, reuse_cache: bool) -> int:
-        """Tokens a prefill of context would run: those after its common prefix with what the draft last saw."""
-        n = min(len(self.sent), len(context)) if reuse_cache else 0
-        mismatch = np.flatnonzero(self.sent[:n] != np.asarray(context[:n]))
+    def to_prefill(self, cache: int, context, reuse_cache: bool) -> int:
+        """Tokens a prefill of context would run: those after its common prefix with what the cache holds."""
+        held = self.held.get(self.cache(cache), np.zeros(0, np.int32))
+        n = min(len(held), len(context)) if reuse_cache else 0
+        mismatch = np.flatnonzero(held[:n] != np.asarray(context[:n]))
         return len(context) - (int(mismatch[0]) if len(mismatch) else n)
 
-    def start_window(self, request_id: int, context, gamma: int, sampling: Sampling,
+    def start_window(self, request_id: int, cache: int, context, gamma: int, sampling: Sampling,
                      branches: BranchPlan | None = None) -> None:
         """Draft gamma tokens after context: one sequence, or the pipeline's next window as branches (BranchPlan)."""
-        self.buffers["context"].array[:len(context)] = self.sent = np.array(context, np.int32)
+        cache = self.cache(cache)
+        self.buffers["context"].array[:len(context)] = self.held[cache] = np.array(context, np.int32)
         self.slot ^= 1   # double buffering: the pending window's rows stay readable
         self.command += 1
         self.extending = branches is not None and branches.extend_to > gamma
         self.with_probs = sampling.rule is Rule.UNKEYED
-        self.send(DraftWindow(request_id, self.command, len(context), gamma, sampling, self.slot, branches))
+        self.send(DraftWindow(request_id, self.command, len(context), gamma, sampling, self.slot, branches, cache))
 
     def finish_window(self) -> Draft:
         """The draft's reply, with whatever the likeliest branch grew since."""
@@ -307,15 +324,22 @@ class DraftLink(WorkerLink):
         (a cache catching up first reads at most catch_up tokens)."""
         for window, context in zip(windows, contexts):
             self.buffers["contexts"].array[window.cache, :len(context)] = context
-        self.batch = tuple(windows)
+        self.batch = tuple(zip(windows, contexts))
         self.send(DraftBatch(windows, gamma, catch_up))
 
     def finish_batch(self) -> tuple[DraftedBatch, list[np.ndarray]]:
         """The draft's reply, and the tokens drafted in each window (none: still catching up)."""
-        reply = self.wait()
+        try:
+            reply = self.wait()
+        except WorkerError:                    # what the failed pass left in its caches is unknown
+            for window, _ in self.batch:
+                self.held.pop(window.cache, None)
+            raise
         assert isinstance(reply, DraftedBatch), reply
         drafts = self.buffers["drafts"].array
-        return reply, [drafts[w.cache, :n].copy() for w, n in zip(self.batch, reply.lengths)]
+        for (window, context), cached in zip(self.batch, reply.cached):
+            self.held[window.cache] = np.array(context[:cached], np.int32)
+        return reply, [drafts[w.cache, :n].copy() for (w, _), n in zip(self.batch, reply.lengths)]
 
     def halt(self) -> None:
         """The verdict is in: stop an extension of the last window mid-step (the native draft checks the shared "halt"
@@ -336,7 +360,7 @@ class DraftLink(WorkerLink):
 
     def lost(self) -> None:
         super().lost()
-        self.slot, self.command, self.extending, self.sent = 0, 0, False, np.zeros(0, np.int32)
+        self.slot, self.command, self.extending, self.held = 0, 0, False, {}
 
 
 def _alive(pid: int) -> bool:
