@@ -1,6 +1,10 @@
 """The scheduler's end of the draft link, over a real zmq pair and real shared
 memory, with this test playing the draft worker: extensions that arrive after
-the reply grow the likeliest branch; late ones of an earlier command are dropped."""
+the reply grow the likeliest branch; late ones of an earlier command are dropped;
+what each draft cache holds is tracked from the commands and replies."""
+import dataclasses
+import os
+
 import numpy as np
 import pytest
 import zmq
@@ -10,7 +14,7 @@ from hetspec.ipc import messages
 from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import BranchPlan
 from hetspec.ipc.shm import SharedArray, new_run_id, segment_name
-from hetspec.scheduler.decoding.links import DraftLink
+from hetspec.scheduler.decoding.links import DraftLink, WorkerError
 
 
 @pytest.fixture
@@ -85,3 +89,39 @@ def test_settle_stops_an_extension_and_is_needed_only_once(link_and_worker):
     link.start_window(7, 0, [1, 2, 3], 2, GREEDY)   # sequential: one plain sequence, no extension
     _command(worker)
     assert not link.extending
+
+
+def test_what_each_draft_cache_holds_follows_its_commands_and_replies(link_and_worker):
+    """DraftLink.held: a request's cache holds the context of its last command, or of a
+    batch as far as the reply says it caught up; a failed batch's caches are read afresh;
+    a draft with one cache shares it among all requests."""
+    link, worker = link_and_worker
+    run_id = new_run_id()
+    link.buffers["contexts"] = SharedArray.create(segment_name(run_id, "contexts"), (4, 64), np.int32)
+    link.buffers["drafts"] = SharedArray.create(segment_name(run_id, "drafts"), (4, 16), np.int32)
+    link.hello = messages.WorkerHello("draft", os.getpid(), 4, "cpu", [0], 1, 0.0, caches=4)
+    context = np.arange(1, 41, dtype=np.int32)
+    link.start_window(7, 2, context, 2, GREEDY)
+    assert _command(worker).cache == 2
+    worker.send(messages.Drafted(7, 0, [2], 0.01))
+    link.finish_window()
+    assert link.ready(2, np.append(context, [5, 6])) and not link.ready(1, context)
+    assert link.to_prefill(2, np.append(context[:10], [99] * 20), True) == 20
+    windows = [messages.BatchWindow(8, 1, 40, GREEDY), messages.BatchWindow(7, 2, 42, GREEDY)]
+    link.start_batch(windows, [context, np.append(context, [5, 6])], 3, 16)
+    worker.recv(2.0)
+    worker.send(messages.DraftedBatch([0, 3], [16, 42], 0.01))
+    link.finish_batch()
+    assert link.to_prefill(1, context, True) == 24 and not link.ready(1, context)
+    assert link.to_prefill(2, np.append(context, [5, 6, 9]), True) == 1
+    link.start_batch(windows, [context, np.append(context, [5, 6])], 3, 16)
+    worker.recv(2.0)
+    worker.send(messages.WorkerFailed("draft", "a pass failed", fatal=False))
+    with pytest.raises(WorkerError):
+        link.finish_batch()
+    assert link.to_prefill(1, context, True) == link.to_prefill(2, context, True) == 40
+    link.hello = dataclasses.replace(link.hello, caches=1)       # one cache for every request
+    link.start_window(9, 3, context, 2, GREEDY)
+    assert _command(worker).cache == 0 and link.ready(1, context)
+    for key in ("contexts", "drafts"):
+        link.buffers.pop(key).close()
