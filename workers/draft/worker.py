@@ -38,13 +38,13 @@ class DraftState:
             set_torch_threads(spec.threads)
         self.model, self.backend, self.kernels = load_draft_model(spec)
         self.kv_geometry = self.model.kv_geometry() if spec.prompt_kv == "auto" else []
+        self.native = self.backend == "native"
         # a cache per request where the native model holds several (batch_drafter.py), else one for all
-        self.drafter = Drafter(self.model, spec.n_ctx, spec.caches if self.backend == "native" else 1)
+        self.drafter = Drafter(self.model, spec.n_ctx, spec.caches if self.native else 1)
         self.request_id = None
         self.spec = spec
         self.threads = spec.threads
         # the native model's own thread pool (pool.h), pinned a thread a core; its steps can be halted
-        self.native = self.backend == "native"
         self.thread_ids = self.model.thread_ids if self.native else None
         if self.native:
             self.kernels += self._native_threads()

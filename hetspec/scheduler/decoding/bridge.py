@@ -15,7 +15,7 @@ import numpy as np
 from hetspec.core.errors import EngineStartError
 from hetspec.core.sampling import GREEDY, Sampling
 from hetspec.ipc.messages import BranchPlan
-from hetspec.scheduler.decoding.links import READY_LAG, DraftLink
+from hetspec.scheduler.decoding.links import DraftLink
 from hetspec.scheduler.decoding.round import Draft
 from hetspec.scheduler.tokenizer import Tokenizer
 
@@ -120,7 +120,7 @@ class BridgedDraft:
         return self.link.to_prefill(cache, self.anchor(np.asarray(context, np.int32)), reuse_cache)
 
     def ready(self, cache: int, context) -> bool:
-        return self.to_prefill(cache, context, True) <= READY_LAG
+        return self.link.ready(cache, self.anchor(np.asarray(context, np.int32)))
 
     def forget(self, cache: int) -> None:
         self.link.forget(cache)
