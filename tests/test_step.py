@@ -6,9 +6,11 @@ rule that stands in for the target's greedy choice: the next token is a function
 context. Whatever joins and leaves, whatever the budget, every request commits exactly
 that rule's tokens, and no batch's step holds more than its tokens and rows. The links
 are real but connected to no worker: nothing here sends a command (the requests go
-without the draft, so a lone one's kinds send none either)."""
+without the draft, so a lone one's kinds send none either; a batch's drafts are written
+into the parts as the draft's reply would be)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 
@@ -17,15 +19,15 @@ import pytest
 
 from hetspec.config import load_config
 from hetspec.core.params import SamplingParams
-from hetspec.ipc.messages import GenerateRequest
+from hetspec.ipc.messages import GenerateRequest, WorkerHello
 from hetspec.models import resolve_model
-from hetspec.scheduler.batch import Batch
+from hetspec.scheduler.batch import Batch, Drafts
 from hetspec.scheduler.clients import Pending
 from hetspec.scheduler.decoding.acceptance_prior import AcceptancePrior
 from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink
 from hetspec.scheduler.decoding.request import Capabilities
-from hetspec.scheduler.decoding.round import Verification
+from hetspec.scheduler.decoding.round import Draft, Verification
 from hetspec.scheduler.resolve import Resolver
 from hetspec.scheduler.slots import Slots
 from hetspec.scheduler.tokenizer import Tokenizer
@@ -48,12 +50,20 @@ def resolver() -> Resolver:
                     decoding=config.decoding, server=config.server, acceptance=AcceptancePrior())
 
 
-def admit(slots: Slots, rid: int, prompt: list[int], max_new: int):
-    params = {"max_new_tokens": max_new}
+def admit(slots: Slots, rid: int, prompt: list[int], max_new: int, draft: DraftLink | None = None, **params):
+    """A request admitted; without `draft`, one that goes without the draft."""
+    params = {"max_new_tokens": max_new, **params}
     pending = Pending(b"client", GenerateRequest(rid, prompt, params=params), SamplingParams.make(params))
     request, output = resolver().resolve(pending)
-    return slots.admit(lambda cache: Decoder(request, CAPS, DraftLink("draft", None), TargetLink("target", None),
-                                             output, without_draft="none in this test", cache=cache, client=pending))
+    caps = dataclasses.replace(CAPS, batch_drafts=draft is not None)
+    return slots.admit(lambda cache: Decoder(request, caps, draft or DraftLink("draft", None), TargetLink("target", None),
+                                             output, without_draft=None if draft else "none in this test",
+                                             cache=cache, client=pending))
+
+
+def step(batch_tokens: int, rows: int) -> Batch:
+    """A step whose draft drafts for no batch (the draft's part: tests/test_batch.py)."""
+    return Batch(None, batch_tokens, rows, Drafts(DraftLink("draft", None), None, 8, lambda: True, batches=False))
 
 
 def verdict(part) -> Verification:
@@ -97,7 +107,7 @@ def run_steps(slots: Slots, batch: Batch, arrivals: dict[int, list], limit: int 
 def test_every_request_commits_the_targets_own_tokens(n):
     """n requests at once, prompts of different lengths: chunks, first tokens, lookup guesses."""
     prompts = {rid: [rid + 1] * (3 + 11 * rid) for rid in range(n)}
-    slots, batch = Slots(8, 0.05), Batch(None, batch_tokens=24, rows=40)
+    slots, batch = Slots(8, 0.05), step(batch_tokens=24, rows=40)
     done = run_steps(slots, batch, {0: [(rid, p, 20 + rid) for rid, p in prompts.items()]})
     assert done == {rid: expected(p, 20 + rid) for rid, p in prompts.items()}
     assert sorted(slots.free) == list(range(8))
@@ -107,7 +117,7 @@ def test_requests_join_and_leave_between_steps():
     """Arrivals at several steps, short and long requests: a slot freed is taken again."""
     arrivals = {0: [(0, [5, 6, 7], 40), (1, [9] * 30, 4)], 2: [(2, [1, 2], 12)], 3: [(3, [3] * 70, 8)],
                 9: [(4, [8, 8], 30), (5, [4] * 5, 1)]}
-    slots, batch = Slots(3, 0.05), Batch(None, batch_tokens=16, rows=24)
+    slots, batch = Slots(3, 0.05), step(batch_tokens=16, rows=24)
     pending = {k: list(v) for k, v in arrivals.items()}
     # three slots: a request that finds none waits for one (as Scheduler._admit does)
     done, queue, faults = {}, [], []
@@ -131,7 +141,7 @@ def test_requests_join_and_leave_between_steps():
 def test_decoding_requests_come_first_and_share_the_rows():
     """A step's decoding requests take their parts before a prompt is read; each one's
     guess shrinks to its share of the rows as the batch grows."""
-    slots, batch = Slots(8, 0.05), Batch(None, batch_tokens=64, rows=12)
+    slots, batch = Slots(8, 0.05), step(batch_tokens=64, rows=12)
     loop = [40] + expected([40], 30)              # the loop repeats: lookup guesses long windows
     decoding = [admit(slots, rid, loop, 40) for rid in range(4)]
     for r in decoding:
@@ -146,7 +156,7 @@ def test_decoding_requests_come_first_and_share_the_rows():
 
 
 def test_a_part_that_raises_is_left_out_and_the_others_step():
-    slots, batch = Slots(4, 0.05), Batch(None, batch_tokens=32, rows=32)
+    slots, batch = Slots(4, 0.05), step(batch_tokens=32, rows=32)
     good, bad = admit(slots, 0, [3, 4, 5], 6), admit(slots, 1, [6, 7], 6)
     for r in (good, bad):
         r.read = len(r.out.context)
@@ -176,3 +186,36 @@ def test_a_lone_request_admits_another_once_its_turn_is_over():
     assert slots.may_admit()
     admit(slots, 1, [3], 4)
     assert not slots.may_admit()                   # no slot left
+
+
+def test_a_batchs_pipelined_rounds_commit_the_targets_own_tokens_whatever_the_draft_proposes():
+    """Requests whose draft caches hold their context take DuoDecoding's round in a batch
+    (Drafts.windows, Decoder.duodec_round): each step verifies the window drafted beside the
+    last (Part.drafted, written here as DraftBatch's reply would be), right for two requests
+    and wrong after its first token for the third, beside a fourth in mode target. Each commits the target's
+    own tokens; the right drafts are kept."""
+    link = DraftLink("draft", None)
+    link.hello = WorkerHello("draft", 0, VOCAB, "cpu", [0], 1, 0.0, caches=8)
+    slots, batch = Slots(8, 0.05), Batch(None, 48, 48, Drafts(link, None, 8, lambda: True, batches=True))
+    prompts = {rid: [rid + 1] * (4 + 5 * rid) for rid in range(3)}
+    requests = [admit(slots, rid, p, 30, link, speculation="always", gamma=4) for rid, p in prompts.items()]
+    for r in requests:
+        link.held[r.cache] = r.out.context     # a cache that holds its prompt
+    other = admit(slots, 3, [9] * 3, 60, mode="target")   # outlives them (alone, they would draft now)
+    done = {}
+    while any(r in slots.running for r in requests):
+        for part in batch.plan(list(slots.running), lambda r, exc: pytest.fail(str(exc))):
+            if part.next_window is not None:   # the draft's reply: what each cache now holds, and its window
+                context, gamma, _ = part.next_window
+                link.held[part.decoder.cache] = context
+                tokens = expected(list(context), gamma if part.decoder.id != 2 else 1) + [0] * gamma
+                part.drafted = Draft([np.array(tokens[:gamma], np.int32)], None, 0.0)
+            batch.commit(part, verdict(part))
+            if part.decoder.out.done:
+                done[part.decoder.client.id] = part.decoder.out.new_ids
+                slots.remove(part.decoder)
+    assert done == {rid: expected(p, 30) for rid, p in prompts.items()}
+    assert other.out.new_ids == expected([9] * 3, len(other.out.new_ids))
+    assert [r.stats.accepted > 0 for r in requests] == [True, True, False]
+    assert all(r.stats.batched_rounds > 0 and r.stats.spec_rounds > 0 for r in requests)
+    assert [r.stats.rounds < 12 for r in requests] == [True, True, False]   # 4 tokens a step, or 1

@@ -20,7 +20,6 @@ window for all (CostModel.batch_window), none where the pass stops being free.
 """
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Callable
 
@@ -32,17 +31,17 @@ from hetspec.ipc.messages import BatchWindow, VerifyCommand
 from hetspec.scheduler.decoding.budget import CostModel
 from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerError, WorkerLost
-from hetspec.scheduler.decoding.round import EMPTY, Part, Verification, Window
+from hetspec.scheduler.decoding.round import Draft, Part, Verification
 
 MIN_CATCH_UP = 16    # tokens of context a draft cache reads at least, a step it catches up beside the pass
 
 
 class Batch:
-    def __init__(self, target: TargetLink, batch_tokens: int, rows: int, drafts: Drafts | None = None):
+    def __init__(self, target: TargetLink, batch_tokens: int, rows: int, drafts: Drafts):
         self.target = target
         self.batch_tokens = batch_tokens   # tokens a step holds: [server] batch_tokens
         self.rows = rows                   # answer rows a step holds: the target's buffers
-        self.drafts = drafts               # None: the draft drafts no batch
+        self.drafts = drafts
         self.size = 0                      # requests in the last step of several
         self.alone = False                 # the step is a lone request's
 
@@ -57,7 +56,7 @@ class Batch:
         reading = sorted((r for r in running if r.out.length == r.out.n_prompt),
                          key=lambda r: r.client.arrived)
         room = min(self.rows, self.batch_tokens)
-        drafted = self.drafts.windows(decoding, room) if self.drafts is not None else []
+        drafted = self.drafts.windows(decoding, room)
         share = max(1, (room - sum(len(p.tokens) for p in drafted)) // max(len(running) - len(drafted), 1))
         parts, used = list(drafted), sum(len(p.tokens) for p in drafted)
         for r in decoding + reading:
@@ -75,8 +74,9 @@ class Batch:
         return parts
 
     def start(self, parts: list[Part], borrow_cores: bool) -> None:
-        """One pass for all the parts: alone, the part's own command; else one VerifyBatch,
-        the draft drafting the next step's windows beside it (its cores then not borrowed)."""
+        """One pass for all the parts, the draft drafting their next windows beside it (its
+        cores then not borrowed): alone, the part's own command; else one VerifyBatch."""
+        drafting = self.drafts.start(parts, self.alone)
         if self.alone:
             if parts[0].tokens is not None:
                 parts[0].decoder.send(parts[0])
@@ -84,10 +84,17 @@ class Batch:
         self.size = len(parts)
         commands = [VerifyCommand(p.decoder.id, p.keep, len(p.tokens), p.rows,
                                   p.decoder.request.sampling, cache=p.decoder.cache) for p in parts]
-        predicted, gamma = self.drafts.plan(parts) if self.drafts is not None else ([], 0)
-        self.target.start_batch(commands, [p.tokens for p in parts], borrow_cores and not predicted)
-        if predicted:
-            self.drafts.start(predicted, gamma)
+        self.target.start_batch(commands, [p.tokens for p in parts], borrow_cores and not drafting)
+
+    def finish(self, parts: list[Part]) -> list[Verification | None]:
+        """The verdicts (alone, None: it ran ahead; its finish takes the token), then the draft's windows."""
+        if self.alone:
+            verdicts = [None if parts[0].tokens is None else self.target.finish_verify(parts[0].rows)]
+        else:
+            verdicts = self.target.finish_batch()
+            self.drafts.observe(parts, verdicts)
+        self.drafts.collect()
+        return verdicts
 
     def commit(self, part: Part, verdict: Verification | None) -> None:
         """The step's verdict on a request's part, committed as its kind does."""
@@ -98,126 +105,116 @@ class Batch:
         part.finish(verdict)
         decoder.stats.batched_rounds += batched
 
-    def finish(self, parts: list[Part]) -> list[Verification | None]:
-        if self.alone:                     # (None: it ran ahead; its finish takes the token)
-            return [None if parts[0].tokens is None else self.target.finish_verify(parts[0].rows)]
-        verdicts = self.target.finish_batch()
-        if self.drafts is not None:
-            self.drafts.observe(parts, verdicts)
-        return verdicts
-
 
 class Drafts:
-    """The draft's part in a batch's steps: while the target verifies a step, the draft
-    drafts each request's next window as if the step's will be kept whole, its first
-    token guessing the bonus token. Where it does, the rest is the next step's window;
-    else the request takes a bare step. A lagging draft cache catches up in the same passes."""
+    """The draft's part in each step, however many requests it holds: beside the target's
+    pass it drafts the next window of each part that asks (Part.next_window, from
+    Decoder.duodec_round), alone in the request's own command (DraftWindow: branches, an
+    extension, probability rows), for several in one (DraftBatch: one window for all, each
+    in its own draft cache). A batch's lagging draft caches catch up in its passes."""
 
-    def __init__(self, draft: DraftLink, costs: CostModel | None, max_gamma: int, available: Callable[[], bool]):
+    def __init__(self, draft: DraftLink, costs: CostModel | None, max_gamma: int, available: Callable[[], bool],
+                 batches: bool):
         self.draft, self.costs, self.max_gamma = draft, costs, max_gamma
         self.available = available         # the draft worker is up (not restarting)
-        self.sent: list[tuple[Decoder, np.ndarray]] = []   # the draft's batch under way: each request's
-                                                           # predicted context
-        self.gamma = 0                     # ... and its window (0: it only catches caches up)
-        self.next_gamma = 0                # the next window of the requests drafted for in this step
+        self.batches = batches             # it drafts for several requests at once (Capabilities.batch_drafts)
+        self.asked: list[Part] = []        # the parts whose windows it drafts beside this step's pass
+        self.alone = False                 # ... in a lone request's command
+        self.gamma = 0                     # ... a batch's window
+        self.catching_up = False           # a batch's catch-up alone is under way (collected once done)
 
     def windows(self, decoding: list[Decoder], room: int) -> list[Part]:
-        """The parts of the requests drafted for in this step, in `room` tokens: those whose
-        draft cache holds their context, where the cost model finds a window that pays.
-        Each one's window is the one drafted beside the last pass, if its prediction came
-        true; else a bare step."""
-        self.caught_up(block=self.gamma > 0)   # windows under way are waited for; a catch-up is not
-        drafted = {r.id: _take(r) for r in decoding}   # (each is used once, if at all)
-        if self.draft.busy or not self.available():
+        """The pipelined rounds of a batch's requests whose draft cache holds their context, in
+        `room` tokens, where the cost model finds a window that pays."""
+        self.caught_up()
+        if not self.batches or self.draft.busy or not self.available():
             return []
         ready = [r for r in decoding if _drafts_for(r) and self.draft.ready(r.cache, r.out.context)]
-        self.next_gamma = self._window(ready, [r for r in decoding if r not in ready], room)
-        if self.next_gamma < 1:
-            return []
-        parts = []
-        for r in ready:
-            context, (window, seconds) = r.out.context, self._came_true(r, drafted[r.id])
-            parts.append(Part(r, np.concatenate([context[-1:], window.tokens]), len(context) - 1, window,
-                              functools.partial(_commit_drafted, r, window, seconds),
-                              shadow=r.guess(self.next_gamma)))
-        return parts
+        gamma = self._window(ready, [r for r in decoding if r not in ready], room)
+        return [r.duodec_round(gamma) for r in ready] if gamma > 0 else []
 
-    def _came_true(self, r: Decoder, drafted) -> tuple[Window, float]:
-        """(r's window drafted beside the last pass, if its prediction came true; the draft's seconds)."""
-        if drafted is None:
-            return EMPTY, 0.0
-        (predicted, tokens, seconds), context = drafted, r.out.context
-        if len(context) == len(predicted) + 1 and context[-1] == tokens[0] and np.array_equal(context[:-1], predicted):
-            return Window(tokens[1:min(len(tokens), r.out.remaining, self.next_gamma)]), seconds
-        return EMPTY, seconds
+    def start(self, parts: list[Part], alone: bool) -> bool:
+        """Send the draft what it drafts beside this step's pass; whether it drafts. Where it
+        fails, the parts that asked go on target-only (Decoder.without_draft)."""
+        self.asked, self.alone = [p for p in parts if p.next_window is not None], alone
+        lagging = self._lagging(parts) if self.batches and not alone and not self.draft.busy else []
+        try:
+            if alone and self.asked:
+                r, window = self.asked[0].decoder, self.asked[0].next_window
+                r.draft.start_window(r.id, r.cache, window.context, window.gamma, r.request.sampling, window.plan)
+            elif self.asked or lagging:
+                self._start_batch(lagging)
+        except Exception as exc:  # noqa: BLE001 - the draft's failures: without_draft raises the others
+            self._failed(exc)
+        return bool(self.asked or self.catching_up)
 
-    def plan(self, parts: list[Part]) -> tuple[list[tuple[Decoder, np.ndarray]], int]:
-        """What the draft does beside this step's pass: (each request and its predicted context:
-        its context and its part's window, or a lagging cache's context to catch up; gamma)."""
-        if not self.caught_up() or not self.available():
-            return [], 0
-        predicted = [(p.decoder, np.concatenate([p.decoder.out.context, p.guess.tokens])) for p in parts if p.drafting]
-        lagging = [(r, r.out.context) for r in self._lagging(parts)]
-        return predicted + lagging, self.next_gamma if predicted else 0
-
-    def _lagging(self, parts: list[Part]) -> list[Decoder]:
-        """Requests that could draft but whose cache lags, where drafting would pay once caught up."""
-        decoding = [p.decoder for p in parts if p.decoder.out.length > p.decoder.out.n_prompt]
-        drafting = {p.decoder.id for p in parts if p.drafting}
-        could = [r for r in decoding if _drafts_for(r)]
-        lagging = [r for r in could if r.id not in drafting and not self.draft.ready(r.cache, r.out.context)]
-        pays = lagging and self._window(could, [r for r in decoding if r not in could],
-                                        len(decoding) * (self.max_gamma + 1)) > 0
-        return lagging if pays else []
-
-    def start(self, predicted: list[tuple[Decoder, np.ndarray]], gamma: int) -> None:
-        """Send the draft its batch (plan's), to run beside the target's pass."""
-        windows = [BatchWindow(r.id, r.cache, len(context), r.request.sampling) for r, context in predicted]
+    def _start_batch(self, lagging: list[Decoder]) -> None:
+        """One DraftBatch: the asked windows, and lagging caches catching up (at least MIN_CATCH_UP tokens)."""
+        requests = [p.decoder for p in self.asked] + lagging
+        contexts = [p.next_window.context for p in self.asked] + [r.out.context for r in lagging]
         catch_up = MIN_CATCH_UP
         if self.costs is not None:
-            catch_up = max(catch_up, int(self.costs.batch_scale * self.costs.measured(len(predicted))
-                                         / self.costs.prefill_s) // len(predicted))
-        try:
-            self.draft.start_batch(windows, [context for _, context in predicted], gamma, catch_up)
-        except WorkerLost:                 # the supervisor restarts it; its caches are gone (DraftLink.lost)
-            return
-        self.sent, self.gamma = predicted, gamma
+            catch_up = max(catch_up, int(self.costs.batch_scale * self.costs.measured(len(requests))
+                                         / self.costs.prefill_s) // len(requests))
+        self.gamma = self.asked[0].next_window.gamma if self.asked else 0
+        self.draft.start_batch([BatchWindow(r.id, r.cache, len(c), r.request.sampling)
+                                for r, c in zip(requests, contexts)], contexts, self.gamma, catch_up)
+        self.catching_up = not self.asked
 
-    def caught_up(self, block: bool = False) -> bool:
-        """Whether the draft is free, the batch under way collected once done (or now, blocking)."""
-        if self.sent and self.draft.busy:
+    def collect(self) -> None:
+        """Once the verdicts are in: each asking part's window as the draft returned it."""
+        asked, self.asked = self.asked, []
+        if not asked:
+            return
+        try:
+            if self.alone:
+                link = asked[0].decoder.draft
+                link.halt()                    # its extension can stop: what it has drafted is all W' takes
+                asked[0].drafted = link.finish_window()
+                return
+            reply, drafted = self.draft.finish_batch()
+        except Exception as exc:  # noqa: BLE001 - as in start
+            self._failed(exc, asked)
+            return
+        for part, tokens in zip(asked, drafted):
+            if len(tokens):                    # (none: its cache was still catching up)
+                part.drafted = Draft([tokens], None, reply.seconds)
+        if self.costs is not None and all(reply.lengths):      # (a batch's catch-up would weigh on its steps)
+            self.costs.observe_batch_draft(len(reply.lengths), self.gamma, reply.seconds)
+
+    def _failed(self, exc: Exception, asked: list[Part] | None = None) -> None:
+        for part in self.asked if asked is None else asked:
+            part.decoder.without_draft(exc)
+        self.asked, self.catching_up = [], False
+
+    def caught_up(self, block: bool = False) -> None:
+        """A batch's catch-up under way, collected once done (or now, blocking)."""
+        if self.catching_up and self.draft.busy:
             try:
-                done = block or self.draft.poll()
-            except WorkerLost:             # (poll: the link forgets the command, and its caches)
-                done = False
-            if done:
-                self._collect()
-        if not self.draft.busy:
-            self.sent = []
-        return not self.draft.busy
+                if block or self.draft.poll():
+                    self.draft.finish_batch()
+            except (WorkerError, WorkerLost) as exc:   # (the link forgets what the caches held)
+                print(f"hetspec: a batch's draft caches could not catch up: {exc}", file=sys.stderr)
+        self.catching_up = self.catching_up and self.draft.busy
 
     def settle(self) -> None:
         """The batch is over (a request runs alone): the draft's link is the lone request's again."""
         self.caught_up(block=True)
 
+    def _lagging(self, parts: list[Part]) -> list[Decoder]:
+        """Requests that could draft but whose cache lags, where drafting would pay once caught up."""
+        decoding = [p.decoder for p in parts if p.decoder.out.length > p.decoder.out.n_prompt]
+        drafting = {p.decoder.id for p in self.asked}
+        could = [r for r in decoding if _drafts_for(r)]
+        lagging = [r for r in could if r.id not in drafting and not self.draft.ready(r.cache, r.out.context)]
+        pays = lagging and self.available() and self._window(could, [r for r in decoding if r not in could],
+                                                             len(decoding) * (self.max_gamma + 1)) > 0
+        return lagging if pays else []
+
     def observe(self, parts: list[Part], verdicts: list[Verification]) -> None:
         """The pass's time, for the cost model."""
         if self.costs is not None and verdicts:
             self.costs.observe_batch(sum(len(p.tokens) for p in parts), verdicts[0].seconds)
-
-    def _collect(self) -> None:
-        """Each window of the batch under way is pending for the next step; where the draft
-        failed there is none, and its requests step without drafts."""
-        try:
-            reply, drafted = self.draft.finish_batch()
-        except (WorkerError, WorkerLost) as exc:
-            print(f"hetspec: a batch's draft failed, its requests step target-only: {exc}", file=sys.stderr)
-            return
-        for (r, context), tokens in zip(self.sent, drafted):
-            if len(tokens):
-                r.batch_drafted = (context, tokens, reply.seconds)
-        if self.costs is not None and all(reply.lengths):      # (a batch's catch-up would weigh on its steps)
-            self.costs.observe_batch_draft(len(reply.lengths), self.gamma, reply.seconds)
 
     def _window(self, ready: list[Decoder], others: list[Decoder], room: int) -> int:
         """One window for the ready requests: the cost model's (without one, the smallest
@@ -252,21 +249,6 @@ def _drafts_for(r: Decoder) -> bool:
     """Whether a batch may draft for r: speculating, and not unkeyed (a batch's draft has no probabilities)."""
     return (r.caps.batch_drafts and r.mode is not Mode.TARGET and r.gate.speculate
             and r.request.rule is not Rule.UNKEYED)
-
-
-def _commit_drafted(r: Decoder, window: Window, draft_s: float, verdict: Verification) -> None:
-    """A drafted request's step: its window (none: a bare step)."""
-    if not len(window):
-        r.commit_target_step(window, verdict)
-        return
-    n_accepted, _, kept = r.accept_and_commit(window, verdict)
-    r.stats.spec_round(verdict.seconds, draft_s, verdict.seconds, len(window), min(n_accepted, kept), kept,
-                       parallel=True)
-
-
-def _take(decoder: Decoder):
-    drafted, decoder.batch_drafted = decoder.batch_drafted, None
-    return drafted
 
 
 def shadow_step(part: Part, verdict: Verification) -> None:

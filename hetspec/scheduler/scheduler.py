@@ -90,7 +90,7 @@ class Scheduler:
                                  decoding=self.config.decoding, server=self.config.server, acceptance=self.acceptance)
         server = self.config.server
         drafts = Drafts(self.draft_link, self.costs, self.caps.max_gamma,
-                        lambda: self.crew.unavailable("draft") is None) if self.caps.batch_drafts else None
+                        lambda: self.crew.unavailable("draft") is None, self.caps.batch_drafts)
         self.batch = Batch(self.target, min(server.batch_tokens, server.max_context), startup.answer_rows(self.config),
                            drafts)
         self.info = startup.describe(self.config, self.clients.endpoint, gamma, budget, self.caps, differ, hellos, spec)
@@ -193,7 +193,7 @@ class Scheduler:
             self._target_lost(lost)
             return []
         if len(running) == 1:
-            if self.batch.drafts is not None and self.slots.last is not running[0]:
+            if self.slots.last is not running[0]:
                 self.batch.drafts.settle()     # a new turn: a batch's draft caches caught up in the background
             self.slots.begin(running[0])
         else:

@@ -37,7 +37,7 @@ from hetspec.scheduler.decoding.links import DraftLink, TargetLink
 from hetspec.scheduler.decoding.lookup import PromptLookup
 from hetspec.scheduler.decoding.output import Output
 from hetspec.scheduler.decoding.request import Capabilities, Request
-from hetspec.scheduler.decoding.round import EMPTY, NO_DRAFT, Draft, Part, Verification, Window
+from hetspec.scheduler.decoding.round import EMPTY, NO_DRAFT, Draft, NextWindow, Part, Verification, Window
 from hetspec.scheduler.decoding.stats import Stats
 
 AHEAD = 256        # tokens the target may decode ahead of a target-only step (Decoder.ahead)
@@ -68,10 +68,9 @@ class Decoder:
         self.rng = np.random.default_rng([request.params.seed, 0])
         self.stats = Stats(prior=request.prior, fallback=without_draft)
         self.gate = Gate(memory or Memory(None), forced=request.speculation is Speculation.ALWAYS)
-        self.batch_drafted = None              # a batch's draft (batch.Drafts): (predicted context, the tokens it
-                                               # drafted after it, its seconds)
         self.read = 0                          # prompt tokens in the target's cache, until its first token
-        self.pending = EMPTY                   # the window drafted beside the last pass, for the next (duodec)
+        self.pending = EMPTY                   # the window drafted beside the last pass, for the next (duodec),
+        self.pending_at = 0                    # ... valid while the output is this long
         self.catching_up: PrefillPlan | None = None   # the draft's prefill under way, as planned
         self.rounds_alone = 0                  # rounds alone (not its prompt, not a catch-up): a turn holds one
 
@@ -120,11 +119,9 @@ class Decoder:
         if self.mode is Mode.TARGET:
             return lambda: self.target_step(alone=True)
         if not self.gate.speculate:            # resting: the draft's next window, if any, is dropped
-            self.pending = EMPTY
             return self.rest_step
         if self.draft.busy or not self.draft.ready(self.cache, self.out.context):   # its prefill is under way,
-            self.pending = EMPTY                                                     # or its cache lags
-            return self.draft_catches_up
+            return self.draft_catches_up                                             # or its cache lags
         return self.duodec_round if self.mode is Mode.DUODEC else self.sequential_round
 
     def without_draft(self, exc: Exception) -> None:
@@ -132,43 +129,52 @@ class Decoder:
         if getattr(exc, "role", None) != "draft":
             raise exc
         self.target.discard()
-        self.stats.fallback, self.pending = str(exc), EMPTY
+        self.stats.fallback = str(exc)
 
     def suspend(self) -> None:
-        """Another request's turn, or a batch's: our next window is not drafted beside their passes."""
+        """Another request's turn, or a batch's: the draft's extension and our prefill plan stop."""
         self.draft.settle()
-        self.pending, self.catching_up = EMPTY, None
+        self.catching_up = None
 
     # ---- the three kinds of round ----------------------------------------------------
 
-    def duodec_round(self):
-        """One pipelined round: the target verifies the pending window W while the draft
-        drafts W' after it (branches for W's bonus token); W' is pending next."""
-        started, restart, pending = time.perf_counter(), NO_DRAFT, self.pending
-        if not pending:                        # nothing to verify: draft a short W first, the target waiting
+    def duodec_round(self, gamma: int | None = None):
+        """One pipelined round: the target verifies the pending window W while the draft drafts W' after it, as if W
+        will be kept whole (alone, branches for W's bonus token); W' is pending next. Alone with nothing pending, a
+        short W is drafted first, the target waiting; in a batch's step (its one gamma) W is then empty."""
+        started, restart, lone = time.perf_counter(), NO_DRAFT, gamma is None
+        limit = self.out.remaining if lone else min(gamma, self.out.remaining)   # (a batch's room: gamma a part)
+        pending = (self.pending if self.pending_at == self.out.length else EMPTY).head(limit - 1)
+        if lone and not pending:               # nothing to verify: draft a short W first, the target waiting
             pending, restart = self.draft_now(self.windows.restart(self.stats.acceptance, self.pace(),
                                                                    self.out.remaining - 1))
-        gamma = self.windows.pipelined(len(pending), self.stats.acceptance, self.room(len(pending)))
-        if gamma > 0:                          # W' as if W will be accepted
+        plan = None
+        if lone:                               # W' as branches, as long as the costs say
+            gamma = self.windows.pipelined(len(pending), self.stats.acceptance, self.room(len(pending)))
             plan = BranchPlan(self.request.sequences, self.caps.max_sequences, self.stats.acceptance,
                               self.extend_to(len(pending)))
-            self.draft.start_window(self.id, self.cache, np.concatenate([self.out.context, pending.tokens]), gamma,
-                                    self.request.sampling, plan)
 
         def finish(verdict: Verification) -> None:
-            if gamma > 0:
-                self.draft.halt()              # its extension can stop: what it has drafted is all W' takes
             n_accepted, token, kept = self.accept_and_commit(pending, verdict)
-            drafted = self.draft.finish_window() if gamma > 0 else NO_DRAFT
-            self.record(started, pending, verdict, drafted, n_accepted, kept, parallel=True, restart=restart)
+            drafted = part.drafted
+            if lone:
+                self.record(started, pending, verdict, drafted, n_accepted, kept, parallel=True, restart=restart)
+            elif len(pending):                 # the batch's pass is priced whole (Batch.finish)
+                self.stats.spec_round(verdict.seconds, drafted.seconds, verdict.seconds, len(pending),
+                                      min(n_accepted, kept), kept, parallel=True)
+            else:                              # a bare step, the target's token alone
+                self.stats.target_round()
             if drafted.branches:
                 self.stats.sequences_hist[len(drafted.branches)] += 1
-            self.pending = EMPTY               # W rejected (or done): W' was drafted for nothing
-            if n_accepted == len(pending) and not self.out.done:
+            if n_accepted == len(pending) and not self.out.done:   # else W' was drafted for nothing
                 after = drafted.branch_after(token)   # the target's bonus token picks W's successor
                 self.stats.branch_hits += after is not None
-                self.pending = after or EMPTY
-        return self.verify_part(pending, finish)   # both workers busy: the loop streams the last step's tokens
+                self.pending, self.pending_at = after or EMPTY, self.out.length
+        part = self.verify_part(pending, finish)
+        if gamma > 0:
+            part.next_window = NextWindow(np.concatenate([self.out.context, pending.tokens]), gamma, plan)
+        part.shadow = None if lone else self.guess(gamma)
+        return part
 
     def sequential_round(self):
         """SpS: draft a window, the target waiting, then verify it."""
@@ -213,8 +219,7 @@ class Decoder:
             self.lookup.verified(len(guess), n_accepted)
             self.stats.lookup_guessed += len(guess)
             self.stats.lookup_accepted += min(n_accepted, kept)
-        self.stats.rounds += 1
-        self.stats.target_only_rounds += 1
+        self.stats.target_round()
         return kept
 
     def ahead(self, alone: bool) -> int:

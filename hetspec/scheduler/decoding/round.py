@@ -14,12 +14,13 @@ A round commits the accepted tokens and the bonus token, fewer only where a stop
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from hetspec.core.branches import pick_branch
+from hetspec.ipc.messages import BranchPlan
 
 
 @dataclass
@@ -30,6 +31,9 @@ class Window:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def head(self, n: int) -> Window:
+        return Window(self.tokens[:max(n, 0)], None if self.probs is None else self.probs[:max(n, 0)])
 
 
 EMPTY = Window(np.zeros(0, dtype=np.int32))
@@ -61,12 +65,21 @@ class Draft:
 NO_DRAFT = Draft([], None, 0.0)
 
 
+class NextWindow(NamedTuple):
+    """What the draft drafts for a request beside a step's pass: gamma tokens after context (its context and the
+    window the pass verifies), alone as branches (BranchPlan)."""
+    context: np.ndarray
+    gamma: int
+    plan: BranchPlan | None = None
+
+
 @dataclass
 class Part:
     """One request's part in a step: `tokens` run after the first `keep` of its cache in the step's pass (None: no
     pass, the target ran ahead), whose verdict on its last `rows` positions `finish` commits. A lone request's part
     may borrow the draft's cores and have the target run ahead; a batch's borrow as the batch does (borrow None).
-    shadow: the lookup guess, never verified, of a request drafted for beside a batch's pass (batch.shadow_step)."""
+    next_window: what the draft drafts for it beside the pass, returned in `drafted` before finish (batch.Drafts).
+    shadow: a drafting request's lookup guess in a batch, never verified (batch.shadow_step)."""
     decoder: Any                   # its decoding.decoder.Decoder
     tokens: np.ndarray | None
     keep: int
@@ -74,12 +87,9 @@ class Part:
     finish: Callable[[Verification | None], Any]
     borrow: bool | None = None
     ahead: int = 0
+    next_window: NextWindow | None = None
+    drafted: Draft = field(default_factory=lambda: NO_DRAFT)
     shadow: Window | None = None
-
-    @property
-    def drafting(self) -> bool:
-        """The draft drafts this request's next window beside the step (batch.Drafts.windows)."""
-        return self.shadow is not None
 
     @property
     def rows(self) -> int:

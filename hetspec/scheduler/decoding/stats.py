@@ -53,6 +53,10 @@ class Stats:
         """Tokens a target-only step commits so far with its lookup guess, unverified ones' included (from one)."""
         return 1 + (self.lookup_accepted + self.shadow_accepted) / (self.target_only_rounds + self.shadow_rounds + 1)
 
+    def target_round(self) -> None:
+        self.rounds += 1
+        self.target_only_rounds += 1
+
     def spec_round(self, wall: float, draft_s: float, verify_s: float, drafted: int, accepted: int,
                    committed: int, parallel: bool, serial_draft_s: float = 0.0) -> None:
         """serial_draft_s: drafting the target waited for before the round (SpS-style)."""
