@@ -65,7 +65,7 @@ def _parser() -> _Parser:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--mode", default="duodec", help="duodec (default), sequential or target")
+    parser.add_argument("--mode", default="duodec", help="duodec (default), sequential, target or lookup")
     parser.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--http", metavar="HOST:PORT", help="serve OpenAI's HTTP API there (e.g. 127.0.0.1:8000)")

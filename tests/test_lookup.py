@@ -67,6 +67,7 @@ PROMPT = [1, 2, 3, 4, 5]
 
 
 def test_guesses_keep_every_mode_exact_and_mode_target_plain():
+    """duodec and sequential guess in their target-only rounds, lookup in every step, target never."""
     config = random_engine_config(draft="random:vocab=12,seed=1", target=LOOPING, speculation="auto")
     expected = reference_greedy(load_reference(LOOPING), PROMPT, 80)
     with hetspec.launch(config) as engine:
@@ -76,6 +77,9 @@ def test_guesses_keep_every_mode_exact_and_mode_target_plain():
             assert result.stats["lookup_accepted"] > 0 and result.stats["rounds"] < 80
         alone = engine.generate(PROMPT, max_new_tokens=80, mode="target")
         assert alone.token_ids == expected and alone.stats["lookup_guessed"] == 0
+        lookup = engine.generate(PROMPT, max_new_tokens=80, mode="lookup")   # the target, with guesses alone
+        assert lookup.token_ids == expected and lookup.stats["lookup_accepted"] > 0
+        assert lookup.stats["drafted"] == 0 and lookup.stats["fallback"] is None and lookup.stats["gamma"] == 0
         # a seed's tokens are the target alone's; unseeded sampling weighs each guess by p
         seeded = [engine.generate(PROMPT, max_new_tokens=60, temperature=0.8, seed=7, mode=mode)
                   for mode in ("duodec", "target")]

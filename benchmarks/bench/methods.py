@@ -17,7 +17,7 @@ class Method:
     name: str
     kind: str                   # "baseline" (transformers generate, in-process), "cpp" (llama.cpp's binaries), "engine"
     label: str                  # how the report names it
-    mode: str = ""              # engine: duodec, sequential, target; cpp: bench, spec, ngram-*
+    mode: str = ""              # engine: duodec, sequential, target, lookup; cpp: bench, spec, ngram-*
     sequences: int | str | None = None     # engine duodec: 1, 2, 3 or "dynamic"
     fixed_gamma: bool = False              # engine: draft the start-up budget's gamma every round
     speculation: str | None = None         # engine: FORCED, or None for the engine's ("auto")
@@ -25,7 +25,7 @@ class Method:
 
     def gamma(self, chosen: int) -> int | None:
         """The draft budget this method starts with (None for methods that do not draft)."""
-        return None if self.kind != "engine" or self.mode == "target" else chosen
+        return None if self.kind != "engine" or self.mode in ("target", "lookup") else chosen
 
     def rebalanced(self, measured_budget: bool) -> bool:
         """On the measured budget, DuoDecoding and SpS redraw each round's length: windows may pass gamma."""
@@ -41,6 +41,7 @@ METHODS = {m.name: m for m in [
     *[Method(f"llama-{kind}", "cpp", f"llama.cpp n-gram speculation (llama-speculative-simple {kind}, C++; greedy)",
              kind) for kind in ("ngram-simple", "ngram-mod")],
     Method("target", "engine", "Engine, target only", "target"),
+    Method("lookup", "engine", "Engine, target verifying prompt-lookup guesses (no draft)", "lookup"),
     Method("sps", "engine", "SpS (engine, sequential)", "sequential"),
     Method("sps-fixed", "engine", "SpS, gamma fixed at the budget", "sequential", fixed_gamma=True, speculation=FORCED),
     *[Method(f"duodec-s{k}", "engine", f"DuoDecoding, {k} sequence{'s' * (k > 1)}", "duodec", k, speculation=FORCED)
@@ -50,7 +51,7 @@ METHODS = {m.name: m for m in [
 
 GROUPS = {
     "all": tuple(METHODS),
-    "baselines": ("vanilla", "target", "sps", "sps-fixed"),
+    "baselines": ("vanilla", "target", "lookup", "sps", "sps-fixed"),
     "peers": tuple(name for name, m in METHODS.items() if m.kind == "cpp"),
     "sequences": ("duodec-s1", "duodec-s2", "duodec-s3", "duodec"),
     "headline": ("vanilla", CPP_PEER, "target", "sps", "duodec"),

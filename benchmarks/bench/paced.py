@@ -22,7 +22,7 @@ from hetspec.models import resolve_model
 from hetspec.scheduler.tokenizer import Tokenizer
 from hetspec.workers.target.traces import add_trace, load_traces, trace_file
 
-DEFAULT_METHODS = ("target", "sps", "duodec")
+DEFAULT_METHODS = ("target", "lookup", "sps", "duodec")
 PIECES = ("draft_s", "verify_s", "round_s", "overhead_s")
 
 

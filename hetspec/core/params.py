@@ -38,6 +38,7 @@ class Mode(Choice):
     DUODEC = "duodec"            # DuoDecoding: the draft drafts the next window while the target verifies this one
     SEQUENTIAL = "sequential"    # ordinary speculative decoding (SpS): draft, then verify
     TARGET = "target"            # the target alone
+    LOOKUP = "lookup"            # the target alone, verifying prompt-lookup guesses (no draft)
 
 
 class Speculation(Choice):

@@ -1,6 +1,6 @@
 """The decoding round and its policy, apart from the scheduler's process shell.
 
-decoder.py   one request's rounds in its mode (duodec, sequential, target)
+decoder.py   one request's rounds in its mode (duodec, sequential, target, lookup)
 round.py     what a round passes around: windows, drafts, the target's verdicts
 links.py     the handles on the two workers: commands out, replies and shared memory in
 bridge.py    a draft of another vocabulary, through text
