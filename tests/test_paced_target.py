@@ -166,7 +166,7 @@ def test_hetspec_bench_paced_writes_a_report_checked_against_the_traces(tmp_path
     report = (tmp_path / "out" / "report.md").read_text()
     assert report.startswith("# Paced target (simulated GPU), profile h100-7b-captured")
     summary = json.loads((tmp_path / "out" / "results.json").read_text())["summary"]
-    assert set(summary) == {"target", "sps", "duodec"}
+    assert set(summary) == {"target", "lookup", "sps", "duodec"}
     assert all(s["runs"] == 1 and s["outputs_differing_from_trace"] == 0 and s["tokens_per_s"] > 0
                for s in summary.values())
     bad = subprocess.run([*command[:3], "--paced", "tpu"], capture_output=True, text=True, timeout=120, check=False)
