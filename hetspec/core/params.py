@@ -40,6 +40,11 @@ class Mode(Choice):
     TARGET = "target"            # the target alone
     LOOKUP = "lookup"            # the target alone, verifying prompt-lookup guesses (no draft)
 
+    @property
+    def drafts(self) -> bool:
+        """The mode speculates with the draft (the others need no draft worker)."""
+        return self in (Mode.DUODEC, Mode.SEQUENTIAL)
+
 
 class Speculation(Choice):
     """Whether a request may rest from speculating (scheduler/decoding/gate.py)."""

@@ -10,7 +10,6 @@ import zmq
 
 from hetspec.config import load_config
 from hetspec.core.errors import EngineDeadError, HetspecError, RequestError
-from hetspec.core.params import Mode
 from hetspec.core.pinning import pin
 from hetspec.ipc.channel import Channel
 from hetspec.ipc.messages import EngineInfo, Finished, InfoRequest, RequestFailed, StopEngine, TokensEvent
@@ -179,8 +178,7 @@ class Scheduler:
 
     def _decoder(self, pending: Pending, cache: int) -> Decoder:
         request, output = self.resolver.resolve(pending)
-        drafts = request.params.mode not in (Mode.TARGET, Mode.LOOKUP)
-        without_draft = self.crew.unavailable("draft") if drafts else None
+        without_draft = self.crew.unavailable("draft") if request.params.mode.drafts else None
         return Decoder(request, self.caps, self.draft, self.target, output, self.costs, without_draft,
                        self.memories.get(request.params.mode), cache, pending, self._target_starts())
 

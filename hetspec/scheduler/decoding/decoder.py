@@ -78,7 +78,7 @@ class Decoder:
     def mode(self) -> Mode:
         """The request's mode; target while it goes on without the draft (stats.fallback says why) or its
         mode is lookup: target-only steps, with lookup guesses (all but mode target's have them)."""
-        return Mode.TARGET if self.stats.fallback is not None or self.params.mode is Mode.LOOKUP else self.params.mode
+        return self.params.mode if self.stats.fallback is None and self.params.mode.drafts else Mode.TARGET
 
     def own_part(self) -> Part | None:
         """Alone: its part in the next step, of its next kind (a failing draft leaves it target-only). None: done."""

@@ -38,7 +38,7 @@ class Memory:
 
 def memories(target_s: float | None) -> dict[str, Memory]:
     """An engine's memories, one per speculative mode."""
-    return {mode: Memory(target_s) for mode in (Mode.DUODEC, Mode.SEQUENTIAL)}
+    return {mode: Memory(target_s) for mode in Mode if mode.drafts}
 
 
 class Gate:

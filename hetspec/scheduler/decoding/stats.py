@@ -83,7 +83,7 @@ class Stats:
             "mode": request.params.mode, "prompt_tokens": out.n_prompt, "new_tokens": new,
             "finish_reason": out.finish_reason, "ttft_s": self.ttft_s, "total_s": total,
             "tokens_per_s": new / total if total > 0 else 0.0,
-            "gamma": request.gamma if request.params.mode not in ("target", "lookup") else 0,
+            "gamma": request.gamma if request.params.mode.drafts else 0,
             "sequences": request.sequences, "rule": request.rule,
             "seed": request.params.seed if request.rule is Rule.KEYED else None,   # it gives these tokens again
             "rounds": self.rounds, "spec_rounds": spec, "target_only_rounds": self.target_only_rounds,
