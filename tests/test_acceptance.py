@@ -67,6 +67,25 @@ def test_a_guess_proposed_with_certainty_keeps_the_target_distribution():
     assert 0.5 * np.abs(counts / n - p1[:, None] * p2).sum() < 0.02
 
 
+def test_a_drafted_token_then_a_certain_guess_keeps_the_target_distribution():
+    """q with fewer rows than the window (a drafted token, then a lookup guess after it,
+    Window.then): the committed pair is distributed as the target's own."""
+    rng = np.random.default_rng(4)
+    vocab, n = 4, 60_000
+    p1 = _random_dist(rng, vocab)
+    p2 = np.stack([_random_dist(rng, vocab) for _ in range(vocab)])
+    q1 = _random_dist(rng, vocab)
+    counts = np.zeros((vocab, vocab))
+    for _ in range(n):
+        d1 = sample(q1, rng)
+        guess = (d1 + 1) % vocab                   # the guess after it: a function of the tokens before
+        n_acc, token = accept_sampled(np.array([d1, guess]), q1[None], np.stack([p1, p2[d1], p2[guess]]), rng)
+        first = d1 if n_acc >= 1 else token
+        second = guess if n_acc == 2 else (token if n_acc == 1 else sample(p2[first], rng))
+        counts[first, second] += 1
+    assert 0.5 * np.abs(counts / n - p1[:, None] * p2).sum() < 0.02
+
+
 def test_sampled_two_positions_joint_distribution():
     """Acceptance chains: the second token is p2 given the first, jointly exact."""
     rng = np.random.default_rng(1)

@@ -75,6 +75,23 @@ def test_a_lookup_guess_is_as_long_as_it_pays():
         [4, 4, 3, 1, 0]
 
 
+def test_a_guess_after_a_window_fills_a_flat_pass_and_pays_its_way_on_a_growing_one():
+    """After a round's window of 4 drafted tokens (kept whole at 0.8 ** 4), the draft drafting 4 beside the pass: on a
+    flat pass (a GPU's, up to 16 tokens) the guess takes every free row; where each token costs the pass more, it
+    shrinks with the window's chance of being kept whole and the guess's hit rate, unless the draft beside takes
+    longer than the pass anyway (gamma 2: 20 ms)."""
+    flat = CostModel(0.010, {1: 0.040, 16: 0.040, 32: 0.080})
+    assert Windows(4, False, 32, flat, max_lookup=16).lookup(0.3, 100, pending=4, acceptance=0.8, gamma=4) == 11
+    growing = CostModel(0.010, {1: 0.010, 8: 0.012, 16: 0.020, 32: 0.040})   # the draft beside: 10 ms (gamma 1)
+    after = [Windows(4, False, 32, growing, max_lookup=16).lookup(h, 100, pending=4, acceptance=a, gamma=1)
+             for a, h in ((0.9, 0.9), (0.9, 0.5), (0.3, 0.3))]
+    assert after == [3, 2, 0]
+    assert Windows(4, False, 32, growing, max_lookup=16).lookup(0.3, 100, pending=4, acceptance=0.3, gamma=2) == 11
+    # with no window it is a target-only step's guess, the draft idle beside it
+    assert Windows(4, False, 32, growing, max_lookup=8).lookup(0.8, 100, pending=0) == \
+        Windows(4, False, 32, growing, max_lookup=8).lookup(0.8, 100)
+
+
 def test_restart_drafts_while_a_token_beats_the_pipelines_pace():
     # 16 ms per committed token in the pipeline, 10 ms a draft step: worth it while 0.95**j >= 0.625.
     costs = CostModel(0.010, {1: 0.040, 8: 0.075})

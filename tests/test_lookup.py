@@ -34,6 +34,16 @@ def test_a_repeated_phrase_is_guessed_and_a_fresh_one_is_not():
     assert lookup.match(np.append(context, 42).astype(np.int32)) == (0, 0)
 
 
+def test_a_guess_continues_drafted_tokens_without_indexing_them():
+    """After a pending window (ahead), the guess follows it; its tokens are not recorded, so
+    a window the target rejects leaves the index as the committed text alone makes it."""
+    lookup = PromptLookup()
+    context = np.array([7, 1, 2, 3, 4, 5, 9], np.int32)
+    assert lookup.guess(context, lambda rate: 3, ahead=np.array([1, 2], np.int32)).tolist() == [3, 4, 5]
+    assert lookup.indexed == len(context) and lookup.match(context) == plain_search(context.tolist())
+    assert lookup.guess(context, lambda rate: 3, ahead=np.array([42], np.int32)).tolist() == []
+
+
 def test_the_likeliest_follower_beats_the_latest():
     """`x = a` twice, then `x = b`: after `x =` the guess is `a`, from its latest occurrence."""
     x, eq, a, b, nl = 1, 2, 3, 4, 5

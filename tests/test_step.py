@@ -27,7 +27,7 @@ from hetspec.scheduler.decoding.acceptance_prior import AcceptancePrior
 from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink
 from hetspec.scheduler.decoding.request import Capabilities
-from hetspec.scheduler.decoding.round import Draft, Verification
+from hetspec.scheduler.decoding.round import Draft, Verification, Window
 from hetspec.scheduler.resolve import Resolver
 from hetspec.scheduler.slots import Slots
 from hetspec.scheduler.tokenizer import Tokenizer
@@ -219,3 +219,32 @@ def test_a_batchs_pipelined_rounds_commit_the_targets_own_tokens_whatever_the_dr
     assert [r.stats.accepted > 0 for r in requests] == [True, True, False]
     assert all(r.stats.batched_rounds > 0 and r.stats.spec_rounds > 0 for r in requests)
     assert [r.stats.rounds < 12 for r in requests] == [True, True, False]   # 4 tokens a step, or 1
+
+
+@pytest.mark.parametrize("draft_agrees", [True, False])
+def test_a_lone_round_verifies_the_pending_window_and_a_lookup_guess_in_one_pass(draft_agrees):
+    """Decoder.duodec_round alone: the pending window, then a lookup guess after it (the loop
+    repeats: prompt lookup knows it), in one pass. The target keeps both; the draft's next
+    window (drafted after the pending one) is pending next only where it starts with what the
+    guess and the target committed, and then from the first token not yet committed."""
+    slots = Slots(2, 0.05)
+    loop = [40] + expected([40], 20)
+    r = admit(slots, 0, loop, 40, DraftLink("draft", None), speculation="always", gamma=3)
+    r.read = len(r.out.context)
+    r.first_token(Verification(np.array([target_token(r.out.context)]), None, 0.0))
+    r.pending, r.pending_at = Window(np.array(expected(list(r.out.context), 2), np.int32)), r.out.length
+    part = r.duodec_round()
+    start = list(r.out.context)
+    assert len(part.guess) > 2 and part.guess.tokens.tolist() == expected(start, len(part.guess))
+    context = part.next_window.context
+    assert context.tolist() == start + part.guess.tokens[:2].tolist()
+    later = expected(list(context), len(part.guess) + 4)
+    branch = later if draft_agrees else later[:1] + [0] * (len(later) - 1)
+    part.drafted = Draft([np.array(branch, np.int32)], None, 0.0)
+    part.finish(verdict(part))
+    committed = len(part.guess) + 1
+    assert r.out.new_ids == expected(loop, len(r.out.new_ids)) and r.out.length == len(start) + committed
+    assert (r.stats.drafted, r.stats.accepted) == (2, 2)
+    assert r.stats.round_lookup_guessed == r.stats.round_lookup_accepted == len(part.guess) - 2
+    assert r.pending_at == r.out.length
+    assert r.pending.tokens.tolist() == (later[committed - 2:] if draft_agrees else [])

@@ -105,6 +105,7 @@ def _record(result, wall: float, first_piece_s: float | None) -> dict:
         "branch_hits": int(s.get("branch_hits", 0)),
         "sequences_hist": {str(k): int(v) for k, v in (s.get("sequences_hist") or {}).items()},
         **{k: s.get(k, 0.0) for k in ("draft_s", "verify_s", "round_s", "overhead_s")},
-        **{k: int(s.get(k, 0)) for k in ("rested", "lookup_guessed", "lookup_accepted")},
+        **{k: int(s.get(k, 0)) for k in ("rested", "lookup_guessed", "lookup_accepted", "round_lookup_guessed",
+                                         "round_lookup_accepted")},
         "fallback": s.get("fallback"),       # why the target ran without the draft, where it did
     }

@@ -15,7 +15,7 @@ from hetspec.ipc.specs import GGUF_TARGET_BACKENDS
 # figure -> (the method it divides by, the figure of that method)
 RATIOS = {"speedup": ("vanilla", "tokens_per_s"), "vs_target": ("target", "tokens_per_s"), "ttft_rel": ("vanilla", "ttft_s")}
 AVERAGED = ("tokens_per_s", "decode_tokens_per_s", "ttft_s", *RATIOS, "acceptance_rate", "lookup_acceptance",
-            "from_lookup", "mean_accepted_per_round", "exact_match")
+            "from_draft", "from_lookup", "mean_accepted_per_round", "exact_match")
 SUMMED = ("prompts", "new_tokens", "total_s", "spec_rounds", "rested")
 PROFILE = ("draft", "verify", "round", "overhead")
 
@@ -84,6 +84,7 @@ def _cell(runs: list[dict], reference_ids: dict | None) -> dict:
             "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else None,
             "ttft_s": mean(r["ttft_s"] for r in runs),
             "acceptance_rate": _total(runs, "accepted") / drafted if drafted else (0.0 if speculative else None),
+            "from_draft": _ratio(_total(runs, "accepted"), tokens) if drafted else None,
             "mean_accepted_per_round": _ratio(_total(runs, "committed_in_spec_rounds"), spec_rounds),
             "spec_rounds": spec_rounds, "rested": _total(runs, "rested"), "gamma": runs[0].get("gamma")}
     _add_pooled(cell, [r.get("sequences_hist") or {} for r in runs])
@@ -92,10 +93,11 @@ def _cell(runs: list[dict], reference_ids: dict | None) -> dict:
 
 
 def _add_extras(cell: dict, runs: list[dict], reference_ids: dict | None) -> None:
-    """Lookup's guesses (target-only rounds'), the mean ms per speculative round, greedy exactness, where they apply."""
-    guessed, rounds = _total(runs, "lookup_guessed"), cell["spec_rounds"]
+    """Lookup's guesses (target-only rounds' and those after a round's window), the mean ms per speculative round,
+    greedy exactness, where they apply."""
+    guessed, rounds = _total(runs, "lookup_guessed") + _total(runs, "round_lookup_guessed"), cell["spec_rounds"]
     if guessed:
-        accepted = _total(runs, "lookup_accepted")
+        accepted = _total(runs, "lookup_accepted") + _total(runs, "round_lookup_accepted")
         cell["lookup_acceptance"], cell["from_lookup"] = accepted / guessed, _ratio(accepted, cell["new_tokens"])
     if rounds and any("round_s" in r for r in runs):
         cell["profile_ms"] = {**{k: 1000 * _total(runs, f"{k}_s", 0.0) / rounds for k in PROFILE}, "rounds": rounds}

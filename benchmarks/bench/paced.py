@@ -83,39 +83,69 @@ def run_paced(config: dict, profile: str, prompts: dict[str, list[int]], max_new
             "duration_s": round(time.perf_counter() - started, 1), "runs": runs}
 
 
+LOOKUP_COUNTS = ("lookup_guessed", "lookup_accepted", "round_lookup_guessed", "round_lookup_accepted")
+
+
 def summarize(doc: dict, methods: list[Method]) -> dict:
-    """Per method: pooled decode tok/s after the first token, its ratio to the target alone and to SpS (a forced
-    method's to forced SpS, sps-fixed), and a speculative round's average pieces (ms)."""
+    """Per method: pooled decode tok/s after the first token (and per category), its ratio to the target alone and to
+    SpS (a forced method's to forced SpS, sps-fixed), each proposer's acceptance, a speculative round's average pieces
+    (ms) and each side's idle time in it, and the rounds' draft sequences."""
     pooled = {m.name: Counter() for m in methods}
     for r in doc["runs"]:
+        category = r["prompt"].split("/")[0]
         pooled[r["method"]].update(
             tokens=r["new_tokens"] - 1, seconds=r["total_s"] - r["ttft_s"], runs=1, differ=not r["matches_trace"],
-            **{k: r[k] for k in ("spec_rounds", "drafted", "accepted", *PIECES)})
+            **{f"{category}/tokens": r["new_tokens"] - 1, f"{category}/seconds": r["total_s"] - r["ttft_s"]},
+            **{k: r.get(k, 0) for k in ("spec_rounds", "drafted", "accepted", *LOOKUP_COUNTS, *PIECES)},
+            **{f"k={k}": n for k, n in (r.get("sequences_hist") or {}).items()})
     rates = {name: c["tokens"] / c["seconds"] if c["seconds"] else 0.0 for name, c in pooled.items()}
-    ratio = lambda a, b: round(a / b, 3) if b else None
-    return {name: {"tokens_per_s": round(rates[name], 2), "vs_target": ratio(rates[name], rates.get("target")),
-                   "vs_sps": ratio(rates[name], rates.get("sps-fixed" if METHODS[name].speculation else "sps")),
-                   "runs": c["runs"], "outputs_differing_from_trace": c["differ"], "spec_rounds": c["spec_rounds"],
-                   "acceptance": round(c["accepted"] / c["drafted"], 3) if c["drafted"] else None,
-                   "ms_per_spec_round": {k[:-2]: round(1000 * c[k] / max(c["spec_rounds"], 1), 2) for k in PIECES}}
-            for name, c in pooled.items()}
+    return {name: {"tokens_per_s": round(rates[name], 2), "vs_target": _ratio(rates[name], rates.get("target")),
+                   "vs_sps": _ratio(rates[name], rates.get("sps-fixed" if METHODS[name].speculation else "sps")),
+                   **_figures(c)} for name, c in pooled.items()}
+
+
+def _ratio(a: float, b: float | None) -> float | None:
+    return round(a / b, 3) if b else None
+
+
+def _figures(c: Counter) -> dict:
+    """One method's pooled counts as its figures (summarize)."""
+    rounds, lookup_accepted = max(c["spec_rounds"], 1), c["lookup_accepted"] + c["round_lookup_accepted"]
+    return {"tokens_per_s_by_category": {k[:-8]: round(c[k[:-8] + "/tokens"] / c[k], 2)
+                                         for k in sorted(c) if k.endswith("/seconds") and c[k]},
+            "runs": c["runs"], "outputs_differing_from_trace": c["differ"], "spec_rounds": c["spec_rounds"],
+            "acceptance": _ratio(c["accepted"], c["drafted"]),
+            "lookup_acceptance": _ratio(lookup_accepted, c["lookup_guessed"] + c["round_lookup_guessed"]),
+            "from_lookup": _ratio(lookup_accepted, c["tokens"]),
+            "ms_per_spec_round": {k[:-2]: round(1000 * c[k] / rounds, 2) for k in PIECES},
+            "idle_ms_per_spec_round": {side: round(1000 * (c["round_s"] - c[k]) / rounds, 2)
+                                       for side, k in (("draft", "draft_s"), ("target", "verify_s"))},
+            "sequences_hist": {k[2:]: c[k] for k in sorted(c) if k.startswith("k=")}}
 
 
 def render(doc: dict) -> str:
     p, machine, draft = named_profile(doc["profile"]), doc["machine"], doc["engine"]["draft"]
+    show = lambda value: "-" if value is None else str(value)
     rows = [[METHODS[name].label, f"{s['tokens_per_s']:.2f}", times(s["vs_target"]), times(s["vs_sps"]),
-             "-" if s["acceptance"] is None else str(s["acceptance"]),
+             " / ".join(f"{v:.2f}" for v in s.get("tokens_per_s_by_category", {}).values()),
+             show(s["acceptance"]), show(s.get("lookup_acceptance")),
              " / ".join(map(str, s["ms_per_spec_round"].values())),
+             " / ".join(map(str, s.get("idle_ms_per_spec_round", {}).values())),
              f"{s['runs'] - s['outputs_differing_from_trace']}/{s['runs']}"] for name, s in doc["summary"].items()]
+    categories = next((list(s["tokens_per_s_by_category"]) for s in doc["summary"].values()
+                       if s.get("tokens_per_s_by_category")), [])
     lines = [f"# Paced target (simulated GPU), profile {p.name}", "", f"Command: `{doc['command']}`.", "",
              (f"Machine: {machine['cpu']}, {machine['logical_cores']} cores, load average at the end "
               f"{machine['load_average']}; commit {machine['git_commit']}."), "",
              f"Profile: {p.window_ms:g} ms a pass of up to {p.flat_to} tokens ({p.source}).", "",
              (f"Draft: {draft['kernels']}; cores {draft['cores']}, {draft['threads']} thread(s). Start-up gamma "
               f"{doc['engine']['gamma']}. Greedy, {len({r['prompt'] for r in doc['runs']})} prompts; decode after the "
-              "first token, pooled."), "",
-             *table(["method", "tok/s", "vs target alone", "vs SpS (forced: vs forced SpS)", "acceptance",
-                     "ms a spec round: draft / verify / round / overhead", "outputs = trace"], rows)]
+              "first token, pooled. Acceptance: the draft's accepted / drafted tokens; lookup: prompt lookup's, in "
+              "target-only steps and after a round's window. Idle: a round's wall time less that side's work."), "",
+             *table(["method", "tok/s", "vs target alone", "vs SpS (forced: vs forced SpS)",
+                     f"tok/s {' / '.join(categories)}", "acceptance", "lookup acceptance",
+                     "ms a spec round: draft / verify / round / overhead", "idle ms: draft / target",
+                     "outputs = trace"], rows)]
     return "\n".join(lines) + "\n"
 
 

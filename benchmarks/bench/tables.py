@@ -111,12 +111,14 @@ def acceptance_table(doc: dict) -> list[str]:
     columns = [("acceptance", lambda avg, d: pct(avg.get("acceptance_rate"))),
                ("tokens/round", lambda avg, d: num(avg.get("mean_accepted_per_round"), 2)),
                ("lookup acceptance", lambda avg, d: pct(avg.get("lookup_acceptance"))),
+               ("from draft", lambda avg, d: pct(avg.get("from_draft"))),
                ("from lookup", lambda avg, d: pct(avg.get("from_lookup")))]
     return ["## Acceptance rate and tokens committed per round", "",
             ("Acceptance: accepted / drafted tokens. Tokens per round: tokens committed per speculative round "
-             "(accepted draft tokens plus the target's own token). Lookup: the prompt-lookup guesses that "
-             "target-only rounds of `sps` and `duodec` verify (accepted / guessed tokens), and the share of "
-             "all new tokens they committed."), "", *_per_decoding(doc, columns), ""]
+             "(accepted draft tokens plus the target's own token). Lookup: the prompt-lookup guesses verified "
+             "in target-only rounds and after a speculative round's drafted window (accepted / guessed tokens), "
+             "and the share of all new tokens they committed; from draft: the share the draft's accepted tokens "
+             "committed (the rest are the target's own)."), "", *_per_decoding(doc, columns), ""]
 
 
 def sequences_table(doc: dict) -> list[str]:
@@ -132,17 +134,18 @@ def sequences_table(doc: dict) -> list[str]:
 
 
 def profile_table(doc: dict) -> list[str]:
-    rows = [[d, f"`{name}`", *[num(p[k], 1) for k in ("draft", "verify", "round", "overhead")],
+    rows = [[d, f"`{name}`", *[num(p[k], 1) for k in ("draft", "verify", "round")],
+             num(p["round"] - p["draft"], 1), num(p["round"] - p["verify"], 1), num(p["overhead"], 1),
              pct(p["overhead"] / p["round"] if p["round"] else None), str(p["rounds"])]
             for d, name, p in _averages(doc, "profile_ms")]
     if not rows:
         return []
     return ["## Per-round time profile (ms per speculative round)", "",
             ("Draft and verify are each worker's compute; DuoDecoding runs them at once, SpS one after the other. "
-             "Overhead is the round's wall time minus the busy part (the longer side, or both for SpS): IPC, "
-             "Python and numpy in the scheduler."), "",
-            *table(["decoding", "method", "draft", "verify", "round", "overhead", "overhead share", "rounds"], rows),
-            ""]
+             "Idle: the round's wall time less that side's compute. Overhead is the round's wall time minus the "
+             "busy part (the longer side, or both for SpS): IPC, Python and numpy in the scheduler."), "",
+            *table(["decoding", "method", "draft", "verify", "round", "draft idle", "target idle", "overhead",
+                    "overhead share", "rounds"], rows), ""]
 
 
 # ---- formatting and writing ---------------------------------------------------------

@@ -37,13 +37,15 @@ def accept_sampled(draft: np.ndarray, q: np.ndarray | None, p: np.ndarray,
     draft[i] was drawn from q[i]; p[i] is the target's distribution there, and
     p has one more row (after the window). Accept draft[i] with probability
     min(1, p/q); on rejection sample from normalize(max(0, p - q)). The committed
-    tokens are then distributed exactly as the target's own samples. q None: each
-    draft token was proposed with certainty (a lookup guess), so q[i] is one-hot.
+    tokens are then distributed exactly as the target's own samples. Past q's rows
+    (all, q None) each draft token was proposed with certainty (a lookup guess, a
+    function of the tokens before it), so q[i] is one-hot.
     """
+    certain = 0 if q is None else len(q)
     for i, x in enumerate(draft):
-        px, qx = p[i, x], (1.0 if q is None else q[i, x])
+        px, qx = p[i, x], (1.0 if i >= certain else q[i, x])
         if qx <= 0.0 or rng.random() * qx >= px:     # reject with probability 1 - min(1, p/q)
-            if q is None:
+            if i >= certain:
                 residual = p[i].copy()
                 residual[x] = 0.0
             else:

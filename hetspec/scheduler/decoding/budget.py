@@ -164,10 +164,17 @@ class CostModel:
                                                   key=lambda n: self._pipelined_s(n, acceptance, terms)))
         return self._best_pipelined[1]
 
-    def best_lookup(self, max_tokens: int, acceptance: float) -> int:
-        """A target-only step's guess length (0..max_tokens) of least expected time per committed token."""
-        return min(range(max_tokens + 1),
-                   key=lambda k: self._verify(k + 1) / _committed(acceptance, k))
+    def best_lookup(self, max_tokens: int, hit_rate: float, pending: int = 0, acceptance: float = 1.0,
+                    beside_s: float = 0.0) -> int:
+        """A lookup guess's length (0..max_tokens) of most committed tokens a second, each kept with probability
+        hit_rate: in a target-only step, or after a round's window of `pending` drafted ones, where it counts only if
+        the window is kept whole (acceptance ** pending). A pass lasts the longer of itself and what runs beside it
+        (beside_s: the draft's next window), so beside a GPU's flat pass a guess costs nothing: all that fit."""
+        base, reach = _committed(acceptance, pending), acceptance ** pending
+
+        def rate(k: int) -> float:
+            return (base + reach * (_committed(hit_rate, k) - 1)) / max(beside_s, self._verify(pending + 1 + k))
+        return max(range(max_tokens + 1), key=rate)
 
     def gain(self, max_gamma: int, acceptance: float) -> float:
         """Speculation's expected pace at the best pipelined window over the target alone's (which may take all cores)."""
@@ -256,12 +263,13 @@ class Windows:
         pace = pace if pace is not None else self.costs.s_per_token(window, acceptance)
         return restart_tokens(acceptance, pace, self.costs.draft_s, limit)
 
-    def lookup(self, acceptance: float, room: int) -> int:
-        """Lookup tokens a target-only step may guess (lookup.py), at most max_lookup and `room`: the costs' best
-        length, or without them (a configured gamma) while each is kept with probability at least WORTH_GUESSING."""
+    def lookup(self, hit_rate: float, room: int, pending: int = 0, acceptance: float = 1.0, gamma: int = 0) -> int:
+        """Lookup tokens to guess (lookup.py), at most max_lookup and `room`: in a target-only step, or after a round's
+        window of `pending` drafted ones, the draft drafting gamma beside the pass (CostModel.best_lookup); without
+        measured costs (a configured gamma), while each is kept with probability at least WORTH_GUESSING."""
         k = self.max_lookup
         if k > 0 and self.costs is not None:
-            k = self.costs.best_lookup(k, acceptance)
-        elif k > 0 and acceptance < 1:
-            k = min(k, int(math.log(WORTH_GUESSING) / math.log(acceptance)) if acceptance > 0 else 0)
+            k = self.costs.best_lookup(min(k, max(room, 0)), hit_rate, pending, acceptance, gamma * self.costs.draft_s)
+        elif k > 0 and hit_rate < 1:
+            k = min(k, int(math.log(WORTH_GUESSING) / math.log(hit_rate)) if hit_rate > 0 else 0)
         return max(0, min(k, room))

@@ -1,22 +1,18 @@
-"""A running request, the one owner of its state: its client, its cache in the target,
-what the draft's caches hold of it, its output, statistics, and its part in each step
-(round.Part). Each kind of part is one method. Alone, a request follows its mode
-(core.params.Mode): duodec (duodec_round: the draft drafts the next window while the
-target verifies this one), sequential (SpS: draft, then verify) or target (target_step);
-or it reads its prompt (prefill), rests while speculating does not pay (rest_step,
-gate.py), or steps target-only while the draft catches up (draft_catches_up). In a
-batch's step (scheduler/batch.py) it is a prompt chunk, a target step or a drafted window.
+"""A running request, the one owner of its state: its client, its cache in the target, what the draft's caches hold
+of it, its output, statistics, and its part in each step (round.Part). Each kind of part is one method. Alone, a
+request follows its mode (core.params.Mode): duodec (duodec_round: the draft drafts the next window while the target
+verifies this one), sequential (SpS: draft, then verify) or target (target_step); or it reads its prompt (prefill),
+rests while speculating does not pay (rest_step, gate.py), or steps target-only while the draft catches up
+(draft_catches_up). In a batch's step (scheduler/batch.py) it is a prompt chunk, a target step or a drafted window.
 
-A draft that restarts, dies, fails or cannot hold the text leaves the request
-target-only: it loses speed, never tokens. Target-only steps of a speculative mode
-verify free prompt-lookup guesses (lookup.py).
+A draft that restarts, dies, fails or cannot hold the text leaves the request target-only: it loses speed, never
+tokens. In a speculative mode prompt lookup (lookup.py) is the second proposer: its free guess is verified in
+target-only steps, and after a round's window.
 
-Invariant: the target's cache holds every committed token but the last, so each pass
-feeds [last committed token] + window and reads the target's choice at each position of
-the window and after it. The request's draft cache keeps in step by longest common
-prefix (workers/draft/drafter.py), alone and in a batch; what the scheduler believes it
-holds (DraftLink.held) decides when it catches up, and a wrong belief costs time, never
-tokens.
+Invariant: the target's cache holds every committed token but the last, so each pass feeds [last committed token] +
+window and reads the target's choice at each position of the window and after it. The request's draft cache keeps in
+step by longest common prefix (workers/draft/drafter.py), alone and in a batch; what the scheduler believes it holds
+(DraftLink.held) decides when it catches up, and a wrong belief costs time, never tokens.
 """
 from __future__ import annotations
 
@@ -113,8 +109,7 @@ class Decoder:
                                  bool(part.borrow), part.ahead)
 
     def next_part(self):
-        """The kind of its next part alone: a method that sends its draft's commands and
-        returns the part (None: none, as a draft that caught up at once)."""
+        """The kind of its next part alone: a method that sends its draft's commands and returns the part (None: none)."""
         if self.out.length == self.out.n_prompt:
             return self.prefill
         if self.mode is Mode.TARGET:
@@ -140,9 +135,10 @@ class Decoder:
     # ---- the three kinds of round ----------------------------------------------------
 
     def duodec_round(self, gamma: int | None = None):
-        """One pipelined round: the target verifies the pending window W while the draft drafts W' after it, as if W
-        will be kept whole (alone, branches for W's bonus token); W' is pending next. Alone with nothing pending, a
-        short W is drafted first, the target waiting; in a batch's step (its one gamma) W is then empty."""
+        """One pipelined round: the target verifies the pending window W, and a lookup guess after it, while the draft
+        drafts W' after W (alone, branches for W's bonus token); what of W' follows the tokens committed is pending
+        next. Alone with nothing pending, a short W is drafted first, the target waiting; in a batch's step (its one
+        gamma) W is then empty."""
         started, restart, lone = time.perf_counter(), NO_DRAFT, gamma is None
         limit = self.out.remaining if lone else min(gamma, self.out.remaining)   # (a batch's room: gamma a part)
         pending = (self.pending if self.pending_at == self.out.length else EMPTY).head(limit - 1)
@@ -154,46 +150,53 @@ class Decoder:
             gamma = self.windows.pipelined(len(pending), self.stats.acceptance, self.room(len(pending)))
             plan = BranchPlan(self.request.sequences, self.caps.max_sequences, self.stats.acceptance,
                               self.extend_to(len(pending)))
+        # a lookup guess after W; in a batch only in a bare step, whose rows it takes (else its guess is a shadow)
+        guess = self.guess(min(limit, self.caps.max_gamma + 1) - 1 - len(pending), pending, gamma) \
+            if lone or not pending else EMPTY
+        window, base = pending.then(guess.tokens), len(self.out.context) + len(pending)
 
         def finish(verdict: Verification) -> None:
-            n_accepted, token, kept = self.accept_and_commit(pending, verdict)
+            n_accepted, _, kept = self.accept_and_commit(window, verdict)
             drafted = part.drafted
             if lone:
-                self.record(started, pending, verdict, drafted, n_accepted, kept, parallel=True, restart=restart)
+                self.record(started, pending, verdict, drafted, n_accepted, kept, parallel=True, restart=restart,
+                            guessed=len(guess))
             elif len(pending):                 # the batch's pass is priced whole (Batch.finish)
                 self.stats.spec_round(verdict.seconds, drafted.seconds, verdict.seconds, len(pending),
                                       min(n_accepted, kept), kept, parallel=True)
-            else:                              # a bare step, the target's token alone
+            else:                              # a batch's bare step: the target's token after its guess
                 self.stats.target_round()
+            self.judge_guess(guess, len(pending), n_accepted, kept, in_round=lone or bool(pending))
             if drafted.branches:
                 self.stats.sequences_hist[len(drafted.branches)] += 1
-            if n_accepted == len(pending) and not self.out.done:   # else W' was drafted for nothing
-                after = drafted.branch_after(token)   # the target's bonus token picks W's successor
+            if n_accepted >= len(pending) and not self.out.done:   # else W' was drafted for nothing
+                after = drafted.after(self.out.context[base:])   # the target's bonus token picks the branch
                 self.stats.branch_hits += after is not None
                 self.pending, self.pending_at = after or EMPTY, self.out.length
-        part = self.verify_part(pending, finish)
+        part = self.verify_part(window, finish)
         if gamma > 0:
             part.next_window = NextWindow(np.concatenate([self.out.context, pending.tokens]), gamma, plan)
-        part.shadow = None if lone else self.guess(gamma)
+        part.shadow = None if lone or not pending else self.guess(gamma)
         return part
 
     def sequential_round(self):
-        """SpS: draft a window, the target waiting, then verify it."""
+        """SpS: draft a window, the target waiting, then verify it and a lookup guess after it."""
         started = time.perf_counter()
         window, drafted = self.draft_now(self.windows.sequential(self.stats.acceptance, self.out.remaining - 1))
+        guess = self.guess(self.caps.max_gamma - len(window), window)
         if drafted.branches:
             self.stats.sequences_hist[1] += 1
 
         def finish(verdict: Verification) -> None:
-            n_accepted, _, kept = self.accept_and_commit(window, verdict)
-            self.record(started, window, verdict, drafted, n_accepted, kept, parallel=False)
-        return self.verify_part(window, finish)
+            n_accepted, _, kept = self.accept_and_commit(window.then(guess.tokens), verdict)
+            self.record(started, window, verdict, drafted, n_accepted, kept, parallel=False, guessed=len(guess))
+            self.judge_guess(guess, len(window), n_accepted, kept, in_round=True)
+        return self.verify_part(window.then(guess.tokens), finish)
 
     def target_step(self, alone: bool = True, room: int | None = None) -> Part:
-        """The target's next token after the lookup guess's tokens it agrees with: a lone
-        request's (alone: perhaps on the draft's cores, and often run ahead already; else
-        beside the draft's prefill), or in a batch's step of `room` tokens. Finish returns
-        (seconds, tokens committed)."""
+        """The target's next token after the lookup guess's tokens it agrees with: a lone request's (alone: perhaps on the
+        draft's cores, and often run ahead already; else beside the draft's prefill), or in a batch's step of `room`
+        tokens. Finish returns (seconds, tokens committed)."""
         lone = room is None
         started, guess = time.perf_counter(), self.guess(None if lone else room - 1)
         ran = lone and not len(guess) and self.target.running_ahead(self.id, self.cache)
@@ -216,28 +219,34 @@ class Decoder:
     def commit_target_step(self, guess: Window, verdict: Verification) -> int:
         """A target-only step's tokens committed: how many."""
         n_accepted, _, kept = self.accept_and_commit(guess, verdict)
-        if len(guess):
-            self.lookup.verified(len(guess), n_accepted)
-            self.stats.lookup_guessed += len(guess)
-            self.stats.lookup_accepted += min(n_accepted, kept)
+        self.judge_guess(guess, 0, n_accepted, kept, in_round=False)
         self.stats.target_round()
         return kept
 
+    def judge_guess(self, guess: Window, before: int, n_accepted: int, kept: int, in_round: bool) -> None:
+        """The target's verdict on a lookup guess verified after `before` drafted tokens, where it got that far."""
+        if len(guess) and n_accepted >= before:
+            self.lookup.verified(len(guess), n_accepted - before)
+            self.stats.guess_judged(len(guess), min(n_accepted, kept) - before, in_round)
+
     def ahead(self, alone: bool) -> int:
-        """Tokens the target may decode ahead after a target-only step, each then a step
-        without a round trip (TargetLink.ran_ahead). Not where lookup guesses (a guess stops
-        the run), beside the draft's prefill, nor where the scheduler samples (unkeyed)."""
+        """Tokens the target may decode ahead after a target-only step, each then a step without a round trip
+        (TargetLink.ran_ahead). Not where lookup guesses (a guess stops the run), beside the draft's prefill, nor where
+        the scheduler samples (unkeyed)."""
         if not alone or self.lookup is not None or self.request.rule is Rule.UNKEYED:
             return 0
         left = self.out.remaining - 1 if self.mode is Mode.TARGET else min(self.out.remaining, self.gate.rest) - 1
         return max(0, min(left, AHEAD))
 
-    def guess(self, limit: int | None = None) -> Window:
-        """A lookup guess as long as its hit rate makes pay, at most `limit` tokens."""
-        if self.lookup is None or limit == 0:
+    def guess(self, limit: int | None = None, after: Window = EMPTY, gamma: int = 0) -> Window:
+        """A lookup guess as long as its hit rate makes pay, at most `limit` tokens: after the context, or after a
+        round's window (`after`, in its pass; the draft drafting gamma beside it: Windows.lookup)."""
+        room = self.out.remaining - 1 - len(after)
+        room = room if limit is None else min(room, limit)
+        if self.lookup is None or room <= 0:
             return EMPTY
-        room = self.out.remaining - 1 if limit is None else min(self.out.remaining - 1, limit)
-        return Window(self.lookup.guess(self.out.context, lambda hit_rate: self.windows.lookup(hit_rate, room)))
+        return Window(self.lookup.guess(self.out.context, lambda hit_rate: self.windows.lookup(
+            hit_rate, room, len(after), self.stats.acceptance, gamma), after.tokens))
 
     def rest_step(self) -> Part:
         """A target-only step while speculating does not pay (gate.py); after the rest, a probe."""
@@ -281,15 +290,16 @@ class Decoder:
         return sample(verdict.probs[0], self.rng) if self.request.rule is Rule.UNKEYED else int(verdict.choice[0])
 
     def record(self, started: float, window: Window, verdict: Verification, drafted: Draft, n_accepted: int,
-               kept: int, parallel: bool, restart: Draft = NO_DRAFT) -> None:
+               kept: int, parallel: bool, restart: Draft = NO_DRAFT, guessed: int = 0) -> None:
+        """A lone round's costs and counts; guessed: lookup tokens verified after the window."""
         if self.costs is not None:
             if restart.branches:
                 self.costs.observe(len(restart.branches[0]), restart.seconds, 0, 0.0)
-            self.costs.observe(sum(len(b) for b in drafted.branches), drafted.seconds, len(window) + 1,
+            self.costs.observe(sum(len(b) for b in drafted.branches), drafted.seconds, len(window) + guessed + 1,
                                verdict.seconds)
         wall = time.perf_counter() - started
         self.stats.spec_round(wall, drafted.seconds, verdict.seconds,
-                              len(window), min(n_accepted, kept), kept, parallel, restart.seconds)
+                              len(window), min(n_accepted, len(window), kept), kept, parallel, restart.seconds)
         self.gate.judge(wall, kept)
 
     # ---- what the windows depend on --------------------------------------------------
@@ -305,17 +315,16 @@ class Decoder:
         return self.stats.round_s / max(self.stats.committed_in_spec_rounds, 1)
 
     def extend_to(self, pending: int) -> int:
-        """How far the draft may grow the next window while the target verifies: free beside
-        a GPU target; beside a CPU one it competes for the memory bus (off by default)."""
+        """How far the draft may grow the next window while the target verifies: free beside a GPU target; beside a CPU one
+        it competes for the memory bus (off by default)."""
         return min(self.caps.max_gamma, self.room(pending)) if self.caps.keep_drafting else 0
 
     # ---- getting started: the prompt, then the draft catching up ---------------------
 
     def prefill(self, room: int | None = None) -> Part:
-        """The prompt through the target: the rest of it alone, else a chunk of `room` tokens
-        in a batch's step; the last chunk's answer is the first token. Alone, a long prompt
-        borrows the draft's cores (the draft prefills afterwards); a short one leaves them
-        to the draft's prefill beside it."""
+        """The prompt through the target: the rest of it alone, else a chunk of `room` tokens in a batch's step; the last
+        chunk's answer is the first token. Alone, a long prompt borrows the draft's cores (the draft prefills
+        afterwards); a short one leaves them to the draft's prefill beside it."""
         context, read = self.out.context, self.read
         tokens = context[read:] if room is None else context[read:read + room]
         borrow = None
@@ -340,8 +349,8 @@ class Decoder:
         self.gate.start()
 
     def draft_catches_up(self):
-        """The draft's prefill planned and started (unless one began beside the target's);
-        meanwhile target-only steps, unless the target waits for it. None: ready."""
+        """The draft's prefill planned and started (unless one began beside the target's); meanwhile target-only steps,
+        unless the target waits for it. None: ready."""
         if not self.draft.busy:
             self.catching_up = self.plan_draft_prefill()
             if self.catching_up is None:
@@ -360,9 +369,9 @@ class Decoder:
         return step
 
     def plan_draft_prefill(self) -> PrefillPlan | None:
-        """A long prompt's draft prefill takes the target's cache where the draft is a quantized
-        copy of it (kv_handover), or borrows its cores where speculating more than doubles
-        the pace. None: it would not pay; the request goes on target-only."""
+        """A long prompt's draft prefill takes the target's cache where the draft is a quantized copy of it (kv_handover),
+        or borrows its cores where speculating more than doubles the pace. None: it would not pay; the request goes on
+        target-only."""
         long_prompt = len(self.out.context) >= LONG_PROMPT
         handover = len(self.out.context) - 1 if self.caps.kv_handover and long_prompt else 0
         n_tokens = 0 if handover else self.draft.to_prefill(self.cache, self.out.context, self.params.cache_prompt)
@@ -380,9 +389,8 @@ class Decoder:
         self.stats.draft_prompt_kv = "target" if plan.handover else "own"
 
     def drafting_pays(self, n_prefill: int = 0) -> bool:
-        """Whether speculating may beat the target alone after the draft reads n_prefill
-        prompt tokens beside it (CostModel.prefill_pays); always where forced, or without
-        a cost model."""
+        """Whether speculating may beat the target alone after the draft reads n_prefill prompt tokens beside it
+        (CostModel.prefill_pays); always where forced, or without a cost model."""
         if self.costs is None or self.request.speculation is Speculation.ALWAYS:
             return True
         return self.costs.prefill_pays(n_prefill, self.out.remaining, self.gain())

@@ -31,9 +31,10 @@ class PromptLookup:
         self.hits: dict[int, list[int]] = {}   # n -> [guessed tokens the target kept, guesses it cut short]
         self.matched = 0          # n of the last guess
 
-    def guess(self, context: np.ndarray, length: Callable[[float], int]) -> np.ndarray:
-        """The likeliest continuation of the longest suffix seen earlier, length(that match length's hit rate) long."""
-        self.matched, start = self.match(context)
+    def guess(self, context: np.ndarray, length: Callable[[float], int], ahead: np.ndarray = NOTHING) -> np.ndarray:
+        """The likeliest continuation of the longest suffix seen earlier, length(that match length's hit rate) long.
+        ahead: drafted tokens after the context, not yet verified: the guess continues them (they are not indexed)."""
+        self.matched, start = self.match(context, ahead)
         if not self.matched:
             return NOTHING
         return context[start:start + length(self.hit_rate(self.matched))].copy()
@@ -49,10 +50,11 @@ class PromptLookup:
         kept, cut = self.hits.get(matched, (0, 0))
         return (kept + HIT_PRIOR_WEIGHT * HIT_PRIOR) / (kept + cut + HIT_PRIOR_WEIGHT)
 
-    def match(self, context: np.ndarray) -> tuple[int, int]:
-        """(n, start): the longest suffix seen earlier, n tokens (0: none), and its likeliest follower's latest position."""
+    def match(self, context: np.ndarray, ahead: np.ndarray = NOTHING) -> tuple[int, int]:
+        """(n, start): the longest suffix of context and ahead seen earlier in the context, n tokens (0: none), and its
+        likeliest follower's latest position."""
         self._index(context)
-        tail = context[-NGRAM:].tolist()
+        tail = (context[-NGRAM:].tolist() + ahead.tolist())[-NGRAM:]
         for n in range(min(NGRAM, len(tail)), 0, -1):
             followers = self.after[n - 1].get(tuple(tail[-n:]))
             if followers:

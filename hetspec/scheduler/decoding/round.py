@@ -5,6 +5,8 @@
   draft         what the draft returned (Draft); NO_DRAFT: nothing was drafted
   branch        one drafted sequence; a pipelined draft proposes several, each starting with another candidate
                 for the target's next token, which picks one
+  proposer      what guessed a window's tokens: the draft, then prompt lookup after them (a lookup guess,
+                free where a pass of a few more tokens costs no more)
   verification  the target's choice at each window position and after it (Verification)
   accepted      the window's first tokens, as many as the acceptance rule keeps
   bonus token   the target's token after the accepted ones: its correction at the first rejection, or one more
@@ -35,6 +37,10 @@ class Window:
     def head(self, n: int) -> Window:
         return Window(self.tokens[:max(n, 0)], None if self.probs is None else self.probs[:max(n, 0)])
 
+    def then(self, guess: np.ndarray) -> Window:
+        """This window and a lookup guess after it: rows past its probs are certain (accept_sampled)."""
+        return Window(np.concatenate([self.tokens, guess]), self.probs) if len(guess) else self
+
 
 EMPTY = Window(np.zeros(0, dtype=np.int32))
 
@@ -56,10 +62,14 @@ class Draft:
     def window(self, i: int, skip: int = 0) -> Window:
         return Window(self.branches[i][skip:], None if self.probs is None else self.probs[i][skip:])
 
-    def branch_after(self, token: int) -> Window | None:
-        """The rest of the branch that starts with the target's token; None if none does."""
-        i = pick_branch(self.branches, token)
-        return None if i is None else self.window(i, skip=1)
+    def after(self, committed: np.ndarray) -> Window | None:
+        """The rest of the branch that starts with the tokens committed after the context it was drafted from: the
+        target's bonus token (which picks the branch), after the lookup guess's tokens it kept. None if none does."""
+        i = pick_branch(self.branches, int(committed[0]))
+        if i is None or len(self.branches[i]) < len(committed):
+            return None
+        n = len(committed)
+        return self.window(i, skip=n) if np.array_equal(self.branches[i][:n], committed) else None
 
 
 NO_DRAFT = Draft([], None, 0.0)

@@ -30,6 +30,8 @@ class Stats:
     branch_hits: int = 0        # pipelined windows whose branch the target's token picked
     lookup_guessed: int = 0     # lookup guess tokens verified in target-only rounds (lookup.py)
     lookup_accepted: int = 0    # ... and accepted
+    round_lookup_guessed: int = 0   # lookup guess tokens verified after a speculative round's window (both proposers)
+    round_lookup_accepted: int = 0  # ... and accepted
     shadow_rounds: int = 0      # a batch's drafted or bare steps, beside which a lookup guess was judged unverified
     shadow_accepted: int = 0    # ... and the guessed tokens the target's own would have kept (batch.shadow_step)
     draft_s: float = 0.0
@@ -56,6 +58,15 @@ class Stats:
     def target_round(self) -> None:
         self.rounds += 1
         self.target_only_rounds += 1
+
+    def guess_judged(self, guessed: int, kept: int, in_round: bool) -> None:
+        """A lookup guess verified, `kept` of its tokens committed: in a target-only step, or after a round's window."""
+        if in_round:
+            self.round_lookup_guessed += guessed
+            self.round_lookup_accepted += kept
+        else:
+            self.lookup_guessed += guessed
+            self.lookup_accepted += kept
 
     def spec_round(self, wall: float, draft_s: float, verify_s: float, drafted: int, accepted: int,
                    committed: int, parallel: bool, serial_draft_s: float = 0.0) -> None:
@@ -95,6 +106,7 @@ class Stats:
             "mean_accepted_per_round": self.committed_in_spec_rounds / spec if spec else 0.0,
             "branch_hits": self.branch_hits, "draft_prompt_kv": self.draft_prompt_kv,
             "lookup_guessed": self.lookup_guessed, "lookup_accepted": self.lookup_accepted,
+            "round_lookup_guessed": self.round_lookup_guessed, "round_lookup_accepted": self.round_lookup_accepted,
             "sequences_hist": {str(k): v for k, v in sorted(self.sequences_hist.items())},
             "draft_s": self.draft_s, "verify_s": self.verify_s, "round_s": self.round_s,
             "overhead_s": max(0.0, self.round_s - self.busy_s), "fallback": self.fallback,
