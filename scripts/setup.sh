@@ -32,7 +32,8 @@ beside_transformers() {   # VERSION: transformers VERSION in .venv/transformers-
     local dir=.venv/transformers-$1 report  # the venv's versions do not satisfy (huggingface_hub, tokenizers); torch is shared
     [ -f "$dir/.complete" ] && return 0
     report=$(mktemp)
-    .venv/bin/python -m pip install -q --disable-pip-version-check --dry-run --report "$report" "transformers==$1"
+    # (with the kernels extra: the venv's kernels, which the newest transformers needs, may be too new for this one)
+    .venv/bin/python -m pip install -q --disable-pip-version-check --dry-run --report "$report" "transformers[kernels]==$1"
     mapfile -t needs < <(.venv/bin/python -c '
 import json, sys
 for item in json.load(open(sys.argv[1]))["install"]:
