@@ -5,7 +5,7 @@ Output stays exact either way."""
 import pytest
 
 import hetspec
-from hetspec.scheduler.decoding.gate import FIRST_REST, MAX_PROBE_REST, MIN_ROUNDS, PROBE_SHARE, Gate, Memory
+from hetspec.scheduler.decoding.gate import FIRST_REST, MAX_PROBE_REST, MIN_ROUNDS, PROBE_SHARE, RECENT, Gate, Memory
 
 from helpers import WEAK_DRAFT, load_reference, random_engine_config, reference_greedy
 
@@ -18,21 +18,28 @@ def _judged(gate, rounds, seconds, committed):
         gate.judge(seconds, committed)
 
 
+def _probing(memory):
+    """A request's gate as it begins: its first rounds are a probe (Gate.start)."""
+    gate = Gate(memory, forced=False)
+    gate.start()
+    return gate
+
+
 def test_gate_rests_while_speculation_does_not_pay_and_probes_again():
     memory = Memory(target_s=0.010)
-    gate = Gate(memory, forced=False)
-    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)          # 12 ms a token against 10 alone: rest
+    gate = _probing(memory)
+    _judged(gate, 1 + RECENT, 0.012, 1)              # 12 ms a token against 10 alone: rest
     assert not gate.speculate and gate.rest == FIRST_REST and memory.rest == FIRST_REST
     for _ in range(FIRST_REST):
         gate.rested(0.010, 1)
     assert gate.speculate                            # the probe
-    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)
+    _judged(gate, 1 + RECENT, 0.012, 1)
     assert gate.rest == 2 * FIRST_REST               # a failed probe doubles the rest
     nxt = Gate(memory, forced=False)
     assert not nxt.speculate and nxt.rest == 2 * FIRST_REST   # the next request inherits it
     for _ in range(nxt.rest):
         nxt.rested(0.010, 1)
-    _judged(nxt, 1 + MIN_ROUNDS, 0.012, 3)           # 4 ms a token: pays
+    _judged(nxt, 1 + RECENT, 0.012, 3)               # 4 ms a token: pays
     assert nxt.speculate and memory.rest_len == FIRST_REST
 
 
@@ -43,22 +50,22 @@ def test_a_costly_failed_probe_buys_a_rest_it_is_a_small_share_of():
     now = [0.0]
     memory = Memory(target_s=0.010)
     gate = Gate(memory, forced=False, clock=lambda: now[0])
-    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)          # the first verdict: no probe to pay back
+    _judged(gate, 1 + RECENT, 0.012, 1)              # the first verdict: no probe to pay back
     assert gate.rest == FIRST_REST
     for _ in range(FIRST_REST):
         gate.rested(0.010, 1)
     now[0] += 0.100                                  # the draft catches up...
     gate.probing(5)                                  # ...the target alone committing 5 tokens meanwhile
-    for _ in range(1 + MIN_ROUNDS):
+    for _ in range(1 + RECENT):
         now[0] += 0.012
         gate.judge(0.012, 1)
-    lost = 0.100 + 4 * 0.012 - 9 * 0.010
+    lost = 0.100 + (1 + RECENT) * 0.012 - (6 + RECENT) * 0.010
     assert gate.rest == pytest.approx(lost / (PROBE_SHARE * 0.010), abs=1) and gate.rest > 2 * FIRST_REST
     assert memory.rest == gate.rest                  # the next request inherits it
     for _ in range(gate.rest):                       # a probe that loses an hour is capped
         gate.rested(0.010, 1)
     now[0] += 3600
-    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)
+    _judged(gate, 1 + RECENT, 0.012, 1)
     assert gate.rest == MAX_PROBE_REST
 
 
@@ -72,10 +79,11 @@ def test_a_request_that_begins_by_speculating_pays_back_its_first_probe():
     gate.start()
     now[0] += 0.100
     gate.probing(5)                                  # the target alone beside the draft's catching up
-    for _ in range(1 + MIN_ROUNDS):
+    for _ in range(1 + RECENT):
         now[0] += 0.012
         gate.judge(0.012, 1)
-    assert gate.rest == pytest.approx((0.100 + 4 * 0.012 - 9 * 0.010) / (PROBE_SHARE * 0.010), abs=1)
+    lost = 0.100 + (1 + RECENT) * 0.012 - (6 + RECENT) * 0.010
+    assert gate.rest == pytest.approx(lost / (PROBE_SHARE * 0.010), abs=1)
     assert gate.rest > 2 * FIRST_REST and memory.rest == gate.rest
     forced = Gate(Memory(target_s=0.010), forced=True, clock=lambda: now[0])
     forced.start()
@@ -87,12 +95,30 @@ def test_rounds_of_one_token_never_pay_against_a_target_timed_slow():
     a request speculates: rounds that commit one token each rest all the same, and a
     draft that is accepted at all is judged by the clock."""
     memory = Memory(target_s=0.050)
-    gate = Gate(memory, forced=False)
-    _judged(gate, 1 + MIN_ROUNDS, 0.012, 1)
+    gate = _probing(memory)
+    _judged(gate, 1 + RECENT, 0.012, 1)
     assert not gate.speculate and gate.rest == FIRST_REST
-    accepted = Gate(Memory(target_s=0.050), forced=False)
-    _judged(accepted, 1 + MIN_ROUNDS, 0.024, 2)
-    assert accepted.speculate
+    accepted = _probing(Memory(target_s=0.050))
+    _judged(accepted, 1 + RECENT, 0.024, 2)
+    assert accepted.speculate and accepted.probe_began is None   # the probe paid
+    _judged(accepted, RECENT, 0.012, 1)              # then a stint of one-token rounds
+    assert not accepted.speculate
+
+
+def test_a_few_bad_rounds_are_chance_a_steady_loss_is_not():
+    """A round commits 1 token or many: the gate rests only where its last rounds lose beyond one standard error of
+    their mean gain. A steady small loss rests it."""
+    gate = _probing(Memory(target_s=0.010))
+    _judged(gate, 1 + RECENT, 0.020, 4)              # 5 ms a token against 10 alone
+    for committed in [6, 1, 1, 1, 1, 1, 1, 1]:       # at last 3.75 ms lost a round on average, its standard error 6.25
+        gate.judge(0.020, committed)
+        assert gate.speculate
+    assert gate.probe_began is None                  # the probe paid
+    rounds = 0
+    while gate.speculate and rounds < RECENT:        # 10.5 ms a token, every round alike: rest
+        gate.judge(0.021, 2)
+        rounds += 1
+    assert not gate.speculate and gate.rest == FIRST_REST
 
 
 def test_gate_never_rests_a_forced_request_and_times_the_target_first():

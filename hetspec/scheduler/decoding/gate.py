@@ -1,26 +1,28 @@
 """Whether speculation pays, learnt online: a draft that guesses badly must not make the engine slower than the
 target alone.
 
-A request's recent speculative rounds are judged against the target alone's time per token. Where speculating commits
-more slowly, or no more than a token a round (what a target pass commits), the request rests: it decodes target-only
-for a while, then probes with a few speculative rounds. A failed probe doubles the rest (up to MAX_REST) and makes it
-long enough that the probe's cost (the draft catching up, its slower rounds) is at most PROBE_SHARE of the rest's
-time; one that pays resets it. The rest carries over to the engine's next request of the same mode (Memory), so a
-hopeless draft keeps the engine on the target, probing now and then; each mode has its own, as SpS and DuoDecoding
-cost differently. Judging by the clock is safe: greedy tokens and keyed draws (seeded requests) are the same in
-either kind of round, and an unseeded request's tokens are random anyway.
+A request's last RECENT speculative rounds are judged against the target alone's time per token. Where speculating
+commits more slowly (beyond one standard error of the rounds' mean gain: a round commits 1 token or a window's worth,
+so a few bad rounds in a row are chance, not a verdict), or no more than a token a round (what a target pass commits),
+the request rests: it decodes target-only for a while, then probes with RECENT speculative rounds. A failed probe
+doubles the rest (up to MAX_REST) and makes it long enough that the probe's cost (the draft catching up, its slower
+rounds) is at most PROBE_SHARE of the rest's time; one that pays resets it. The rest carries over to the engine's next
+request of the same mode (Memory), so a hopeless draft keeps the engine on the target, probing now and then; each mode
+has its own, as SpS and DuoDecoding cost differently. Judging by the clock is safe: greedy tokens and keyed draws
+(seeded requests) are the same in either kind of round, and an unseeded request's tokens are random anyway.
 """
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
 
 from hetspec.core.params import Mode
 
-MIN_ROUNDS = 3       # speculative rounds a probe runs before it is judged (after its first, see judge)
-RECENT = 8           # rounds judged at once: a request's text may change character midway
+MIN_ROUNDS = 3       # speculative rounds that time the target alone first where it is not timed yet
+RECENT = 8           # rounds judged at once, a probe's first among them: a request's text may change character midway
 FIRST_REST = 16      # target-only tokens after the first verdict against speculation
 MAX_REST = 256
 PROBE_SHARE = 0.05   # a failed probe costs at most this share of the rest after it...
@@ -89,16 +91,16 @@ class Gate:
         if self.forced or fresh:               # it also brought the draft up to date: its time is no guide
             return
         self.recent.append((seconds, committed))
-        if len(self.recent) < MIN_ROUNDS:
+        if len(self.recent) < (MIN_ROUNDS if self.memory.target_s is None else RECENT):
             return
         if self.memory.target_s is None:       # nothing to compare with: time the target alone
             self.rest = MIN_ROUNDS
             self.recent.clear()
-        elif self._pays():
-            self.rest_len = FIRST_REST
-        else:
+        elif self._loses():
             self.rest, self.rest_len = max(self.rest_len, self._paid_back()), min(2 * self.rest_len, MAX_REST)
             self.recent.clear()
+        else:
+            self.rest_len = FIRST_REST
         self.probe_began = None
         self.memory.rest, self.memory.rest_len = self.rest, self.rest_len
 
@@ -110,8 +112,11 @@ class Gate:
         lost = self.clock() - self.probe_began - self.probe_tokens * self.memory.target_s
         return min(MAX_PROBE_REST, max(0, math.ceil(lost / (PROBE_SHARE * self.memory.target_s))))
 
-    def _pays(self) -> bool:
-        """Faster per token than the target alone, and more than a token a round: a one-token round costs a target pass,
-        as the target alone does, so it only seems to pay against a target_s timed slow, never retimed meanwhile."""
-        seconds, committed = sum(s for s, _ in self.recent), sum(c for _, c in self.recent)
-        return committed > len(self.recent) and seconds / committed < self.memory.target_s
+    def _loses(self) -> bool:
+        """No more than a token a round (a one-token round costs a target pass, as the target alone does, so it only
+        seems to pay against a target_s timed slow, never retimed meanwhile), or slower than the target alone beyond
+        one standard error of the rounds' mean gain."""
+        if sum(c for _, c in self.recent) <= len(self.recent):
+            return True
+        gains = [c * self.memory.target_s - s for s, c in self.recent]   # seconds each round saved
+        return statistics.fmean(gains) + statistics.stdev(gains) / math.sqrt(len(gains)) < 0
