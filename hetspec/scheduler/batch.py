@@ -261,7 +261,7 @@ def shadow_step(part: Part, verdict: Verification) -> None:
     mismatch = np.flatnonzero(guess[:len(targets)] != targets[:n])
     kept = int(mismatch[0]) if len(mismatch) else min(n, len(targets))
     if n:
-        decoder.lookup.verified(n, kept)
+        decoder.lookup.verified(n, kept, part.shadow.matched)
     decoder.stats.shadow_rounds += 1
     decoder.stats.shadow_accepted += kept
 

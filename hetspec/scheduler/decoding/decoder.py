@@ -150,9 +150,8 @@ class Decoder:
             gamma = self.windows.pipelined(len(pending), self.stats.acceptance, self.room(len(pending)))
             plan = BranchPlan(self.request.sequences, self.caps.max_sequences, self.stats.acceptance,
                               self.extend_to(len(pending)))
-        # a lookup guess after W; in a batch only in a bare step, whose rows it takes (else its guess is a shadow)
-        guess = self.guess(min(limit, self.caps.max_gamma + 1) - 1 - len(pending), pending, gamma) \
-            if lone or not pending else EMPTY
+        # a lookup guess after W, in the rows W leaves (in a batch, of its gamma)
+        guess = self.guess(min(limit, self.caps.max_gamma + 1) - 1 - len(pending), pending, gamma)
         window, base = pending.then(guess.tokens), len(self.out.context) + len(pending)
 
         def finish(verdict: Verification) -> None:
@@ -163,7 +162,7 @@ class Decoder:
                             guessed=len(guess))
             elif len(pending):                 # the batch's pass is priced whole (Batch.finish)
                 self.stats.spec_round(verdict.seconds, drafted.seconds, verdict.seconds, len(pending),
-                                      min(n_accepted, kept), kept, parallel=True)
+                                      min(n_accepted, len(pending), kept), kept, parallel=True)
             else:                              # a batch's bare step: the target's token after its guess
                 self.stats.target_round()
             self.judge_guess(guess, len(pending), n_accepted, kept, in_round=lone or bool(pending))
@@ -226,7 +225,7 @@ class Decoder:
     def judge_guess(self, guess: Window, before: int, n_accepted: int, kept: int, in_round: bool) -> None:
         """The target's verdict on a lookup guess verified after `before` drafted tokens, where it got that far."""
         if len(guess) and n_accepted >= before:
-            self.lookup.verified(len(guess), n_accepted - before)
+            self.lookup.verified(len(guess), n_accepted - before, guess.matched)
             self.stats.guess_judged(len(guess), min(n_accepted, kept) - before, in_round)
 
     def ahead(self, alone: bool) -> int:
@@ -245,8 +244,9 @@ class Decoder:
         room = room if limit is None else min(room, limit)
         if self.lookup is None or room <= 0:
             return EMPTY
-        return Window(self.lookup.guess(self.out.context, lambda hit_rate: self.windows.lookup(
-            hit_rate, room, len(after), self.stats.acceptance, gamma), after.tokens))
+        tokens = self.lookup.guess(self.out.context, lambda hit_rate: self.windows.lookup(
+            hit_rate, room, len(after), self.stats.acceptance, gamma), after.tokens)
+        return Window(tokens, matched=self.lookup.matched)
 
     def rest_step(self) -> Part:
         """A target-only step while speculating does not pay (gate.py); after the rest, a probe."""
