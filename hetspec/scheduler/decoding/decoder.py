@@ -27,7 +27,7 @@ from hetspec.core.acceptance import accept_greedy, accept_sampled
 from hetspec.core.params import Mode, Speculation
 from hetspec.core.sampling import Rule, sample
 from hetspec.ipc.messages import BranchPlan
-from hetspec.scheduler.decoding.budget import LONG_PROMPT, CostModel, Windows
+from hetspec.scheduler.decoding.budget import ALONE, LONG_PROMPT, Beside, CostModel, Windows
 from hetspec.scheduler.decoding.gate import Gate, Memory
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink
 from hetspec.scheduler.decoding.lookup import PromptLookup
@@ -134,11 +134,11 @@ class Decoder:
 
     # ---- the three kinds of round ----------------------------------------------------
 
-    def duodec_round(self, gamma: int | None = None):
+    def duodec_round(self, gamma: int | None = None, beside: Beside = ALONE):
         """One pipelined round: the target verifies the pending window W, and a lookup guess after it, while the draft
         drafts W' after W (alone, branches for W's bonus token); what of W' follows the tokens committed is pending
         next. Alone with nothing pending, a short W is drafted first, the target waiting; in a batch's step (its one
-        gamma) W is then empty."""
+        gamma; beside: the rest of its pass) W is then empty."""
         started, restart, lone = time.perf_counter(), NO_DRAFT, gamma is None
         limit = self.out.remaining if lone else min(gamma, self.out.remaining)   # (a batch's room: gamma a part)
         pending = (self.pending if self.pending_at == self.out.length else EMPTY).head(limit - 1)
@@ -151,7 +151,7 @@ class Decoder:
             plan = BranchPlan(self.request.sequences, self.caps.max_sequences, self.stats.acceptance,
                               self.extend_to(len(pending)))
         # a lookup guess after W, in the rows W leaves (in a batch, of its gamma)
-        guess = self.guess(min(limit, self.caps.max_gamma + 1) - 1 - len(pending), pending, gamma)
+        guess = self.guess(min(limit, self.caps.max_gamma + 1) - 1 - len(pending), pending, gamma, beside)
         window, base = pending.then(guess.tokens), len(self.out.context) + len(pending)
 
         def finish(verdict: Verification) -> None:
@@ -237,15 +237,15 @@ class Decoder:
         left = self.out.remaining - 1 if self.mode is Mode.TARGET else min(self.out.remaining, self.gate.rest) - 1
         return max(0, min(left, AHEAD))
 
-    def guess(self, limit: int | None = None, after: Window = EMPTY, gamma: int = 0) -> Window:
+    def guess(self, limit: int | None = None, after: Window = EMPTY, gamma: int = 0, beside: Beside = ALONE) -> Window:
         """A lookup guess as long as its hit rate makes pay, at most `limit` tokens: after the context, or after a
-        round's window (`after`, in its pass; the draft drafting gamma beside it: Windows.lookup)."""
+        round's window (`after`, in its pass, beside the rest of a batch's; the draft drafting gamma: Windows.lookup)."""
         room = self.out.remaining - 1 - len(after)
         room = room if limit is None else min(room, limit)
         if self.lookup is None or room <= 0:
             return EMPTY
         tokens = self.lookup.guess(self.out.context, lambda hit_rate: self.windows.lookup(
-            hit_rate, room, len(after), self.stats.acceptance, gamma), after.tokens)
+            hit_rate, room, len(after), self.stats.acceptance, gamma, beside), after.tokens)
         return Window(tokens, matched=self.lookup.matched)
 
     def rest_step(self) -> Part:
