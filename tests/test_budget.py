@@ -8,7 +8,6 @@ from hetspec.core.params import SamplingParams, Speculation
 from hetspec.core.sampling import Rule, Sampling
 from hetspec.scheduler.decoding.acceptance_prior import AcceptancePrior
 from hetspec.scheduler.decoding.budget import (
-    Beside,
     CostModel,
     Windows,
     choose_gamma,
@@ -80,7 +79,7 @@ def test_a_guess_after_a_window_fills_a_flat_pass_and_pays_its_way_on_a_growing_
     """After a round's window of 4 drafted tokens (kept whole at 0.8 ** 4), the draft drafting 4 beside the pass: on a
     flat pass (a GPU's, up to 16 tokens) the guess takes every free row; where each token costs the pass more, it
     shrinks with the window's chance of being kept whole and the guess's hit rate, unless the draft beside takes
-    longer than the pass anyway (gamma 2: 20 ms). In a batch's step its rows slow the whole pass (CostModel.beside_each)."""
+    longer than the pass anyway (gamma 2: 20 ms)."""
     flat = CostModel(0.010, {1: 0.040, 16: 0.040, 32: 0.080})
     assert Windows(4, False, 32, flat, max_lookup=16).lookup(0.3, 100, pending=4, acceptance=0.8, gamma=4) == 11
     growing = CostModel(0.010, {1: 0.010, 8: 0.012, 16: 0.020, 32: 0.040})   # the draft beside: 10 ms (gamma 1)
@@ -91,13 +90,6 @@ def test_a_guess_after_a_window_fills_a_flat_pass_and_pays_its_way_on_a_growing_
     # with no window it is a target-only step's guess, the draft idle beside it
     assert Windows(4, False, 32, growing, max_lookup=8).lookup(0.8, 100, pending=0) == \
         Windows(4, False, 32, growing, max_lookup=8).lookup(0.8, 100)
-    # in a batch's step, the guess takes the rows left of the flat pass, then only where it raises the whole pass's rate
-    batch = [Windows(4, False, 32, flat, max_lookup=16).lookup(h, 100, pending=4, acceptance=0.8, gamma=4,
-                                                               batch=Beside(rows, tokens))
-             for h, rows, tokens in ((0.3, 4, 2.0), (0.3, 8, 4.0), (0.3, 16, 8.0), (0.9, 16, 2.0))]
-    assert batch == [7, 3, 0, 4]
-    beside = flat.beside_each([0.8, 0.5], [1.2], gamma=4)   # two drafting requests, one stepping target-only
-    assert [b.rows for b in beside] == [5, 5] and beside[0].tokens < beside[1].tokens   # the other's window, kept less
 
 
 def test_restart_drafts_while_a_token_beats_the_pipelines_pace():

@@ -57,10 +57,9 @@ def test_each_match_length_keeps_its_own_hit_rate():
     lookup, asked = PromptLookup(), []
     context = np.array([7, 1, 2, 3, 4, 5, 9, 1, 2, 3], np.int32)
     assert lookup.guess(context, lambda rate: asked.append(rate) or 2).tolist() == [4, 5]
-    assert lookup.matched == 3
-    lookup.verified(2, 2, lookup.matched)                    # a three-token match held
+    lookup.verified(2, 2)                                    # a three-token match held
     lookup.guess(np.append(context, [8, 9]).astype(np.int32), lambda rate: asked.append(rate) or 1)
-    lookup.verified(1, 0, lookup.matched)                    # a one-token match ([9]) did not
+    lookup.verified(1, 0)                                    # a one-token match ([9]) did not
     assert asked == [0.5, 0.5] and lookup.hit_rate(3) > 0.5 > lookup.hit_rate(1)
     assert lookup.hit_rate(2) == 0.5
     lookup.guess(context, lambda rate: asked.append(rate) or 0)

@@ -221,28 +221,6 @@ def test_a_batchs_pipelined_rounds_commit_the_targets_own_tokens_whatever_the_dr
     assert [r.stats.rounds < 12 for r in requests] == [True, True, False]   # 4 tokens a step, or 1
 
 
-def test_a_batchs_drafted_window_carries_a_lookup_guess_in_the_rows_it_leaves():
-    """In a batch's step (Decoder.duodec_round with the step's gamma), a pending window shorter than gamma - 1 is
-    followed by a lookup guess in the rows it leaves (the loop repeats: prompt lookup knows it), verified in the same
-    pass; the target's own tokens are committed, and the guess's count as lookup's, not the draft's."""
-    slots = Slots(2, 0.05)
-    loop = [40] + expected([40], 20)
-    r = admit(slots, 0, loop, 40, DraftLink("draft", None), speculation="always", gamma=4)
-    r.read = len(r.out.context)
-    r.first_token(Verification(np.array([target_token(r.out.context)]), None, 0.0))
-    r.pending, r.pending_at = Window(np.array(expected(list(r.out.context), 1), np.int32)), r.out.length
-    start = list(r.out.context)
-    part = r.duodec_round(gamma=4)
-    assert part.guess.tokens.tolist() == expected(start, 3) and part.rows == 4   # 1 drafted, 2 guessed
-    assert part.next_window.context.tolist() == start + part.guess.tokens[:1].tolist()
-    part.drafted = Draft([np.array(expected(list(part.next_window.context), 4), np.int32)], None, 0.0)
-    part.finish(verdict(part))
-    assert r.out.new_ids == expected(loop, len(r.out.new_ids)) and r.out.length == len(start) + 4
-    assert (r.stats.drafted, r.stats.accepted) == (1, 1)
-    assert r.stats.round_lookup_guessed == r.stats.round_lookup_accepted == 2
-    assert r.pending.tokens.tolist() == expected(start, 5)[4:]   # the draft's window, less the tokens committed
-
-
 @pytest.mark.parametrize("draft_agrees", [True, False])
 def test_a_lone_round_verifies_the_pending_window_and_a_lookup_guess_in_one_pass(draft_agrees):
     """Decoder.duodec_round alone: the pending window, then a lookup guess after it (the loop

@@ -28,7 +28,7 @@ import numpy as np
 from hetspec.core.params import Mode
 from hetspec.core.sampling import Rule
 from hetspec.ipc.messages import BatchWindow, VerifyCommand
-from hetspec.scheduler.decoding.budget import ALONE, CostModel
+from hetspec.scheduler.decoding.budget import CostModel
 from hetspec.scheduler.decoding.decoder import Decoder
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink, WorkerError, WorkerLost
 from hetspec.scheduler.decoding.round import Draft, Part, Verification
@@ -130,13 +130,8 @@ class Drafts:
         if not self.batches or self.draft.busy or not self.available():
             return []
         ready = [r for r in decoding if _drafts_for(r) and self.draft.ready(r.cache, r.out.context)]
-        others = [r for r in decoding if r not in ready]
-        gamma = self._window(ready, others, room)
-        if gamma <= 0:
-            return []
-        beside = self.costs.beside_each([r.stats.acceptance for r in ready], [r.stats.target_step_yield for r in others],
-                                        gamma) if self.costs is not None else [ALONE] * len(ready)
-        return [r.duodec_round(gamma, rest) for r, rest in zip(ready, beside)]
+        gamma = self._window(ready, [r for r in decoding if r not in ready], room)
+        return [r.duodec_round(gamma) for r in ready] if gamma > 0 else []
 
     def start(self, parts: list[Part], alone: bool) -> bool:
         """Send the draft what it drafts beside this step's pass; whether it drafts. Where it
@@ -266,7 +261,7 @@ def shadow_step(part: Part, verdict: Verification) -> None:
     mismatch = np.flatnonzero(guess[:len(targets)] != targets[:n])
     kept = int(mismatch[0]) if len(mismatch) else min(n, len(targets))
     if n:
-        decoder.lookup.verified(n, kept, part.shadow.matched)
+        decoder.lookup.verified(n, kept)
     decoder.stats.shadow_rounds += 1
     decoder.stats.shadow_accepted += kept
 

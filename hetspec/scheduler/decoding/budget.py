@@ -2,22 +2,12 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 CONTENTION = 1.3    # a target step beside a draft prefill takes this much longer: they share the memory bus
 LONG_PROMPT = 16    # tokens: a shorter prefill is too cheap to share cores for, to weigh (prefill_pays) or to time
 BATCH_MARGIN = 1.1  # a batch drafts only where the cost model expects this many times the rate without drafts: their
                     # uncounted lookup guesses commit too, and a batched draft step costs more than calibrated
 WORTH_GUESSING = 0.1  # without measured costs, a lookup token is guessed while it is kept at least this often
-
-
-class Beside(NamedTuple):
-    """The rest of a batch's pass beside one request's part: its rows, and the tokens it is expected to commit."""
-    rows: int = 0
-    tokens: float = 0.0
-
-
-ALONE = Beside()
 
 
 def choose_gamma(draft_s_per_token: float, verify_s: dict[int, float], max_gamma: int) -> int:
@@ -64,11 +54,6 @@ def restart_tokens(acceptance: float, pace: float, draft_s: float, limit: int) -
     while n < limit and acceptance ** (n + 1) * pace >= draft_s:
         n += 1
     return n
-
-
-def _batch_window_tokens(a: float, gamma: int) -> float:
-    """What a drafting request commits in a batch's step: its window is there with probability a ** gamma."""
-    return a ** gamma * _committed(a, gamma - 1) + 1 - a ** gamma
 
 
 def _committed(acceptance: float, n: int) -> float:
@@ -130,7 +115,7 @@ class CostModel:
         def rate(gamma: int) -> float:
             if gamma == 0:
                 return (sum(yields) + sum(others)) / (self.batch_scale * self.measured(len(others) + n))
-            tokens = sum(_batch_window_tokens(a, gamma) for a in acceptances)
+            tokens = sum(a ** gamma * _committed(a, gamma - 1) + 1 - a ** gamma for a in acceptances)
             seconds = max(gamma * step_s, self.batch_scale * self.measured(len(others) + n * gamma))
             return (tokens + sum(others)) / seconds
         best = max(range(min(2, max_gamma), max_gamma + 1), key=rate)   # (1: the bonus token's guess alone)
@@ -180,26 +165,16 @@ class CostModel:
         return self._best_pipelined[1]
 
     def best_lookup(self, max_tokens: int, hit_rate: float, pending: int = 0, acceptance: float = 1.0,
-                    beside_s: float = 0.0, batch: Beside = ALONE) -> int:
+                    beside_s: float = 0.0) -> int:
         """A lookup guess's length (0..max_tokens) of most committed tokens a second, each kept with probability
         hit_rate: in a target-only step, or after a round's window of `pending` drafted ones, where it counts only if
         the window is kept whole (acceptance ** pending). A pass lasts the longer of itself and what runs beside it
-        (beside_s: the draft's next window), so beside a GPU's flat pass a guess costs nothing: all that fit. In a
-        batch (the rest of its pass), the rate is the whole pass's: a guess's rows slow every request in it."""
+        (beside_s: the draft's next window), so beside a GPU's flat pass a guess costs nothing: all that fit."""
         base, reach = _committed(acceptance, pending), acceptance ** pending
-        scale = self.batch_scale if batch.rows else self.verify_scale
 
         def rate(k: int) -> float:
-            return (batch.tokens + base + reach * (_committed(hit_rate, k) - 1)) / \
-                max(beside_s, scale * self.measured(batch.rows + pending + 1 + k))
+            return (base + reach * (_committed(hit_rate, k) - 1)) / max(beside_s, self._verify(pending + 1 + k))
         return max(range(max_tokens + 1), key=rate)
-
-    def beside_each(self, acceptances: list[float], others: list[float], gamma: int) -> list[Beside]:
-        """For each drafting request of a batch's step with windows of gamma (batch_window), the rest of the pass:
-        the other drafting requests' gamma rows and expected tokens, and the others' next token and yield."""
-        tokens = [_batch_window_tokens(a, gamma) for a in acceptances]
-        rows = len(others) + gamma * len(acceptances)
-        return [Beside(rows - gamma, sum(tokens) - t + sum(others)) for t in tokens]
 
     def gain(self, max_gamma: int, acceptance: float) -> float:
         """Speculation's expected pace at the best pipelined window over the target alone's (which may take all cores)."""
@@ -288,16 +263,13 @@ class Windows:
         pace = pace if pace is not None else self.costs.s_per_token(window, acceptance)
         return restart_tokens(acceptance, pace, self.costs.draft_s, limit)
 
-    def lookup(self, hit_rate: float, room: int, pending: int = 0, acceptance: float = 1.0, gamma: int = 0,
-               batch: Beside = ALONE) -> int:
+    def lookup(self, hit_rate: float, room: int, pending: int = 0, acceptance: float = 1.0, gamma: int = 0) -> int:
         """Lookup tokens to guess (lookup.py), at most max_lookup and `room`: in a target-only step, or after a round's
-        window of `pending` drafted ones, the draft drafting gamma beside the pass, in a batch's beside the rest of it
-        (CostModel.best_lookup); without measured costs (a configured gamma), while each is kept with probability at
-        least WORTH_GUESSING."""
+        window of `pending` drafted ones, the draft drafting gamma beside the pass (CostModel.best_lookup); without
+        measured costs (a configured gamma), while each is kept with probability at least WORTH_GUESSING."""
         k = self.max_lookup
         if k > 0 and self.costs is not None:
-            k = self.costs.best_lookup(min(k, max(room, 0)), hit_rate, pending, acceptance, gamma * self.costs.draft_s,
-                                       batch)
+            k = self.costs.best_lookup(min(k, max(room, 0)), hit_rate, pending, acceptance, gamma * self.costs.draft_s)
         elif k > 0 and hit_rate < 1:
             k = min(k, int(math.log(WORTH_GUESSING) / math.log(hit_rate)) if hit_rate > 0 else 0)
         return max(0, min(k, room))

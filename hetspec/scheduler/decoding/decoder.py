@@ -27,7 +27,7 @@ from hetspec.core.acceptance import accept_greedy, accept_sampled
 from hetspec.core.params import Mode, Speculation
 from hetspec.core.sampling import Rule, sample
 from hetspec.ipc.messages import BranchPlan
-from hetspec.scheduler.decoding.budget import ALONE, LONG_PROMPT, Beside, CostModel, Windows
+from hetspec.scheduler.decoding.budget import LONG_PROMPT, CostModel, Windows
 from hetspec.scheduler.decoding.gate import Gate, Memory
 from hetspec.scheduler.decoding.links import DraftLink, TargetLink
 from hetspec.scheduler.decoding.lookup import PromptLookup
@@ -134,11 +134,11 @@ class Decoder:
 
     # ---- the three kinds of round ----------------------------------------------------
 
-    def duodec_round(self, gamma: int | None = None, beside: Beside = ALONE):
+    def duodec_round(self, gamma: int | None = None):
         """One pipelined round: the target verifies the pending window W, and a lookup guess after it, while the draft
         drafts W' after W (alone, branches for W's bonus token); what of W' follows the tokens committed is pending
         next. Alone with nothing pending, a short W is drafted first, the target waiting; in a batch's step (its one
-        gamma; beside: the rest of its pass) W is then empty."""
+        gamma) W is then empty."""
         started, restart, lone = time.perf_counter(), NO_DRAFT, gamma is None
         limit = self.out.remaining if lone else min(gamma, self.out.remaining)   # (a batch's room: gamma a part)
         pending = (self.pending if self.pending_at == self.out.length else EMPTY).head(limit - 1)
@@ -150,8 +150,9 @@ class Decoder:
             gamma = self.windows.pipelined(len(pending), self.stats.acceptance, self.room(len(pending)))
             plan = BranchPlan(self.request.sequences, self.caps.max_sequences, self.stats.acceptance,
                               self.extend_to(len(pending)))
-        # a lookup guess after W, in the rows W leaves (in a batch, of its gamma)
-        guess = self.guess(min(limit, self.caps.max_gamma + 1) - 1 - len(pending), pending, gamma, beside)
+        # a lookup guess after W; in a batch only in a bare step, whose rows it takes (else its guess is a shadow)
+        guess = self.guess(min(limit, self.caps.max_gamma + 1) - 1 - len(pending), pending, gamma) \
+            if lone or not pending else EMPTY
         window, base = pending.then(guess.tokens), len(self.out.context) + len(pending)
 
         def finish(verdict: Verification) -> None:
@@ -162,7 +163,7 @@ class Decoder:
                             guessed=len(guess))
             elif len(pending):                 # the batch's pass is priced whole (Batch.finish)
                 self.stats.spec_round(verdict.seconds, drafted.seconds, verdict.seconds, len(pending),
-                                      min(n_accepted, len(pending), kept), kept, parallel=True)
+                                      min(n_accepted, kept), kept, parallel=True)
             else:                              # a batch's bare step: the target's token after its guess
                 self.stats.target_round()
             self.judge_guess(guess, len(pending), n_accepted, kept, in_round=lone or bool(pending))
@@ -225,7 +226,7 @@ class Decoder:
     def judge_guess(self, guess: Window, before: int, n_accepted: int, kept: int, in_round: bool) -> None:
         """The target's verdict on a lookup guess verified after `before` drafted tokens, where it got that far."""
         if len(guess) and n_accepted >= before:
-            self.lookup.verified(len(guess), n_accepted - before, guess.matched)
+            self.lookup.verified(len(guess), n_accepted - before)
             self.stats.guess_judged(len(guess), min(n_accepted, kept) - before, in_round)
 
     def ahead(self, alone: bool) -> int:
@@ -237,16 +238,15 @@ class Decoder:
         left = self.out.remaining - 1 if self.mode is Mode.TARGET else min(self.out.remaining, self.gate.rest) - 1
         return max(0, min(left, AHEAD))
 
-    def guess(self, limit: int | None = None, after: Window = EMPTY, gamma: int = 0, beside: Beside = ALONE) -> Window:
+    def guess(self, limit: int | None = None, after: Window = EMPTY, gamma: int = 0) -> Window:
         """A lookup guess as long as its hit rate makes pay, at most `limit` tokens: after the context, or after a
-        round's window (`after`, in its pass, beside the rest of a batch's; the draft drafting gamma: Windows.lookup)."""
+        round's window (`after`, in its pass; the draft drafting gamma beside it: Windows.lookup)."""
         room = self.out.remaining - 1 - len(after)
         room = room if limit is None else min(room, limit)
         if self.lookup is None or room <= 0:
             return EMPTY
-        tokens = self.lookup.guess(self.out.context, lambda hit_rate: self.windows.lookup(
-            hit_rate, room, len(after), self.stats.acceptance, gamma, beside), after.tokens)
-        return Window(tokens, matched=self.lookup.matched)
+        return Window(self.lookup.guess(self.out.context, lambda hit_rate: self.windows.lookup(
+            hit_rate, room, len(after), self.stats.acceptance, gamma), after.tokens))
 
     def rest_step(self) -> Part:
         """A target-only step while speculating does not pay (gate.py); after the rest, a probe."""

@@ -29,7 +29,7 @@ class PromptLookup:
         self.after: list[dict[tuple, dict[int, tuple[int, int]]]] = [{} for _ in range(NGRAM)]
         self.indexed = 0          # positions 1..indexed - 1 are recorded as followers
         self.hits: dict[int, list[int]] = {}   # n -> [guessed tokens the target kept, guesses it cut short]
-        self.matched = 0          # n of the last guess (its Window's matched)
+        self.matched = 0          # n of the last guess
 
     def guess(self, context: np.ndarray, length: Callable[[float], int], ahead: np.ndarray = NOTHING) -> np.ndarray:
         """The likeliest continuation of the longest suffix seen earlier, length(that match length's hit rate) long.
@@ -39,9 +39,9 @@ class PromptLookup:
             return NOTHING
         return context[start:start + length(self.hit_rate(self.matched))].copy()
 
-    def verified(self, guessed: int, accepted: int, matched: int) -> None:
-        """The target kept `accepted` tokens of a guess `guessed` long that followed a match of `matched` tokens."""
-        hits = self.hits.setdefault(matched, [0, 0])
+    def verified(self, guessed: int, accepted: int) -> None:
+        """The target kept `accepted` tokens of the last guess, `guessed` long."""
+        hits = self.hits.setdefault(self.matched, [0, 0])
         hits[0] += accepted
         hits[1] += accepted < guessed
 

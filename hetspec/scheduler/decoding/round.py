@@ -30,7 +30,6 @@ class Window:
     """Draft tokens waiting for the verdict, and the draft's distribution at each where accept_sampled needs it."""
     tokens: np.ndarray
     probs: np.ndarray | None = None
-    matched: int = 0              # a lookup guess: the length of the match it follows (PromptLookup.verified)
 
     def __len__(self) -> int:
         return len(self.tokens)
