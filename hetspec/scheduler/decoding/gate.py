@@ -23,7 +23,7 @@ from hetspec.core.params import Mode
 
 MIN_ROUNDS = 3       # speculative rounds that time the target alone first where it is not timed yet
 RECENT = 8           # rounds judged at once, a probe's first among them: a request's text may change character midway
-FIRST_REST = 16      # target-only tokens after the first verdict against speculation
+FIRST_REST = 8       # target-only tokens after the first verdict against speculation: it may be a bad patch
 MAX_REST = 256
 PROBE_SHARE = 0.05   # a failed probe costs at most this share of the rest after it...
 MAX_PROBE_REST = 1024  # ...unless that rest would be longer than this (tokens)
