@@ -106,8 +106,8 @@ def test_rounds_of_one_token_never_pay_against_a_target_timed_slow():
 
 
 def test_a_few_bad_rounds_are_chance_a_steady_loss_is_not():
-    """A round commits 1 token or many: the gate rests only where its last rounds lose beyond one standard error of
-    their mean gain. A steady small loss rests it."""
+    """A round commits 1 token or many: the gate rests where its stint is slower on average, or its last rounds lose
+    beyond one standard error of their mean gain, not for a bad patch in a stint that pays. A steady loss rests it."""
     gate = _probing(Memory(target_s=0.010))
     _judged(gate, 1 + RECENT, 0.020, 4)              # 5 ms a token against 10 alone
     for committed in [6, 1, 1, 1, 1, 1, 1, 1]:       # at last 3.75 ms lost a round on average, its standard error 6.25
@@ -119,6 +119,10 @@ def test_a_few_bad_rounds_are_chance_a_steady_loss_is_not():
         gate.judge(0.021, 2)
         rounds += 1
     assert not gate.speculate and gate.rest == FIRST_REST
+    noisy = _probing(Memory(target_s=0.010))         # 1 ms lost a round on average, its standard error 5 ms:
+    for i in range(1 + RECENT):                      # the stint, slower on average, rests
+        noisy.judge(0.021, 1 + 2 * (i % 2))
+    assert not noisy.speculate
 
 
 def test_gate_never_rests_a_forced_request_and_times_the_target_first():
