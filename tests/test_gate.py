@@ -120,7 +120,8 @@ def test_a_few_bad_rounds_are_chance_a_steady_loss_is_not():
         rounds += 1
     assert not gate.speculate and gate.rest == FIRST_REST
     noisy = _probing(Memory(target_s=0.010))         # 1 ms lost a round on average, its standard error 5 ms:
-    for i in range(1 + RECENT):                      # the stint, slower on average, rests
+    for i in range(1 + 2 * RECENT):                  # the stint, slower on average, rests once its mean is sure
+        assert noisy.speculate
         noisy.judge(0.021, 1 + 2 * (i % 2))
     assert not noisy.speculate
 

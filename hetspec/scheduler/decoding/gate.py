@@ -2,7 +2,7 @@
 target alone.
 
 A request's speculative rounds are judged against the target alone's time per token. Where speculating commits more
-slowly over the stint (its rounds since it began speculating), or its last RECENT rounds do beyond one standard error
+slowly over the stint (its rounds since it began speculating, from the 2 * RECENT-th), or its last RECENT rounds do beyond one standard error
 of their mean gain (a round commits 1 token or a window's worth, so a few bad rounds in a row are chance, not a
 verdict; many are the text changing), or they commit no more than a token a round (what a target pass does), the
 request rests: it decodes target-only for a while, then probes with RECENT speculative rounds. A failed probe
@@ -53,7 +53,7 @@ class Gate:
         self.rest = 0 if forced else memory.rest    # target-only tokens still to go (0: speculate)
         self.rest_len = memory.rest_len
         self.recent: deque = deque(maxlen=RECENT)   # (seconds, committed) of this stint's last rounds
-        self.stint = [0.0, 0]                       # its judged rounds' seconds and tokens
+        self.stint = [0.0, 0, 0]                    # its judged rounds' seconds, tokens and number
         self.fresh = True                           # the stint's first round is yet to come
         self.probe_began: float | None = None      # when the probe under way began (None: none is)
         self.probe_tokens = 0                       # tokens it has committed since
@@ -93,18 +93,17 @@ class Gate:
         if self.forced or fresh:               # it also brought the draft up to date: its time is no guide
             return
         self.recent.append((seconds, committed))
-        self.stint[0] += seconds
-        self.stint[1] += committed
+        self.stint = [self.stint[0] + seconds, self.stint[1] + committed, self.stint[2] + 1]
         if len(self.recent) < (MIN_ROUNDS if self.memory.target_s is None else RECENT):
             return
         if self.memory.target_s is None:       # nothing to compare with: time the target alone
             self.rest = MIN_ROUNDS
             self.recent.clear()
-            self.stint = [0.0, 0]
+            self.stint = [0.0, 0, 0]
         elif self._loses():
             self.rest, self.rest_len = max(self.rest_len, self._paid_back()), min(2 * self.rest_len, MAX_REST)
             self.recent.clear()
-            self.stint = [0.0, 0]
+            self.stint = [0.0, 0, 0]
         else:
             self.rest_len = FIRST_REST
         self.probe_began = None
@@ -121,8 +120,11 @@ class Gate:
     def _loses(self) -> bool:
         """No more than a token a round lately (a one-token round costs a target pass, as the target alone does, so it
         only seems to pay against a target_s timed slow, never retimed meanwhile), slower than the target alone over
-        the stint, or lately beyond one standard error of the rounds' mean gain."""
-        if sum(c for _, c in self.recent) <= len(self.recent) or self.stint[0] > self.stint[1] * self.memory.target_s:
+        the stint (once it has run 2 * RECENT rounds: its mean is noisy before), or lately beyond one standard error
+        of the rounds' mean gain."""
+        seconds, tokens, rounds = self.stint
+        if sum(c for _, c in self.recent) <= len(self.recent) or \
+                (rounds >= 2 * RECENT and seconds > tokens * self.memory.target_s):
             return True
         gains = [c * self.memory.target_s - s for s, c in self.recent]   # seconds each round saved
         return statistics.fmean(gains) + statistics.stdev(gains) / math.sqrt(len(gains)) < 0
