@@ -153,7 +153,7 @@ def test_a_draft_that_never_agrees_leaves_the_target_alone(engine):
     # the next one of its mode starts where it left off.
     assert first.stats["rested"] >= 0.6 * N_NEW and first.stats["probes"] >= 1
     assert second.stats["rested"] >= 0.9 * N_NEW
-    assert second.stats["spec_rounds"] <= 0.05 * N_NEW
+    assert second.stats["spec_rounds"] <= 1 + RECENT                    # one probe at most
     # SpS has its own memory: it finds out for itself, from its first rounds.
     assert other.stats["spec_rounds"] >= 4 and other.stats["rested"] >= 0.6 * N_NEW
 
