@@ -2,10 +2,10 @@
 target alone.
 
 A request's speculative rounds are judged against the target alone's time per token. Where speculating commits more
-slowly over the stint (its rounds since it began speculating, from the 2 * RECENT-th), or its last RECENT rounds do beyond one standard error
-of their mean gain (a round commits 1 token or a window's worth, so a few bad rounds in a row are chance, not a
-verdict; many are the text changing), or they commit no more than a token a round (what a target pass does), the
-request rests: it decodes target-only for a while, then probes with RECENT speculative rounds. A failed probe
+slowly over the stint (its rounds since it began speculating, from the 2 * RECENT-th), or its last RECENT rounds do
+beyond one standard error of their mean gain (a round commits 1 token or a window's worth, so a few bad rounds in a
+row are chance, not a verdict; many are the text changing), or they commit no more than a token a round (what a
+target pass does), the request rests: it decodes target-only for a while, then probes with RECENT speculative rounds. A failed probe
 doubles the rest (up to MAX_REST) and makes it long enough that the probe's cost (the draft catching up, its slower
 rounds) is at most PROBE_SHARE of the rest's time; one that pays resets it. The rest carries over to the engine's next
 request of the same mode (Memory), so a hopeless draft keeps the engine on the target, probing now and then; each mode
@@ -53,7 +53,7 @@ class Gate:
         self.rest = 0 if forced else memory.rest    # target-only tokens still to go (0: speculate)
         self.rest_len = memory.rest_len
         self.recent: deque = deque(maxlen=RECENT)   # (seconds, committed) of this stint's last rounds
-        self.stint = [0.0, 0, 0]                    # its judged rounds' seconds, tokens and number
+        self.stint = (0.0, 0, 0)                    # its judged rounds' seconds, tokens and number
         self.fresh = True                           # the stint's first round is yet to come
         self.probe_began: float | None = None      # when the probe under way began (None: none is)
         self.probe_tokens = 0                       # tokens it has committed since
@@ -93,21 +93,24 @@ class Gate:
         if self.forced or fresh:               # it also brought the draft up to date: its time is no guide
             return
         self.recent.append((seconds, committed))
-        self.stint = [self.stint[0] + seconds, self.stint[1] + committed, self.stint[2] + 1]
+        self.stint = (self.stint[0] + seconds, self.stint[1] + committed, self.stint[2] + 1)
         if len(self.recent) < (MIN_ROUNDS if self.memory.target_s is None else RECENT):
             return
         if self.memory.target_s is None:       # nothing to compare with: time the target alone
             self.rest = MIN_ROUNDS
-            self.recent.clear()
-            self.stint = [0.0, 0, 0]
+            self._end_stint()
         elif self._loses():
             self.rest, self.rest_len = max(self.rest_len, self._paid_back()), min(2 * self.rest_len, MAX_REST)
-            self.recent.clear()
-            self.stint = [0.0, 0, 0]
+            self._end_stint()
         else:
             self.rest_len = FIRST_REST
         self.probe_began = None
         self.memory.rest, self.memory.rest_len = self.rest, self.rest_len
+
+    def _end_stint(self) -> None:
+        """The request rests: the rounds after it are another stint's."""
+        self.recent.clear()
+        self.stint = (0.0, 0, 0)
 
     def _paid_back(self) -> int:
         """Target-only tokens over which a failed probe's cost, beyond the target alone's time for its tokens, is
