@@ -76,11 +76,12 @@ class Batch:
     def start(self, parts: list[Part], borrow_cores: bool) -> None:
         """One pass for all the parts, the draft drafting their next windows beside it (its
         cores then not borrowed): alone, the part's own command; else one VerifyBatch."""
-        drafting = self.drafts.start(parts, self.alone)
-        if self.alone:
+        if self.alone:                      # the pass first: the draft's next window has slack, the pass none
             if parts[0].tokens is not None:
                 parts[0].decoder.send(parts[0])
+            self.drafts.start(parts, alone=True)
             return
+        drafting = self.drafts.start(parts, alone=False)
         self.size = len(parts)
         commands = [VerifyCommand(p.decoder.id, p.keep, len(p.tokens), p.rows,
                                   p.decoder.request.sampling, cache=p.decoder.cache) for p in parts]
@@ -145,7 +146,7 @@ class Drafts:
             elif self.asked or lagging:
                 self._start_batch(lagging)
         except Exception as exc:  # noqa: BLE001 - the draft's failures: without_draft raises the others
-            self._failed(exc)
+            self._failed(exc, passing=alone)
         return bool(self.asked or self.catching_up)
 
     def _start_batch(self, lagging: list[Decoder]) -> None:
@@ -182,9 +183,9 @@ class Drafts:
         if self.costs is not None and all(reply.lengths):      # (a batch's catch-up would weigh on its steps)
             self.costs.observe_batch_draft(len(reply.lengths), self.gamma, reply.seconds)
 
-    def _failed(self, exc: Exception, asked: list[Part] | None = None) -> None:
+    def _failed(self, exc: Exception, asked: list[Part] | None = None, passing: bool = False) -> None:
         for part in self.asked if asked is None else asked:
-            part.decoder.without_draft(exc)
+            part.decoder.without_draft(exc, passing)
         self.asked, self.catching_up = [], False
 
     def caught_up(self, block: bool = False) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -66,6 +67,7 @@ def serve(role: str, endpoint: str, spec, load, handlers: dict, recover=None) ->
             channel.send(WorkerFailed(role, message))
             return 1
         release_freed_memory()
+        gc.freeze()             # the model's objects leave the collector's view: no full scan of them mid-round
         channel.send(hello)
         loop = CommandLoop(role, channel, state, handlers, recover)
         while True:

@@ -120,11 +120,12 @@ class Decoder:
             return self.draft_catches_up                                             # or its cache lags
         return self.duodec_round if self.mode is Mode.DUODEC else self.sequential_round
 
-    def without_draft(self, exc: Exception) -> None:
-        """The draft failed: the target finishes alone (a verify under way is dropped)."""
+    def without_draft(self, exc: Exception, passing: bool = False) -> None:
+        """The draft failed: the target finishes alone (a verify under way is dropped, unless it is this step's pass)."""
         if getattr(exc, "role", None) != "draft":
             raise exc
-        self.target.discard()
+        if not passing:
+            self.target.discard()
         self.stats.fallback = str(exc)
 
     def suspend(self) -> None:
@@ -135,10 +136,9 @@ class Decoder:
     # ---- the three kinds of round ----------------------------------------------------
 
     def duodec_round(self, gamma: int | None = None):
-        """One pipelined round: the target verifies the pending window W, and a lookup guess after it, while the draft
-        drafts W' after W (alone, branches for W's bonus token); what of W' follows the tokens committed is pending
-        next. Alone with nothing pending, a short W is drafted first, the target waiting; in a batch's step (its one
-        gamma) W is then empty."""
+        """One pipelined round: the target verifies the pending window W, and a lookup guess after it, while the draft drafts
+        W' after W (alone, branches for W's bonus token); what of W' follows the tokens committed is pending next. Alone with
+        nothing pending, a short W is drafted first; in a batch's step W is then empty."""
         started, restart, lone = time.perf_counter(), NO_DRAFT, gamma is None
         limit = self.out.remaining if lone else min(gamma, self.out.remaining)   # (a batch's room: gamma a part)
         pending = (self.pending if self.pending_at == self.out.length else EMPTY).head(limit - 1)
