@@ -80,6 +80,12 @@ def test_anchor_matches_encoding_the_whole_text():
             whole = draft.encode_start() + draft.encode_text(target.decode(ids[:n]))
             assert anchor(ids[:n]).tolist() == whole, n
         assert len(anchor.target_ids) > len(ids) // 2   # it did move forward
+        anchor = Anchor(target, draft, lag=12)
+        for n in range(1, len(ids) - 8, 3):              # rounds: a check (committed text), again, a window's
+            for m, settled in ((n, True), (n, False), (n + 8, False), (n + 1, True)):   # context, a rejection
+                expected = draft.encode_start() + draft.encode_text(target.decode(ids[:m]))
+                assert anchor(ids[:m], settled).tolist() == expected, m
+        assert len(anchor.target_ids) > len(ids) - 24    # committed text: it kept up
 
 
 # ---- sampling: a target and a draft of different byte vocabularies (ids 0..7 and 0..8) ----

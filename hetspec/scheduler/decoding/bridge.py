@@ -22,6 +22,8 @@ from hetspec.scheduler.tokenizer import Tokenizer
 # Text every draft vocabulary must carry through unchanged, or it cannot propose the target's text.
 PROBE = "The quick brown fox, 42 times: jumps over the lazy dog!\n\tdef f(x):\n    return x * 2  # {ok}"
 LOOKBEHIND = 4     # draft tokens decoded before a branch, so the branch's first piece renders as in context
+ADVANCE = 8        # target tokens past the anchor's lag before it moves (Anchor._advance)
+SETTLED = 8        # ... its lag behind committed text: a token crossing the kept part's end is unlikely this far back
 
 
 def describe_vocabularies(target: Tokenizer, draft: Tokenizer, n_target: int, n_draft: int) -> str | None:
@@ -43,21 +45,27 @@ def check_expressible(draft: Tokenizer, name: str) -> None:
 
 
 class Anchor:
-    """The draft's tokens of a context's text, re-encoding only its tail. The kept part ends where a target and a
-    draft token both end, at least `lag` target tokens back, so a rejected window (never longer) never reaches into
-    it. Encoding the tail alone matches encoding the whole unless a token crosses that boundary, which one both
-    tokenizers chose makes unlikely; if one does, the draft proposes worse, never wrongly."""
+    """The draft's tokens of a context's text, re-encoding only its tail. The kept part ends where a target and a draft
+    token both end, at least `lag` target tokens back, so a rejected window (never longer) never reaches into it;
+    behind committed text, which no context is shorter than later, SETTLED tokens back. Encoding the tail alone
+    matches encoding the whole unless a token crosses that boundary, which one both tokenizers chose makes unlikely;
+    if one does, the draft proposes worse, never wrongly."""
 
     def __init__(self, target: Tokenizer, draft: Tokenizer, lag: int):
         self.target, self.draft, self.lag = target, draft, lag
-        self.start = draft.encode_start()   # the draft's own start tokens (a BOS), before any text
+        self.start = np.asarray(draft.encode_start(), np.int32)   # the draft's own start tokens (a BOS), before any text
         self.reset()
 
     def reset(self) -> None:
         self.target_ids = np.zeros(0, np.int32)   # the target tokens behind the kept part
-        self.draft_ids = list(self.start)
+        self.draft_ids = self.start
+        self.last = (np.zeros(0, np.int32), self.start)   # the last context asked for, and its draft tokens
 
-    def __call__(self, context: np.ndarray) -> np.ndarray:
+    def __call__(self, context: np.ndarray, settled: bool = False) -> np.ndarray:
+        """The draft's tokens of context; `settled`: it is committed text, which later contexts all extend, so the
+        kept part may end SETTLED tokens back (a round's check of the draft's cache, before its windows' contexts)."""
+        if np.array_equal(context, self.last[0]):   # asked again: a round's check, then its restart's window
+            return self.last[1]
         n = len(self.target_ids)
         if len(context) < n or not np.array_equal(context[:n], self.target_ids):
             self.reset()
@@ -65,22 +73,25 @@ class Anchor:
         tail = context[n:]
         text = self.target.decode(tail)
         pieces, ends = self.draft.encode_with_ends(text)
-        ids = np.asarray(self.draft_ids + pieces, np.int32)
-        self._advance(context, tail, text, pieces, ends)
+        ids = np.concatenate([self.draft_ids, np.asarray(pieces, np.int32)])
+        self._advance(context, tail, text, pieces, ends, SETTLED if settled else self.lag)
+        self.last = (context.copy(), ids)
         return ids
 
-    def _advance(self, context, tail, text, pieces, ends) -> None:
-        """Move the kept part forward to a shared token boundary `lag` tokens back."""
-        if len(tail) < 2 * self.lag:
+    def _advance(self, context, tail, text, pieces, ends, lag: int) -> None:
+        """Move the kept part forward to a shared token boundary `lag` tokens back, once ADVANCE more are past it:
+        each call encodes the tail (~0.5 us a character, more with the draft's weights in the caches), so it is kept
+        short."""
+        if len(tail) < lag + ADVANCE:
             return
-        for cut in range(len(tail) - self.lag, len(tail) - 2 * self.lag, -1):
+        for cut in range(len(tail) - lag, max(len(tail) - lag - 2 * ADVANCE, 0), -1):
             head = self.target.decode(tail[:cut])
             if head.endswith("\ufffd") or not text.startswith(head):
                 continue              # mid-character, or a piece that renders differently alone
             if len(head) in ends and self.draft.decode(pieces[:ends.index(len(head)) + 1]) == head:
                 j = ends.index(len(head)) + 1
                 self.target_ids = np.asarray(context[:len(context) - len(tail) + cut], np.int32)
-                self.draft_ids = self.draft_ids + pieces[:j]
+                self.draft_ids = np.concatenate([self.draft_ids, np.asarray(pieces[:j], np.int32)])
                 return
 
 
@@ -94,6 +105,7 @@ class BridgedDraft:
         self.room = n_ctx - 2 * max_gamma      # draft tokens a context may have: the window and branches need the rest
         self.context = np.zeros(0, np.int32)   # the draft tokens of the last command's context
         self.healed = ""                       # ... and the spaces left off its end (_to_draft)
+        self.behind: tuple[list[int], str] = ([], "")   # ... its last tokens, and their text with those spaces
 
     @property
     def busy(self) -> bool:
@@ -117,10 +129,10 @@ class BridgedDraft:
         return self.link.finish_prefill()
 
     def to_prefill(self, cache: int, context, reuse_cache: bool) -> int:
-        return self.link.to_prefill(cache, self.anchor(np.asarray(context, np.int32)), reuse_cache)
+        return self.link.to_prefill(cache, self.anchor(np.asarray(context, np.int32), settled=True), reuse_cache)
 
     def ready(self, cache: int, context) -> bool:
-        return self.link.ready(cache, self.anchor(np.asarray(context, np.int32)))
+        return self.link.ready(cache, self.anchor(np.asarray(context, np.int32), settled=True))
 
     def forget(self, cache: int) -> None:
         self.link.forget(cache)
@@ -134,8 +146,7 @@ class BridgedDraft:
     def finish_window(self) -> Draft:
         """The draft's branches as target tokens, no longer than the draft's."""
         drafted = self.link.finish_window()
-        behind = [int(t) for t in self.context[-LOOKBEHIND:]]
-        before = self.tokenizer.decode(behind) + self.healed
+        behind, before = self.behind
         branches = []
         for branch in drafted.branches:
             text = self.tokenizer.decode(behind + [int(t) for t in branch])
@@ -156,6 +167,8 @@ class BridgedDraft:
         last = self.tokenizer.decode(ids[-1:]) if len(ids) > len(self.anchor.start) + 1 else ""
         self.healed = last if last and not last.strip(" ") else ""
         self.context = ids[:-1] if self.healed else ids
+        behind = [int(t) for t in self.context[-LOOKBEHIND:]]     # for finish_window, while the draft drafts
+        self.behind = (behind, self.tokenizer.decode(behind) + self.healed)
         return self.context
 
 
