@@ -38,7 +38,7 @@ def main(argv=None) -> int:
             _refuse_clients(scheduler, exc)
             return 1
         serving = True
-        gc.freeze()             # start-up's objects leave the collector's view: a full collection mid-round took 35 ms
+        gc.freeze()             # start-up's objects leave the collector's view: no full scan of them mid-round
         _say_ready(os.path.dirname(os.path.abspath(argv[0])))
         scheduler.serve()
         return 0

@@ -4,8 +4,8 @@ products of tens of microseconds; split among threads (pool.h) each is shorter, 
 the threads must meet after each one, and on a busy or small machine a second thread
 can cost more than it gains. So a few steps are timed at 1, 2, 4, ... threads and at
 one a core, and the fastest count is kept. The counts take turns, ROUNDS times: start-up
-is busy (the target and the scheduler's tokenizers load beside it), and timed in one go a
-count that met a busy moment lost (1 thread chosen where 2 were 13% faster a run)."""
+is busy (the target and the scheduler's tokenizers load beside it), and a count timed in
+one go could meet a busy moment and lose."""
 from __future__ import annotations
 
 import time

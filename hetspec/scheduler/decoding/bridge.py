@@ -80,8 +80,7 @@ class Anchor:
 
     def _advance(self, context, tail, text, pieces, ends, lag: int) -> None:
         """Move the kept part forward to a shared token boundary `lag` tokens back, once ADVANCE more are past it:
-        each call encodes the tail (~0.5 us a character, more with the draft's weights in the caches), so it is kept
-        short."""
+        every call encodes the tail, on the round's critical path, so it is kept short."""
         if len(tail) < lag + ADVANCE:
             return
         for cut in range(len(tail) - lag, max(len(tail) - lag - 2 * ADVANCE, 0), -1):
