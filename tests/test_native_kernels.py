@@ -24,8 +24,10 @@ from hetspec.workers.kernels.build import KernelBuildFailed, KernelUnavailable, 
 from hetspec.workers.kernels.formats import EXPANDED_FORMAT, NIBBLE_FORMATS, Q5_FORMAT, ROW_TILED, WINDOW_INT8
 from hetspec.workers.kernels.gguf_tensors import GGUFTensor
 
+from helpers import isa_params
 
-@pytest.fixture(scope="module", params=["native", "avx2"])
+
+@pytest.fixture(scope="module", params=isa_params())
 def library(request, tmp_path_factory):
     """The kernels built for this CPU, and for AVX2 alone (HETSPEC_ISA=avx2): an AVX-512
     machine tests both instruction sets' products."""

@@ -24,7 +24,7 @@ from tests.test_llama_target import (
     write_random_llama,
 )
 
-from helpers import FULL, draws, full_only
+from helpers import FULL, draws, full_only, isa_params
 
 # llama.cpp's file types the native target reads exactly, and the tensor types each brings
 FTYPES = {"MOSTLY_Q4_0": {"Q4_0"}, "MOSTLY_Q4_1": {"Q4_1"}, "MOSTLY_Q8_0": {"Q8_0"},
@@ -38,7 +38,7 @@ def random_f32(tmp_path_factory):
     return path
 
 
-@pytest.fixture(params=["native", "avx2"])
+@pytest.fixture(params=isa_params())
 def isa(request, monkeypatch):
     """The kernels built for this CPU, then for AVX2 alone (HETSPEC_ISA): an AVX-512 machine
     checks both instruction sets' products and row tiles."""

@@ -15,7 +15,7 @@ from hetspec.core.errors import ConfigError
 from hetspec.workers.common.kv_model import KVModel, StaticKVModel, padded_sizes
 from hetspec.workers.target.captured import CapturedKVModel
 
-from helpers import TARGET, WEAK_DRAFT, explain_mismatch, load_reference, random_engine_config, reference_greedy
+from helpers import FULL, TARGET, WEAK_DRAFT, explain_mismatch, load_reference, random_engine_config, reference_greedy
 
 # (tokens run, positions rolled back first): windows of every padded size and between
 # them, rollbacks within and past the last pass, and a prompt longer than any window
@@ -179,8 +179,8 @@ def test_a_recorded_pass_reads_nothing_back_to_the_host_while_captured(spec, kin
         assert not reads, (capturing, reads)
 
 
-@pytest.fixture(scope="module", params=[("static", "weak-draft"), ("captured", "same-draft"), ("captured", "weak-draft")],
-                ids="-".join)
+@pytest.fixture(scope="module", params=[("static", "weak-draft"), pytest.param(("captured", "same-draft"), marks=FULL),
+                                        ("captured", "weak-draft")], ids="-".join)
 def engine(request):
     passes, draft = request.param
     config = random_engine_config(draft=TARGET if draft == "same-draft" else WEAK_DRAFT,
