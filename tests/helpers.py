@@ -37,18 +37,12 @@ DEADLINE_S = 60          # generous bound for anything that must not hang (the m
 CLI_TIMEOUT_S = 180
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return set()
-
-
 def isa_params() -> list:
     """HETSPEC_ISA's values for a kernel test: native, and AVX2 alone. Without AVX-512 the kernels compile the same
     code for both (their only branches are AVX-512's), so CI's short form runs native alone there."""
-    avx2 = "avx2" if "avx512f" in _cpu_flags() else pytest.param("avx2", marks=FULL)
+    from hetspec.benchmarks.bench.machine import _cpuinfo
+
+    avx2 = "avx2" if "avx512f" in _cpuinfo("flags").split() else pytest.param("avx2", marks=FULL)
     return ["native", avx2]
 
 
